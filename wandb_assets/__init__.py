@@ -1,0 +1,1 @@
+"""wandb-assets: a Dagster code location that mirrors W&B runs into DuckDB."""

@@ -1,0 +1,1 @@
+"""Dagster definitions, one folder per domain, loaded into one `Definitions` by `wandb_assets.definitions`."""

@@ -1,0 +1,1 @@
+"""Fleet tables, the fleet snapshot, the refresh/backfill jobs and the 15-minute schedule."""

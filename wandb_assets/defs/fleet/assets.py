@@ -1,0 +1,91 @@
+"""Tables derived from ``runs`` (rebuilt whole, in SQL) and the fleet snapshot (appended each tick)."""
+
+from datetime import UTC, datetime
+
+from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
+
+from wandb_assets.defs.wandb_runs.assets import markdown_table, runs
+from wandb_assets.defs.warehouse.resources import WarehouseResource
+from wandb_assets.lib.gauges import GAUGES
+from wandb_assets.lib.warehouse import (
+    rebuild_gpu_hours,
+    rebuild_push_to_main_sps,
+    rebuild_success_rates,
+    record_snapshot,
+)
+
+COMMON = {"group_name": "fleet", "kinds": {"duckdb"}, "owners": ["team:ml-platform"], "deps": [runs]}
+
+
+def utc_now() -> datetime:
+    """Now, as a naive UTC datetime truncated to the second (how the warehouse stores time)."""
+    return datetime.now(UTC).replace(tzinfo=None, microsecond=0)
+
+
+def _table_result(con, table: str, rows: int, order_by: str) -> MaterializeResult:
+    cursor = con.execute(f"SELECT * FROM {table} ORDER BY {order_by} LIMIT 10")
+    columns = [d[0] for d in cursor.description]
+    return MaterializeResult(
+        metadata={"rows": rows, "preview": MetadataValue.md(markdown_table(columns, cursor.fetchall()))}
+    )
+
+
+@asset(description="One row per push-to-main CI run: its CI fields, state, end time and the five SPS values.", **COMMON)
+def push_to_main_sps(warehouse: WarehouseResource) -> MaterializeResult:
+    with warehouse.get_connection() as con:
+        return _table_result(con, "push_to_main_sps", rebuild_push_to_main_sps(con), "ended_at DESC NULLS LAST")
+
+
+@asset(
+    description="Per UTC day (of ended_at) and category, plus 'all': finished, failed+crashed, other ended runs, "
+    "and success rate % = finished / (finished + failed + crashed).",
+    **COMMON,
+)
+def success_rates(warehouse: WarehouseResource) -> MaterializeResult:
+    with warehouse.get_connection() as con:
+        return _table_result(con, "success_rates", rebuild_success_rates(con), "day DESC, category")
+
+
+@asset(
+    description="Per UTC day and category, plus 'all': GPU-hours consumed that day (each run's [created_at, "
+    "ended_at or now] clipped to the day, times gpu_count; pending runs count 0).",
+    **COMMON,
+)
+def gpu_hours(warehouse: WarehouseResource) -> MaterializeResult:
+    with warehouse.get_connection() as con:
+        return _table_result(con, "gpu_hours", rebuild_gpu_hours(con, utc_now()), "day DESC, category")
+
+
+class SnapshotConfig(Config):
+    """``snapshot_at`` (ISO-8601, UTC) pins the snapshot time; empty means now."""
+
+    snapshot_at: str = ""
+
+
+@asset(
+    description="Appends one snapshot of the 20 fleet gauges to fleet_metrics (snapshot_at, metric, value).",
+    group_name="fleet",
+    kinds={"duckdb"},
+    owners=["team:ml-platform"],
+    deps=[runs, push_to_main_sps, success_rates, gpu_hours],
+)
+def fleet_snapshot(
+    context: AssetExecutionContext, config: SnapshotConfig, warehouse: WarehouseResource
+) -> MaterializeResult:
+    snapshot_at = datetime.fromisoformat(config.snapshot_at.replace("Z", "")) if config.snapshot_at else utc_now()
+    with warehouse.get_connection() as con:
+        gauges = record_snapshot(con, snapshot_at)
+        snapshots = con.execute("SELECT count(DISTINCT snapshot_at) FROM fleet_metrics").fetchone()[0]
+    defined = sum(v is not None for v in gauges.values())
+    context.log.info(f"Fleet snapshot at {snapshot_at.isoformat()}Z: {defined}/{len(gauges)} gauges defined")
+    table = markdown_table(["metric", "value"], [(g.name, gauges[g.name]) for g in GAUGES])
+    return MaterializeResult(
+        metadata={
+            "snapshot_at_utc": snapshot_at.isoformat(),
+            "window": f"({snapshot_at.isoformat()} - 24h, {snapshot_at.isoformat()}]",
+            "gauges_defined": defined,
+            "snapshots_total": snapshots,
+            "gauges": MetadataValue.md(table),
+            **{g.name: MetadataValue.float(float(gauges[g.name])) for g in GAUGES if gauges[g.name] is not None},
+        }
+    )

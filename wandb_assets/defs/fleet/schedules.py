@@ -1,0 +1,34 @@
+"""The 15-minute tick."""
+
+from datetime import UTC
+
+from dagster import (
+    DagsterRunStatus,
+    DefaultScheduleStatus,
+    RunRequest,
+    RunsFilter,
+    ScheduleEvaluationContext,
+    SkipReason,
+    schedule,
+)
+
+from wandb_assets.defs.fleet.jobs import REFRESH_JOB, partition_range_tags, plan_tick, refresh_job
+
+IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+
+
+@schedule(
+    job=refresh_job,
+    cron_schedule="*/15 * * * *",
+    execution_timezone="UTC",
+    default_status=DefaultScheduleStatus.RUNNING,
+    description="Every 15 minutes: refresh recent and unfinished runs, rebuild fleet tables, snapshot gauges.",
+)
+def every_15_minutes(context: ScheduleEvaluationContext):
+    in_flight = context.instance.get_runs_count(RunsFilter(job_name=REFRESH_JOB, statuses=IN_FLIGHT))
+    if in_flight:
+        return SkipReason(f"{in_flight} refresh run(s) still in flight; not stacking another tick.")
+    today = context.scheduled_execution_time.astimezone(UTC).date()
+    first, last, reason = plan_tick(today)
+    context.log.info(f"Tick covers {first}..{last}: {reason}")
+    return RunRequest(tags=partition_range_tags(first, last))

@@ -1,0 +1,1 @@
+"""The DuckDB warehouse resource."""

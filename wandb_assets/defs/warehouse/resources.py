@@ -1,0 +1,50 @@
+"""The warehouse resource: dagster-duckdb's resource, made to create its folder and schema and to always
+close its connection (the upstream context manager skips ``close()`` when the body raises, which would
+keep DuckDB's file lock until garbage collection)."""
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import duckdb
+from dagster_duckdb import DuckDBResource
+
+from wandb_assets.lib.warehouse import ensure_schema
+from wandb_assets.settings import pipeline_settings
+
+LOCK_RETRIES = 10
+
+
+class WarehouseResource(DuckDBResource):
+    """Read-write connections to the DuckDB warehouse file."""
+
+    @contextmanager
+    def get_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        if self.database != ":memory:":
+            Path(self.database).parent.mkdir(parents=True, exist_ok=True)
+        con = None
+        for attempt in range(LOCK_RETRIES + 1):
+            try:
+                con = duckdb.connect(
+                    self.database, config={"custom_user_agent": "wandb-assets", **self.connection_config}
+                )
+                break
+            except duckdb.IOException as exc:
+                if attempt == LOCK_RETRIES or "lock" not in str(exc).lower():
+                    raise RuntimeError(
+                        f"The warehouse {self.database} is locked by another process (a notebook or another run?): "
+                        f"{str(exc).splitlines()[0]}"
+                    ) from None
+                time.sleep(min(0.25 * 2**attempt, 5.0))
+        try:
+            con.execute("SET TimeZone = 'UTC'")
+            ensure_schema(con)
+            yield con
+        finally:
+            con.close()
+
+
+def warehouse_resource() -> WarehouseResource:
+    """The warehouse at ``WANDB_ASSETS_DUCKDB``, as an absolute path."""
+    return WarehouseResource(database=str(pipeline_settings().duckdb_path.resolve()))

@@ -1,0 +1,156 @@
+"""The 20 fleet gauges: one definition each, evaluated in one set-based SQL query over ``runs``.
+
+Window ``W = (snapshot_at - 24 h, snapshot_at]``. A run has *ended in W* when its state is finished,
+failed, crashed, killed or preempted and its ``ended_at`` lies in W. *Alive* means state ``running``.
+Runs created after ``snapshot_at`` did not exist at snapshot time and are ignored. A gauge whose value
+is undefined (a mean or a rate over no runs, no SPS value to report) is NULL.
+
+GPU-hours: each run occupies ``[created_at, end]`` where ``end`` is ``ended_at`` for ended runs and
+``snapshot_at`` for running or preempting runs; pending runs (and ended runs with no end time) occupy
+nothing. The part of that span inside W, times ``gpu_count``, is summed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from wandb_assets.lib.normalize import SPS_KEYS
+
+
+@dataclass(frozen=True)
+class Gauge:
+    """One fleet metric: its Datadog/warehouse name, what it means, and its SQL aggregate."""
+
+    name: str
+    description: str
+    sql: str
+
+
+def _count(condition: str) -> str:
+    return f"count(*) FILTER (WHERE {condition})"
+
+
+def _rate_pct(scope: str) -> str:
+    completed = _count(f"{scope} AND ended_in_w AND state = 'finished'")
+    failed = _count(f"{scope} AND ended_in_w AND state IN ('failed', 'crashed')")
+    return f"100.0 * {completed} / nullif({completed} + {failed}, 0)"
+
+
+def _latest_sps(column: str) -> str:
+    return (
+        f"arg_max({column}, struct_pack(e := ended_at, id := run_id)) FILTER (WHERE is_ci AND ended_in_w"
+        f" AND state IN ('finished', 'crashed') AND {column} IS NOT NULL)"
+    )
+
+
+_CI = "is_ci"
+_SWEEP = "category = 'sweep'"
+_ANY = "TRUE"
+
+GAUGES: tuple[Gauge, ...] = (
+    Gauge("wandb.runs.active", "runs alive (state running) now, whatever their creation time", _count("alive")),
+    Gauge("wandb.runs.completed_24h", "runs finished, ended in W", _count("ended_in_w AND state = 'finished'")),
+    Gauge(
+        "wandb.runs.failed_24h",
+        "runs failed or crashed, ended in W",
+        _count("ended_in_w AND state IN ('failed', 'crashed')"),
+    ),
+    Gauge(
+        "wandb.runs.total_recent",
+        "runs alive now, or ended in W, or created in W (each run once)",
+        _count("recent"),
+    ),
+    Gauge(
+        "wandb.training.avg_duration_hours",
+        "mean of ended_at - created_at, in hours, over runs ended in W",
+        "avg(duration_hours) FILTER (WHERE ended_in_w)",
+    ),
+    Gauge(
+        "wandb.training.total_gpu_hours_24h",
+        "sum of gpu_count x hours of each run's [created_at, ended_at or snapshot_at] inside W",
+        "coalesce(sum(gpu_hours_in_w), 0)",
+    ),
+    Gauge(
+        "wandb.push_to_main.runs_completed_24h",
+        "push-to-main runs finished, ended in W",
+        _count(f"{_CI} AND ended_in_w AND state = 'finished'"),
+    ),
+    Gauge(
+        "wandb.push_to_main.runs_failed_24h",
+        "push-to-main runs failed or crashed, ended in W",
+        _count(f"{_CI} AND ended_in_w AND state IN ('failed', 'crashed')"),
+    ),
+    Gauge(
+        "wandb.push_to_main.success_rate_pct",
+        "100 x completed / (completed + failed) among push-to-main runs ended in W; NULL when 0/0",
+        _rate_pct(_CI),
+    ),
+    Gauge(
+        "wandb.push_to_main.avg_duration_hours",
+        "mean duration in hours of push-to-main runs ended in W",
+        f"avg(duration_hours) FILTER (WHERE {_CI} AND ended_in_w)",
+    ),
+    *(
+        Gauge(
+            "wandb.push_to_main." + key.replace("/", "."),
+            f"summary '{key}' of the push-to-main run that ended latest in W among runs finished or"
+            " crashed with a finite value for that key",
+            _latest_sps(column),
+        )
+        for key, column in SPS_KEYS.items()
+    ),
+    Gauge("wandb.sweep.runs_total_24h", "sweep runs counted by total_recent", _count(f"{_SWEEP} AND recent")),
+    Gauge(
+        "wandb.sweep.runs_completed_24h",
+        "sweep runs finished, ended in W",
+        _count(f"{_SWEEP} AND ended_in_w AND state = 'finished'"),
+    ),
+    Gauge(
+        "wandb.sweep.runs_failed_24h",
+        "sweep runs failed or crashed, ended in W",
+        _count(f"{_SWEEP} AND ended_in_w AND state IN ('failed', 'crashed')"),
+    ),
+    Gauge("wandb.sweep.runs_active", "sweep runs alive now", _count(f"{_SWEEP} AND alive")),
+    Gauge(
+        "wandb.sweep.success_rate_pct",
+        "100 x completed / (completed + failed) among sweep runs ended in W; NULL when 0/0",
+        _rate_pct(_SWEEP),
+    ),
+)
+GAUGE_NAMES: tuple[str, ...] = tuple(g.name for g in GAUGES)
+
+_GAUGE_SQL = """
+WITH w AS (SELECT $snapshot_at::TIMESTAMP AS t1, $snapshot_at::TIMESTAMP - INTERVAL 24 HOUR AS t0),
+classified AS (
+    SELECT runs.*, w.t0, w.t1,
+        category = 'push_to_main' AS is_ci,
+        state = 'running' AS alive,
+        state IN ('finished', 'failed', 'crashed', 'killed', 'preempted')
+            AND ended_at > w.t0 AND ended_at <= w.t1 AS ended_in_w,
+        CASE WHEN state IN ('finished', 'failed', 'crashed', 'killed', 'preempted') THEN ended_at
+             WHEN state IN ('running', 'preempting') THEN w.t1 END AS busy_until
+    FROM runs, w
+    WHERE created_at <= w.t1
+),
+flagged AS (
+    SELECT *,
+        alive OR ended_in_w OR (created_at > t0) AS recent,
+        gpu_count * greatest(
+            epoch(least(busy_until, t1)) - epoch(greatest(created_at, t0)), 0) / 3600.0 AS gpu_hours_in_w
+    FROM classified
+)
+SELECT {columns} FROM flagged
+"""
+
+
+def gauge_query() -> str:
+    """The SQL that evaluates every gauge at ``$snapshot_at`` (a naive UTC timestamp)."""
+    columns = ",\n    ".join(f'({g.sql})::DOUBLE AS "{g.name}"' for g in GAUGES)
+    return _GAUGE_SQL.format(columns=columns)
+
+
+def compute_gauges(con, snapshot_at: datetime) -> dict[str, float | None]:
+    """Evaluate the 20 gauges against the ``runs`` table of a DuckDB connection."""
+    values = con.execute(gauge_query(), {"snapshot_at": snapshot_at}).fetchone()
+    return dict(zip(GAUGE_NAMES, values, strict=True))

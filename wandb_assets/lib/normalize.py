@@ -1,0 +1,201 @@
+"""Turn a raw W&B run node (as the GraphQL ``Runs`` query returns it) into one warehouse row.
+
+Everything the client may hand us in odd shapes is normalised here: multiply JSON-encoded summaries,
+``{"value": ..., "desc": ...}`` config wrapping, ISO-8601 timestamps with or without a zone, and
+non-finite or non-numeric throughput values. Problems never raise: the bad field becomes null/``{}``
+and its name is recorded in ``anomalies`` so the asset can count it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+from wandb_assets.lib.naming import categorize, parse_ci_name
+
+ENDED_STATES = ("finished", "failed", "crashed", "killed", "preempted")
+ALIVE_STATES = ("running", "pending", "preempting")
+
+#: The five throughput keys logged by CI benchmark runs, and the warehouse column for each.
+SPS_KEYS: dict[str, str] = {
+    "overview/steps_per_second": "sps_overview_steps_per_second",
+    "overview/epoch_steps_per_second": "sps_overview_epoch_steps_per_second",
+    "overview/sps": "sps_overview_sps",
+    "timing_cumulative/sps": "sps_timing_cumulative_sps",
+    "timing_per_epoch/sps": "sps_timing_per_epoch_sps",
+}
+
+_MAX_JSON_LAYERS = 8
+
+
+def decode_json_object(raw: Any) -> dict | None:
+    """Peel any number of JSON-string layers; return the object, or None if it is not one."""
+    for _ in range(_MAX_JSON_LAYERS):
+        if isinstance(raw, (bytes, bytearray)):
+            raw = raw.decode("utf-8", "replace")
+        if not isinstance(raw, str):
+            break
+        try:
+            raw = json.loads(raw, strict=False)
+        except ValueError:
+            return None
+    return raw if isinstance(raw, dict) else None
+
+
+def normalize_summary(raw: Any) -> tuple[dict, bool]:
+    """Return ``(summary, ok)``. Null/empty-object summaries are fine; anything else non-object is not."""
+    if raw is None:
+        return {}, True
+    decoded = decode_json_object(raw)
+    if decoded is None:
+        return {}, raw in ("null", b"null")
+    return decoded, True
+
+
+def unwrap_config(raw: Any) -> tuple[dict, bool]:
+    """Decode a run config and remove W&B's ``{"value": v, "desc": d}`` wrapping from each key."""
+    if raw is None:
+        return {}, True
+    decoded = decode_json_object(raw)
+    if decoded is None:
+        return {}, raw in ("null", b"null")
+    unwrapped = {}
+    for key, value in decoded.items():
+        if key in ("_wandb", "wandb_version"):
+            continue
+        if isinstance(value, dict) and "value" in value and set(value) <= {"value", "desc"}:
+            value = value["value"]
+        unwrapped[key] = value
+    return unwrapped, True
+
+
+def lookup_dotted(mapping: dict, dotted_key: str) -> Any:
+    """Find ``a.b`` stored either as the flat key ``"a.b"`` or nested ``{"a": {"b": ...}}``."""
+    if dotted_key in mapping:
+        return mapping[dotted_key]
+    current: Any = mapping
+    for part in dotted_key.split("."):
+        if not isinstance(current, dict) or part not in current:
+            return None
+        current = current[part]
+    return current
+
+
+def finite_float(value: Any) -> float | None:
+    """A finite float, or None for NaN, +-Infinity, strings, booleans, containers and null."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    result = float(value)
+    return result if math.isfinite(result) else None
+
+
+def positive_int(value: Any) -> int | None:
+    """A whole, non-negative count from an int, a whole float or a digit string; else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    if isinstance(value, (int, float)) and math.isfinite(value) and float(value).is_integer() and value >= 0:
+        return int(value)
+    return None
+
+
+def parse_timestamp(raw: Any) -> datetime | None:
+    """Parse an ISO-8601 string (``Z``, an offset, or no zone = UTC) to a naive UTC datetime."""
+    if not isinstance(raw, str) or not raw.strip():
+        return None
+    text = raw.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return to_naive_utc(parsed)
+
+
+def to_naive_utc(moment: datetime) -> datetime:
+    """Drop the zone of an aware datetime after converting it to UTC; naive values are taken as UTC."""
+    return moment if moment.tzinfo is None else moment.astimezone(UTC).replace(tzinfo=None)
+
+
+def run_url(app_url: str, entity: str, project: str, run_id: str) -> str:
+    """The run's page, built the way the wandb client builds ``Run.url``."""
+    path = "/".join(quote(str(part), safe="") for part in (entity, project, "runs", run_id))
+    return app_url.rstrip("/") + "/" + path
+
+
+def run_row(node: dict, *, entity: str, project: str, app_url: str, default_gpus: int) -> dict[str, Any]:
+    """Build one ``runs`` row from a GraphQL run node. Never raises on bad field values."""
+    anomalies: list[str] = []
+    summary, summary_ok = normalize_summary(node.get("summaryMetrics"))
+    if not summary_ok:
+        anomalies.append("summary")
+    config, config_ok = unwrap_config(node.get("config"))
+    if not config_ok:
+        anomalies.append("config")
+
+    created_at = parse_timestamp(node.get("createdAt"))
+    if created_at is None:
+        anomalies.append("created_at")
+    heartbeat_at = parse_timestamp(node.get("heartbeatAt"))
+    state = node.get("state") or "unknown"
+    ended_at = heartbeat_at if state in ENDED_STATES else None
+    duration_hours = None
+    if ended_at is not None and created_at is not None:
+        duration_hours = max((ended_at - created_at).total_seconds(), 0.0) / 3600.0
+
+    raw_gpus = lookup_dotted(config, "compute.gpu_count")
+    gpu_count = positive_int(raw_gpus)
+    if gpu_count is None:
+        if raw_gpus is not None:
+            anomalies.append("gpu_count")
+        gpu_count = default_gpus
+
+    display_name = node.get("displayName")
+    sweep_id = node.get("sweepName") or None
+    ci = parse_ci_name(display_name)
+    user = node.get("user") or {}
+    run_id = node.get("name")
+    row: dict[str, Any] = {
+        "run_id": run_id,
+        "name": display_name,
+        "state": state,
+        "category": categorize(display_name, sweep_id),
+        "created_at": created_at,
+        "heartbeat_at": heartbeat_at,
+        "ended_at": ended_at,
+        "duration_hours": duration_hours,
+        "gpu_count": gpu_count,
+        "sweep_id": sweep_id,
+        "tags": list(node.get("tags") or []),
+        "user": user.get("username") or user.get("name"),
+        "group_name": node.get("group"),
+        "job_type": node.get("jobType"),
+        "url": run_url(app_url, entity, project, run_id),
+        "ci_branch": ci.branch if ci else None,
+        "ci_commit": ci.commit if ci else None,
+        "ci_config": ci.config if ci else None,
+        "ci_timestamp": ci.timestamp.replace(tzinfo=None) if ci and ci.timestamp else None,
+        "summary_step": finite_float(summary.get("_step")),
+        "config": json.dumps(_json_safe(config), default=str),
+        "summary": json.dumps(_json_safe(summary), default=str),
+        "anomalies": anomalies,
+    }
+    for key, column in SPS_KEYS.items():
+        row[column] = finite_float(summary.get(key))
+    return row
+
+
+def _json_safe(value: Any) -> Any:
+    """Replace non-finite floats (which JSON cannot hold) with their string spelling."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value

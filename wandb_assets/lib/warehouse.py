@@ -1,0 +1,229 @@
+"""Warehouse schema and the set-based SQL that writes it. Plain DuckDB; no Dagster.
+
+Every write replaces a well-defined slice (a ``created_at`` window of ``runs``, a whole derived
+table, one snapshot of ``fleet_metrics``) with ``DELETE`` + ``INSERT ... BY NAME`` inside one
+transaction, so re-running a write leaves identical tables and a failed write leaves them as they were.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
+
+from wandb_assets.lib.gauges import compute_gauges
+from wandb_assets.lib.normalize import ALIVE_STATES, ENDED_STATES, SPS_KEYS
+
+_ENDED = ", ".join(f"'{s}'" for s in ENDED_STATES)
+_SPS_COLUMNS = list(SPS_KEYS.values())
+
+#: Column name -> DuckDB type of the ``runs`` table, in order.
+RUNS_COLUMNS: dict[str, str] = {
+    "run_id": "VARCHAR",
+    "name": "VARCHAR",
+    "state": "VARCHAR",
+    "category": "VARCHAR",
+    "created_at": "TIMESTAMP",
+    "heartbeat_at": "TIMESTAMP",
+    "ended_at": "TIMESTAMP",
+    "duration_hours": "DOUBLE",
+    "gpu_count": "INTEGER",
+    "sweep_id": "VARCHAR",
+    "tags": "VARCHAR[]",
+    "user": "VARCHAR",
+    "group_name": "VARCHAR",
+    "job_type": "VARCHAR",
+    "url": "VARCHAR",
+    "ci_branch": "VARCHAR",
+    "ci_commit": "VARCHAR",
+    "ci_config": "VARCHAR",
+    "ci_timestamp": "TIMESTAMP",
+    **{column: "DOUBLE" for column in _SPS_COLUMNS},
+    "summary_step": "DOUBLE",
+    "config": "JSON",
+    "summary": "JSON",
+    "anomalies": "VARCHAR[]",
+    "ingested_at": "TIMESTAMP",
+}
+
+SCHEMA_SQL = f"""
+CREATE TABLE IF NOT EXISTS runs ({", ".join(f'"{c}" {t}' for c, t in RUNS_COLUMNS.items())});
+CREATE TABLE IF NOT EXISTS push_to_main_sps (
+    run_id VARCHAR, name VARCHAR, ci_branch VARCHAR, ci_commit VARCHAR, ci_config VARCHAR,
+    ci_timestamp TIMESTAMP, state VARCHAR, created_at TIMESTAMP, ended_at TIMESTAMP, url VARCHAR,
+    {", ".join(f"{c} DOUBLE" for c in _SPS_COLUMNS)}
+);
+CREATE TABLE IF NOT EXISTS success_rates (
+    day DATE, category VARCHAR, completed BIGINT, failed BIGINT, other_ended BIGINT,
+    success_rate_pct DOUBLE
+);
+CREATE TABLE IF NOT EXISTS gpu_hours (day DATE, category VARCHAR, runs BIGINT, gpu_hours DOUBLE);
+CREATE TABLE IF NOT EXISTS fleet_metrics (snapshot_at TIMESTAMP, metric VARCHAR, value DOUBLE);
+"""
+
+
+def ensure_schema(con) -> None:
+    """Create the warehouse tables if they do not exist yet."""
+    con.execute(SCHEMA_SQL)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat(sep=" ")
+    return value
+
+
+def replace_runs_window(con, rows: Iterable[dict[str, Any]], start: datetime, end: datetime) -> int:
+    """Replace every run created in ``[start, end)`` with ``rows``, atomically. Returns rows written.
+
+    Rows go through a temporary NDJSON file read by DuckDB, which is far faster than row-wise inserts.
+    """
+    ensure_schema(con)
+    columns = {c: t for c, t in RUNS_COLUMNS.items() if c != "ingested_at"}
+    fd, path = tempfile.mkstemp(suffix=".ndjson", prefix="wandb_runs_")
+    written = 0
+    try:
+        with os.fdopen(fd, "w") as handle:
+            for row in rows:
+                handle.write(json.dumps({c: _jsonable(row.get(c)) for c in columns}))
+                handle.write("\n")
+                written += 1
+        spec = ", ".join(f"'{c}': '{'VARCHAR' if t == 'JSON' else t}'" for c, t in columns.items())
+        con.execute("BEGIN TRANSACTION")
+        try:
+            con.execute(
+                "DELETE FROM runs WHERE created_at >= $start AND created_at < $end",
+                {"start": start, "end": end},
+            )
+            if written:
+                con.execute(
+                    f"""INSERT INTO runs BY NAME
+                    SELECT * EXCLUDE (config, summary), config::JSON AS config, summary::JSON AS summary,
+                           $ingested_at::TIMESTAMP AS ingested_at
+                    FROM read_json($path, format = 'newline_delimited', columns = {{{spec}}})""",
+                    {"path": path, "ingested_at": datetime.now(UTC).replace(tzinfo=None)},
+                )
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+    finally:
+        os.unlink(path)
+    return written
+
+
+def _replace_table(con, table: str, select_sql: str, params: dict | None = None) -> int:
+    """Replace a whole derived table with the result of ``select_sql`` in one transaction."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute(f"DELETE FROM {table}")
+        con.execute(f"INSERT INTO {table} BY NAME {select_sql}", params or {})
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+PUSH_TO_MAIN_SPS_SQL = f"""
+SELECT run_id, name, ci_branch, ci_commit, ci_config, ci_timestamp, state, created_at, ended_at, url,
+       {", ".join(_SPS_COLUMNS)}
+FROM runs WHERE category = 'push_to_main'
+"""
+
+SUCCESS_RATES_SQL = f"""
+SELECT ended_at::DATE AS day, coalesce(category, 'all') AS category,
+       count(*) FILTER (WHERE state = 'finished') AS completed,
+       count(*) FILTER (WHERE state IN ('failed', 'crashed')) AS failed,
+       count(*) FILTER (WHERE state IN ('killed', 'preempted')) AS other_ended,
+       100.0 * completed / nullif(completed + failed, 0) AS success_rate_pct
+FROM runs
+WHERE state IN ({_ENDED}) AND ended_at IS NOT NULL
+GROUP BY GROUPING SETS ((ended_at::DATE), (ended_at::DATE, category))
+"""
+
+GPU_HOURS_SQL = f"""
+WITH spans AS (
+    SELECT category, gpu_count, created_at AS span_start,
+           CASE WHEN state IN ({_ENDED}) THEN ended_at
+                WHEN state IN ('running', 'preempting') THEN $now::TIMESTAMP END AS span_end
+    FROM runs WHERE created_at IS NOT NULL
+),
+daily AS (
+    SELECT category, gpu_count, span_start, span_end,
+           unnest(generate_series(date_trunc('day', span_start), span_end, INTERVAL 1 DAY)) AS day_start
+    FROM spans WHERE span_end > span_start
+)
+SELECT day_start::DATE AS day, coalesce(category, 'all') AS category, count(*) AS runs,
+       sum(gpu_count * (epoch(least(span_end, day_start + INTERVAL 1 DAY))
+                        - epoch(greatest(span_start, day_start))) / 3600.0) AS gpu_hours
+FROM daily
+GROUP BY GROUPING SETS ((day_start), (day_start, category))
+"""
+
+
+def rebuild_push_to_main_sps(con) -> int:
+    return _replace_table(con, "push_to_main_sps", PUSH_TO_MAIN_SPS_SQL)
+
+
+def rebuild_success_rates(con) -> int:
+    return _replace_table(con, "success_rates", SUCCESS_RATES_SQL)
+
+
+def rebuild_gpu_hours(con, now: datetime) -> int:
+    return _replace_table(con, "gpu_hours", GPU_HOURS_SQL, {"now": now})
+
+
+def record_snapshot(con, snapshot_at: datetime) -> dict[str, float | None]:
+    """Compute the gauges at ``snapshot_at`` and store them as one ``fleet_metrics`` snapshot."""
+    ensure_schema(con)
+    gauges = compute_gauges(con, snapshot_at)
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute("DELETE FROM fleet_metrics WHERE snapshot_at = $t", {"t": snapshot_at})
+        con.executemany(
+            "INSERT INTO fleet_metrics (snapshot_at, metric, value) VALUES (?, ?, ?)",
+            [(snapshot_at, name, value) for name, value in gauges.items()],
+        )
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return gauges
+
+
+def oldest_unfinished_day(con) -> date | None:
+    """Creation day of the oldest run the warehouse still holds as running, pending or preempting."""
+    states = ", ".join(f"'{s}'" for s in ALIVE_STATES)
+    row = con.execute(f"SELECT min(created_at) FROM runs WHERE state IN ({states})").fetchone()
+    return row[0].date() if row and row[0] else None
+
+
+def day_bounds(first_day: date, last_day: date) -> tuple[datetime, datetime]:
+    """``[first_day 00:00, last_day + 1 day 00:00)`` as naive UTC datetimes."""
+    return datetime.combine(first_day, time()), datetime.combine(last_day + timedelta(days=1), time())
+
+
+def refresh_days(oldest_unfinished: date | None, today: date, first_partition: date) -> tuple[date, date]:
+    """Days one tick re-reads: from min(yesterday, oldest still-unfinished run's day) through today."""
+    first = today - timedelta(days=1)
+    if oldest_unfinished is not None and oldest_unfinished < first:
+        first = oldest_unfinished
+    return max(first, first_partition), today
+
+
+def read_oldest_unfinished_day(path: str) -> date | None:
+    """``oldest_unfinished_day`` through a short read-only connection; None when there is no warehouse yet."""
+    import duckdb
+
+    if not os.path.exists(path):
+        return None
+    con = duckdb.connect(path, read_only=True)
+    try:
+        tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+        return oldest_unfinished_day(con) if "runs" in tables else None
+    finally:
+        con.close()

@@ -1,0 +1,344 @@
+"""A W&B-compatible GraphQL server on loopback, serving a dataset of runs to the real wandb client.
+
+It answers what ``wandb.Api().runs(...)`` sends through ``wandb-core``: ``Viewer``, ``GetDefaultEntity``,
+``Runs`` (Mongo-style filters, order, cursor pagination, filtered ``runCount``) and ``Run``, plus the few
+side queries the client makes. ``Faults`` injects latency, 429s (with ``Retry-After``), 5xx and
+malformed summaries. Responses are written in one ``write()`` with ``TCP_NODELAY`` so that the Go
+client is not stalled by Nagle + delayed ACK.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from wandb_assets.lib.normalize import decode_json_object, parse_timestamp
+from wandb_assets.localwandb.filters import matches, sort_runs
+
+_OPERATION_RE = re.compile(r"\b(?:query|mutation)\s+(\w+)")
+_RUN_FIELDS = (
+    "id",
+    "tags",
+    "name",
+    "displayName",
+    "sweepName",
+    "state",
+    "config",
+    "group",
+    "jobType",
+    "commit",
+    "readOnly",
+    "createdAt",
+    "heartbeatAt",
+    "description",
+    "notes",
+    "systemMetrics",
+    "summaryMetrics",
+    "historyLineCount",
+    "user",
+    "historyKeys",
+    "projectId",
+)
+
+
+def iso_z(moment: datetime | None) -> str | None:
+    """Format a naive-UTC or aware datetime the way the W&B API does: ``YYYY-MM-DDTHH:MM:SSZ``."""
+    if moment is None:
+        return None
+    if moment.tzinfo is not None:
+        moment = datetime.fromtimestamp(moment.timestamp())  # pragma: no cover - callers pass naive UTC
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def make_run_node(
+    run_id: str,
+    *,
+    display_name: str | None,
+    state: str,
+    created_at: datetime,
+    heartbeat_at: datetime | None = None,
+    config: dict | None = None,
+    summary: dict | str | None = None,
+    summary_encoding: str = "json",
+    sweep: str | None = None,
+    tags: list[str] | None = None,
+    username: str = "ci-bot",
+    group: str | None = None,
+    job_type: str | None = "train",
+) -> dict[str, Any]:
+    """Build a ``Runs`` node exactly as the W&B API serves it.
+
+    ``config`` is wrapped as ``{"key": {"value": v, "desc": null}}``. ``summary_encoding`` is ``json``
+    (a JSON string, as W&B sends), ``double``/``triple`` (JSON-encoded that many times, the known quirk),
+    ``object`` (a real JSON object) or ``raw`` (``summary`` is sent verbatim as the string given).
+    """
+    summary = {} if summary is None else summary
+    if summary_encoding == "raw":
+        summary_value: Any = summary
+    elif summary_encoding == "object":
+        summary_value = summary
+    else:
+        layers = {"json": 1, "double": 2, "triple": 3}[summary_encoding]
+        summary_value = summary
+        for _ in range(layers):
+            summary_value = json.dumps(summary_value)
+    wrapped = {k: {"value": v, "desc": None} for k, v in (config or {}).items()}
+    wrapped["_wandb"] = {"value": {"cli_version": "0.31.0"}, "desc": None}
+    return {
+        "id": base64.b64encode(f"Run:v1:{run_id}".encode()).decode(),
+        "tags": tags or [],
+        "name": run_id,
+        "displayName": display_name,
+        "sweepName": sweep,
+        "state": state,
+        "config": json.dumps(wrapped),
+        "group": group,
+        "jobType": job_type,
+        "commit": None,
+        "readOnly": False,
+        "createdAt": iso_z(created_at),
+        "heartbeatAt": iso_z(heartbeat_at or created_at),
+        "description": None,
+        "notes": None,
+        "systemMetrics": "{}",
+        "summaryMetrics": summary_value,
+        "historyLineCount": 0,
+        "user": {"name": username, "username": username},
+        "historyKeys": {"keys": {}, "lastStep": 0},
+        "projectId": "1",
+    }
+
+
+@dataclass
+class Faults:
+    """Switches for fault injection. Mutate them on a running server; every request reads them."""
+
+    latency_s: float = 0.0
+    #: HTTP status for injected failures (429, 500, 503...); None disables failures.
+    fail_status: int | None = None
+    #: How many more matching requests fail; a negative number means every one.
+    fail_count: int = 0
+    #: Seconds sent in ``Retry-After`` with injected failures, when set.
+    retry_after: float | None = None
+    #: Operations the failures apply to.
+    fail_operations: frozenset[str] = frozenset({"Runs"})
+    #: Fraction of runs whose summary is served as a non-object (``"[1, 2]"``), chosen by run id.
+    malformed_summary_fraction: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def take_failure(self, operation: str) -> int | None:
+        with self.lock:
+            if self.fail_status is None or operation not in self.fail_operations or self.fail_count == 0:
+                return None
+            if self.fail_count > 0:
+                self.fail_count -= 1
+            return self.fail_status
+
+
+class LocalWandbServer:
+    """Serve ``runs`` for ``entity/project`` on ``http://127.0.0.1:<port>``; a context manager."""
+
+    def __init__(
+        self,
+        runs: list[dict[str, Any]] | None = None,
+        *,
+        entity: str = "demo-team",
+        project: str = "demo-project",
+        api_key: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.entity = entity
+        self.project = project
+        self.api_key = api_key
+        self.faults = Faults()
+        self.requests: list[tuple[str, dict]] = []
+        self._lock = threading.Lock()
+        self._records: dict[str, dict[str, Any]] = {}
+        self._ordered_cache: dict[tuple[str, str], list[dict]] = {}
+        for node in runs or []:
+            self._add(node)
+        self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
+        self._httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    # -- dataset -------------------------------------------------------------------------------
+    def _add(self, node: dict[str, Any]) -> None:
+        record = {
+            "node": node,
+            "_config": {
+                k: (v.get("value") if isinstance(v, dict) and "value" in v else v)
+                for k, v in (decode_json_object(node.get("config")) or {}).items()
+            },
+            "_summary": decode_json_object(node.get("summaryMetrics")) or {},
+            "_times": {k: parse_timestamp(node.get(k)) for k in ("createdAt", "heartbeatAt")},
+        }
+        record["_json"] = self._node_json(node)
+        self._records[node["name"]] = record
+
+    def _node_json(self, node: dict) -> str:
+        served = dict(node)
+        fraction = self.faults.malformed_summary_fraction
+        if fraction and int(hashlib.md5(node["name"].encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < fraction:
+            served["summaryMetrics"] = "[1, 2]"
+        return json.dumps({k: served.get(k) for k in _RUN_FIELDS})
+
+    def upsert_runs(self, nodes: list[dict[str, Any]]) -> None:
+        """Add or replace runs (by run id), e.g. to move a run from running to finished."""
+        with self._lock:
+            for node in nodes:
+                self._add(node)
+            self._ordered_cache.clear()
+
+    def set_malformed_summary_fraction(self, fraction: float) -> None:
+        with self._lock:
+            self.faults.malformed_summary_fraction = fraction
+            for record in self._records.values():
+                record["_json"] = self._node_json(record["node"])
+
+    def _select(self, filters_json: str, order: str) -> list[dict]:
+        key = (filters_json, order)
+        with self._lock:
+            cached = self._ordered_cache.get(key)
+            if cached is None:
+                filters = json.loads(filters_json or "{}") or {}
+                selected = [r for r in self._records.values() if matches(r, filters)]
+                cached = sort_runs(selected, order)
+                self._ordered_cache[key] = cached
+            return cached
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> LocalWandbServer:
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="local-wandb", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def __enter__(self) -> LocalWandbServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def count(self, operation: str) -> int:
+        return sum(1 for op, _ in self.requests if op == operation)
+
+    # -- GraphQL -------------------------------------------------------------------------------
+    def _viewer(self) -> dict:
+        return {
+            "id": "VXNlcjox",
+            "entity": self.entity,
+            "username": "local-user",
+            "email": "local@example.invalid",
+            "flags": "{}",
+            "admin": False,
+            "name": "Local User",
+            "deletedAt": None,
+            "apiKeys": {"edges": []},
+            "teams": {"edges": [{"node": {"name": self.entity}}]},
+        }
+
+    def answer(self, operation: str, variables: dict) -> str:
+        """The JSON text of the response to one GraphQL operation."""
+        if operation in ("Viewer", "GetDefaultEntity", "GetViewer"):
+            return json.dumps({"data": {"viewer": self._viewer()}})
+        if operation == "ServerFeaturesQuery":
+            return json.dumps({"data": {"serverInfo": {"features": []}}})
+        known = variables.get("entity") == self.entity and variables.get("project") == self.project
+        if operation == "Runs":
+            if not known:
+                return json.dumps({"data": {"project": None}})
+            return self._runs_page(variables)
+        if operation == "Run":
+            record = self._records.get(variables.get("name", "")) if known else None
+            run = record["_json"] if record else "null"
+            return '{"data":{"project":{"run":' + run + "}}}" if known else '{"data":{"project":null}}'
+        if operation in ("GetSweep", "GetSweepLegacy"):
+            return json.dumps({"data": {"project": {"sweep": None}}})
+        return json.dumps({"errors": [{"message": f"operation {operation} is not supported"}], "data": None})
+
+    def _runs_page(self, variables: dict) -> str:
+        selected = self._select(variables.get("filters") or "{}", variables.get("order") or "+created_at")
+        per_page = int(variables.get("perPage") or 50)
+        cursor = variables.get("cursor")
+        start = int(base64.b64decode(cursor).decode().split(":")[1]) + 1 if cursor else 0
+        page = selected[start : start + per_page]
+        edges = ",".join(
+            '{"node":' + r["_json"] + ',"cursor":"' + base64.b64encode(f"cursor:{start + i}".encode()).decode() + '"}'
+            for i, r in enumerate(page)
+        )
+        end_cursor = base64.b64encode(f"cursor:{start + len(page) - 1}".encode()).decode() if page else None
+        has_next = start + len(page) < len(selected)
+        return (
+            '{"data":{"project":{"internalId":"UHJvamVjdDox","runCount":'
+            + str(len(selected))
+            + ',"readOnly":false,"runs":{"edges":['
+            + edges
+            + '],"pageInfo":{"endCursor":'
+            + json.dumps(end_cursor)
+            + ',"hasNextPage":'
+            + ("true" if has_next else "false")
+            + "}}}}}"
+        )
+
+
+def _handler_for(server: LocalWandbServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence access logs
+            return
+
+        def _send(self, status: int, body: bytes, extra: dict[str, str] | None = None) -> None:
+            head = [
+                f"HTTP/1.1 {status} {self.responses.get(status, ('',))[0]}",
+                "Content-Type: application/json",
+                f"Content-Length: {len(body)}",
+            ]
+            head += [f"{k}: {v}" for k, v in (extra or {}).items()]
+            self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server naming
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length)
+            if self.path.rstrip("/") != "/graphql":
+                self._send(200, b"")
+                return
+            if server.api_key is not None:
+                expected = "Basic " + base64.b64encode(f"api:{server.api_key}".encode()).decode()
+                if self.headers.get("Authorization") != expected:
+                    self._send(401, b'{"errors":[{"message":"user is not logged in"}],"data":null}')
+                    return
+            payload = json.loads(raw or b"{}")
+            match = _OPERATION_RE.search(payload.get("query") or "")
+            operation = match.group(1) if match else (payload.get("operationName") or "")
+            variables = payload.get("variables") or {}
+            server.requests.append((operation, variables))
+            faults = server.faults
+            if faults.latency_s:
+                time.sleep(faults.latency_s)
+            status = faults.take_failure(operation)
+            if status is not None:
+                extra = {"Retry-After": f"{faults.retry_after:g}"} if faults.retry_after is not None else {}
+                self._send(status, json.dumps({"errors": [{"message": f"injected {status}"}]}).encode(), extra)
+                return
+            self._send(200, server.answer(operation, variables).encode())
+
+    return Handler
