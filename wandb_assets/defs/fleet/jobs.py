@@ -61,12 +61,16 @@ def plan_tick(today: date) -> tuple[date, date, str]:
     return first, last, reason
 
 
+#: CLI runs log INFO and up to the console (step events are DEBUG); everything still goes to the event log.
+CONSOLE_LOGS = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+
+
 def execute_refresh(instance: DagsterInstance, today: date, snapshot_at: str = "") -> ExecuteInProcessResult:
     """Exactly what one scheduled tick does, in this process."""
     from wandb_assets.definitions import defs
 
     first, last, _ = plan_tick(today)
-    run_config = {"ops": {"fleet_snapshot": {"config": {"snapshot_at": snapshot_at}}}}
+    run_config = {"ops": {"fleet_snapshot": {"config": {"snapshot_at": snapshot_at}}}, **CONSOLE_LOGS}
     return defs.get_job_def(REFRESH_JOB).execute_in_process(
         instance=instance, tags=partition_range_tags(first, last), run_config=run_config, raise_on_error=False
     )
@@ -77,5 +81,5 @@ def execute_backfill(instance: DagsterInstance, first: date, last: date) -> Exec
     from wandb_assets.definitions import defs
 
     return defs.get_job_def(BACKFILL_JOB).execute_in_process(
-        instance=instance, tags=partition_range_tags(first, last), raise_on_error=False
+        instance=instance, tags=partition_range_tags(first, last), run_config=CONSOLE_LOGS, raise_on_error=False
     )

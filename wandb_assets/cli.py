@@ -1,0 +1,198 @@
+"""``wandb-assets``: the demo, one tick (``refresh``), a backfill, and the Dagster UI, from the shell.
+
+Each command runs the same Dagster jobs the schedule runs, in this process, and records the run in the
+Dagster instance (``DAGSTER_HOME``, else the repository's ``dagster.yaml`` when run from its root), so
+the UI shows CLI runs too. Exit status: 0 on success, 1 when the run failed, 2 for a configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+DEMO_ENTITY, DEMO_PROJECT = "demo-team", "fleet-demo"
+DEMO_KEY = "local-" + "d" * 40
+DEMO_DUCKDB = "data/demo.duckdb"
+
+
+def _quiet() -> None:
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("WANDB_SILENT", "true")
+    os.environ.setdefault("WANDB_DIR", os.path.join(tempfile.gettempdir(), "wandb-assets-wandb"))
+    os.makedirs(os.environ["WANDB_DIR"], exist_ok=True)
+
+
+def _instance():
+    """The Dagster instance CLI runs are recorded in."""
+    from dagster import DagsterInstance
+
+    if not os.environ.get("DAGSTER_HOME") and Path("dagster.yaml").exists():
+        os.environ["DAGSTER_HOME"] = str(Path.cwd())
+    return DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else DagsterInstance.ephemeral()
+
+
+def _root_cause(error) -> str:
+    while error.cause is not None:
+        error = error.cause
+    return error.message.strip().splitlines()[-1] if error.message.strip() else error.cls_name
+
+
+def _report(result, what: str) -> int:
+    if result.success:
+        return 0
+    for event in result.all_events:
+        if event.is_step_failure and event.step_failure_data and event.step_failure_data.error:
+            print(
+                f"error: {what} failed in step {event.step_key}: {_root_cause(event.step_failure_data.error)}",
+                file=sys.stderr,
+            )
+            break
+    else:
+        print(f"error: {what} failed (run {result.run_id}); see the Dagster UI for the logs.", file=sys.stderr)
+    return 1
+
+
+def _print_gauges(duckdb_path: Path) -> None:
+    import duckdb
+
+    from wandb_assets.lib.gauges import GAUGE_NAMES
+
+    con = duckdb.connect(str(duckdb_path), read_only=True)
+    try:
+        rows = con.execute(
+            "SELECT snapshot_at, metric, value FROM fleet_metrics "
+            "WHERE snapshot_at = (SELECT max(snapshot_at) FROM fleet_metrics)"
+        ).fetchall()
+    finally:
+        con.close()
+    if not rows:
+        print("No fleet snapshot yet.")
+        return
+    values = {metric: value for _, metric, value in rows}
+    print(f"Fleet gauges at {rows[0][0]:%Y-%m-%d %H:%M:%S} UTC (window: the 24 hours before)")
+    width = max(map(len, GAUGE_NAMES))
+    for name in GAUGE_NAMES:
+        value = values.get(name)
+        print(f"  {name:<{width}}  {'NULL' if value is None else f'{value:,.2f}':>12}")
+
+
+def cmd_refresh(args: argparse.Namespace) -> int:
+    from wandb_assets.defs.fleet.jobs import execute_refresh
+    from wandb_assets.settings import pipeline_settings
+
+    result = execute_refresh(_instance(), datetime.now(UTC).date())
+    code = _report(result, "refresh")
+    if code == 0 and not args.quiet:
+        _print_gauges(pipeline_settings().duckdb_path)
+    return code
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    from wandb_assets.defs.fleet.jobs import execute_backfill
+
+    first = date.fromisoformat(args.start)
+    last = date.fromisoformat(args.end) if args.end else datetime.now(UTC).date()
+    if last < first:
+        print("error: --end is before --start.", file=sys.stderr)
+        return 2
+    result = execute_backfill(_instance(), first, last)
+    code = _report(result, f"backfill {first}..{last}")
+    if code == 0:
+        print(f"Backfilled {first}..{last} into {os.environ.get('WANDB_ASSETS_DUCKDB', 'data/warehouse.duckdb')}")
+    return code
+
+
+def _dagster_dev() -> int:
+    os.environ.setdefault("DAGSTER_HOME", str(Path.cwd()))
+    command = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", "3000"]
+    print("Dagster UI: http://127.0.0.1:3000 (Ctrl-C to stop)", flush=True)
+    try:
+        return subprocess.call(command)
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    return _dagster_dev()
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from wandb_assets.localwandb import LocalWandbServer
+    from wandb_assets.localwandb.synthetic import generate_fleet
+
+    now = datetime.now(UTC).replace(tzinfo=None, microsecond=0)
+    nodes = generate_fleet(now, days=args.days, runs_per_day=args.runs_per_day)
+    server = LocalWandbServer(nodes, entity=DEMO_ENTITY, project=DEMO_PROJECT).start()
+    duckdb_path = Path(os.environ.get("WANDB_ASSETS_DUCKDB") or DEMO_DUCKDB)
+    first = (now - timedelta(days=args.days)).date()
+    os.environ.update(
+        WANDB_BASE_URL=server.url,
+        WANDB_API_KEY=DEMO_KEY,
+        WANDB_ENTITY=DEMO_ENTITY,
+        WANDB_PROJECT=DEMO_PROJECT,
+        WANDB_ASSETS_DUCKDB=str(duckdb_path),
+        WANDB_ASSETS_START_DATE=first.isoformat(),
+    )
+    print(
+        f"Serving a synthetic fleet of {len(nodes):,} runs over {args.days} days at {server.url} "
+        f"as {DEMO_ENTITY}/{DEMO_PROJECT}"
+    )
+    from wandb_assets.defs.fleet.jobs import execute_backfill, execute_refresh
+
+    instance = _instance()
+    print(f"Backfilling {first}..{now.date()} in one run ...", flush=True)
+    code = _report(execute_backfill(instance, first, now.date()), "backfill")
+    if code == 0:
+        print("Running one tick ...", flush=True)
+        code = _report(execute_refresh(instance, now.date()), "refresh")
+    if code:
+        return code
+    _print_gauges(duckdb_path)
+    print(f"\nWarehouse: {duckdb_path.resolve()}")
+    if args.ui:
+        return _dagster_dev()
+    server.stop()
+    print("Browse the same data in the Dagster UI: uv run wandb-assets demo --ui  (then http://127.0.0.1:3000)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="wandb-assets", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="serve a synthetic fleet locally, backfill it, run one tick, print gauges")
+    demo.add_argument("--days", type=int, default=30)
+    demo.add_argument("--runs-per-day", type=int, default=150)
+    demo.add_argument("--ui", action="store_true", help="then open the Dagster UI on the same data")
+    demo.set_defaults(func=cmd_demo)
+    refresh = sub.add_parser("refresh", help="do exactly what one 15-minute tick does, in this process")
+    refresh.add_argument("--quiet", action="store_true", help="do not print the gauges")
+    refresh.set_defaults(func=cmd_refresh)
+    backfill = sub.add_parser("backfill", help="re-read a range of UTC days from W&B in one run")
+    backfill.add_argument("--start", required=True, help="first day, YYYY-MM-DD")
+    backfill.add_argument("--end", help="last day, YYYY-MM-DD (default: today)")
+    backfill.set_defaults(func=cmd_backfill)
+    ui = sub.add_parser("ui", help="open the Dagster UI (dagster dev) on this repository's instance")
+    ui.set_defaults(func=cmd_ui)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _quiet()
+    from wandb_assets.settings import ConfigError
+
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""A realistic synthetic W&B fleet for the demo and the benchmark (deterministic for a given seed).
+
+What it holds, per day: push-to-main CI runs on ``main`` (every config per commit) and on PRs, each
+logging the five SPS keys, a few of which end ``crashed`` after logging their metrics and a few
+``failed``; sweeps recognised by sweep id and others only by a ``.sweep`` name; ordinary training runs,
+some multi-day and some still running or pending; a few runs with no display name; a share of
+summaries served double-encoded (the known client quirk) and a few GPU counts stored nested.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta
+
+from wandb_assets.localwandb.server import make_run_node
+
+CI_CONFIGS = {"ppo_atari": 5200.0, "impala.large": 18400.0, "dqn_cartpole": 950.0, "muzero.v2": 2300.0}
+USERS = ["alice", "bob", "carol", "dan", "erin"]
+
+
+def _ci_summary(rng: random.Random, base_sps: float, step: int) -> dict:
+    sps = base_sps * rng.uniform(0.93, 1.07)
+    return {
+        "overview/steps_per_second": round(sps, 3),
+        "overview/epoch_steps_per_second": round(sps * 0.97, 3),
+        "overview/sps": round(sps, 3),
+        "timing_cumulative/sps": round(sps * 0.95, 3),
+        "timing_per_epoch/sps": round(sps * 1.01, 3),
+        "_step": step,
+        "_runtime": 0,
+        "loss": round(rng.uniform(0.05, 1.5), 4),
+    }
+
+
+def _ended_state(rng: random.Random, end: datetime, now: datetime, weights: tuple[float, ...]) -> str:
+    if end > now:
+        return "running"
+    return rng.choices(["finished", "crashed", "failed", "killed"], weights=weights)[0]
+
+
+def generate_fleet(now: datetime, days: int = 30, runs_per_day: int = 150, seed: int = 7) -> list[dict]:
+    """Run nodes created over the ``days`` before ``now`` (naive UTC), about ``runs_per_day`` a day."""
+    rng = random.Random(seed)
+    nodes: list[dict] = []
+    counter = 0
+
+    def add(created: datetime, hours: float, state: str, **kwargs) -> None:
+        nonlocal counter
+        counter += 1
+        end = created + timedelta(hours=hours)
+        if state == "running" and end <= now:
+            state = "finished"
+        heartbeat = min(end, now) if state != "pending" else created
+        run_id = f"{rng.getrandbits(40):010x}"[:8] + f"{counter:05d}"
+        nodes.append(make_run_node(run_id, created_at=created, heartbeat_at=heartbeat, state=state, **kwargs))
+
+    ci_share, sweep_share = 0.45, 0.25
+    start = now - timedelta(days=days)
+    for day in range(days):
+        day_start = start + timedelta(days=day)
+        n_ci = int(runs_per_day * ci_share)
+        n_sweep = int(runs_per_day * sweep_share)
+        n_regular = runs_per_day - n_ci - n_sweep
+        configs = list(CI_CONFIGS)
+        # push-to-main CI runs: a commit runs every config; PRs run two configs.
+        while n_ci > 0:
+            on_main = rng.random() < 0.6
+            branch = "main" if on_main else f"pr{rng.randint(100, 999)}"
+            commit = f"{rng.getrandbits(28):07x}"
+            created = day_start + timedelta(seconds=rng.randint(0, 86_399))
+            for config in configs if on_main else rng.sample(configs, 2):
+                if n_ci <= 0:
+                    break
+                n_ci -= 1
+                hours = rng.uniform(0.3, 1.5)
+                end = created + timedelta(hours=hours)
+                state = _ended_state(rng, end, now, (86, 7, 5, 2))
+                stamp = int(created.timestamp())
+                summary = _ci_summary(rng, CI_CONFIGS[config], rng.randint(10_000, 50_000))
+                if state in ("failed", "killed") and rng.random() < 0.5:
+                    summary = {"_step": 10, "loss": 3.0}
+                if state == "running":
+                    summary = {"_step": rng.randint(1, 500)}
+                add(
+                    created,
+                    hours,
+                    state,
+                    display_name=f"github.sky.{branch}.{commit}.{config}.{stamp}",
+                    config={"compute.gpu_count": 8, "env": config, "seed": rng.randint(0, 9)},
+                    summary=summary,
+                    summary_encoding="double" if rng.random() < 0.05 else "json",
+                    tags=["ci", branch],
+                    username="ci-bot",
+                    group=commit,
+                    job_type="benchmark",
+                )
+        # sweeps: most carry a sweep id, some are only recognisable by name.
+        sweep_ids = [f"sw{day:02d}{k}x{rng.getrandbits(16):04x}" for k in range(2)]
+        for k in range(n_sweep):
+            created = day_start + timedelta(seconds=rng.randint(0, 86_399))
+            hours = rng.uniform(0.5, 4)
+            state = _ended_state(rng, created + timedelta(hours=hours), now, (75, 5, 15, 5))
+            by_name = k % 5 == 4
+            add(
+                created,
+                hours,
+                state,
+                display_name=f"lr-search.sweep-{k}" if by_name else f"{rng.choice(['eager', 'brisk', 'quiet'])}-{k}",
+                sweep=None if by_name else sweep_ids[k % 2],
+                config={"compute": {"gpu_count": rng.choice([1, 2, 4])}, "lr": round(rng.uniform(1e-5, 1e-2), 6)},
+                summary={"val/loss": round(rng.uniform(0.1, 2), 4), "_step": rng.randint(100, 5000)},
+                username=rng.choice(USERS),
+                job_type="sweep",
+            )
+        # regular training runs: some multi-day, some still running or pending, a few nameless.
+        for k in range(n_regular):
+            created = day_start + timedelta(seconds=rng.randint(0, 86_399))
+            hours = rng.choice([rng.uniform(0.2, 6), rng.uniform(24, 96)]) if k % 4 == 0 else rng.uniform(0.2, 6)
+            state = _ended_state(rng, created + timedelta(hours=hours), now, (80, 8, 8, 4))
+            if state == "running" and rng.random() < 0.2:
+                state = "pending"
+            gpus = rng.choice([None, 1, 2, 4, 8])
+            add(
+                created,
+                hours,
+                state,
+                display_name=None if k % 37 == 0 else f"train-{rng.choice(['llama', 'vit', 'resnet'])}-{k}",
+                config={"compute.gpu_count": gpus} if gpus else {"batch_size": 64},
+                summary={"train/loss": round(rng.uniform(0.1, 3), 4), "_step": rng.randint(10, 100_000)},
+                summary_encoding="double" if rng.random() < 0.05 else "json",
+                username=rng.choice(USERS),
+            )
+    return nodes
