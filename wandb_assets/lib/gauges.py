@@ -136,8 +136,9 @@ classified AS (
 flagged AS (
     SELECT *,
         alive OR ended_in_w OR (created_at > t0) AS recent,
-        gpu_count * greatest(
-            epoch(least(busy_until, t1)) - epoch(greatest(created_at, t0)), 0) / 3600.0 AS gpu_hours_in_w
+        -- least() skips NULLs, so a run that occupies nothing (pending) must be zeroed explicitly
+        CASE WHEN busy_until IS NULL THEN 0 ELSE gpu_count * greatest(
+            epoch(least(busy_until, t1)) - epoch(greatest(created_at, t0)), 0) / 3600.0 END AS gpu_hours_in_w
     FROM classified
 )
 SELECT {columns} FROM flagged

@@ -1,0 +1,26 @@
+"""Hand-built warehouse rows for the gauge and table tests."""
+
+from datetime import datetime
+
+from wandb_assets.lib.normalize import ENDED_STATES
+
+
+def fleet_row(run_id: str, state: str, category: str, created: datetime, ended: datetime | None = None,
+              gpus: int = 1, **sps: float | None) -> dict:
+    """A ``runs`` row; ``ended`` is the heartbeat of an ended run; SPS keyword args name the columns."""
+    return {
+        "run_id": run_id,
+        "name": run_id,
+        "state": state,
+        "category": category,
+        "created_at": created,
+        "heartbeat_at": ended or created,
+        "ended_at": ended if state in ENDED_STATES else None,
+        "duration_hours": (ended - created).total_seconds() / 3600 if ended and state in ENDED_STATES else None,
+        "gpu_count": gpus,
+        "tags": [],
+        "summary": "{}",
+        "config": "{}",
+        "anomalies": [],
+        **{f"sps_{k}": v for k, v in sps.items()},
+    }

@@ -1,0 +1,126 @@
+"""Each gauge on hand-built fleets; every expected number was worked out by hand (see comments)."""
+
+from datetime import datetime
+
+import duckdb
+import pytest
+
+from tests.fleet import fleet_row
+from wandb_assets.lib.gauges import GAUGE_NAMES, compute_gauges
+from wandb_assets.lib.warehouse import record_snapshot, replace_runs_window
+
+T = datetime(2026, 6, 10, 12, 0)  # snapshot; W = (06-09 12:00, 06-10 12:00]
+
+
+def d(day: int, hour: float) -> datetime:
+    return datetime(2026, 6, day, int(hour), int(hour % 1 * 60))
+
+
+FLEET = [
+    fleet_row("r1", "finished", "regular", d(10, 8), d(10, 10), gpus=2),  # 2 h, 4 GPU-h
+    fleet_row("r2", "failed", "regular", d(9, 10), d(9, 13), gpus=1),  # 3 h, 1 GPU-h inside W
+    fleet_row("r3", "crashed", "push_to_main", d(10, 9), d(10, 11), gpus=8,  # 2 h, 16 GPU-h; latest CI SPS
+              overview_sps=100.0, overview_steps_per_second=None, timing_cumulative_sps=7.0),
+    fleet_row("r4", "finished", "push_to_main", d(10, 6), d(10, 7), gpus=8,  # 1 h, 8 GPU-h
+              overview_sps=90.0, overview_steps_per_second=80.0),
+    fleet_row("r5", "failed", "push_to_main", d(10, 10), d(10, 11.5), gpus=8,  # 1.5 h, 12 GPU-h; failed: no SPS
+              overview_sps=50.0, timing_per_epoch_sps=5.0, overview_steps_per_second=1.0),
+    fleet_row("r6", "running", "regular", d(7, 12), gpus=4),  # alive since 3 days: 24 h x 4 = 96 GPU-h
+    fleet_row("r7", "pending", "sweep", d(10, 11), gpus=2),  # recent, 0 GPU-h
+    fleet_row("r8", "finished", "regular", d(9, 11), d(9, 12)),  # ended exactly at the open edge: not in W
+    fleet_row("r9", "finished", "sweep", d(10, 11), d(10, 12)),  # ended exactly at T: in W, 1 h, 1 GPU-h
+    fleet_row("r10", "killed", "sweep", d(10, 1), d(10, 2)),  # ended in W, neither completed nor failed
+    fleet_row("r11", "running", "sweep", d(10, 11.5), gpus=2),  # alive, 0.5 h x 2 = 1 GPU-h
+    fleet_row("r12", "finished", "regular", d(10, 13), d(10, 14)),  # created after T: ignored
+    fleet_row("r13", "crashed", "push_to_main", d(9, 8), d(9, 11), overview_sps=999.0),  # ended before W
+]
+
+EXPECTED = {
+    "wandb.runs.active": 2,  # r6, r11
+    "wandb.runs.completed_24h": 3,  # r1, r4, r9
+    "wandb.runs.failed_24h": 3,  # r2, r3, r5
+    "wandb.runs.total_recent": 10,  # all but r8, r12, r13
+    "wandb.training.avg_duration_hours": 11.5 / 7,  # (2+3+2+1+1.5+1+1) / 7
+    "wandb.training.total_gpu_hours_24h": 140,  # 4+1+16+8+12+96+1+1+1
+    "wandb.push_to_main.runs_completed_24h": 1,  # r4
+    "wandb.push_to_main.runs_failed_24h": 2,  # r3, r5
+    "wandb.push_to_main.success_rate_pct": 100 / 3,
+    "wandb.push_to_main.avg_duration_hours": 1.5,  # (2+1+1.5) / 3
+    "wandb.push_to_main.overview.steps_per_second": 80.0,  # r3 has none, so r4's
+    "wandb.push_to_main.overview.epoch_steps_per_second": None,  # nobody logged it
+    "wandb.push_to_main.overview.sps": 100.0,  # r3 (crashed, ended 11:00) beats r4 (07:00); r5 failed
+    "wandb.push_to_main.timing_cumulative.sps": 7.0,
+    "wandb.push_to_main.timing_per_epoch.sps": None,  # only the failed r5 has it
+    "wandb.sweep.runs_total_24h": 4,  # r7, r9, r10, r11
+    "wandb.sweep.runs_completed_24h": 1,  # r9
+    "wandb.sweep.runs_failed_24h": 0,
+    "wandb.sweep.runs_active": 1,  # r11
+    "wandb.sweep.success_rate_pct": 100.0,  # 1 / (1 + 0)
+}
+
+
+@pytest.fixture
+def con():
+    connection = duckdb.connect(":memory:")
+    yield connection
+    connection.close()
+
+
+def load(con, rows):
+    replace_runs_window(con, rows, datetime(2000, 1, 1), datetime(2100, 1, 1))
+
+
+def test_gauge_names_are_exactly_the_twenty():
+    assert list(GAUGE_NAMES) == list(EXPECTED)
+
+
+def test_hand_built_fleet(con):
+    load(con, FLEET)
+    assert compute_gauges(con, T) == pytest.approx(EXPECTED)
+
+
+def test_empty_fleet_counts_zero_and_undefined_is_null(con):
+    load(con, [])
+    gauges = compute_gauges(con, T)
+    undefined = {name for name, value in gauges.items() if value is None}
+    assert undefined == {
+        "wandb.training.avg_duration_hours",
+        "wandb.push_to_main.success_rate_pct",
+        "wandb.push_to_main.avg_duration_hours",
+        "wandb.push_to_main.overview.steps_per_second",
+        "wandb.push_to_main.overview.epoch_steps_per_second",
+        "wandb.push_to_main.overview.sps",
+        "wandb.push_to_main.timing_cumulative.sps",
+        "wandb.push_to_main.timing_per_epoch.sps",
+        "wandb.sweep.success_rate_pct",
+    }
+    assert all(value == 0 for name, value in gauges.items() if name not in undefined)
+
+
+def test_multi_day_run_ended_in_window_counts_only_its_last_24_hours(con):
+    # Created 3 days before T, ended 2 h before T on 4 GPUs: duration 70 h; inside W 22 h x 4 = 88 GPU-h.
+    load(con, [fleet_row("long", "finished", "regular", d(7, 12), d(10, 10), gpus=4)])
+    gauges = compute_gauges(con, T)
+    assert gauges["wandb.training.avg_duration_hours"] == 70
+    assert gauges["wandb.training.total_gpu_hours_24h"] == 88
+    assert gauges["wandb.runs.total_recent"] == 1
+
+
+def test_snapshot_later_moves_the_window(con):
+    load(con, FLEET)
+    later = compute_gauges(con, datetime(2026, 6, 11, 9, 0))  # W = (06-10 09:00, 06-11 09:00]
+    # Ended in W: r3 (11:00), r5 (11:30), r9 (12:00); r1 ended 10:00 too; r12 (14:00, now existing).
+    assert later["wandb.runs.completed_24h"] == 3  # r1, r9, r12
+    assert later["wandb.push_to_main.overview.sps"] == 100.0
+    assert later["wandb.push_to_main.overview.steps_per_second"] is None  # r4 ended 07:00, outside W
+
+
+def test_record_snapshot_appends_a_time_series_and_replaces_same_instant(con):
+    load(con, FLEET)
+    record_snapshot(con, T)
+    record_snapshot(con, T)
+    record_snapshot(con, datetime(2026, 6, 10, 12, 15))
+    rows = con.execute("SELECT snapshot_at, count(*) FROM fleet_metrics GROUP BY 1 ORDER BY 1").fetchall()
+    assert rows == [(T, 20), (datetime(2026, 6, 10, 12, 15), 20)]
+    nulls = con.execute("SELECT count(*) FROM fleet_metrics WHERE value IS NULL AND snapshot_at = $t", {"t": T})
+    assert nulls.fetchone()[0] == 2  # epoch_steps_per_second and timing_per_epoch.sps

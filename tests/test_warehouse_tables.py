@@ -1,0 +1,94 @@
+"""Derived tables and partition replacement on hand-built rows (expected values worked out by hand)."""
+
+from datetime import date, datetime
+
+import duckdb
+import pytest
+
+from tests.fleet import fleet_row
+from wandb_assets.lib.warehouse import (
+    rebuild_gpu_hours,
+    rebuild_push_to_main_sps,
+    rebuild_success_rates,
+    refresh_days,
+    replace_runs_window,
+)
+
+NOW = datetime(2026, 6, 4, 2, 0)
+ROWS = [
+    fleet_row("multi", "finished", "regular", datetime(2026, 6, 1, 18), datetime(2026, 6, 3, 6), gpus=2),
+    fleet_row("alive", "running", "push_to_main", datetime(2026, 6, 3, 20), gpus=1),
+    fleet_row("waiting", "pending", "sweep", datetime(2026, 6, 3, 21), gpus=8),
+    fleet_row("crash", "crashed", "push_to_main", datetime(2026, 6, 3, 1), datetime(2026, 6, 3, 2), gpus=4,
+              overview_sps=10.0),
+    fleet_row("kill", "killed", "sweep", datetime(2026, 6, 3, 3), datetime(2026, 6, 3, 4), gpus=1),
+]
+
+
+@pytest.fixture
+def con():
+    connection = duckdb.connect(":memory:")
+    replace_runs_window(connection, ROWS, datetime(2026, 6, 1), datetime(2026, 6, 5))
+    yield connection
+    connection.close()
+
+
+def test_gpu_hours_clip_each_run_to_each_day(con):
+    rebuild_gpu_hours(con, NOW)
+    rows = con.execute("SELECT day, category, runs, gpu_hours FROM gpu_hours ORDER BY day, category").fetchall()
+    assert rows == [
+        (date(2026, 6, 1), "all", 1, 12.0),  # multi: 18:00-24:00 x 2
+        (date(2026, 6, 1), "regular", 1, 12.0),
+        (date(2026, 6, 2), "all", 1, 48.0),  # multi: 24 h x 2
+        (date(2026, 6, 2), "regular", 1, 48.0),
+        (date(2026, 6, 3), "all", 4, 12.0 + 4.0 + 4.0 + 1.0),  # multi 6 h x 2, alive 4 h, crash 1 h x 4, kill 1 h
+        (date(2026, 6, 3), "push_to_main", 2, 8.0),
+        (date(2026, 6, 3), "regular", 1, 12.0),
+        (date(2026, 6, 3), "sweep", 1, 1.0),  # the pending run occupies nothing
+        (date(2026, 6, 4), "all", 1, 2.0),  # alive until NOW = 02:00
+        (date(2026, 6, 4), "push_to_main", 1, 2.0),
+    ]
+
+
+def test_success_rates_per_day_and_category(con):
+    rebuild_success_rates(con)
+    rows = con.execute("SELECT * FROM success_rates ORDER BY day, category").fetchall()
+    assert rows == [
+        (date(2026, 6, 3), "all", 1, 1, 1, 50.0),
+        (date(2026, 6, 3), "push_to_main", 0, 1, 0, 0.0),
+        (date(2026, 6, 3), "regular", 1, 0, 0, 100.0),
+        (date(2026, 6, 3), "sweep", 0, 0, 1, None),  # killed only: rate undefined
+    ]
+
+
+def test_push_to_main_sps_has_one_row_per_ci_run(con):
+    assert rebuild_push_to_main_sps(con) == 2
+    rows = con.execute("SELECT run_id, state, sps_overview_sps FROM push_to_main_sps ORDER BY run_id").fetchall()
+    assert rows == [("alive", "running", None), ("crash", "crashed", 10.0)]
+
+
+def test_replacing_a_window_touches_only_that_window(con):
+    replace_runs_window(con, [fleet_row("new", "finished", "regular", datetime(2026, 6, 3, 5), datetime(2026, 6, 3, 6))],
+                        datetime(2026, 6, 3), datetime(2026, 6, 4))
+    assert [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()] == ["multi", "new"]
+
+
+def test_failed_write_rolls_back(con):
+    bad = fleet_row("bad", "finished", "regular", datetime(2026, 6, 3, 5))
+    bad["gpu_count"] = "not a number"
+    with pytest.raises(duckdb.Error):
+        replace_runs_window(con, [bad], datetime(2026, 6, 3), datetime(2026, 6, 4))
+    assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == len(ROWS)
+
+
+@pytest.mark.parametrize(
+    ("oldest", "today", "first_partition", "expected"),
+    [
+        (None, date(2026, 6, 10), date(2026, 1, 1), (date(2026, 6, 9), date(2026, 6, 10))),
+        (date(2026, 6, 10), date(2026, 6, 10), date(2026, 1, 1), (date(2026, 6, 9), date(2026, 6, 10))),
+        (date(2026, 6, 2), date(2026, 6, 10), date(2026, 1, 1), (date(2026, 6, 2), date(2026, 6, 10))),
+        (date(2025, 12, 1), date(2026, 6, 10), date(2026, 1, 1), (date(2026, 1, 1), date(2026, 6, 10))),
+    ],
+)
+def test_refresh_days(oldest, today, first_partition, expected):
+    assert refresh_days(oldest, today, first_partition) == expected
