@@ -5,8 +5,15 @@ from datetime import datetime
 from wandb_assets.lib.normalize import ENDED_STATES
 
 
-def fleet_row(run_id: str, state: str, category: str, created: datetime, ended: datetime | None = None,
-              gpus: int = 1, **sps: float | None) -> dict:
+def fleet_row(
+    run_id: str,
+    state: str,
+    category: str,
+    created: datetime,
+    ended: datetime | None = None,
+    gpus: int = 1,
+    **sps: float | None,
+) -> dict:
     """A ``runs`` row; ``ended`` is the heartbeat of an ended run; SPS keyword args name the columns."""
     return {
         "run_id": run_id,

@@ -19,12 +19,38 @@ def d(day: int, hour: float) -> datetime:
 FLEET = [
     fleet_row("r1", "finished", "regular", d(10, 8), d(10, 10), gpus=2),  # 2 h, 4 GPU-h
     fleet_row("r2", "failed", "regular", d(9, 10), d(9, 13), gpus=1),  # 3 h, 1 GPU-h inside W
-    fleet_row("r3", "crashed", "push_to_main", d(10, 9), d(10, 11), gpus=8,  # 2 h, 16 GPU-h; latest CI SPS
-              overview_sps=100.0, overview_steps_per_second=None, timing_cumulative_sps=7.0),
-    fleet_row("r4", "finished", "push_to_main", d(10, 6), d(10, 7), gpus=8,  # 1 h, 8 GPU-h
-              overview_sps=90.0, overview_steps_per_second=80.0),
-    fleet_row("r5", "failed", "push_to_main", d(10, 10), d(10, 11.5), gpus=8,  # 1.5 h, 12 GPU-h; failed: no SPS
-              overview_sps=50.0, timing_per_epoch_sps=5.0, overview_steps_per_second=1.0),
+    fleet_row(
+        "r3",
+        "crashed",
+        "push_to_main",
+        d(10, 9),
+        d(10, 11),
+        gpus=8,  # 2 h, 16 GPU-h; latest CI SPS
+        overview_sps=100.0,
+        overview_steps_per_second=None,
+        timing_cumulative_sps=7.0,
+    ),
+    fleet_row(
+        "r4",
+        "finished",
+        "push_to_main",
+        d(10, 6),
+        d(10, 7),
+        gpus=8,  # 1 h, 8 GPU-h
+        overview_sps=90.0,
+        overview_steps_per_second=80.0,
+    ),
+    fleet_row(
+        "r5",
+        "failed",
+        "push_to_main",
+        d(10, 10),
+        d(10, 11.5),
+        gpus=8,  # 1.5 h, 12 GPU-h; failed: no SPS
+        overview_sps=50.0,
+        timing_per_epoch_sps=5.0,
+        overview_steps_per_second=1.0,
+    ),
     fleet_row("r6", "running", "regular", d(7, 12), gpus=4),  # alive since 3 days: 24 h x 4 = 96 GPU-h
     fleet_row("r7", "pending", "sweep", d(10, 11), gpus=2),  # recent, 0 GPU-h
     fleet_row("r8", "finished", "regular", d(9, 11), d(9, 12)),  # ended exactly at the open edge: not in W

@@ -66,8 +66,17 @@ def test_lookup_dotted_flat_and_nested():
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(1.5, 1.5), (3, 3.0), (float("nan"), None), (float("inf"), None), ("Infinity", None), ("12", None),
-     (True, None), (None, None), ([1], None)],
+    [
+        (1.5, 1.5),
+        (3, 3.0),
+        (float("nan"), None),
+        (float("inf"), None),
+        ("Infinity", None),
+        ("12", None),
+        (True, None),
+        (None, None),
+        ([1], None),
+    ],
 )
 def test_finite_float(value, expected):
     assert finite_float(value) == expected
@@ -104,8 +113,9 @@ def _node(**overrides):
         "user": {"name": "CI", "username": "ci-bot"},
         "config": json.dumps({"compute": {"value": {"gpu_count": 4}, "desc": None}}),
         "summaryMetrics": json.dumps(
-            json.dumps({"overview/sps": 100.0, "timing_per_epoch/sps": "NaN", "overview/steps_per_second": "fast",
-                        "_step": 9})
+            json.dumps(
+                {"overview/sps": 100.0, "timing_per_epoch/sps": "NaN", "overview/steps_per_second": "fast", "_step": 9}
+            )
         ),
     }
     node.update(overrides)

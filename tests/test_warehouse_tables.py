@@ -19,8 +19,9 @@ ROWS = [
     fleet_row("multi", "finished", "regular", datetime(2026, 6, 1, 18), datetime(2026, 6, 3, 6), gpus=2),
     fleet_row("alive", "running", "push_to_main", datetime(2026, 6, 3, 20), gpus=1),
     fleet_row("waiting", "pending", "sweep", datetime(2026, 6, 3, 21), gpus=8),
-    fleet_row("crash", "crashed", "push_to_main", datetime(2026, 6, 3, 1), datetime(2026, 6, 3, 2), gpus=4,
-              overview_sps=10.0),
+    fleet_row(
+        "crash", "crashed", "push_to_main", datetime(2026, 6, 3, 1), datetime(2026, 6, 3, 2), gpus=4, overview_sps=10.0
+    ),
     fleet_row("kill", "killed", "sweep", datetime(2026, 6, 3, 3), datetime(2026, 6, 3, 4), gpus=1),
 ]
 
@@ -68,8 +69,12 @@ def test_push_to_main_sps_has_one_row_per_ci_run(con):
 
 
 def test_replacing_a_window_touches_only_that_window(con):
-    replace_runs_window(con, [fleet_row("new", "finished", "regular", datetime(2026, 6, 3, 5), datetime(2026, 6, 3, 6))],
-                        datetime(2026, 6, 3), datetime(2026, 6, 4))
+    replace_runs_window(
+        con,
+        [fleet_row("new", "finished", "regular", datetime(2026, 6, 3, 5), datetime(2026, 6, 3, 6))],
+        datetime(2026, 6, 3),
+        datetime(2026, 6, 4),
+    )
     assert [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()] == ["multi", "new"]
 
 

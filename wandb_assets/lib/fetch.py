@@ -74,11 +74,12 @@ def _open_api(wandb_settings: WandbSettings, pipeline: PipelineSettings):
         return wandb.Api(overrides=overrides, timeout=patience, api_key=wandb_settings.api_key)
     except Exception as exc:  # noqa: BLE001 - the client raises many types; all mean the same to a user
         detail = _scrub(str(exc), wandb_settings.api_key)
-        if "credential" in detail.lower() or "not recognize" in detail.lower() or "401" in detail:
-            if "Failed to verify" in detail and "401" not in detail:
-                raise ConfigError(
-                    f"Could not reach W&B at {where} to check WANDB_API_KEY: check WANDB_BASE_URL and the network."
-                ) from None
+        unreachable = any(m in detail.lower() for m in ("did not respond", "connection refused", "no such host"))
+        if unreachable:
+            raise ConfigError(
+                f"Could not reach W&B at {where} to check WANDB_API_KEY: check WANDB_BASE_URL and the network."
+            ) from None
+        if type(exc).__name__ == "AuthenticationError" or "not logged in" in detail or "401" in detail:
             raise ConfigError(f"WANDB_API_KEY was rejected by {where}: set a valid W&B API key.") from None
         raise ConfigError(f"Could not connect to W&B at {where} ({detail.splitlines()[0][:200]}).") from None
 

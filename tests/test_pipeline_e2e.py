@@ -1,0 +1,244 @@
+"""End to end: the real wandb client (through wandb-core) against the local server, real Dagster
+materializations, a real DuckDB file."""
+
+from datetime import date, datetime, timedelta
+
+import duckdb
+import pytest
+from dagster import materialize
+
+from tests.conftest import API_KEY
+from wandb_assets.defs.fleet.jobs import execute_backfill, execute_refresh
+from wandb_assets.defs.wandb_runs.assets import runs
+from wandb_assets.defs.wandb_runs.resources import wandb_resource
+from wandb_assets.defs.warehouse.resources import warehouse_resource
+from wandb_assets.localwandb import make_run_node
+
+DAY = date(2026, 6, 2)
+
+
+def at(day: int, hour: int, minute: int = 0) -> datetime:
+    return datetime(2026, 6, day, hour, minute)
+
+
+def ci_summary(sps: float) -> dict:
+    return {"overview/sps": sps, "overview/steps_per_second": sps, "_step": 100}
+
+
+def dataset() -> list[dict]:
+    """Six runs on 2026-06-02 and one either side of it."""
+    return [
+        make_run_node(
+            "before", display_name="train-a", state="finished", created_at=at(1, 23, 59), heartbeat_at=at(2, 1)
+        ),
+        make_run_node(
+            "ci-ok",
+            display_name="github.sky.main.aaa1111.ppo.1780000000",
+            state="finished",
+            created_at=at(2, 0, 0),
+            heartbeat_at=at(2, 1),
+            config={"compute.gpu_count": 8},
+            summary=ci_summary(100.0),
+        ),
+        make_run_node(
+            "ci-crash",
+            display_name="github.sky.main.bbb2222.ppo.1780000000",
+            state="crashed",
+            created_at=at(2, 2),
+            heartbeat_at=at(2, 4),
+            config={"compute": {"gpu_count": 4}},
+            summary=ci_summary(90.0),
+            summary_encoding="double",
+        ),
+        make_run_node(
+            "ci-fail",
+            display_name="github.sky.pr7.ccc3333.ppo.1780000000",
+            state="failed",
+            created_at=at(2, 3),
+            heartbeat_at=at(2, 5),
+            summary={"overview/sps": "NaN", "_step": 1},
+            summary_encoding="triple",
+        ),
+        make_run_node(
+            "sweep-1",
+            display_name="eager-1",
+            state="finished",
+            sweep="swp123",
+            created_at=at(2, 6),
+            heartbeat_at=at(2, 7),
+            summary="",
+            summary_encoding="raw",
+        ),
+        make_run_node(
+            "nameless",
+            display_name=None,
+            state="running",
+            created_at=at(2, 8),
+            summary="[1, 2]",
+            summary_encoding="raw",
+        ),
+        make_run_node("lastsec", display_name="x.sweep", state="pending", created_at=at(2, 23, 59)),
+        make_run_node("after", display_name="train-b", state="finished", created_at=at(3, 0), heartbeat_at=at(3, 1)),
+    ]
+
+
+def resources():
+    return {"wandb": wandb_resource(), "warehouse": warehouse_resource()}
+
+
+def table(path, sql):
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+ROWS_SQL = "SELECT * EXCLUDE (ingested_at) FROM runs ORDER BY run_id"
+
+
+def test_partition_holds_exactly_that_days_runs(wandb_server, warehouse_path, instance):
+    server = wandb_server(dataset())
+    result = materialize([runs], partition_key=DAY.isoformat(), resources=resources(), instance=instance)
+    assert result.success
+    rows = table(
+        warehouse_path,
+        "SELECT run_id, category, state, gpu_count, ended_at, sps_overview_sps, ci_branch,"
+        " json(summary)::VARCHAR FROM runs ORDER BY created_at",
+    )
+    assert rows == [
+        (
+            "ci-ok",
+            "push_to_main",
+            "finished",
+            8,
+            at(2, 1),
+            100.0,
+            "main",
+            '{"overview/sps":100.0,"overview/steps_per_second":100.0,"_step":100}',
+        ),
+        (
+            "ci-crash",
+            "push_to_main",
+            "crashed",
+            4,
+            at(2, 4),
+            90.0,
+            "main",
+            '{"overview/sps":90.0,"overview/steps_per_second":90.0,"_step":100}',
+        ),
+        ("ci-fail", "push_to_main", "failed", 1, at(2, 5), None, "pr7", '{"overview/sps":"NaN","_step":1}'),
+        ("sweep-1", "sweep", "finished", 1, at(2, 7), None, None, "{}"),
+        ("nameless", "regular", "running", 1, None, None, None, "{}"),
+        ("lastsec", "sweep", "pending", 1, None, None, None, "{}"),
+    ]
+    metadata = result.asset_materializations_for_node("runs")[0].metadata
+    assert metadata["rows_written"].value == 6
+    assert metadata["malformed_runs"].value == 2
+    assert metadata["malformed_fields"].value == {"summary": 2}
+    assert sorted(metadata["malformed_run_ids"].value) == ["nameless", "sweep-1"]
+    # One server-side filtered query per page: the client never fetched runs outside the day.
+    runs_queries = [v for op, v in server.requests if op == "Runs"]
+    assert len(runs_queries) == 1
+    assert (
+        runs_queries[0]["filters"] == '{"createdAt": {"$gte": "2026-06-02T00:00:00Z", "$lt": "2026-06-03T00:00:00Z"}}'
+    )
+    assert runs_queries[0]["perPage"] == 1000
+
+
+def test_rematerializing_a_partition_gives_identical_rows(wandb_server, warehouse_path, instance):
+    wandb_server(dataset())
+    materialize([runs], partition_key=DAY.isoformat(), resources=resources(), instance=instance)
+    first = table(warehouse_path, ROWS_SQL)
+    materialize([runs], partition_key=DAY.isoformat(), resources=resources(), instance=instance)
+    assert table(warehouse_path, ROWS_SQL) == first
+    assert len(first) == 6
+
+
+def test_pages_are_followed(wandb_server, warehouse_path, instance, monkeypatch):
+    monkeypatch.setenv("WANDB_ASSETS_PAGE_SIZE", "2")
+    server = wandb_server(dataset())
+    materialize([runs], partition_key=DAY.isoformat(), resources=resources(), instance=instance)
+    assert table(warehouse_path, "SELECT count(*) FROM runs") == [(6,)]
+    assert server.count("Runs") == 3
+
+
+def test_run_going_from_running_to_finished_between_ticks(wandb_server, warehouse_path, instance):
+    today = date(2026, 6, 10)
+    long_run = dict(display_name="train-long", created_at=at(6, 12), config={"compute.gpu_count": 2})
+    server = wandb_server([make_run_node("long", state="running", heartbeat_at=at(9, 12), **long_run)])
+    assert execute_backfill(instance, date(2026, 6, 1), today).success
+    assert execute_refresh(instance, today, snapshot_at="2026-06-10T12:00:00").success
+    assert table(warehouse_path, "SELECT state, ended_at FROM runs") == [("running", None)]
+    server.upsert_runs([make_run_node("long", state="finished", heartbeat_at=at(10, 11), **long_run)])
+    # The run was created four days before "today": the tick must reach back to its day by itself.
+    assert execute_refresh(instance, today, snapshot_at="2026-06-10T12:15:00").success
+    assert table(warehouse_path, "SELECT state, ended_at, duration_hours FROM runs") == [("finished", at(10, 11), 95.0)]
+    snapshots = table(
+        warehouse_path,
+        "SELECT snapshot_at, value FROM fleet_metrics WHERE metric IN ('wandb.runs.active') ORDER BY snapshot_at",
+    )
+    assert snapshots == [(at(10, 12), 1.0), (at(10, 12, 15), 0.0)]
+    completed = table(
+        warehouse_path,
+        "SELECT value FROM fleet_metrics WHERE metric = 'wandb.runs.completed_24h'"
+        " AND snapshot_at = '2026-06-10 12:15:00'",
+    )
+    assert completed == [(1.0,)]
+
+
+def test_tick_builds_tables_and_snapshot(wandb_server, warehouse_path, instance):
+    wandb_server(dataset())
+    result = execute_refresh(instance, date(2026, 6, 3), snapshot_at="2026-06-03T00:00:00")
+    assert result.success
+    gauges = dict(table(warehouse_path, "SELECT metric, value FROM fleet_metrics"))
+    # A first tick reads yesterday and today only (06-02, 06-03): "before" (06-01) is not in the warehouse.
+    # W = (06-02 00:00, 06-03 00:00]: finished ci-ok, sweep-1; crashed ci-crash, failed ci-fail; "after" was
+    # created at exactly T so it counts as recent, but it ended after T. Latest CI SPS: ci-crash at 04:00.
+    assert gauges["wandb.runs.completed_24h"] == 2
+    assert gauges["wandb.runs.failed_24h"] == 2
+    assert gauges["wandb.runs.active"] == 1
+    assert gauges["wandb.runs.total_recent"] == 7
+    assert gauges["wandb.push_to_main.overview.sps"] == 90.0
+    assert gauges["wandb.push_to_main.success_rate_pct"] == pytest.approx(100 / 3)
+    assert gauges["wandb.sweep.runs_total_24h"] == 2
+    assert table(warehouse_path, "SELECT count(*) FROM push_to_main_sps") == [(3,)]
+    assert table(
+        warehouse_path, "SELECT completed, failed FROM success_rates WHERE day = '2026-06-02' AND category = 'all'"
+    ) == [(2, 2)]
+
+
+def test_429_then_success_recovers(wandb_server, warehouse_path, instance):
+    server = wandb_server(dataset())
+    server.faults.fail_status, server.faults.fail_count, server.faults.retry_after = 429, 2, 1
+    result = materialize([runs], partition_key=DAY.isoformat(), resources=resources(), instance=instance)
+    assert result.success
+    assert server.count("Runs") == 3  # two refused, one answered
+    assert table(warehouse_path, "SELECT count(*) FROM runs") == [(6,)]
+
+
+def test_persistent_500_fails_loudly_and_keeps_previous_rows(wandb_server, warehouse_path, instance):
+    server = wandb_server(dataset())
+    materialize([runs], partition_key=DAY.isoformat(), resources=resources(), instance=instance)
+    before = table(warehouse_path, ROWS_SQL)
+    server.upsert_runs([make_run_node("ci-ok", display_name="changed", state="failed", created_at=at(2, 0))])
+    server.faults.fail_status, server.faults.fail_count = 500, -1
+    result = materialize(
+        [runs], partition_key=DAY.isoformat(), resources=resources(), instance=instance, raise_on_error=False
+    )
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure).step_failure_data.error
+    while failure.cause is not None:
+        failure = failure.cause
+    assert (
+        "Fetching W&B runs of test-team/test-project created 2026-06-02T00:00:00Z..2026-06-03T00:00:00Z"
+        in failure.message
+    )
+    assert "500" in failure.message
+    assert API_KEY not in failure.message
+    assert server.count("Runs") == 1 + 3  # the first materialization, then one try and two retries
+    assert table(warehouse_path, ROWS_SQL) == before
+    # The next attempt after the outage recovers by itself.
+    server.faults.fail_count = 0
+    assert materialize([runs], partition_key=DAY.isoformat(), resources=resources(), instance=instance).success
+    assert table(warehouse_path, "SELECT name FROM runs WHERE run_id = 'ci-ok'") == [("changed",)]
