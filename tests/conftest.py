@@ -61,7 +61,7 @@ def wandb_server(monkeypatch):
 
 @pytest.fixture
 def instance():
-    from dagster import DagsterInstance
+    from dagster import instance_for_test
 
-    with DagsterInstance.ephemeral() as ephemeral:
-        yield ephemeral
+    with instance_for_test() as test_instance:
+        yield test_instance

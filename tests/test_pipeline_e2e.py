@@ -1,7 +1,7 @@
 """End to end: the real wandb client (through wandb-core) against the local server, real Dagster
 materializations, a real DuckDB file."""
 
-from datetime import date, datetime, timedelta
+from datetime import date, datetime
 
 import duckdb
 import pytest

@@ -1,0 +1,123 @@
+"""Settings: environment first, then AWS Secrets Manager (moto's real server), and clear one-line errors."""
+
+import json
+
+import boto3
+import duckdb
+import pytest
+from dagster import materialize
+from moto.server import ThreadedMotoServer
+
+from tests.conftest import API_KEY, ENTITY, PROJECT
+from tests.test_pipeline_e2e import at
+from wandb_assets.defs.wandb_runs.assets import runs
+from wandb_assets.defs.wandb_runs.resources import wandb_resource
+from wandb_assets.defs.warehouse.resources import warehouse_resource
+from wandb_assets.localwandb import make_run_node
+from wandb_assets.settings import ConfigError, pipeline_settings, resolve_wandb_settings
+
+
+@pytest.fixture
+def moto_endpoint(monkeypatch):
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    yield endpoint
+    server.stop()
+
+
+def put_secret(endpoint: str, name: str, value: str) -> None:
+    client = boto3.client("secretsmanager", endpoint_url=endpoint, region_name="us-east-1")
+    client.create_secret(Name=name, SecretString=value)
+
+
+def test_environment_wins_over_nothing():
+    settings = resolve_wandb_settings({"WANDB_API_KEY": "k" * 40, "WANDB_PROJECT": "p"})
+    assert (settings.project, settings.entity, settings.base_url) == ("p", None, None)
+    assert "k" * 40 not in repr(settings)
+
+
+def test_missing_project_names_the_setting():
+    with pytest.raises(ConfigError, match=r"^WANDB_PROJECT is not set: export the W&B project"):
+        resolve_wandb_settings({"WANDB_API_KEY": "k" * 40})
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("WANDB_ASSETS_DEFAULT_GPUS_PER_RUN", "two", "WANDB_ASSETS_DEFAULT_GPUS_PER_RUN must be a number"),
+        ("WANDB_ASSETS_DEFAULT_GPUS_PER_RUN", "-1", "WANDB_ASSETS_DEFAULT_GPUS_PER_RUN must be at least 0"),
+        ("WANDB_ASSETS_START_DATE", "June", "WANDB_ASSETS_START_DATE must be a date"),
+    ],
+)
+def test_malformed_pipeline_settings(name, value, message):
+    with pytest.raises(ConfigError, match=message):
+        pipeline_settings({name: value})
+
+
+def test_pipeline_defaults():
+    settings = pipeline_settings({})
+    assert (str(settings.duckdb_path), settings.default_gpus_per_run, settings.page_size) == (
+        "data/warehouse.duckdb",
+        1,
+        1000,
+    )
+
+
+def test_key_entity_and_project_come_from_the_secret(
+    moto_endpoint, monkeypatch, wandb_server, warehouse_path, instance
+):
+    wandb_server([make_run_node("s1", display_name="from-secret", state="finished", created_at=at(2, 3))])
+    for name in ("WANDB_API_KEY", "WANDB_ENTITY", "WANDB_PROJECT"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("WANDB_ASSETS_SECRET_NAME", "test/wandb")
+    put_secret(
+        moto_endpoint,
+        "test/wandb",
+        json.dumps({"WANDB_API_KEY": API_KEY, "WANDB_ENTITY": ENTITY, "WANDB_PROJECT": PROJECT}),
+    )
+    result = materialize(
+        [runs],
+        partition_key="2026-06-02",
+        instance=instance,
+        resources={"wandb": wandb_resource(), "warehouse": warehouse_resource()},
+    )
+    assert result.success
+    con = duckdb.connect(str(warehouse_path), read_only=True)
+    assert con.execute("SELECT run_id, name FROM runs").fetchall() == [("s1", "from-secret")]
+    con.close()
+
+
+def test_environment_beats_the_secret(moto_endpoint, monkeypatch):
+    put_secret(moto_endpoint, "test/partial", json.dumps({"WANDB_API_KEY": "s" * 40, "WANDB_PROJECT": "secret-p"}))
+    monkeypatch.setenv("WANDB_ASSETS_SECRET_NAME", "test/partial")
+    monkeypatch.setenv("WANDB_PROJECT", "env-p")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    settings = wandb_resource().wandb_settings()
+    assert (settings.api_key, settings.project, settings.entity) == ("s" * 40, "env-p", None)
+
+
+def test_missing_secret_is_one_clear_sentence(moto_endpoint, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_ASSETS_SECRET_NAME", "test/absent")
+    with pytest.raises(ConfigError) as raised:
+        wandb_resource().wandb_settings()
+    assert str(raised.value) == (
+        "WANDB_API_KEY is not set and the secret 'test/absent' could not be read from AWS Secrets Manager "
+        "(ResourceNotFoundException): export WANDB_API_KEY or fix WANDB_ASSETS_SECRET_NAME / AWS credentials."
+    )
+
+
+def test_secret_that_is_not_json(moto_endpoint, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    put_secret(moto_endpoint, "test/garbled", "WANDB_API_KEY=" + "z" * 40)
+    monkeypatch.setenv("WANDB_ASSETS_SECRET_NAME", "test/garbled")
+    with pytest.raises(ConfigError) as raised:
+        wandb_resource().wandb_settings()
+    assert "must hold a JSON object" in str(raised.value)
+    assert "z" * 40 not in str(raised.value)
