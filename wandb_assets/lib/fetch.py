@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 from wandb_assets.settings import ConfigError, PipelineSettings, WandbSettings
@@ -96,8 +97,10 @@ def fetch_run_pages(
         per_page=per_page,
         lazy=False,
     )
-    page_number = 0
-    while runs.more:
+
+    def next_page(page_number: int) -> list[dict] | None:
+        if not runs.more:
+            return None
         runs.update_variables()
         try:
             runs._update_response()  # one GraphQL page; the public iterator has no per-page hook
@@ -105,16 +108,22 @@ def fetch_run_pages(
             detail = _scrub(str(exc), secret).replace("\n", " ")
             raise WandbFetchError(
                 f"Fetching W&B runs of {entity}/{project} created {_iso(start)}..{_iso(end)} failed on page "
-                f"{page_number + 1} after retries: {detail[:300]}"
+                f"{page_number} after retries: {detail[:300]}"
             ) from None
         project_data = (runs.last_response or {}).get("project")
         if project_data is None:
             raise ConfigError(f"W&B project {entity}/{project} was not found: check WANDB_ENTITY and WANDB_PROJECT.")
         edges = (project_data.get("runs") or {}).get("edges") or []
-        page_number += 1
-        if not edges:
-            return
-        yield [edge["node"] for edge in edges]
+        return [edge["node"] for edge in edges] or None
+
+    # Fetch page N+1 in the background while the caller normalises and writes page N.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wandb-page") as pool:
+        pending = pool.submit(next_page, 1)
+        page_number = 1
+        while (page := pending.result()) is not None:
+            page_number += 1
+            pending = pool.submit(next_page, page_number)
+            yield page
 
 
 def default_entity(api) -> str:

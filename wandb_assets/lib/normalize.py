@@ -181,13 +181,21 @@ def run_row(node: dict, *, entity: str, project: str, app_url: str, default_gpus
         "ci_config": ci.config if ci else None,
         "ci_timestamp": ci.timestamp.replace(tzinfo=None) if ci and ci.timestamp else None,
         "summary_step": finite_float(summary.get("_step")),
-        "config": json.dumps(_json_safe(config), default=str),
-        "summary": json.dumps(_json_safe(summary), default=str),
+        "config": to_json(config),
+        "summary": to_json(summary),
         "anomalies": anomalies,
     }
     for key, column in SPS_KEYS.items():
         row[column] = finite_float(summary.get(key))
     return row
+
+
+def to_json(value: dict) -> str:
+    """Strict JSON text (DuckDB refuses NaN/Infinity): non-finite floats become their string spelling."""
+    text = json.dumps(value, default=str)
+    if "NaN" in text or "Infinity" in text:
+        text = json.dumps(_json_safe(value), default=str)
+    return text
 
 
 def _json_safe(value: Any) -> Any:

@@ -47,6 +47,8 @@ _RUN_FIELDS = (
     "historyKeys",
     "projectId",
 )
+#: What ``LightweightRunFragment`` (``lazy=True``) asks for: no config, summary, system metrics or history keys.
+_LIGHT_FIELDS = tuple(f for f in _RUN_FIELDS if f not in ("config", "systemMetrics", "summaryMetrics", "historyKeys"))
 
 
 def iso_z(moment: datetime | None) -> str | None:
@@ -182,6 +184,7 @@ class LocalWandbServer:
             "_times": {k: parse_timestamp(node.get(k)) for k in ("createdAt", "heartbeatAt")},
         }
         record["_json"] = self._node_json(node)
+        record["_light_json"] = json.dumps({k: node.get(k) for k in _LIGHT_FIELDS})
         self._records[node["name"]] = record
 
     def _node_json(self, node: dict) -> str:
@@ -254,7 +257,7 @@ class LocalWandbServer:
             "teams": {"edges": [{"node": {"name": self.entity}}]},
         }
 
-    def answer(self, operation: str, variables: dict) -> str:
+    def answer(self, operation: str, variables: dict, query: str = "") -> str:
         """The JSON text of the response to one GraphQL operation."""
         if operation in ("Viewer", "GetDefaultEntity", "GetViewer"):
             return json.dumps({"data": {"viewer": self._viewer()}})
@@ -264,7 +267,7 @@ class LocalWandbServer:
         if operation == "Runs":
             if not known:
                 return json.dumps({"data": {"project": None}})
-            return self._runs_page(variables)
+            return self._runs_page(variables, lightweight="...LightweightRunFragment" in query)
         if operation == "Run":
             record = self._records.get(variables.get("name", "")) if known else None
             run = record["_json"] if record else "null"
@@ -273,14 +276,15 @@ class LocalWandbServer:
             return json.dumps({"data": {"project": {"sweep": None}}})
         return json.dumps({"errors": [{"message": f"operation {operation} is not supported"}], "data": None})
 
-    def _runs_page(self, variables: dict) -> str:
+    def _runs_page(self, variables: dict, lightweight: bool = False) -> str:
         selected = self._select(variables.get("filters") or "{}", variables.get("order") or "+created_at")
         per_page = int(variables.get("perPage") or 50)
         cursor = variables.get("cursor")
         start = int(base64.b64decode(cursor).decode().split(":")[1]) + 1 if cursor else 0
         page = selected[start : start + per_page]
+        field = "_light_json" if lightweight else "_json"
         edges = ",".join(
-            '{"node":' + r["_json"] + ',"cursor":"' + base64.b64encode(f"cursor:{start + i}".encode()).decode() + '"}'
+            '{"node":' + r[field] + ',"cursor":"' + base64.b64encode(f"cursor:{start + i}".encode()).decode() + '"}'
             for i, r in enumerate(page)
         )
         end_cursor = base64.b64encode(f"cursor:{start + len(page) - 1}".encode()).decode() if page else None
@@ -339,6 +343,6 @@ def _handler_for(server: LocalWandbServer) -> type[BaseHTTPRequestHandler]:
                 extra = {"Retry-After": f"{faults.retry_after:g}"} if faults.retry_after is not None else {}
                 self._send(status, json.dumps({"errors": [{"message": f"injected {status}"}]}).encode(), extra)
                 return
-            self._send(200, server.answer(operation, variables).encode())
+            self._send(200, server.answer(operation, variables, payload.get("query") or "").encode())
 
     return Handler
