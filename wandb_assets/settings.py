@@ -24,7 +24,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "WANDB_API_KEY": ("(from the secret)", "W&B API key. When unset, read from AWS Secrets Manager."),
     "WANDB_ENTITY": ("the key's default entity", "W&B entity (team or user) that owns the project."),
     "WANDB_PROJECT": ("(required)", "W&B project to mirror. The demo sets it for you."),
-    "WANDB_BASE_URL": ("https://api.wandb.ai", "W&B API server (the wandb client's own variable)."),
+    "WANDB_BASE_URL": ("the wandb client's default", "W&B API server (the wandb client's own variable)."),
     "WANDB_ASSETS_SECRET_NAME": (DEFAULT_SECRET_NAME, "Secrets Manager secret holding the W&B settings as JSON."),
     "AWS_ENDPOINT_URL": ("AWS default", "Secrets Manager endpoint override (boto3's own variable)."),
     "AWS_REGION": ("us-east-1", "Region of the secret."),

@@ -51,9 +51,9 @@ class WandbResource(ConfigurableResource):
         from wandb.util import app_url
 
         settings = self.wandb_settings()
-        entity = settings.entity or default_entity(get_api(settings, pipeline))
-        base_url = settings.base_url or "https://api.wandb.ai"
-        return entity, settings.project, app_url(base_url)
+        api = get_api(settings, pipeline)
+        entity = settings.entity or default_entity(api)
+        return entity, settings.project, app_url(api.settings["base_url"])
 
 
 def wandb_resource() -> WandbResource:
