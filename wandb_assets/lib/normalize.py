@@ -57,11 +57,7 @@ def normalize_summary(raw: Any) -> tuple[dict, bool]:
 
 def unwrap_config(raw: Any) -> tuple[dict, bool]:
     """Decode a run config and remove W&B's ``{"value": v, "desc": d}`` wrapping from each key."""
-    if raw is None:
-        return {}, True
-    decoded = decode_json_object(raw)
-    if decoded is None:
-        return {}, raw in ("null", b"null")
+    decoded, ok = normalize_summary(raw)  # the same JSON-object decoding as summaries
     unwrapped = {}
     for key, value in decoded.items():
         if key in ("_wandb", "wandb_version"):
@@ -69,7 +65,7 @@ def unwrap_config(raw: Any) -> tuple[dict, bool]:
         if isinstance(value, dict) and "value" in value and set(value) <= {"value", "desc"}:
             value = value["value"]
         unwrapped[key] = value
-    return unwrapped, True
+    return unwrapped, ok
 
 
 def lookup_dotted(mapping: dict, dotted_key: str) -> Any:

@@ -1,8 +1,9 @@
 """Tables derived from ``runs`` (rebuilt whole, in SQL) and the fleet snapshot (appended each tick)."""
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 
-from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, AssetsDefinition, Config, MaterializeResult, MetadataValue, asset
 
 from wandb_assets.defs.wandb_runs.assets import markdown_table, runs
 from wandb_assets.defs.warehouse.resources import WarehouseResource
@@ -22,38 +23,41 @@ def utc_now() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None, microsecond=0)
 
 
-def _table_result(con, table: str, rows: int, order_by: str) -> MaterializeResult:
-    cursor = con.execute(f"SELECT * FROM {table} ORDER BY {order_by} LIMIT 10")
-    columns = [d[0] for d in cursor.description]
-    return MaterializeResult(
-        metadata={"rows": rows, "preview": MetadataValue.md(markdown_table(columns, cursor.fetchall()))}
-    )
+def derived_table_asset(table: str, description: str, rebuild: Callable, order_by: str) -> AssetsDefinition:
+    """An asset that rebuilds one whole table from ``runs`` in SQL and previews its first rows."""
+
+    @asset(name=table, description=description, **COMMON)
+    def _derived(warehouse: WarehouseResource) -> MaterializeResult:
+        with warehouse.get_connection() as con:
+            rows = rebuild(con)
+            cursor = con.execute(f"SELECT * FROM {table} ORDER BY {order_by} LIMIT 10")
+            columns = [d[0] for d in cursor.description]
+            preview = markdown_table(columns, cursor.fetchall())
+        return MaterializeResult(metadata={"rows": rows, "preview": MetadataValue.md(preview)})
+
+    return _derived
 
 
-@asset(description="One row per push-to-main CI run: its CI fields, state, end time and the five SPS values.", **COMMON)
-def push_to_main_sps(warehouse: WarehouseResource) -> MaterializeResult:
-    with warehouse.get_connection() as con:
-        return _table_result(con, "push_to_main_sps", rebuild_push_to_main_sps(con), "ended_at DESC NULLS LAST")
-
-
-@asset(
-    description="Per UTC day (of ended_at) and category, plus 'all': finished, failed+crashed, other ended runs, "
+push_to_main_sps = derived_table_asset(
+    "push_to_main_sps",
+    "One row per push-to-main CI run: its CI fields, state, end time and the five SPS values.",
+    rebuild_push_to_main_sps,
+    "ended_at DESC NULLS LAST",
+)
+success_rates = derived_table_asset(
+    "success_rates",
+    "Per UTC day (of ended_at) and category, plus 'all': finished, failed+crashed, other ended runs, "
     "and success rate % = finished / (finished + failed + crashed).",
-    **COMMON,
+    rebuild_success_rates,
+    "day DESC, category",
 )
-def success_rates(warehouse: WarehouseResource) -> MaterializeResult:
-    with warehouse.get_connection() as con:
-        return _table_result(con, "success_rates", rebuild_success_rates(con), "day DESC, category")
-
-
-@asset(
-    description="Per UTC day and category, plus 'all': GPU-hours consumed that day (each run's [created_at, "
+gpu_hours = derived_table_asset(
+    "gpu_hours",
+    "Per UTC day and category, plus 'all': GPU-hours consumed that day (each run's [created_at, "
     "ended_at or now] clipped to the day, times gpu_count; pending runs count 0).",
-    **COMMON,
+    lambda con: rebuild_gpu_hours(con, utc_now()),
+    "day DESC, category",
 )
-def gpu_hours(warehouse: WarehouseResource) -> MaterializeResult:
-    with warehouse.get_connection() as con:
-        return _table_result(con, "gpu_hours", rebuild_gpu_hours(con, utc_now()), "day DESC, category")
 
 
 class SnapshotConfig(Config):
