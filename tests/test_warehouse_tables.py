@@ -97,3 +97,12 @@ def test_failed_write_rolls_back(con):
 )
 def test_refresh_days(oldest, today, first_partition, expected):
     assert refresh_days(oldest, today, first_partition) == expected
+
+
+def test_a_run_id_is_stored_once_even_without_a_parseable_creation_time(con):
+    undated = fleet_row("undated", "finished", "regular", None)
+    for _ in range(2):
+        replace_runs_window(con, [undated], datetime(2026, 6, 3), datetime(2026, 6, 4))
+    assert con.execute("SELECT count(*) FROM runs WHERE run_id = 'undated'").fetchone()[0] == 1
+    # The 06-03 window (alive, waiting, crash, kill) was replaced: multi and undated remain.
+    assert [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()] == ["multi", "undated"]

@@ -95,17 +95,21 @@ def replace_runs_window(con, rows: Iterable[dict[str, Any]], start: datetime, en
         con.execute("BEGIN TRANSACTION")
         try:
             con.execute(
-                "DELETE FROM runs WHERE created_at >= $start AND created_at < $end",
+                f"""CREATE OR REPLACE TEMP TABLE incoming_runs AS
+                SELECT * EXCLUDE (config, summary), config::JSON AS config, summary::JSON AS summary,
+                       $ingested_at::TIMESTAMP AS ingested_at
+                FROM read_json($path, format = 'newline_delimited', columns = {{{spec}}})""",
+                {"path": path, "ingested_at": datetime.now(UTC).replace(tzinfo=None)},
+            )
+            # The window, plus any earlier copy of a fetched run (one whose created_at could not be parsed
+            # before, or moved): a run id appears once in the table.
+            con.execute(
+                "DELETE FROM runs WHERE (created_at >= $start AND created_at < $end) "
+                "OR run_id IN (SELECT run_id FROM incoming_runs)",
                 {"start": start, "end": end},
             )
-            if written:
-                con.execute(
-                    f"""INSERT INTO runs BY NAME
-                    SELECT * EXCLUDE (config, summary), config::JSON AS config, summary::JSON AS summary,
-                           $ingested_at::TIMESTAMP AS ingested_at
-                    FROM read_json($path, format = 'newline_delimited', columns = {{{spec}}})""",
-                    {"path": path, "ingested_at": datetime.now(UTC).replace(tzinfo=None)},
-                )
+            con.execute("INSERT INTO runs BY NAME SELECT * FROM incoming_runs")
+            con.execute("DROP TABLE incoming_runs")
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
