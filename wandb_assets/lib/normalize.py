@@ -8,6 +8,7 @@ and its name is recorded in ``anomalies`` so the asset can count it.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from datetime import UTC, datetime
@@ -29,6 +30,7 @@ SPS_KEYS: dict[str, str] = {
 }
 
 _MAX_JSON_LAYERS = 8
+_DECODER = json.JSONDecoder(strict=False)  # one decoder: json.loads(strict=False) builds one per call
 
 
 def decode_json_object(raw: Any) -> dict | None:
@@ -39,7 +41,7 @@ def decode_json_object(raw: Any) -> dict | None:
         if not isinstance(raw, str):
             break
         try:
-            raw = json.loads(raw, strict=False)
+            raw = _DECODER.decode(raw)
         except ValueError:
             return None
     return raw if isinstance(raw, dict) else None
@@ -118,10 +120,14 @@ def to_naive_utc(moment: datetime) -> datetime:
     return moment if moment.tzinfo is None else moment.astimezone(UTC).replace(tzinfo=None)
 
 
+@functools.lru_cache(maxsize=64)
+def _project_url(app_url: str, entity: str, project: str) -> str:
+    return app_url.rstrip("/") + "/" + "/".join(quote(str(p), safe="") for p in (entity, project, "runs")) + "/"
+
+
 def run_url(app_url: str, entity: str, project: str, run_id: str) -> str:
     """The run's page, built the way the wandb client builds ``Run.url``."""
-    path = "/".join(quote(str(part), safe="") for part in (entity, project, "runs", run_id))
-    return app_url.rstrip("/") + "/" + path
+    return _project_url(app_url, entity, project) + quote(str(run_id), safe="")
 
 
 def run_row(node: dict, *, entity: str, project: str, app_url: str, default_gpus: int) -> dict[str, Any]:
