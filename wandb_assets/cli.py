@@ -37,24 +37,12 @@ def _instance():
     return DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else DagsterInstance.ephemeral()
 
 
-def _root_cause(error) -> str:
-    while error.cause is not None:
-        error = error.cause
-    return error.message.strip().splitlines()[-1] if error.message.strip() else error.cls_name
-
-
 def _report(result, what: str) -> int:
+    from wandb_assets.ticks import failure_message
+
     if result.success:
         return 0
-    for event in result.all_events:
-        if event.is_step_failure and event.step_failure_data and event.step_failure_data.error:
-            print(
-                f"error: {what} failed in step {event.step_key}: {_root_cause(event.step_failure_data.error)}",
-                file=sys.stderr,
-            )
-            break
-    else:
-        print(f"error: {what} failed (run {result.run_id}); see the Dagster UI for the logs.", file=sys.stderr)
+    print(f"error: {what} failed in {failure_message(result)}", file=sys.stderr)
     return 1
 
 
@@ -82,15 +70,36 @@ def _print_gauges(duckdb_path: Path) -> None:
         print(f"  {name:<{width}}  {'NULL' if value is None else f'{value:,.2f}':>12}")
 
 
-def cmd_refresh(args: argparse.Namespace) -> int:
-    from wandb_assets.defs.fleet.jobs import execute_refresh
-    from wandb_assets.settings import pipeline_settings
+def _print_alerts(duckdb_path: Path) -> None:
+    import duckdb
 
-    result = execute_refresh(_instance(), datetime.now(UTC).date())
-    code = _report(result, "refresh")
-    if code == 0 and not args.quiet:
+    con = duckdb.connect(str(duckdb_path), read_only=True)
+    try:
+        rows = con.execute(
+            "SELECT severity, rule, subject, message FROM alerts WHERE resolved_at IS NULL "
+            "ORDER BY opened_at, alert_key"
+        ).fetchall()
+    finally:
+        con.close()
+    print(f"\nOpen alerts: {len(rows)}")
+    for severity, rule, subject, message in rows:
+        print(f"  [{severity}] {rule} ({subject}): {message}")
+
+
+def _tick(today: date, quiet: bool = False) -> int:
+    from wandb_assets.settings import pipeline_settings
+    from wandb_assets.ticks import run_tick
+
+    results = run_tick(_instance(), today)
+    code = _report(results[-1], "refresh" if len(results) == 1 else "feed")
+    if code == 0 and not quiet:
         _print_gauges(pipeline_settings().duckdb_path)
+        _print_alerts(pipeline_settings().duckdb_path)
     return code
+
+
+def cmd_refresh(args: argparse.Namespace) -> int:
+    return _tick(datetime.now(UTC).date(), args.quiet)
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
@@ -143,17 +152,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"Serving a synthetic fleet of {len(nodes):,} runs over {args.days} days at {server.url} "
         f"as {DEMO_ENTITY}/{DEMO_PROJECT}"
     )
-    from wandb_assets.defs.fleet.jobs import execute_backfill, execute_refresh
+    from wandb_assets.defs.fleet.jobs import execute_backfill
 
-    instance = _instance()
     print(f"Backfilling {first}..{now.date()} in one run ...", flush=True)
-    code = _report(execute_backfill(instance, first, now.date()), "backfill")
+    code = _report(execute_backfill(_instance(), first, now.date()), "backfill")
     if code == 0:
-        print("Running one tick ...", flush=True)
-        code = _report(execute_refresh(instance, now.date()), "refresh")
+        print("Running one tick (refresh, then the Datadog feed and the alerts) ...", flush=True)
+        code = _tick(now.date())
     if code:
         return code
-    _print_gauges(duckdb_path)
     print(f"\nWarehouse: {duckdb_path.resolve()}")
     if args.ui:
         return _dagster_dev()

@@ -38,8 +38,15 @@ def _ended_state(rng: random.Random, end: datetime, now: datetime, weights: tupl
     return rng.choices(["finished", "crashed", "failed", "killed"], weights=weights)[0]
 
 
-def generate_fleet(now: datetime, days: int = 30, runs_per_day: int = 150, seed: int = 7) -> list[dict]:
-    """Run nodes created over the ``days`` before ``now`` (naive UTC), about ``runs_per_day`` a day."""
+def generate_fleet(
+    now: datetime, days: int = 30, runs_per_day: int = 150, seed: int = 7, incidents: bool = True
+) -> list[dict]:
+    """Run nodes created over the ``days`` before ``now`` (naive UTC), about ``runs_per_day`` a day.
+
+    With ``incidents``, the last hours also hold what the alerts should catch: an SPS regression on main
+    (``ppo_atari`` 30% slower), a CI failure streak (eight failed push-to-main runs) and a stalled run
+    (still ``running``, no heartbeat for two hours).
+    """
     rng = random.Random(seed)
     nodes: list[dict] = []
     counter = 0
@@ -130,4 +137,42 @@ def generate_fleet(now: datetime, days: int = 30, runs_per_day: int = 150, seed:
                 summary_encoding="double" if rng.random() < 0.05 else "json",
                 username=rng.choice(USERS),
             )
+    if incidents:
+        stamp = int(now.timestamp())
+        regressed = _ci_summary(rng, CI_CONFIGS["ppo_atari"] * 0.7, 40_000)
+        for key in ("overview/sps", "overview/steps_per_second"):
+            regressed[key] = round(CI_CONFIGS["ppo_atari"] * 0.7, 3)
+        add(
+            now - timedelta(minutes=30, seconds=30),  # ends 30 s before now: the latest main run of its config
+            0.5,
+            "finished",
+            display_name=f"github.sky.main.badc0de.ppo_atari.{stamp}",
+            config={"compute.gpu_count": 8},
+            summary=regressed,
+            username="ci-bot",
+            job_type="benchmark",
+        )
+        for k in range(8):
+            add(
+                now - timedelta(hours=10 - k),
+                0.5,
+                "failed",
+                display_name=f"github.sky.main.f{k:06x}.dqn_cartpole.{stamp}",
+                config={"compute.gpu_count": 8},
+                summary={"_step": 3, "loss": 9.9},
+                username="ci-bot",
+                job_type="benchmark",
+            )
+        nodes.append(
+            make_run_node(
+                "stalled0001",
+                display_name="train-llama-stuck",
+                state="running",
+                created_at=now - timedelta(hours=9),
+                heartbeat_at=now - timedelta(hours=2),
+                config={"compute.gpu_count": 8},
+                summary={"train/loss": 0.8, "_step": 1200},
+                username="alice",
+            )
+        )
     return nodes

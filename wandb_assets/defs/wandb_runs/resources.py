@@ -24,20 +24,21 @@ class WandbResource(ConfigurableResource):
     secrets: ResourceDependency[SecretsManagerResource]
     secret_name: str = DEFAULT_SECRET_NAME
 
-    def _load_secret(self, name: str) -> dict[str, str]:
+    def load_secret(self, name: str, wanted: str = "WANDB_API_KEY") -> dict[str, str]:
+        """The secret's JSON object; a one-sentence ``ConfigError`` naming ``wanted`` when it cannot be read."""
         try:
             response = self.secrets.get_client().get_secret_value(SecretId=name)
         except Exception as exc:  # noqa: BLE001 - botocore raises many types; the message names the setting
             reason = type(exc).__name__
             code = getattr(exc, "response", {}).get("Error", {}).get("Code") if hasattr(exc, "response") else None
             raise ConfigError(
-                f"WANDB_API_KEY is not set and the secret {name!r} could not be read from AWS Secrets Manager "
-                f"({code or reason}): export WANDB_API_KEY or fix WANDB_ASSETS_SECRET_NAME / AWS credentials."
+                f"{wanted} is not set and the secret {name!r} could not be read from AWS Secrets Manager "
+                f"({code or reason}): export {wanted} or fix WANDB_ASSETS_SECRET_NAME / AWS credentials."
             ) from None
         return parse_secret_string(name, response.get("SecretString"))
 
     def wandb_settings(self) -> WandbSettings:
-        return resolve_wandb_settings(os.environ, self._load_secret, self.secret_name)
+        return resolve_wandb_settings(os.environ, self.load_secret, self.secret_name)
 
     def fetch_run_pages(self, start: datetime, end: datetime, pipeline: PipelineSettings) -> Iterator[list[dict]]:
         """Raw run nodes created in ``[start, end)``, a page at a time."""

@@ -1,0 +1,122 @@
+"""Datadog (metrics and events, through the official datadog-api-client) and the alert channels."""
+
+import os
+
+from dagster import ConfigurableResource, ResourceDependency
+
+from wandb_assets.defs.wandb_runs.resources import WandbResource
+from wandb_assets.lib.channels import post_webhook
+from wandb_assets.lib.datadog_feed import SendResult
+from wandb_assets.settings import ConfigError
+
+
+class DatadogResource(ConfigurableResource):
+    """Submits metric payloads and events to Datadog; disabled (dry run) without an API key.
+
+    Settings are read from the environment at each call (``DD_SITE``, ``DD_ENV``,
+    ``WANDB_ASSETS_DATADOG_URL``), never stored as resource config, so nothing secret shows in the UI.
+    """
+
+    wandb: ResourceDependency[WandbResource]
+    timeout_s: float = 10.0
+
+    @property
+    def site(self) -> str:
+        return (os.environ.get("DD_SITE") or "").strip() or "datadoghq.com"
+
+    @property
+    def url(self) -> str:
+        return (os.environ.get("WANDB_ASSETS_DATADOG_URL") or "").strip()
+
+    @property
+    def env(self) -> str | None:
+        return (os.environ.get("DD_ENV") or "").strip() or None
+
+    def api_key(self) -> str | None:
+        """``DD_API_KEY`` from the environment, else from the W&B secret when that secret is in use."""
+        key = (os.environ.get("DD_API_KEY") or "").strip()
+        if key:
+            return key
+        if (os.environ.get("WANDB_API_KEY") or "").strip():
+            return None  # credentials come from the environment, not the secret: no key means dry run
+        try:
+            return (
+                self.wandb.load_secret(self.wandb.secret_name, "DD_API_KEY").get("DD_API_KEY") or ""
+            ).strip() or None
+        except ConfigError:
+            return None
+
+    def _configuration(self, key: str):
+        from datadog_api_client import Configuration
+
+        configuration = Configuration(
+            host=self.url or None, api_key={"apiKeyAuth": key}, request_timeout=self.timeout_s, enable_retry=False
+        )
+        if not self.url:
+            configuration.server_variables["site"] = self.site
+        return configuration
+
+    def _call(self, key: str, call) -> SendResult:
+        from datadog_api_client import ApiClient
+        from datadog_api_client.exceptions import ApiException
+
+        try:
+            with ApiClient(self._configuration(key)) as client:
+                call(client)
+            return SendResult(202)
+        except ApiException as exc:
+            return SendResult(exc.status, str(exc.reason or "")[:200])
+        except Exception as exc:  # noqa: BLE001 - timeouts and connection errors from urllib3
+            text = str(exc).replace(key, "***")
+            kind = "timed out" if "timed out" in text.lower() or "timeout" in type(exc).__name__.lower() else "failed"
+            return SendResult(None, f"request {kind} ({type(exc).__name__})")
+
+    def submit_series(self, key: str, payload: dict) -> SendResult:
+        """One v2 ``submit_metrics`` call with the series of one snapshot."""
+        from datadog_api_client.v2.api.metrics_api import MetricsApi
+        from datadog_api_client.v2.model.metric_intake_type import MetricIntakeType
+        from datadog_api_client.v2.model.metric_payload import MetricPayload
+        from datadog_api_client.v2.model.metric_point import MetricPoint
+        from datadog_api_client.v2.model.metric_series import MetricSeries
+
+        body = MetricPayload(
+            series=[
+                MetricSeries(
+                    metric=s["metric"],
+                    type=MetricIntakeType(s["type"]),
+                    tags=s["tags"],
+                    points=[MetricPoint(timestamp=p["timestamp"], value=p["value"]) for p in s["points"]],
+                )
+                for s in payload["series"]
+            ]
+        )
+        return self._call(key, lambda client: MetricsApi(client).submit_metrics(body=body))
+
+    def send_event(self, key: str, title: str, text: str, resolved: bool, tags: list[str]) -> SendResult:
+        from datadog_api_client.v1.api.events_api import EventsApi
+        from datadog_api_client.v1.model.event_alert_type import EventAlertType
+        from datadog_api_client.v1.model.event_create_request import EventCreateRequest
+
+        body = EventCreateRequest(
+            title=title[:100],
+            text=text[:4000],
+            tags=tags,
+            alert_type=EventAlertType.SUCCESS if resolved else EventAlertType.WARNING,
+        )
+        return self._call(key, lambda client: EventsApi(client).create_event(body=body))
+
+
+class AlertChannelsResource(ConfigurableResource):
+    """Where alert notifications go besides the ``alerts`` table and the Dagster log.
+
+    ``WANDB_ASSETS_SLACK_WEBHOOK_URL`` is read at each call: a webhook URL is a secret.
+    """
+
+    timeout_s: float = 10.0
+
+    @property
+    def slack_enabled(self) -> bool:
+        return bool((os.environ.get("WANDB_ASSETS_SLACK_WEBHOOK_URL") or "").strip())
+
+    def post_slack(self, text: str) -> str | None:
+        return post_webhook(os.environ["WANDB_ASSETS_SLACK_WEBHOOK_URL"].strip(), text, self.timeout_s)

@@ -1,0 +1,411 @@
+"""Alert rules over the warehouse, the alert lifecycle, and the notification outbox. No Dagster here.
+
+A rule yields *conditions* (rule, subject, message, details) that hold at a snapshot. The lifecycle turns
+them into ``alerts`` rows keyed by ``rule:subject``: an alert opens once, is only touched
+(``last_seen_at``) while its condition keeps holding, and resolves when a later evaluation of its rule no
+longer finds it. Opening and resolving each put one message per channel in ``alert_notifications``; the
+outbox is drained in order and a channel that is down keeps its messages for a later tick.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from wandb_assets.lib.gauges import compute_gauges
+from wandb_assets.lib.normalize import ENDED_STATES
+
+_ENDED = ", ".join(f"'{s}'" for s in ENDED_STATES)
+
+RULES = (
+    "push_to_main_success_rate_low",
+    "sps_regression",
+    "failure_spike",
+    "stalled_run",
+    "ci_silent",
+    "pipeline_failure",
+)
+
+ALERT_SQL = """
+CREATE TABLE IF NOT EXISTS alerts (
+    alert_key VARCHAR, rule VARCHAR, subject VARCHAR, severity VARCHAR, message VARCHAR, details JSON,
+    opened_at TIMESTAMP, last_seen_at TIMESTAMP, resolved_at TIMESTAMP
+);
+CREATE SEQUENCE IF NOT EXISTS alert_notification_ids;
+CREATE TABLE IF NOT EXISTS alert_notifications (
+    id BIGINT DEFAULT nextval('alert_notification_ids'), alert_key VARCHAR, event VARCHAR, channel VARCHAR,
+    text VARCHAR, status VARCHAR, attempts INTEGER, last_error VARCHAR, created_at TIMESTAMP, sent_at TIMESTAMP
+);
+CREATE TABLE IF NOT EXISTS run_progress (run_id VARCHAR, observed_at TIMESTAMP, step DOUBLE);
+"""
+
+
+@dataclass(frozen=True)
+class AlertThresholds:
+    """Every rule's knobs; ``from_env`` reads the ``WANDB_ASSETS_ALERT_*`` variables (see the README)."""
+
+    success_rate_min_pct: float = 80.0
+    success_rate_min_runs: int = 5
+    sps_drop_pct: float = 10.0
+    sps_baseline_runs: int = 10
+    sps_min_baseline_runs: int = 5
+    failure_spike_pct: float = 50.0
+    failure_spike_min_ended: int = 10
+    stall_heartbeat_minutes: float = 30.0
+    stall_step_minutes: float = 60.0
+    ci_silent_hours: float = 12.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> AlertThresholds:
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for name, default in cls().__dict__.items():
+            raw = environ.get(f"WANDB_ASSETS_ALERT_{name.upper()}")
+            if raw:
+                try:
+                    values[name] = type(default)(raw)
+                except ValueError:
+                    from wandb_assets.settings import ConfigError
+
+                    raise ConfigError(f"WANDB_ASSETS_ALERT_{name.upper()} must be a number (got {raw!r}).") from None
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A rule that holds for one subject at one evaluation."""
+
+    rule: str
+    subject: str
+    severity: str
+    message: str
+    details: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.rule}:{self.subject}"
+
+
+def _rows(con, sql: str, params: dict) -> list[dict]:
+    cursor = con.execute(sql, params)
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def success_rate_low(con, at: datetime, th: AlertThresholds) -> list[Condition]:
+    rate = compute_gauges(con, at)["wandb.push_to_main.success_rate_pct"]
+    ended = con.execute(
+        f"SELECT count(*) FROM runs WHERE category = 'push_to_main' AND state IN ({_ENDED}) "
+        "AND ended_at > $t - INTERVAL 24 HOUR AND ended_at <= $t AND created_at <= $t",
+        {"t": at},
+    ).fetchone()[0]
+    if rate is None or ended < th.success_rate_min_runs or rate >= th.success_rate_min_pct:
+        return []
+    return [
+        Condition(
+            "push_to_main_success_rate_low",
+            "push_to_main",
+            "warning",
+            f"Push-to-main success rate is {rate:.1f}% over the last 24 h ({ended} runs ended; threshold "
+            f"{th.success_rate_min_pct:g}%).",
+            {"success_rate_pct": rate, "ended_runs": ended},
+        )
+    ]
+
+
+SPS_SQL = """
+WITH main AS (
+    SELECT ci_config, run_id, ci_commit, url, ended_at, sps_overview_sps AS sps,
+           row_number() OVER (PARTITION BY ci_config ORDER BY ended_at DESC, run_id DESC) AS recency
+    FROM runs
+    WHERE category = 'push_to_main' AND ci_branch = 'main' AND state IN ('finished', 'crashed')
+      AND sps_overview_sps IS NOT NULL AND ended_at <= $t AND ci_config IS NOT NULL
+),
+baseline AS (
+    SELECT ci_config, median(sps) AS median_sps, count(*) AS baseline_runs
+    FROM main WHERE recency BETWEEN 2 AND 1 + $window GROUP BY ci_config
+),
+last_good AS (
+    SELECT m.ci_config, arg_max(m.ci_commit, m.ended_at) AS good_commit, arg_max(m.url, m.ended_at) AS good_url,
+           arg_max(m.sps, m.ended_at) AS good_sps
+    FROM main m JOIN baseline b USING (ci_config)
+    WHERE m.recency >= 2 AND m.sps >= b.median_sps * (1 - $drop / 100.0)
+    GROUP BY m.ci_config
+)
+SELECT latest.ci_config, latest.sps, latest.ci_commit AS bad_commit, latest.url AS bad_url, latest.run_id,
+       b.median_sps, b.baseline_runs, g.good_commit, g.good_url, g.good_sps
+FROM main latest JOIN baseline b USING (ci_config) LEFT JOIN last_good g USING (ci_config)
+WHERE latest.recency = 1 AND b.baseline_runs >= $min_runs AND latest.sps < b.median_sps * (1 - $drop / 100.0)
+ORDER BY latest.ci_config
+"""
+
+
+def sps_regression(con, at: datetime, th: AlertThresholds) -> list[Condition]:
+    found = _rows(
+        con,
+        SPS_SQL,
+        {"t": at, "window": th.sps_baseline_runs, "drop": th.sps_drop_pct, "min_runs": th.sps_min_baseline_runs},
+    )
+    conditions = []
+    for r in found:
+        drop = 100 * (1 - r["sps"] / r["median_sps"])
+        conditions.append(
+            Condition(
+                "sps_regression",
+                r["ci_config"],
+                "warning",
+                f"SPS regression on main for {r['ci_config']}: overview/sps {r['sps']:.1f} is {drop:.1f}% below the "
+                f"median {r['median_sps']:.1f} of the previous {r['baseline_runs']} main runs. Last good commit "
+                f"{r['good_commit'] or 'unknown'} ({r['good_url'] or 'no run'}), offending commit {r['bad_commit']} "
+                f"({r['bad_url']}).",
+                {
+                    k: r[k]
+                    for k in (
+                        "ci_config",
+                        "sps",
+                        "median_sps",
+                        "baseline_runs",
+                        "good_commit",
+                        "good_url",
+                        "bad_commit",
+                        "bad_url",
+                        "run_id",
+                    )
+                }
+                | {"drop_pct": drop},
+            )
+        )
+    return conditions
+
+
+def failure_spike(con, at: datetime, th: AlertThresholds) -> list[Condition]:
+    ended, failed = con.execute(
+        f"SELECT count(*), count(*) FILTER (WHERE state IN ('failed', 'crashed')) FROM runs "
+        f"WHERE state IN ({_ENDED}) AND ended_at > $t - INTERVAL 24 HOUR AND ended_at <= $t AND created_at <= $t",
+        {"t": at},
+    ).fetchone()
+    if ended < th.failure_spike_min_ended or 100 * failed / ended <= th.failure_spike_pct:
+        return []
+    return [
+        Condition(
+            "failure_spike",
+            "fleet",
+            "critical",
+            f"Failure spike: {failed} of {ended} runs that ended in the last 24 h failed or crashed "
+            f"({100 * failed / ended:.0f}% > {th.failure_spike_pct:g}%).",
+            {"ended": ended, "failed_or_crashed": failed},
+        )
+    ]
+
+
+def record_progress(con, at: datetime) -> None:
+    """Remember each running run's summary ``_step`` at this evaluation (for the stalled-step rule)."""
+    con.execute("DELETE FROM run_progress WHERE observed_at = $t", {"t": at})
+    con.execute(
+        "INSERT INTO run_progress SELECT run_id, $t, summary_step FROM runs WHERE state = 'running' "
+        "AND created_at <= $t",
+        {"t": at},
+    )
+    con.execute("DELETE FROM run_progress WHERE observed_at < $t - INTERVAL 2 DAY", {"t": at})
+
+
+STALLED_SQL = """
+WITH current_step AS (
+    SELECT run_id, step FROM run_progress WHERE observed_at = $t
+),
+unchanged_since AS (
+    SELECT p.run_id, min(p.observed_at) AS since
+    FROM run_progress p JOIN current_step c ON p.run_id = c.run_id AND p.step = c.step
+    GROUP BY p.run_id
+)
+SELECT r.run_id, r.name, r.url, r.heartbeat_at, c.step, u.since
+FROM runs r LEFT JOIN current_step c USING (run_id) LEFT JOIN unchanged_since u USING (run_id)
+WHERE r.state = 'running' AND r.created_at <= $t
+  AND (r.heartbeat_at < $t - to_minutes($heartbeat_min)
+       OR (c.step IS NOT NULL AND u.since <= $t - to_minutes($step_min)))
+ORDER BY r.run_id
+"""
+
+
+def stalled_run(con, at: datetime, th: AlertThresholds) -> list[Condition]:
+    record_progress(con, at)
+    found = _rows(
+        con,
+        STALLED_SQL,
+        {"t": at, "heartbeat_min": int(th.stall_heartbeat_minutes), "step_min": int(th.stall_step_minutes)},
+    )
+    conditions = []
+    for r in found:
+        silent = at - r["heartbeat_at"] if r["heartbeat_at"] else None
+        if silent is not None and silent > timedelta(minutes=th.stall_heartbeat_minutes):
+            why = f"no heartbeat for {int(silent.total_seconds() // 60)} min"
+        else:
+            why = f"_step stuck at {r['step']:g} since {r['since']:%Y-%m-%d %H:%M} UTC"
+        conditions.append(
+            Condition(
+                "stalled_run",
+                r["run_id"],
+                "warning",
+                f"Run {r['name'] or r['run_id']} looks stalled: {why} ({r['url']}).",
+                {"run_id": r["run_id"], "url": r["url"], "reason": why},
+            )
+        )
+    return conditions
+
+
+def ci_silent(con, at: datetime, th: AlertThresholds) -> list[Condition]:
+    latest = con.execute(
+        "SELECT max(created_at) FROM runs WHERE category = 'push_to_main' AND created_at <= $t", {"t": at}
+    ).fetchone()[0]
+    if latest is not None and latest > at - timedelta(hours=th.ci_silent_hours):
+        return []
+    since = f"since {latest:%Y-%m-%d %H:%M} UTC" if latest else "in the warehouse at all"
+    return [
+        Condition(
+            "ci_silent",
+            "push_to_main",
+            "warning",
+            f"No push-to-main run created in the last {th.ci_silent_hours:g} h (none {since}).",
+            {"last_created_at": latest.isoformat() if latest else None},
+        )
+    ]
+
+
+RULE_FUNCTIONS: dict[str, Callable[[Any, datetime, AlertThresholds], list[Condition]]] = {
+    "push_to_main_success_rate_low": success_rate_low,
+    "sps_regression": sps_regression,
+    "failure_spike": failure_spike,
+    "stalled_run": stalled_run,
+    "ci_silent": ci_silent,
+}
+
+
+def evaluate_rules(con, at: datetime, th: AlertThresholds) -> list[Condition]:
+    """Every warehouse rule at snapshot time ``at``."""
+    con.execute(ALERT_SQL)
+    return [condition for rule in RULE_FUNCTIONS.values() for condition in rule(con, at, th)]
+
+
+@dataclass(frozen=True)
+class Transition:
+    """An alert that opened or resolved at this evaluation."""
+
+    event: str  # "opened" | "resolved"
+    condition: Condition
+
+
+def reconcile(
+    con, conditions: list[Condition], evaluated_rules: set[str], now: datetime, channels: list[str]
+) -> list[Transition]:
+    """Open, touch and resolve alerts; queue one message per channel per transition. One transaction."""
+    con.execute(ALERT_SQL)
+    transitions: list[Transition] = []
+    con.execute("BEGIN TRANSACTION")
+    try:
+        open_alerts = {
+            r["alert_key"]: r
+            for r in _rows(
+                con,
+                "SELECT alert_key, rule, subject, severity, message, details FROM alerts WHERE resolved_at IS NULL",
+                {},
+            )
+        }
+        holding = {c.key: c for c in conditions}
+        for key, condition in holding.items():
+            params = {
+                "key": key,
+                "now": now,
+                "message": condition.message,
+                "details": json.dumps(condition.details, default=str),
+                "severity": condition.severity,
+            }
+            if key in open_alerts:
+                con.execute(
+                    "UPDATE alerts SET last_seen_at = $now, message = $message, details = $details::JSON, "
+                    "severity = $severity WHERE alert_key = $key AND resolved_at IS NULL",
+                    params,
+                )
+            else:
+                con.execute(
+                    "INSERT INTO alerts VALUES ($key, $rule, $subject, $severity, $message, $details::JSON, $now, "
+                    "$now, NULL)",
+                    params | {"rule": condition.rule, "subject": condition.subject},
+                )
+                transitions.append(Transition("opened", condition))
+        for key, row in open_alerts.items():
+            if key not in holding and row["rule"] in evaluated_rules:
+                con.execute(
+                    "UPDATE alerts SET resolved_at = $now WHERE alert_key = $key AND resolved_at IS NULL",
+                    {"key": key, "now": now},
+                )
+                details = json.loads(row["details"]) if isinstance(row["details"], str) else row["details"]
+                transitions.append(
+                    Transition(
+                        "resolved",
+                        Condition(row["rule"], row["subject"], row["severity"], row["message"], details or {}),
+                    )
+                )
+        for transition in transitions:
+            for channel in channels:
+                con.execute(
+                    "INSERT INTO alert_notifications (alert_key, event, channel, text, status, attempts, created_at) "
+                    "VALUES ($key, $event, $channel, $text, 'pending', 0, $now)",
+                    {
+                        "key": transition.condition.key,
+                        "event": transition.event,
+                        "channel": channel,
+                        "text": notification_text(transition),
+                        "now": now,
+                    },
+                )
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return transitions
+
+
+def notification_text(transition: Transition) -> str:
+    """A readable one-message summary with the rule, the subject and the links in the message."""
+    condition = transition.condition
+    if transition.event == "opened":
+        return f":rotating_light: [{condition.severity}] {condition.rule} ({condition.subject}): {condition.message}"
+    return f":white_check_mark: Resolved {condition.rule} ({condition.subject}). Was: {condition.message}"
+
+
+Deliver = Callable[[str, str, str], str | None]
+"""``deliver(channel, event, text)`` returns None on success, else an error sentence."""
+
+
+def drain_outbox(con, deliver: Deliver, now: datetime) -> tuple[int, dict[str, str]]:
+    """Send pending notifications oldest first per channel; a failing channel stops and keeps its queue.
+
+    Returns ``(sent, {channel: error})``.
+    """
+    con.execute(ALERT_SQL)
+    pending = con.execute(
+        "SELECT id, channel, event, text FROM alert_notifications WHERE status = 'pending' ORDER BY id"
+    ).fetchall()
+    sent, failed = 0, {}
+    for notification_id, channel, event, text in pending:
+        if channel in failed:
+            continue
+        error = deliver(channel, event, text)
+        if error is None:
+            con.execute(
+                "UPDATE alert_notifications SET status = 'sent', attempts = attempts + 1, sent_at = $now "
+                "WHERE id = $id",
+                {"now": now, "id": notification_id},
+            )
+            sent += 1
+        else:
+            con.execute(
+                "UPDATE alert_notifications SET attempts = attempts + 1, last_error = $error WHERE id = $id",
+                {"error": error[:500], "id": notification_id},
+            )
+            failed[channel] = error
+    return sent, failed

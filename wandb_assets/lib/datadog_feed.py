@@ -1,0 +1,171 @@
+"""The Datadog feed: one v2 series payload per fleet snapshot, and a delivery ledger in DuckDB.
+
+Each snapshot is delivered exactly once. A snapshot whose send fails for a passing reason (5xx, 429, a
+timeout, a refused connection, a 403) stays ``pending`` and later ticks send pending snapshots oldest
+first; Datadog's v2 intake refuses points older than one hour, so a snapshot still pending after that is
+``expired`` with the reason. Without an API key the feed runs dry: snapshots are recorded as ``dry_run``
+with the payload they would have sent. No Dagster and no Datadog client here: sending is a callable.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+MAX_POINT_AGE = timedelta(hours=1)
+GAUGE_TYPE = 3  # MetricIntakeType.GAUGE in Datadog's v2 API
+
+LEDGER_SQL = """
+CREATE TABLE IF NOT EXISTS datadog_deliveries (
+    snapshot_at TIMESTAMP, status VARCHAR, attempts INTEGER, last_error VARCHAR,
+    delivered_at TIMESTAMP, enqueued_at TIMESTAMP
+);
+"""
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """What one submission got: ``status`` is the HTTP status, or None for a timeout/connection error."""
+
+    status: int | None
+    error: str = ""
+
+    @property
+    def accepted(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+    @property
+    def permanent(self) -> bool:
+        """A rejection that retrying cannot fix (a malformed payload). 403 is not: the key can be fixed."""
+        return self.status is not None and 400 <= self.status < 500 and self.status not in (403, 408, 429)
+
+
+Sender = Callable[[dict], SendResult]
+
+
+@dataclass
+class DeliveryReport:
+    """What one pass over the ledger did."""
+
+    delivered: list[datetime] = field(default_factory=list)
+    expired: list[datetime] = field(default_factory=list)
+    rejected: list[datetime] = field(default_factory=list)
+    dry_run: list[datetime] = field(default_factory=list)
+    still_pending: list[datetime] = field(default_factory=list)
+    #: One sentence for the tick's log when delivery stopped on an error (never contains the key).
+    problem: str | None = None
+
+
+def feed_tags(entity: str, project: str, env: str | None) -> list[str]:
+    """Low-cardinality tags shared by every point: never one per run."""
+    tags = ["source:wandb-assets", f"entity:{entity}", f"project:{project}"]
+    return tags + [f"env:{env}"] if env else tags
+
+
+def snapshot_payload(con, snapshot_at: datetime, tags: list[str]) -> dict:
+    """The v2 series payload of one snapshot: one gauge series per non-NULL metric, one point each."""
+    rows = con.execute(
+        "SELECT metric, value FROM fleet_metrics WHERE snapshot_at = $t AND value IS NOT NULL ORDER BY metric",
+        {"t": snapshot_at},
+    ).fetchall()
+    timestamp = int((snapshot_at - datetime(1970, 1, 1)).total_seconds())
+    return {
+        "series": [
+            {
+                "metric": metric,
+                "type": GAUGE_TYPE,
+                "points": [{"timestamp": timestamp, "value": value}],
+                "tags": list(tags),
+            }
+            for metric, value in rows
+        ]
+    }
+
+
+def enqueue_snapshots(con, now: datetime, dry_run: bool) -> list[datetime]:
+    """Add every fleet snapshot not yet in the ledger, as ``pending`` (or ``dry_run``). Returns them."""
+    con.execute(LEDGER_SQL)
+    new = [
+        r[0]
+        for r in con.execute(
+            "SELECT DISTINCT snapshot_at FROM fleet_metrics "
+            "WHERE snapshot_at NOT IN (SELECT snapshot_at FROM datadog_deliveries) ORDER BY snapshot_at"
+        ).fetchall()
+    ]
+    con.executemany(
+        "INSERT INTO datadog_deliveries VALUES (?, ?, 0, NULL, NULL, ?)",
+        [(t, "dry_run" if dry_run else "pending", now) for t in new],
+    )
+    return new
+
+
+def _mark(con, snapshot_at: datetime, status: str, error: str | None, now: datetime, attempted: bool) -> None:
+    con.execute(
+        "UPDATE datadog_deliveries SET status = $status, last_error = coalesce($error, last_error), "
+        "attempts = attempts + $inc, delivered_at = CASE WHEN $status = 'delivered' THEN $now END "
+        "WHERE snapshot_at = $t",
+        {"status": status, "error": error, "inc": 1 if attempted else 0, "now": now, "t": snapshot_at},
+    )
+
+
+def deliver_pending(con, send: Sender, now: datetime, tags: list[str]) -> DeliveryReport:
+    """Send pending snapshots oldest first; stop at the first passing failure so order is kept."""
+    con.execute(LEDGER_SQL)
+    report = DeliveryReport()
+    pending = [
+        r[0]
+        for r in con.execute(
+            "SELECT snapshot_at FROM datadog_deliveries WHERE status = 'pending' ORDER BY snapshot_at"
+        ).fetchall()
+    ]
+    for index, snapshot_at in enumerate(pending):
+        age = now - snapshot_at
+        if age > MAX_POINT_AGE:
+            _mark(
+                con,
+                snapshot_at,
+                "expired",
+                f"expired: still undelivered {age} after the snapshot; Datadog's "
+                "intake refuses points older than one hour",
+                now,
+                attempted=False,
+            )
+            report.expired.append(snapshot_at)
+            continue
+        result = send(snapshot_payload(con, snapshot_at, tags))
+        if result.accepted:
+            _mark(con, snapshot_at, "delivered", None, now, attempted=True)
+            report.delivered.append(snapshot_at)
+            continue
+        if result.permanent:
+            _mark(con, snapshot_at, "rejected", f"HTTP {result.status}: {result.error}"[:500], now, attempted=True)
+            report.rejected.append(snapshot_at)
+            continue
+        error = f"HTTP {result.status}: {result.error}" if result.status else result.error
+        _mark(con, snapshot_at, "pending", error[:500], now, attempted=True)
+        report.still_pending = pending[index:]
+        if result.status == 403:
+            report.problem = (
+                "Datadog refused DD_API_KEY (403 Forbidden): set a valid API key for DD_SITE; "
+                f"{len(report.still_pending)} snapshot(s) wait and expire after one hour."
+            )
+        else:
+            report.problem = (
+                f"Datadog intake unavailable ({error[:200]}); {len(report.still_pending)} "
+                "snapshot(s) stay pending for the next tick."
+            )
+        break
+    return report
+
+
+def record_dry_run(con, snapshots: list[datetime], tags: list[str], log: Callable[[str], None]) -> DeliveryReport:
+    """Log what would have been sent for snapshots recorded as ``dry_run``."""
+    for snapshot_at in snapshots:
+        payload = snapshot_payload(con, snapshot_at, tags)
+        log(
+            f"Datadog dry run (no DD_API_KEY): would send {len(payload['series'])} gauges for "
+            f"{snapshot_at.isoformat()}Z: {json.dumps(payload, sort_keys=True)}"
+        )
+    return DeliveryReport(dry_run=list(snapshots))
