@@ -50,11 +50,15 @@ def test_definitions_contents():
         "success_rates",
         "gpu_hours",
         "fleet_snapshot",
+        "datadog_feed",
+        "fleet_alerts",
     }
     schedule = defs.get_schedule_def("every_15_minutes")
     assert schedule.cron_schedule == "*/15 * * * *"
     assert schedule.default_status.value == "RUNNING"
     assert defs.get_job_def("refresh").tags["dagster/max_runtime"] == "900"
+    assert {s.name for s in defs.sensors} == {"after_fleet_snapshot", "pipeline_failure_alert"}
+    assert all(s.default_status.value == "RUNNING" for s in defs.sensors)
 
 
 def test_schedule_reaches_back_to_the_oldest_unfinished_run(wandb_server, instance):
