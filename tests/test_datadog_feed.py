@@ -1,0 +1,136 @@
+"""The Datadog feed through the official client against a loopback capture server, with an injected clock."""
+
+from datetime import UTC, datetime, timedelta
+
+import duckdb
+import pytest
+
+from tests.capture import CaptureServer
+from tests.test_gauges import EXPECTED, FLEET, T
+from wandb_assets.defs.feed.resources import DatadogResource
+from wandb_assets.defs.wandb_runs.resources import wandb_resource
+from wandb_assets.lib.datadog_feed import deliver_pending, enqueue_snapshots, feed_tags, record_dry_run
+from wandb_assets.lib.warehouse import record_snapshot, replace_runs_window
+
+KEY = "dd" + "0123456789abcdef" * 2
+TAGS = feed_tags("team-x", "proj-y", "prod")
+T15, T30 = T + timedelta(minutes=15), T + timedelta(minutes=30)
+
+
+@pytest.fixture
+def capture(monkeypatch):
+    server = CaptureServer()
+    monkeypatch.setenv("WANDB_ASSETS_DATADOG_URL", server.url)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def con():
+    connection = duckdb.connect(":memory:")
+    replace_runs_window(connection, FLEET, datetime(2000, 1, 1), datetime(2100, 1, 1))
+    yield connection
+    connection.close()
+
+
+def send_with(key: str, timeout_s: float = 10.0):
+    datadog = DatadogResource(wandb=wandb_resource(), timeout_s=timeout_s)
+    return lambda payload: datadog.submit_series(key, payload)
+
+
+def tick(con, at: datetime, now: datetime, key: str = KEY, timeout_s: float = 10.0):
+    """What the feed does after a snapshot taken at ``at``: record it, enqueue, deliver."""
+    record_snapshot(con, at)
+    enqueue_snapshots(con, now, dry_run=False)
+    return deliver_pending(con, send_with(key, timeout_s), now, TAGS)
+
+
+def ledger(con):
+    return con.execute("SELECT snapshot_at, status, attempts FROM datadog_deliveries ORDER BY 1").fetchall()
+
+
+def test_exact_payload(con, capture):
+    report = tick(con, T, T + timedelta(seconds=20))
+    assert report.delivered == [T] and report.problem is None
+    (request,) = capture.requests
+    assert request["path"] == "/api/v2/series"
+    assert request["headers"]["DD-API-KEY"] == KEY
+    timestamp = int(datetime(2026, 6, 10, 12, 0, tzinfo=UTC).timestamp())
+    expected = [
+        {"metric": name, "type": 3, "points": [{"timestamp": timestamp, "value": pytest.approx(value)}],
+         "tags": ["source:wandb-assets", "entity:team-x", "project:proj-y", "env:prod"]}
+        for name, value in sorted(EXPECTED.items()) if value is not None
+    ]
+    assert sorted(request["body"]["series"], key=lambda s: s["metric"]) == expected
+    assert len(expected) == 18  # the two NULL gauges are skipped
+    assert ledger(con) == [(T, "delivered", 1)]
+
+
+def test_no_duplicate_delivery_across_ticks(con, capture):
+    tick(con, T, T)
+    tick(con, T15, T15)
+    deliver_pending(con, send_with(KEY), T15 + timedelta(minutes=1), TAGS)
+    sent = [s["series"][0]["points"][0]["timestamp"] for s in capture.bodies("/api/v2/series")]
+    assert len(sent) == 2 and sent[0] < sent[1]
+    assert [row[1] for row in ledger(con)] == ["delivered", "delivered"]
+
+
+def test_outage_then_recovery_delivers_pending_snapshots_in_order(con, capture):
+    capture.answer = 503
+    first = tick(con, T, T)
+    assert first.still_pending == [T]
+    assert first.problem.startswith("Datadog intake unavailable (HTTP 503")
+    second = tick(con, T15, T15)
+    assert second.still_pending == [T, T15]
+    assert len(capture.requests) == 2  # one try per tick: delivery stops at the first failure, keeping order
+    capture.answer = 202
+    third = tick(con, T30, T30)
+    assert third.delivered == [T, T15, T30]
+    stamps = [body["series"][0]["points"][0]["timestamp"] for body in capture.bodies("/api/v2/series")[2:]]
+    assert stamps == sorted(stamps) and len(stamps) == 3
+    # T was tried at every tick; T15 waited behind it and went through on its first try.
+    assert ledger(con) == [(T, "delivered", 3), (T15, "delivered", 1), (T30, "delivered", 1)]
+
+
+def test_snapshot_pending_for_over_an_hour_expires_with_the_reason(con, capture):
+    capture.answer = 500
+    tick(con, T, T)
+    capture.answer = 202
+    report = deliver_pending(con, send_with(KEY), T + timedelta(minutes=61), TAGS)
+    assert report.expired == [T] and report.delivered == []
+    assert len(capture.requests) == 1
+    status, error = con.execute("SELECT status, last_error FROM datadog_deliveries").fetchone()
+    assert status == "expired"
+    assert "Datadog's intake refuses points older than one hour" in error
+
+
+def test_dry_run_records_and_logs_without_sending(con, capture):
+    record_snapshot(con, T)
+    new = enqueue_snapshots(con, T, dry_run=True)
+    lines: list[str] = []
+    report = record_dry_run(con, new, TAGS, lines.append)
+    assert report.dry_run == [T]
+    assert capture.requests == []
+    assert ledger(con) == [(T, "dry_run", 0)]
+    assert lines[0].startswith("Datadog dry run (no DD_API_KEY): would send 18 gauges for 2026-06-10T12:00:00Z: ")
+    assert '"metric": "wandb.runs.active"' in lines[0]
+    # A later live pass never sends dry-run snapshots: they were history when they were taken.
+    assert deliver_pending(con, send_with(KEY), T, TAGS).delivered == []
+
+
+def test_bad_key_is_one_clear_sentence_without_the_key(con, capture):
+    capture.answer = 403
+    report = tick(con, T, T)
+    assert report.problem == ("Datadog refused DD_API_KEY (403 Forbidden): set a valid API key for DD_SITE; "
+                              "1 snapshot(s) wait and expire after one hour.")
+    stored = con.execute("SELECT last_error FROM datadog_deliveries").fetchone()[0]
+    assert stored == "HTTP 403: Forbidden"
+    assert KEY not in report.problem + stored
+
+
+def test_hanging_intake_times_out_and_the_snapshot_stays_pending(con, capture):
+    capture.answer, capture.hang_s = "hang", 3
+    report = tick(con, T, T, timeout_s=1)
+    assert report.still_pending == [T]
+    assert "timed out" in report.problem
+    assert ledger(con) == [(T, "pending", 1)]
