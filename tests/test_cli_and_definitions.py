@@ -56,7 +56,7 @@ def test_definitions_contents():
     schedule = defs.get_schedule_def("every_15_minutes")
     assert schedule.cron_schedule == "*/15 * * * *"
     assert schedule.default_status.value == "RUNNING"
-    assert defs.get_job_def("refresh").tags["dagster/max_runtime"] == "900"
+    assert defs.resolve_job_def("refresh").tags["dagster/max_runtime"] == "900"
     assert {s.name for s in defs.sensors} == {"after_fleet_snapshot", "pipeline_failure_alert"}
     assert all(s.default_status.value == "RUNNING" for s in defs.sensors)
 

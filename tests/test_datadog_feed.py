@@ -57,9 +57,14 @@ def test_exact_payload(con, capture):
     assert request["headers"]["DD-API-KEY"] == KEY
     timestamp = int(datetime(2026, 6, 10, 12, 0, tzinfo=UTC).timestamp())
     expected = [
-        {"metric": name, "type": 3, "points": [{"timestamp": timestamp, "value": pytest.approx(value)}],
-         "tags": ["source:wandb-assets", "entity:team-x", "project:proj-y", "env:prod"]}
-        for name, value in sorted(EXPECTED.items()) if value is not None
+        {
+            "metric": name,
+            "type": 3,
+            "points": [{"timestamp": timestamp, "value": pytest.approx(value)}],
+            "tags": ["source:wandb-assets", "entity:team-x", "project:proj-y", "env:prod"],
+        }
+        for name, value in sorted(EXPECTED.items())
+        if value is not None
     ]
     assert sorted(request["body"]["series"], key=lambda s: s["metric"]) == expected
     assert len(expected) == 18  # the two NULL gauges are skipped
@@ -121,8 +126,10 @@ def test_dry_run_records_and_logs_without_sending(con, capture):
 def test_bad_key_is_one_clear_sentence_without_the_key(con, capture):
     capture.answer = 403
     report = tick(con, T, T)
-    assert report.problem == ("Datadog refused DD_API_KEY (403 Forbidden): set a valid API key for DD_SITE; "
-                              "1 snapshot(s) wait and expire after one hour.")
+    assert report.problem == (
+        "Datadog refused DD_API_KEY (403 Forbidden): set a valid API key for DD_SITE; "
+        "1 snapshot(s) wait and expire after one hour."
+    )
     stored = con.execute("SELECT last_error FROM datadog_deliveries").fetchone()[0]
     assert stored == "HTTP 403: Forbidden"
     assert KEY not in report.problem + stored

@@ -22,4 +22,6 @@ def execute_feed(instance, now: str = ""):
 
     clock = {"config": {"now": now}}
     run_config = {"ops": {"datadog_feed": clock, "fleet_alerts": clock}, **CONSOLE_LOGS}
-    return defs.get_job_def(FEED_JOB).execute_in_process(instance=instance, run_config=run_config, raise_on_error=False)
+    return defs.resolve_job_def(FEED_JOB).execute_in_process(
+        instance=instance, run_config=run_config, raise_on_error=False
+    )

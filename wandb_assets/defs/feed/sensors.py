@@ -27,7 +27,7 @@ from wandb_assets.defs.warehouse.resources import WarehouseResource
     description="After each fleet snapshot: push it to Datadog and evaluate the alerts.",
 )
 def after_fleet_snapshot(context: SensorEvaluationContext, asset_event: EventLogEntry):
-    yield RunRequest(run_key=f"fleet_snapshot:{asset_event.storage_id}")
+    yield RunRequest(run_key=f"fleet_snapshot:{asset_event.run_id}:{asset_event.timestamp}")
 
 
 @run_failure_sensor(

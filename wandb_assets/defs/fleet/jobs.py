@@ -71,7 +71,7 @@ def execute_refresh(instance: DagsterInstance, today: date, snapshot_at: str = "
 
     first, last, _ = plan_tick(today)
     run_config = {"ops": {"fleet_snapshot": {"config": {"snapshot_at": snapshot_at}}}, **CONSOLE_LOGS}
-    return defs.get_job_def(REFRESH_JOB).execute_in_process(
+    return defs.resolve_job_def(REFRESH_JOB).execute_in_process(
         instance=instance, tags=partition_range_tags(first, last), run_config=run_config, raise_on_error=False
     )
 
@@ -80,6 +80,6 @@ def execute_backfill(instance: DagsterInstance, first: date, last: date) -> Exec
     """Re-read ``first..last`` (inclusive) from W&B in one run."""
     from wandb_assets.definitions import defs
 
-    return defs.get_job_def(BACKFILL_JOB).execute_in_process(
+    return defs.resolve_job_def(BACKFILL_JOB).execute_in_process(
         instance=instance, tags=partition_range_tags(first, last), run_config=CONSOLE_LOGS, raise_on_error=False
     )

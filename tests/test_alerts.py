@@ -1,0 +1,205 @@
+"""Each alert rule opening, staying quiet while it holds, and resolving, on hand-built fleets; the outbox."""
+
+from datetime import datetime, timedelta
+
+import duckdb
+import pytest
+
+from tests.capture import CaptureServer
+from tests.fleet import fleet_row
+from wandb_assets.lib.alerts import (
+    AlertThresholds,
+    Condition,
+    drain_outbox,
+    evaluate_rules,
+    reconcile,
+)
+from wandb_assets.lib.channels import post_webhook
+from wandb_assets.lib.warehouse import replace_runs_window
+
+T = datetime(2026, 6, 10, 12, 0)
+TH = AlertThresholds()
+ALL_RULES = {
+    "push_to_main_success_rate_low",
+    "sps_regression",
+    "failure_spike",
+    "stalled_run",
+    "ci_silent",
+    "pipeline_failure",
+}
+
+
+def ago(hours: float) -> datetime:
+    return T - timedelta(hours=hours)
+
+
+def ci(
+    run_id: str, state: str, ended_hours_ago: float, sps: float | None = None, config: str = "ppo", branch: str = "main"
+) -> dict:
+    row = fleet_row(run_id, state, "push_to_main", ago(ended_hours_ago + 1), ago(ended_hours_ago), overview_sps=sps)
+    row.update(ci_branch=branch, ci_config=config, ci_commit=f"c-{run_id}", url=f"http://wandb.local/runs/{run_id}")
+    return row
+
+
+def fresh_ci() -> list[dict]:
+    """Keeps ci_silent quiet: one CI run created an hour before T, still running and heartbeating."""
+    row = fleet_row("ci-fresh", "running", "push_to_main", ago(1), T + timedelta(hours=2))
+    row.update(ci_branch="pr1", ci_config="other")
+    return [row]
+
+
+@pytest.fixture
+def con():
+    connection = duckdb.connect(":memory:")
+    yield connection
+    connection.close()
+
+
+def load(con, rows):
+    replace_runs_window(con, rows, datetime(2000, 1, 1), datetime(2100, 1, 1))
+
+
+def keys(con, at=T, th=TH) -> list[str]:
+    return sorted(c.key for c in evaluate_rules(con, at, th))
+
+
+def test_success_rate_low(con):
+    load(
+        con,
+        fresh_ci()
+        + [
+            ci("a", "finished", 2),
+            ci("b", "finished", 3),
+            ci("c", "failed", 4),
+            ci("d", "crashed", 5),
+            ci("e", "failed", 6),
+        ],
+    )
+    conditions = evaluate_rules(con, T, TH)
+    assert [c.key for c in conditions] == ["push_to_main_success_rate_low:push_to_main"]
+    assert conditions[0].message == (
+        "Push-to-main success rate is 40.0% over the last 24 h (5 runs ended; threshold 80%)."
+    )
+    load(con, fresh_ci() + [ci("a", "finished", 2), ci("c", "failed", 4), ci("d", "crashed", 5), ci("e", "failed", 6)])
+    assert keys(con) == []  # 4 ended runs: below the 5-run minimum
+
+
+def main_history(latest_sps: float, previous: int = 5) -> list[dict]:
+    sps = [100.0, 102.0, 98.0, 101.0, 99.0, 100.0, 103.0, 97.0, 100.0, 100.0][:previous]
+    rows = [ci(f"p{i}", "finished", 20 - i, sps=value) for i, value in enumerate(sps)]
+    rows.append(ci("p-killed", "killed", 10, sps=10.0))  # only finished or crashed runs are SPS evidence
+    rows.append(ci("pr-run", "finished", 0.5, sps=10.0, branch="pr9"))  # nor are PR runs
+    return fresh_ci() + rows + [ci("latest", "crashed", 1, sps=latest_sps)]
+
+
+def test_sps_regression_names_config_commits_and_urls(con):
+    load(con, main_history(85.0))
+    (condition,) = evaluate_rules(con, T, TH)
+    assert condition.key == "sps_regression:ppo"
+    assert condition.message == (
+        "SPS regression on main for ppo: overview/sps 85.0 is 15.0% below the median 100.0 of the previous 5 "
+        "main runs. Last good commit c-p4 (http://wandb.local/runs/p4), offending commit c-latest "
+        "(http://wandb.local/runs/latest)."
+    )
+    assert condition.details["good_url"] == "http://wandb.local/runs/p4"
+
+
+@pytest.mark.parametrize(("latest", "previous"), [(95.0, 5), (85.0, 4)])
+def test_sps_within_tolerance_or_too_little_history_is_quiet(con, latest, previous):
+    load(con, main_history(latest, previous))
+    assert keys(con) == []
+
+
+def test_failure_spike(con):
+    rows = [fleet_row(f"f{i}", "failed", "regular", ago(3), ago(2)) for i in range(6)]
+    rows += [fleet_row(f"ok{i}", "finished", "regular", ago(3), ago(2)) for i in range(4)]
+    load(con, fresh_ci() + rows)
+    (condition,) = evaluate_rules(con, T, TH)
+    assert condition.key == "failure_spike:fleet"
+    assert condition.message.startswith("Failure spike: 6 of 10 runs that ended in the last 24 h failed or crashed")
+    load(con, fresh_ci() + rows[1:])  # 9 ended: below the minimum of 10
+    assert keys(con) == []
+
+
+def test_stalled_by_heartbeat(con):
+    stuck = fleet_row("stuck", "running", "regular", ago(5), ago(0.6))  # heartbeat 36 min ago
+    fine = fleet_row("fine", "running", "regular", ago(5), ago(0.1))
+    load(con, fresh_ci() + [stuck, fine])
+    (condition,) = evaluate_rules(con, T, TH)
+    assert condition.key == "stalled_run:stuck"
+    assert "no heartbeat for 36 min" in condition.message
+
+
+def test_stalled_by_step_needs_an_hour_of_ticks_without_progress(con):
+    def at_step(step: float, heartbeat: datetime) -> list[dict]:
+        run = fleet_row("slow", "running", "regular", ago(5), heartbeat)
+        run["summary_step"] = step
+        return fresh_ci() + [run]
+
+    seen = []
+    for minutes, step in [(0, 10), (15, 20), (30, 20), (45, 20), (60, 20), (75, 20), (90, 21)]:
+        at = T + timedelta(minutes=minutes)
+        load(con, at_step(step, at))  # heartbeats keep coming: only the step stalls
+        seen.append((minutes, keys(con, at)))
+    # step 20 first seen at +15 min: stalled once an hour has passed (+75), cleared by progress at +90.
+    assert seen == [(0, []), (15, []), (30, []), (45, []), (60, []), (75, ["stalled_run:slow"]), (90, [])]
+
+
+def test_ci_silent(con):
+    old = fleet_row("ci-old", "finished", "push_to_main", ago(13), ago(12.5))
+    load(con, [old])
+    (condition,) = evaluate_rules(con, T, TH)
+    assert condition.key == "ci_silent:push_to_main"
+    assert condition.message == "No push-to-main run created in the last 12 h (none since 2026-06-09 23:00 UTC)."
+    load(con, [fleet_row("ci-new", "finished", "push_to_main", ago(11), ago(10))])
+    assert keys(con) == []
+
+
+def test_thresholds_from_environment():
+    th = AlertThresholds.from_env({"WANDB_ASSETS_ALERT_SPS_DROP_PCT": "25", "WANDB_ASSETS_ALERT_CI_SILENT_HOURS": "2"})
+    assert (th.sps_drop_pct, th.ci_silent_hours, th.failure_spike_pct) == (25.0, 2.0, 50.0)
+
+
+def test_lifecycle_notifies_on_open_and_resolve_only(con):
+    holding = [Condition("failure_spike", "fleet", "critical", "bad")]
+    opened = reconcile(con, holding, ALL_RULES, T, ["slack"])
+    assert [(t.event, t.condition.key) for t in opened] == [("opened", "failure_spike:fleet")]
+    for minutes in range(15, 150, 15):  # the condition holds for nine more ticks: no new notification
+        assert reconcile(con, holding, ALL_RULES, T + timedelta(minutes=minutes), ["slack"]) == []
+    assert reconcile(con, [], {"sps_regression"}, T + timedelta(minutes=150), ["slack"]) == []  # rule not run
+    resolved = reconcile(con, [], ALL_RULES, T + timedelta(minutes=165), ["slack"])
+    assert [(t.event, t.condition.key) for t in resolved] == [("resolved", "failure_spike:fleet")]
+    row = con.execute("SELECT opened_at, last_seen_at, resolved_at FROM alerts").fetchall()
+    assert row == [(T, T + timedelta(minutes=135), T + timedelta(minutes=165))]
+    events = con.execute("SELECT event, channel, status FROM alert_notifications ORDER BY id").fetchall()
+    assert events == [("opened", "slack", "pending"), ("resolved", "slack", "pending")]
+    # It can open again later, as a new alert.
+    assert len(reconcile(con, holding, ALL_RULES, T + timedelta(hours=5), ["slack"])) == 1
+    assert con.execute("SELECT count(*) FROM alerts").fetchone()[0] == 2
+
+
+def test_webhook_outage_then_delivery_exactly_once(con):
+    capture = CaptureServer()
+    try:
+        reconcile(con, [Condition("ci_silent", "push_to_main", "warning", "no CI for 13 h")], ALL_RULES, T, ["slack"])
+
+        def deliver(channel, event, text):
+            return post_webhook(capture.url + "/hook", text, timeout_s=2)
+
+        capture.answer = 500
+        assert drain_outbox(con, deliver, T) == (0, {"slack": "webhook answered HTTP 500"})
+        reconcile(con, [], ALL_RULES, T + timedelta(minutes=15), ["slack"])  # resolves while the hook is down
+        assert drain_outbox(con, deliver, T + timedelta(minutes=15))[0] == 0
+        capture.answer = 200
+        assert drain_outbox(con, deliver, T + timedelta(minutes=30)) == (2, {})
+        assert drain_outbox(con, deliver, T + timedelta(minutes=45)) == (0, {})
+        delivered = [r["body"]["text"] for r in capture.requests]
+        assert delivered[-2:] == [
+            ":rotating_light: [warning] ci_silent (push_to_main): no CI for 13 h",
+            ":white_check_mark: Resolved ci_silent (push_to_main). Was: no CI for 13 h",
+        ]
+        assert len(capture.requests) == 2 + 2  # two refused tries (one per drain: the queue stops), two deliveries
+        statuses = con.execute("SELECT event, status, attempts FROM alert_notifications ORDER BY id").fetchall()
+        assert statuses == [("opened", "sent", 3), ("resolved", "sent", 1)]
+    finally:
+        capture.stop()

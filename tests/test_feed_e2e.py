@@ -1,0 +1,140 @@
+"""A whole tick through Dagster: refresh, then the feed (Datadog + alerts + webhook), and the failure path."""
+
+from datetime import date, datetime
+
+import duckdb
+import pytest
+from dagster import DagsterEventType, build_sensor_context
+
+from tests.capture import CaptureServer
+from tests.conftest import API_KEY
+from tests.test_pipeline_e2e import at
+from wandb_assets.definitions import defs
+from wandb_assets.defs.feed.sensors import after_fleet_snapshot
+from wandb_assets.localwandb import make_run_node
+from wandb_assets.ticks import run_tick
+
+DD_KEY = "ddkey" + "9" * 27
+TODAY = date(2026, 6, 2)
+SNAPSHOT, NOW = "2026-06-02T12:00:00", "2026-06-02T12:00:30"
+
+
+def ci_runs(failed: int) -> list[dict]:
+    """Six push-to-main runs ended this morning, ``failed`` of them failed."""
+    return [
+        make_run_node(
+            f"ci{i}",
+            display_name=f"github.sky.main.c{i:06d}.ppo.1780000000",
+            state="failed" if i < failed else "finished",
+            created_at=at(2, 2 + i),
+            heartbeat_at=at(2, 3 + i),
+            summary={"overview/sps": 100.0},
+        )
+        for i in range(6)
+    ]
+
+
+@pytest.fixture
+def capture(monkeypatch):
+    server = CaptureServer()
+    monkeypatch.setenv("DD_API_KEY", DD_KEY)
+    monkeypatch.setenv("DD_ENV", "test")
+    monkeypatch.setenv("WANDB_ASSETS_DATADOG_URL", server.url)
+    monkeypatch.setenv("WANDB_ASSETS_SLACK_WEBHOOK_URL", server.url + "/hook/T000/B000/secret")
+    yield server
+    server.stop()
+
+
+def query(path, sql):
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def all_messages(instance) -> str:
+    return "\n".join(
+        str(record.message) + str(record.dagster_event.event_specific_data if record.dagster_event else "")
+        for run in instance.get_runs()
+        for record in instance.all_logs(run.run_id)
+    )
+
+
+def test_tick_pushes_the_snapshot_and_raises_the_alert_once(wandb_server, capture, warehouse_path, instance):
+    wandb_server(ci_runs(failed=3))
+    results = run_tick(instance, TODAY, snapshot_at=SNAPSHOT, now=NOW)
+    assert [r.success for r in results] == [True, True]
+    (series,) = capture.bodies("/api/v2/series")
+    by_name = {s["metric"]: s for s in series["series"]}
+    assert by_name["wandb.push_to_main.success_rate_pct"]["points"] == [{"timestamp": 1780401600, "value": 50.0}]
+    assert by_name["wandb.runs.completed_24h"]["tags"] == [
+        "source:wandb-assets",
+        "entity:test-team",
+        "project:test-project",
+        "env:test",
+    ]
+    hooks = capture.bodies("/hook/")
+    assert hooks == [
+        {
+            "text": ":rotating_light: [warning] push_to_main_success_rate_low (push_to_main): Push-to-main "
+            "success rate is 50.0% over the last 24 h (6 runs ended; threshold 80%)."
+        }
+    ]
+    (event,) = capture.bodies("/api/v1/events")
+    assert event["alert_type"] == "warning"
+
+    # The next tick: the condition still holds -> a new snapshot goes out, but no new notification.
+    results = run_tick(instance, TODAY, snapshot_at="2026-06-02T12:15:00", now="2026-06-02T12:15:30")
+    assert all(r.success for r in results)
+    assert len(capture.bodies("/api/v2/series")) == 2
+    assert len(capture.bodies("/hook/")) == 1
+    assert query(warehouse_path, "SELECT status, count(*) FROM datadog_deliveries GROUP BY 1") == [("delivered", 2)]
+    assert query(warehouse_path, "SELECT alert_key, opened_at, last_seen_at FROM alerts") == [
+        (
+            "push_to_main_success_rate_low:push_to_main",
+            datetime(2026, 6, 2, 12, 0, 30),
+            datetime(2026, 6, 2, 12, 15, 30),
+        )
+    ]
+    checks = {
+        e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data.passed
+        for e in results[0].all_events
+        if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION
+    }
+    assert checks == {"success_rate_low_check": False, "sps_regression_check": True}
+    text = all_messages(instance)
+    assert DD_KEY not in text and API_KEY not in text and "secret" not in text
+
+
+def test_failed_tick_opens_pipeline_failure_and_a_good_tick_resolves_it(
+    wandb_server, capture, warehouse_path, instance
+):
+    server = wandb_server(ci_runs(failed=0))
+    assert all(r.success for r in run_tick(instance, TODAY, snapshot_at=SNAPSHOT, now=NOW))
+    server.faults.fail_status, server.faults.fail_count = 500, -1
+    (failed,) = run_tick(instance, TODAY, snapshot_at="2026-06-02T12:15:00", now="2026-06-02T12:15:30")
+    assert not failed.success
+    hooks = [h["text"] for h in capture.bodies("/hook/")]
+    assert len(hooks) == 1 and hooks[0].startswith(
+        ":rotating_light: [critical] pipeline_failure (refresh): Dagster run "
+    )
+    assert "Fetching W&B runs of test-team/test-project" in hooks[0]
+    server.faults.fail_count = 0
+    assert all(
+        r.success for r in run_tick(instance, TODAY, snapshot_at="2026-06-02T12:30:00", now="2026-06-02T12:30:30")
+    )
+    hooks = [h["text"] for h in capture.bodies("/hook/")]
+    assert hooks[1].startswith(":white_check_mark: Resolved pipeline_failure (refresh).")
+    assert query(warehouse_path, "SELECT rule, resolved_at FROM alerts") == [
+        ("pipeline_failure", datetime(2026, 6, 2, 12, 30, 30))
+    ]
+
+
+def test_snapshot_sensor_requests_one_feed_run_per_snapshot(wandb_server, capture, instance):
+    wandb_server(ci_runs(failed=0))
+    run_tick(instance, TODAY, snapshot_at=SNAPSHOT, now=NOW)
+    context = build_sensor_context(instance=instance, definitions=defs)
+    requests = list(after_fleet_snapshot(context) or [])
+    assert len(requests) == 1 and requests[0].run_key.startswith("fleet_snapshot:")
+    assert requests[0].job_name in (None, "feed")
