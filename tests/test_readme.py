@@ -25,3 +25,10 @@ def test_quickstart_is_two_commands_and_ci_runs_the_test_one():
     assert commands == ["uv run wandb-assets demo", "uv run pytest"]
     ci = (Path(__file__).resolve().parent.parent / ".ci" / "run").read_text()
     assert "\nuv run pytest\n" in ci
+
+
+def test_every_alert_threshold_is_a_documented_variable():
+    from wandb_assets.lib.alerts import AlertThresholds
+
+    documented = {k: v[0] for k, v in ENV_VARS.items() if k.startswith("WANDB_ASSETS_ALERT_")}
+    assert documented == {f"WANDB_ASSETS_ALERT_{k.upper()}": str(v) for k, v in AlertThresholds().__dict__.items()}

@@ -36,6 +36,21 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "WANDB_ASSETS_RETRY_WAIT_MAX": ("30", "Longest back-off between retries, in seconds (Retry-After wins)."),
     "WANDB_ASSETS_PAGE_SIZE": ("1000", "Runs per W&B page."),
     "DAGSTER_HOME": ("the repository root", "Dagster instance folder (`dagster.yaml`); storage goes to `.dagster/`."),
+    "DD_API_KEY": ("(none: dry run)", "Datadog API key; else the secret's `DD_API_KEY` when the secret is in use."),
+    "DD_SITE": ("datadoghq.com", "Datadog site (datadoghq.eu, us5.datadoghq.com, ...)."),
+    "DD_ENV": ("(none)", "Adds the tag `env:<DD_ENV>` to every point and event."),
+    "WANDB_ASSETS_DATADOG_URL": ("(from DD_SITE)", "Datadog base URL override: a proxy, or a capture server."),
+    "WANDB_ASSETS_SLACK_WEBHOOK_URL": ("(none)", "Slack-compatible incoming webhook for alert notifications."),
+    "WANDB_ASSETS_ALERT_SUCCESS_RATE_MIN_PCT": ("80.0", "push_to_main_success_rate_low fires below this rate."),
+    "WANDB_ASSETS_ALERT_SUCCESS_RATE_MIN_RUNS": ("5", "... when at least this many push-to-main runs ended."),
+    "WANDB_ASSETS_ALERT_SPS_DROP_PCT": ("10.0", "sps_regression fires when SPS is this much below the median."),
+    "WANDB_ASSETS_ALERT_SPS_BASELINE_RUNS": ("10", "The median is over this many previous main runs."),
+    "WANDB_ASSETS_ALERT_SPS_MIN_BASELINE_RUNS": ("5", "... and needs at least this many."),
+    "WANDB_ASSETS_ALERT_FAILURE_SPIKE_PCT": ("50.0", "failure_spike fires above this share of failed/crashed."),
+    "WANDB_ASSETS_ALERT_FAILURE_SPIKE_MIN_ENDED": ("10", "... when at least this many runs ended."),
+    "WANDB_ASSETS_ALERT_STALL_HEARTBEAT_MINUTES": ("30.0", "stalled_run: heartbeat older than this."),
+    "WANDB_ASSETS_ALERT_STALL_STEP_MINUTES": ("60.0", "stalled_run: summary `_step` unchanged for this long."),
+    "WANDB_ASSETS_ALERT_CI_SILENT_HOURS": ("12.0", "ci_silent: no push-to-main run created for this long."),
 }
 
 
