@@ -65,3 +65,13 @@ def instance():
 
     with instance_for_test() as test_instance:
         yield test_instance
+
+
+@pytest.fixture
+def memory_con():
+    """An in-memory DuckDB connection."""
+    import duckdb
+
+    connection = duckdb.connect(":memory:")
+    yield connection
+    connection.close()

@@ -2,12 +2,12 @@
 
 from datetime import datetime, timedelta
 
-import duckdb
 import pytest
 
 from tests.capture import CaptureServer
-from tests.fleet import fleet_row
+from tests.fleet import fleet_row, load
 from wandb_assets.lib.alerts import (
+    RULES,
     AlertThresholds,
     Condition,
     drain_outbox,
@@ -15,18 +15,10 @@ from wandb_assets.lib.alerts import (
     reconcile,
 )
 from wandb_assets.lib.channels import post_webhook
-from wandb_assets.lib.warehouse import replace_runs_window
 
 T = datetime(2026, 6, 10, 12, 0)
 TH = AlertThresholds()
-ALL_RULES = {
-    "push_to_main_success_rate_low",
-    "sps_regression",
-    "failure_spike",
-    "stalled_run",
-    "ci_silent",
-    "pipeline_failure",
-}
+ALL_RULES = set(RULES)
 
 
 def ago(hours: float) -> datetime:
@@ -49,14 +41,8 @@ def fresh_ci() -> list[dict]:
 
 
 @pytest.fixture
-def con():
-    connection = duckdb.connect(":memory:")
-    yield connection
-    connection.close()
-
-
-def load(con, rows):
-    replace_runs_window(con, rows, datetime(2000, 1, 1), datetime(2100, 1, 1))
+def con(memory_con):
+    return memory_con
 
 
 def keys(con, at=T, th=TH) -> list[str]:

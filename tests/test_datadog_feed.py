@@ -2,15 +2,15 @@
 
 from datetime import UTC, datetime, timedelta
 
-import duckdb
 import pytest
 
 from tests.capture import CaptureServer
+from tests.fleet import load
 from tests.test_gauges import EXPECTED, FLEET, T
 from wandb_assets.defs.feed.resources import DatadogResource
 from wandb_assets.defs.wandb_runs.resources import wandb_resource
 from wandb_assets.lib.datadog_feed import deliver_pending, enqueue_snapshots, feed_tags, record_dry_run
-from wandb_assets.lib.warehouse import record_snapshot, replace_runs_window
+from wandb_assets.lib.warehouse import record_snapshot
 
 KEY = "dd" + "0123456789abcdef" * 2
 TAGS = feed_tags("team-x", "proj-y", "prod")
@@ -26,11 +26,9 @@ def capture(monkeypatch):
 
 
 @pytest.fixture
-def con():
-    connection = duckdb.connect(":memory:")
-    replace_runs_window(connection, FLEET, datetime(2000, 1, 1), datetime(2100, 1, 1))
-    yield connection
-    connection.close()
+def con(memory_con):
+    load(memory_con, FLEET)
+    return memory_con
 
 
 def send_with(key: str, timeout_s: float = 10.0):

@@ -2,7 +2,6 @@
 
 from datetime import date, datetime
 
-import duckdb
 import pytest
 from dagster import DagsterEventType, build_sensor_context
 
@@ -11,6 +10,7 @@ from tests.conftest import API_KEY
 from tests.test_pipeline_e2e import at
 from wandb_assets.definitions import defs
 from wandb_assets.defs.feed.sensors import after_fleet_snapshot
+from wandb_assets.lib.warehouse import query_read_only
 from wandb_assets.localwandb import make_run_node
 from wandb_assets.ticks import run_tick
 
@@ -46,11 +46,7 @@ def capture(monkeypatch):
 
 
 def query(path, sql):
-    con = duckdb.connect(str(path), read_only=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
+    return query_read_only(str(path), sql)
 
 
 def all_messages(instance) -> str:

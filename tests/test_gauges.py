@@ -2,12 +2,11 @@
 
 from datetime import datetime
 
-import duckdb
 import pytest
 
-from tests.fleet import fleet_row
+from tests.fleet import fleet_row, load
 from wandb_assets.lib.gauges import GAUGE_NAMES, compute_gauges
-from wandb_assets.lib.warehouse import record_snapshot, replace_runs_window
+from wandb_assets.lib.warehouse import record_snapshot
 
 T = datetime(2026, 6, 10, 12, 0)  # snapshot; W = (06-09 12:00, 06-10 12:00]
 
@@ -86,14 +85,8 @@ EXPECTED = {
 
 
 @pytest.fixture
-def con():
-    connection = duckdb.connect(":memory:")
-    yield connection
-    connection.close()
-
-
-def load(con, rows):
-    replace_runs_window(con, rows, datetime(2000, 1, 1), datetime(2100, 1, 1))
+def con(memory_con):
+    return memory_con
 
 
 def test_gauge_names_are_exactly_the_twenty():

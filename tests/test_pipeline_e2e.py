@@ -3,7 +3,6 @@ materializations, a real DuckDB file."""
 
 from datetime import date, datetime
 
-import duckdb
 import pytest
 from dagster import materialize
 
@@ -12,6 +11,7 @@ from wandb_assets.defs.fleet.jobs import execute_backfill, execute_refresh
 from wandb_assets.defs.wandb_runs.assets import runs
 from wandb_assets.defs.wandb_runs.resources import wandb_resource
 from wandb_assets.defs.warehouse.resources import warehouse_resource
+from wandb_assets.lib.warehouse import query_read_only
 from wandb_assets.localwandb import make_run_node
 
 DAY = date(2026, 6, 2)
@@ -87,11 +87,7 @@ def resources():
 
 
 def table(path, sql):
-    con = duckdb.connect(str(path), read_only=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
+    return query_read_only(str(path), sql)
 
 
 ROWS_SQL = "SELECT * EXCLUDE (ingested_at) FROM runs ORDER BY run_id"

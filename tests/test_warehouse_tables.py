@@ -27,11 +27,9 @@ ROWS = [
 
 
 @pytest.fixture
-def con():
-    connection = duckdb.connect(":memory:")
-    replace_runs_window(connection, ROWS, datetime(2026, 6, 1), datetime(2026, 6, 5))
-    yield connection
-    connection.close()
+def con(memory_con):
+    replace_runs_window(memory_con, ROWS, datetime(2026, 6, 1), datetime(2026, 6, 5))
+    return memory_con
 
 
 def test_gpu_hours_clip_each_run_to_each_day(con):

@@ -47,18 +47,14 @@ def _report(result, what: str) -> int:
 
 
 def _print_gauges(duckdb_path: Path) -> None:
-    import duckdb
-
     from wandb_assets.lib.gauges import GAUGE_NAMES
+    from wandb_assets.lib.warehouse import query_read_only
 
-    con = duckdb.connect(str(duckdb_path), read_only=True)
-    try:
-        rows = con.execute(
-            "SELECT snapshot_at, metric, value FROM fleet_metrics "
-            "WHERE snapshot_at = (SELECT max(snapshot_at) FROM fleet_metrics)"
-        ).fetchall()
-    finally:
-        con.close()
+    rows = query_read_only(
+        str(duckdb_path),
+        "SELECT snapshot_at, metric, value FROM fleet_metrics "
+        "WHERE snapshot_at = (SELECT max(snapshot_at) FROM fleet_metrics)",
+    )
     if not rows:
         print("No fleet snapshot yet.")
         return
@@ -71,16 +67,12 @@ def _print_gauges(duckdb_path: Path) -> None:
 
 
 def _print_alerts(duckdb_path: Path) -> None:
-    import duckdb
+    from wandb_assets.lib.warehouse import query_read_only
 
-    con = duckdb.connect(str(duckdb_path), read_only=True)
-    try:
-        rows = con.execute(
-            "SELECT severity, rule, subject, message FROM alerts WHERE resolved_at IS NULL "
-            "ORDER BY opened_at, alert_key"
-        ).fetchall()
-    finally:
-        con.close()
+    rows = query_read_only(
+        str(duckdb_path),
+        "SELECT severity, rule, subject, message FROM alerts WHERE resolved_at IS NULL ORDER BY opened_at, alert_key",
+    )
     print(f"\nOpen alerts: {len(rows)}")
     for severity, rule, subject, message in rows:
         print(f"  [{severity}] {rule} ({subject}): {message}")

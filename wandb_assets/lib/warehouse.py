@@ -199,13 +199,6 @@ def record_snapshot(con, snapshot_at: datetime) -> dict[str, float | None]:
     return gauges
 
 
-def oldest_unfinished_day(con) -> date | None:
-    """Creation day of the oldest run the warehouse still holds as running, pending or preempting."""
-    states = ", ".join(f"'{s}'" for s in ALIVE_STATES)
-    row = con.execute(f"SELECT min(created_at) FROM runs WHERE state IN ({states})").fetchone()
-    return row[0].date() if row and row[0] else None
-
-
 def day_bounds(first_day: date, last_day: date) -> tuple[datetime, datetime]:
     """``[first_day 00:00, last_day + 1 day 00:00)`` as naive UTC datetimes."""
     return datetime.combine(first_day, time()), datetime.combine(last_day + timedelta(days=1), time())
@@ -219,15 +212,27 @@ def refresh_days(oldest_unfinished: date | None, today: date, first_partition: d
     return max(first, first_partition), today
 
 
-def read_oldest_unfinished_day(path: str) -> date | None:
-    """``oldest_unfinished_day`` through a short read-only connection; None when there is no warehouse yet."""
+def query_read_only(path: str, sql: str, params: dict | None = None) -> list[tuple]:
+    """Run one query through a short-lived read-only connection (closed even when the query fails)."""
     import duckdb
 
-    if not os.path.exists(path):
-        return None
     con = duckdb.connect(path, read_only=True)
     try:
-        tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
-        return oldest_unfinished_day(con) if "runs" in tables else None
+        return con.execute(sql, params or {}).fetchall()
     finally:
         con.close()
+
+
+def read_oldest_unfinished_day(path: str) -> date | None:
+    """Creation day of the oldest run the warehouse still holds as running, pending or preempting.
+
+    Read through short read-only connections; None when there is no warehouse (or no such run) yet.
+    """
+    if not os.path.exists(path):
+        return None
+    states = ", ".join(f"'{s}'" for s in ALIVE_STATES)
+    has_runs = query_read_only(path, "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'runs'")[0][0]
+    if not has_runs:
+        return None
+    oldest = query_read_only(path, f"SELECT min(created_at) FROM runs WHERE state IN ({states})")[0][0]
+    return oldest.date() if oldest else None
