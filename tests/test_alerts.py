@@ -189,3 +189,41 @@ def test_webhook_outage_then_delivery_exactly_once(con):
         assert statuses == [("opened", "sent", 3), ("resolved", "sent", 1)]
     finally:
         capture.stop()
+
+
+def _stalled(state: str) -> list[dict]:
+    return fresh_ci() + [fleet_row("stuck", state, "regular", ago(5), ago(1))]
+
+
+RULE_CASES = {
+    # rule: (rows under which it holds, rows under which it no longer holds)
+    "push_to_main_success_rate_low": (
+        fresh_ci() + [ci(f"x{i}", "failed" if i < 3 else "finished", i + 1) for i in range(5)],
+        fresh_ci() + [ci(f"x{i}", "finished", i + 1) for i in range(5)],
+    ),
+    "sps_regression": (main_history(85.0), main_history(99.0)),
+    "failure_spike": (
+        fresh_ci()
+        + [fleet_row(f"f{i}", "failed" if i < 6 else "finished", "regular", ago(3), ago(2)) for i in range(10)],
+        fresh_ci()
+        + [fleet_row(f"f{i}", "failed" if i < 4 else "finished", "regular", ago(3), ago(2)) for i in range(10)],
+    ),
+    "stalled_run": (_stalled("running"), _stalled("crashed")),  # silent for an hour, then marked crashed
+    "ci_silent": (
+        [fleet_row("ci-old", "finished", "push_to_main", ago(13), ago(12.5))],
+        [fleet_row("ci-old", "finished", "push_to_main", ago(13), ago(12.5))] + fresh_ci(),
+    ),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(RULE_CASES))
+def test_each_rule_opens_stays_quiet_and_resolves(con, rule):
+    holding, cleared = RULE_CASES[rule]
+    events = []
+    for minutes, rows in [(0, holding), (15, holding), (30, holding), (45, cleared), (60, cleared)]:
+        at = T + timedelta(minutes=minutes)
+        load(con, rows)
+        transitions = reconcile(con, evaluate_rules(con, at, TH), ALL_RULES, at, ["slack"])
+        events += [(minutes, t.event, t.condition.rule) for t in transitions]
+    assert events == [(0, "opened", rule), (45, "resolved", rule)]
+    assert con.execute("SELECT count(*) FROM alert_notifications").fetchone()[0] == 2

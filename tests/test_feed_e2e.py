@@ -134,3 +134,21 @@ def test_snapshot_sensor_requests_one_feed_run_per_snapshot(wandb_server, captur
     requests = list(after_fleet_snapshot(context) or [])
     assert len(requests) == 1 and requests[0].run_key.startswith("fleet_snapshot:")
     assert requests[0].job_name in (None, "feed")
+
+
+def test_datadog_down_does_not_fail_the_tick(wandb_server, capture, warehouse_path, instance):
+    wandb_server(ci_runs(failed=0))
+    capture.answer = 503
+    results = run_tick(instance, TODAY, snapshot_at=SNAPSHOT, now=NOW)
+    assert [r.success for r in results] == [True, True]
+    assert query(warehouse_path, "SELECT status, attempts FROM datadog_deliveries") == [("pending", 1)]
+    feed_metadata = results[1].asset_materializations_for_node("datadog_feed")[0].metadata
+    assert feed_metadata["problem"].value.startswith("Datadog intake unavailable (HTTP 503")
+
+
+def test_backfills_never_push(wandb_server, capture, instance):
+    from wandb_assets.defs.fleet.jobs import execute_backfill
+
+    wandb_server(ci_runs(failed=3))
+    assert execute_backfill(instance, date(2026, 6, 1), TODAY).success
+    assert capture.requests == []
