@@ -52,6 +52,7 @@ def test_definitions_contents():
         "fleet_snapshot",
         "datadog_feed",
         "fleet_alerts",
+        "warehouse_snapshot",
     }
     schedule = defs.get_schedule_def("every_15_minutes")
     assert schedule.cron_schedule == "*/15 * * * *"
@@ -59,6 +60,22 @@ def test_definitions_contents():
     assert defs.resolve_job_def("refresh").tags["dagster/max_runtime"] == "900"
     assert {s.name for s in defs.sensors} == {"after_fleet_snapshot", "pipeline_failure_alert"}
     assert all(s.default_status.value == "RUNNING" for s in defs.sensors)
+
+
+def test_every_warehouse_writer_is_in_the_single_slot_pool(tmp_path, monkeypatch):
+    import yaml
+    from dagster import DagsterInstance
+    from dagster._core.instance.ref import InstanceRef
+
+    graph = defs.resolve_asset_graph()
+    pools = {key.to_user_string(): graph.get(key).pools for key in graph.get_all_asset_keys()}
+    assert all(p == {"warehouse"} for p in pools.values()), pools
+    config = yaml.safe_load(open(os.path.join(REPO, "dagster.yaml")))
+    assert config["concurrency"]["pools"]["default_limit"] == 1
+    monkeypatch.chdir(tmp_path)  # the instance's storage paths are relative to the working directory
+    with DagsterInstance.from_ref(InstanceRef.from_dir(str(tmp_path), config_dir=REPO)) as instance:
+        assert instance.get_concurrency_config().pool_config.default_pool_limit == 1
+        assert instance.run_monitoring_enabled
 
 
 def test_schedule_reaches_back_to_the_oldest_unfinished_run(wandb_server, instance):

@@ -11,12 +11,22 @@ from wandb_assets.defs.fleet.jobs import backfill_job, refresh_job
 from wandb_assets.defs.fleet.schedules import every_15_minutes
 from wandb_assets.defs.wandb_runs.assets import runs
 from wandb_assets.defs.wandb_runs.resources import wandb_resource
+from wandb_assets.defs.warehouse.assets import warehouse_snapshot
 from wandb_assets.defs.warehouse.resources import warehouse_resource
 
 wandb = wandb_resource()
 
 defs = Definitions(
-    assets=[runs, push_to_main_sps, success_rates, gpu_hours, fleet_snapshot, datadog_feed, fleet_alerts],
+    assets=[
+        runs,
+        push_to_main_sps,
+        success_rates,
+        gpu_hours,
+        fleet_snapshot,
+        datadog_feed,
+        fleet_alerts,
+        warehouse_snapshot,
+    ],
     asset_checks=[success_rate_check, sps_regression_check],
     jobs=[refresh_job, backfill_job, feed_job],
     schedules=[every_15_minutes],

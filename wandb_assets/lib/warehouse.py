@@ -7,6 +7,7 @@ transaction, so re-running a write leaves identical tables and a failed write le
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -14,6 +15,8 @@ from collections.abc import Iterable
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
+from wandb_assets.lib.alerts import ALERT_SQL
+from wandb_assets.lib.datadog_feed import LEDGER_SQL
 from wandb_assets.lib.gauges import compute_gauges
 from wandb_assets.lib.normalize import ALIVE_STATES, ENDED_STATES, SPS_KEYS
 
@@ -65,9 +68,63 @@ CREATE TABLE IF NOT EXISTS fleet_metrics (snapshot_at TIMESTAMP, metric VARCHAR,
 """
 
 
+VIEWS_SQL = f"""
+CREATE OR REPLACE VIEW main_sps_by_config AS
+SELECT ci_config,
+       row_number() OVER (PARTITION BY ci_config ORDER BY coalesce(ci_timestamp, created_at), run_id) AS commit_order,
+       ci_commit, ci_timestamp, created_at, ended_at, state, {", ".join(_SPS_COLUMNS)}, url
+FROM push_to_main_sps WHERE ci_branch = 'main' AND ci_config IS NOT NULL;
+
+CREATE OR REPLACE VIEW daily_fleet AS
+SELECT coalesce(s.day, g.day) AS day, coalesce(s.category, g.category) AS category,
+       coalesce(s.completed, 0) AS completed, coalesce(s.failed, 0) AS failed,
+       coalesce(s.other_ended, 0) AS other_ended, s.success_rate_pct,
+       coalesce(g.runs, 0) AS gpu_runs, coalesce(g.gpu_hours, 0) AS gpu_hours
+FROM success_rates s FULL OUTER JOIN gpu_hours g ON s.day = g.day AND s.category = g.category;
+
+CREATE OR REPLACE VIEW alive_runs AS
+SELECT run_id, name, category, state, "user", created_at, heartbeat_at,
+       (epoch(current_timestamp AT TIME ZONE 'UTC') - epoch(created_at)) / 3600.0 AS age_hours, gpu_count, url
+FROM runs WHERE state IN ('running', 'pending', 'preempting');
+
+CREATE OR REPLACE VIEW sweep_summary AS
+SELECT coalesce(sweep_id, '(no sweep id)') AS sweep, count(*) AS runs,
+       count(*) FILTER (WHERE state = 'finished') AS completed,
+       count(*) FILTER (WHERE state IN ('failed', 'crashed')) AS failed,
+       count(*) FILTER (WHERE state IN ('running', 'pending', 'preempting')) AS alive,
+       100.0 * completed / nullif(completed + failed, 0) AS success_rate_pct,
+       coalesce(sum(gpu_count * (epoch(CASE WHEN state IN ({_ENDED}) THEN ended_at
+                                            ELSE current_timestamp AT TIME ZONE 'UTC' END)
+                                 - epoch(created_at)) / 3600.0) FILTER (WHERE state <> 'pending'), 0) AS gpu_hours,
+       min(created_at) AS first_created_at, max(created_at) AS last_created_at
+FROM runs WHERE category = 'sweep' GROUP BY ALL;
+"""
+
+
+def _schema_version() -> str:
+    from wandb_assets.lib.schema_docs import comment_statements
+
+    text = "\n".join([SCHEMA_SQL, LEDGER_SQL, ALERT_SQL, VIEWS_SQL, *comment_statements()])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def ensure_schema(con) -> None:
-    """Create the warehouse tables if they do not exist yet."""
+    """Create every table and view, with their comments; cheap when the schema is already current."""
+    version = _schema_version()
+    con.execute("CREATE TABLE IF NOT EXISTS warehouse_meta (key VARCHAR, value VARCHAR)")
+    current = con.execute("SELECT value FROM warehouse_meta WHERE key = 'schema_version'").fetchone()
+    if current and current[0] == version:
+        return
+    from wandb_assets.lib.schema_docs import comment_statements
+
     con.execute(SCHEMA_SQL)
+    con.execute(LEDGER_SQL)
+    con.execute(ALERT_SQL)
+    con.execute(VIEWS_SQL)
+    for statement in comment_statements():
+        con.execute(statement)
+    con.execute("DELETE FROM warehouse_meta WHERE key = 'schema_version'")
+    con.execute("INSERT INTO warehouse_meta VALUES ('schema_version', $v)", {"v": version})
 
 
 def _jsonable(value: Any) -> Any:

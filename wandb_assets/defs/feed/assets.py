@@ -16,7 +16,7 @@ from dagster import (
 from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource
 from wandb_assets.defs.fleet.assets import fleet_snapshot, utc_now
 from wandb_assets.defs.wandb_runs.assets import markdown_table
-from wandb_assets.defs.warehouse.resources import WarehouseResource
+from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.alerts import (
     RULE_FUNCTIONS,
     AlertThresholds,
@@ -30,7 +30,7 @@ from wandb_assets.lib.alerts import (
 from wandb_assets.lib.datadog_feed import deliver_pending, enqueue_snapshots, feed_tags, record_dry_run
 from wandb_assets.settings import pipeline_settings
 
-FEED = {"group_name": "feed", "owners": ["team:ml-platform"], "deps": [fleet_snapshot]}
+FEED = {"group_name": "feed", "owners": ["team:ml-platform"], "deps": [fleet_snapshot], "pool": WAREHOUSE_POOL}
 
 
 class ClockConfig(Config):
@@ -172,7 +172,13 @@ def fleet_alerts(
 
 
 def _check(rule, description: str):
-    @asset_check(asset=fleet_snapshot, name=f"{rule.__name__}_check", description=description, blocking=False)
+    @asset_check(
+        asset=fleet_snapshot,
+        name=f"{rule.__name__}_check",
+        description=description,
+        blocking=False,
+        pool=WAREHOUSE_POOL,
+    )
     def _snapshot_check(warehouse: WarehouseResource) -> AssetCheckResult:
         with warehouse.get_connection() as con:
             at = latest_snapshot_at(con)

@@ -8,10 +8,11 @@ FEED_JOB = "feed"
 
 feed_job = define_asset_job(
     FEED_JOB,
-    selection=AssetSelection.assets(datadog_feed, fleet_alerts),
+    selection=AssetSelection.assets(datadog_feed, fleet_alerts) | AssetSelection.keys("warehouse_snapshot"),
     executor_def=in_process_executor,
     tags={"dagster/max_runtime": "600"},
-    description="Push pending fleet snapshots to Datadog, evaluate alerts, send notifications.",
+    description="Push pending fleet snapshots to Datadog, evaluate alerts, send notifications, publish the "
+    "analysts' warehouse snapshot.",
 )
 
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from dagster import AssetExecutionContext, AssetsDefinition, Config, MaterializeResult, MetadataValue, asset
 
 from wandb_assets.defs.wandb_runs.assets import markdown_table, runs
-from wandb_assets.defs.warehouse.resources import WarehouseResource
+from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.gauges import GAUGES
 from wandb_assets.lib.warehouse import (
     rebuild_gpu_hours,
@@ -15,7 +15,13 @@ from wandb_assets.lib.warehouse import (
     record_snapshot,
 )
 
-COMMON = {"group_name": "fleet", "kinds": {"duckdb"}, "owners": ["team:ml-platform"], "deps": [runs]}
+COMMON = {
+    "group_name": "fleet",
+    "kinds": {"duckdb"},
+    "owners": ["team:ml-platform"],
+    "deps": [runs],
+    "pool": WAREHOUSE_POOL,
+}
 
 
 def utc_now() -> datetime:
@@ -71,6 +77,7 @@ class SnapshotConfig(Config):
     group_name="fleet",
     kinds={"duckdb"},
     owners=["team:ml-platform"],
+    pool=WAREHOUSE_POOL,
     deps=[runs, push_to_main_sps, success_rates, gpu_hours],
 )
 def fleet_snapshot(

@@ -37,9 +37,10 @@ refresh_job = define_asset_job(
 
 backfill_job = define_asset_job(
     BACKFILL_JOB,
-    selection=AssetSelection.assets(runs) | derived,
+    selection=AssetSelection.assets(runs) | derived | AssetSelection.keys("warehouse_snapshot"),
     executor_def=in_process_executor,
-    description="Re-read a range of days from W&B in one run and rebuild the fleet tables (no snapshot).",
+    description="Re-read a range of days from W&B in one run, rebuild the fleet tables (no fleet snapshot), "
+    "publish the analysts' warehouse snapshot.",
 )
 
 

@@ -13,7 +13,7 @@ from dagster import (
 )
 
 from wandb_assets.defs.wandb_runs.resources import WandbResource
-from wandb_assets.defs.warehouse.resources import WarehouseResource
+from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.normalize import run_row, to_naive_utc
 from wandb_assets.lib.warehouse import replace_runs_window
 from wandb_assets.settings import pipeline_settings
@@ -41,6 +41,7 @@ def markdown_table(columns: list[str], rows: list[tuple]) -> str:
 @asset(
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
+    pool=WAREHOUSE_POOL,
     group_name="wandb",
     kinds={"wandb", "duckdb"},
     owners=["team:ml-platform"],

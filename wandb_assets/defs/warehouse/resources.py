@@ -14,6 +14,9 @@ from wandb_assets.lib.warehouse import ensure_schema
 from wandb_assets.settings import pipeline_settings
 
 LOCK_RETRIES = 10
+#: Every asset that writes the warehouse runs in this Dagster concurrency pool; `dagster.yaml` limits pools
+#: to one slot, so a backfill and a tick never fight over DuckDB's single-writer file lock.
+WAREHOUSE_POOL = "warehouse"
 
 
 class WarehouseResource(DuckDBResource):

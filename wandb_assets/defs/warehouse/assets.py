@@ -1,0 +1,37 @@
+"""The analysts' read-only snapshot of the warehouse, published after every successful tick or backfill."""
+
+from pathlib import Path
+
+from dagster import MaterializeResult, MetadataValue, asset
+
+from wandb_assets.defs.feed.assets import datadog_feed, fleet_alerts
+from wandb_assets.defs.fleet.assets import fleet_snapshot, gpu_hours, push_to_main_sps, success_rates
+from wandb_assets.defs.wandb_runs.assets import runs
+from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
+from wandb_assets.warehouse import publish_snapshot
+
+COUNTED = ("runs", "push_to_main_sps", "success_rates", "gpu_hours", "fleet_metrics", "alerts")
+
+
+@asset(
+    description="A read-only copy of the warehouse next to it (<name>.snapshot.duckdb), built on the side and "
+    "swapped in atomically; notebooks open it (wandb_assets.warehouse.open_snapshot) and never block the pipeline.",
+    group_name="warehouse",
+    kinds={"duckdb"},
+    owners=["team:ml-platform"],
+    pool=WAREHOUSE_POOL,
+    deps=[runs, push_to_main_sps, success_rates, gpu_hours, fleet_snapshot, datadog_feed, fleet_alerts],
+)
+def warehouse_snapshot(warehouse: WarehouseResource) -> MaterializeResult:
+    with warehouse.get_connection() as con:
+        counts = {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in COUNTED}
+        latest = con.execute("SELECT max(snapshot_at) FROM fleet_metrics").fetchone()[0]
+        target = publish_snapshot(con, warehouse.database)
+    return MaterializeResult(
+        metadata={
+            "path": MetadataValue.path(str(target)),
+            "size_mib": round(Path(target).stat().st_size / 2**20, 2),
+            "latest_fleet_snapshot_utc": latest.isoformat() if latest else "",
+            "row_counts": MetadataValue.json(counts),
+        }
+    )

@@ -1,0 +1,242 @@
+"""What every warehouse table, view and column holds, and in what unit: one source for the DuckDB
+``COMMENT``s and for ``docs/warehouse.md`` (``python -m wandb_assets.lib.schema_docs`` regenerates it)."""
+
+from __future__ import annotations
+
+_SPS = {
+    "sps_overview_steps_per_second": "summary `overview/steps_per_second`, steps/s (NULL if absent or not finite)",
+    "sps_overview_epoch_steps_per_second": "summary `overview/epoch_steps_per_second`, steps/s",
+    "sps_overview_sps": "summary `overview/sps`, steps/s",
+    "sps_timing_cumulative_sps": "summary `timing_cumulative/sps`, steps/s",
+    "sps_timing_per_epoch_sps": "summary `timing_per_epoch/sps`, steps/s",
+}
+_CI = {
+    "ci_branch": "`main` or `pr<N>`, parsed from a `github.sky.*` name",
+    "ci_commit": "commit parsed from a `github.sky.*` name",
+    "ci_config": "CI config parsed from a `github.sky.*` name (may contain dots)",
+    "ci_timestamp": "the name's trailing timestamp, UTC (NULL when it is not a recognised time)",
+}
+
+#: name -> (kind, description, {column: description})
+SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
+    "runs": (
+        "table",
+        "One row per W&B run, mirrored daily by creation day (UTC).",
+        {
+            "run_id": "W&B run id (the `name` of the GraphQL node); unique",
+            "name": "display name (NULL when the run has none)",
+            "state": "W&B state: running, pending, preempting, finished, failed, crashed, killed, preempted",
+            "category": "push_to_main, sweep or regular (see the README for the rules)",
+            "created_at": "creation time, UTC",
+            "heartbeat_at": "last heartbeat, UTC",
+            "ended_at": "end time, UTC: the heartbeat of an ended run; NULL while alive",
+            "duration_hours": "ended_at - created_at, hours; NULL while alive",
+            "gpu_count": "GPUs: config `compute.gpu_count`, else WANDB_ASSETS_DEFAULT_GPUS_PER_RUN",
+            "sweep_id": "W&B sweep id, when the run belongs to a sweep",
+            "tags": "W&B tags",
+            "user": "username of the run's owner",
+            "group_name": "W&B group",
+            "job_type": "W&B job type",
+            "url": "the run's W&B page",
+            **_CI,
+            **_SPS,
+            "summary_step": "summary `_step`, the last logged step",
+            "config": "the run config as JSON, `{value, desc}` wrapping removed",
+            "summary": "the run summary as JSON (non-finite numbers as strings)",
+            "anomalies": "fields that were malformed and stored as NULL or {} (summary, config, created_at, gpu_count)",
+            "ingested_at": "when this row was written, UTC",
+        },
+    ),
+    "push_to_main_sps": (
+        "table",
+        "One row per push-to-main CI run with its throughput.",
+        {
+            "run_id": "W&B run id",
+            "name": "display name",
+            **_CI,
+            "state": "W&B state",
+            "created_at": "creation time, UTC",
+            "ended_at": "end time, UTC; NULL while alive",
+            "url": "W&B page",
+            **_SPS,
+        },
+    ),
+    "success_rates": (
+        "table",
+        "Outcomes per UTC day of ended_at and category (plus 'all').",
+        {
+            "day": "UTC day the runs ended",
+            "category": "push_to_main, sweep, regular or all",
+            "completed": "runs finished, count",
+            "failed": "runs failed or crashed, count",
+            "other_ended": "runs killed or preempted, count",
+            "success_rate_pct": "100 x completed / (completed + failed), percent; NULL when both are 0",
+        },
+    ),
+    "gpu_hours": (
+        "table",
+        "GPU time consumed per UTC day and category (plus 'all').",
+        {
+            "day": "UTC day",
+            "category": "push_to_main, sweep, regular or all",
+            "runs": "runs that consumed GPU time that day, count",
+            "gpu_hours": "sum of gpu_count x hours of [created_at, ended_at or now] inside the day, GPU-hours",
+        },
+    ),
+    "fleet_metrics": (
+        "table",
+        "The 20 fleet gauges, one row per metric per snapshot (a time series).",
+        {
+            "snapshot_at": "snapshot time, UTC; the window is the 24 h before it",
+            "metric": "gauge name, as sent to Datadog (see the README)",
+            "value": "gauge value in the metric's unit (runs, hours, GPU-hours, percent or steps/s); NULL if undefined",
+        },
+    ),
+    "datadog_deliveries": (
+        "table",
+        "Delivery ledger: each fleet snapshot sent to Datadog once.",
+        {
+            "snapshot_at": "the snapshot, UTC",
+            "status": "pending, delivered, expired, rejected or dry_run",
+            "attempts": "submissions tried, count",
+            "last_error": "last failure, one line (never the key)",
+            "delivered_at": "when Datadog accepted it, UTC",
+            "enqueued_at": "when it entered the ledger, UTC",
+        },
+    ),
+    "alerts": (
+        "table",
+        "Alert lifecycle: one row per opening of rule + subject.",
+        {
+            "alert_key": "rule:subject",
+            "rule": "alert rule name",
+            "subject": "what it is about (config, run id...)",
+            "severity": "warning or critical",
+            "message": "latest human-readable message, with links",
+            "details": "latest details as JSON",
+            "opened_at": "when it opened, UTC",
+            "last_seen_at": "last evaluation at which it still held, UTC",
+            "resolved_at": "when it resolved, UTC; NULL while open",
+        },
+    ),
+    "alert_notifications": (
+        "table",
+        "Notification outbox: one message per channel per alert opening or resolution.",
+        {
+            "id": "order of creation",
+            "alert_key": "rule:subject",
+            "event": "opened or resolved",
+            "channel": "slack or datadog_event",
+            "text": "the message",
+            "status": "pending or sent",
+            "attempts": "deliveries tried, count",
+            "last_error": "last failure, one line",
+            "created_at": "queued at, UTC",
+            "sent_at": "delivered at, UTC",
+        },
+    ),
+    "run_progress": (
+        "table",
+        "Each running run's summary `_step` at each alert evaluation (two days kept).",
+        {
+            "run_id": "W&B run id",
+            "observed_at": "evaluation time, UTC",
+            "step": "summary `_step` then",
+        },
+    ),
+    "main_sps_by_config": (
+        "view",
+        "Main-branch SPS per CI config, in commit order.",
+        {
+            "ci_config": "CI config",
+            "commit_order": "1 for the oldest main run of the config, then 2, 3...",
+            "ci_commit": "commit",
+            "ci_timestamp": "the name's timestamp, UTC",
+            "created_at": "creation time, UTC",
+            "ended_at": "end time, UTC",
+            "state": "W&B state",
+            **_SPS,
+            "url": "W&B page",
+        },
+    ),
+    "daily_fleet": (
+        "view",
+        "Daily success rate and GPU-hours per category (plus 'all').",
+        {
+            "day": "UTC day",
+            "category": "push_to_main, sweep, regular or all",
+            "completed": "runs finished that day, count",
+            "failed": "runs failed or crashed that day, count",
+            "other_ended": "runs killed or preempted that day, count",
+            "success_rate_pct": "percent, NULL if 0/0",
+            "gpu_runs": "runs consuming GPU time that day, count",
+            "gpu_hours": "GPU-hours consumed that day",
+        },
+    ),
+    "alive_runs": (
+        "view",
+        "Runs alive now (running, pending, preempting) with their age and GPUs.",
+        {
+            "run_id": "W&B run id",
+            "name": "display name",
+            "category": "category",
+            "state": "W&B state",
+            "user": "owner",
+            "created_at": "creation time, UTC",
+            "heartbeat_at": "last heartbeat, UTC",
+            "age_hours": "now - created_at, hours",
+            "gpu_count": "GPUs",
+            "url": "W&B page",
+        },
+    ),
+    "sweep_summary": (
+        "view",
+        "One row per sweep: run counts, success rate and GPU-hours.",
+        {
+            "sweep": "sweep id, or '(no sweep id)' for runs recognised only by a `.sweep` name",
+            "runs": "runs, count",
+            "completed": "finished, count",
+            "failed": "failed or crashed, count",
+            "alive": "running, pending or preempting, count",
+            "success_rate_pct": "percent, NULL if 0/0",
+            "gpu_hours": "GPU-hours consumed so far (alive runs up to now)",
+            "first_created_at": "first run created, UTC",
+            "last_created_at": "last run created, UTC",
+        },
+    ),
+}
+
+
+def comment_statements() -> list[str]:
+    """``COMMENT ON`` statements for every table, view and column."""
+
+    def quote(text: str) -> str:
+        return "'" + text.replace("'", "''") + "'"
+
+    statements = []
+    for name, (kind, description, columns) in SCHEMA_DOCS.items():
+        statements.append(f"COMMENT ON {kind.upper()} {name} IS {quote(description)}")
+        statements += [f'COMMENT ON COLUMN {name}."{col}" IS {quote(text)}' for col, text in columns.items()]
+    return statements
+
+
+def render_markdown() -> str:
+    """The schema section of the docs."""
+    lines = [
+        "# Warehouse schema",
+        "",
+        "Generated from `wandb_assets/lib/schema_docs.py` (`python -m wandb_assets.lib.schema_docs`); the same",
+        "text is stored as DuckDB `COMMENT`s, so `duckdb_columns()` and `duckdb_tables()` show it too.",
+        "All times are UTC. Analysts read the snapshot `<warehouse>.snapshot.duckdb` "
+        "(`wandb_assets.warehouse.open_snapshot()`).",
+        "",
+    ]
+    for name, (kind, description, columns) in SCHEMA_DOCS.items():
+        lines += [f"## `{name}` ({kind})", "", description, "", "| column | meaning |", "|---|---|"]
+        lines += [f"| `{col}` | {text} |" for col, text in columns.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(render_markdown(), end="")

@@ -1,0 +1,114 @@
+"""For analysts: open the latest read-only snapshot of the warehouse, and answer the common questions.
+
+The pipeline writes ``data/warehouse.duckdb`` (``WANDB_ASSETS_DUCKDB``); after every successful tick or
+backfill it publishes a copy next to it, ``<name>.snapshot.duckdb``, built on the side and swapped in with
+an atomic rename. Notebooks open the snapshot: a connection held open for hours blocks no writer (DuckDB
+lets one process write a file, and even a read-only reader of the *same* file blocks writers), and a
+reader never sees a half-written state. Nothing here imports Dagster.
+
+    from wandb_assets import warehouse
+    con = warehouse.open_snapshot()
+    warehouse.daily_fleet(con).tail()
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from datetime import date, datetime
+from pathlib import Path
+
+import duckdb
+
+from wandb_assets.settings import pipeline_settings
+
+
+def snapshot_path(warehouse_path: str | os.PathLike | None = None) -> Path:
+    """Where the snapshot of a warehouse lives: ``x.duckdb`` -> ``x.snapshot.duckdb``, same folder."""
+    path = Path(warehouse_path) if warehouse_path else pipeline_settings().duckdb_path
+    return path.with_name(f"{path.stem}.snapshot{path.suffix or '.duckdb'}")
+
+
+def publish_snapshot(con: duckdb.DuckDBPyConnection, warehouse_path: str | os.PathLike) -> Path:
+    """Copy the warehouse next to itself and swap the copy in atomically. Call with the writer connection
+    open and idle: its file lock keeps any other writer out while the checkpointed file is copied."""
+    target = snapshot_path(warehouse_path)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    con.execute("CHECKPOINT")
+    try:
+        shutil.copyfile(warehouse_path, partial)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
+
+
+def open_snapshot(path: str | os.PathLike | None = None) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to the latest snapshot (``path`` is the warehouse or the snapshot file)."""
+    if path and str(path).endswith(".snapshot.duckdb"):
+        target = Path(path)
+    else:
+        target = snapshot_path(path)
+    if not target.exists():
+        raise FileNotFoundError(
+            f"No warehouse snapshot at {target}: it is published after each successful tick or backfill "
+            "(`uv run wandb-assets refresh`, or `uv run wandb-assets demo` for synthetic data)."
+        )
+    con = duckdb.connect(str(target), read_only=True)
+    con.execute("SET TimeZone = 'UTC'")
+    return con
+
+
+def _window(column: str, start: date | datetime | str | None, end: date | datetime | str | None) -> tuple[str, dict]:
+    clauses, params = [], {}
+    if start is not None:
+        clauses.append(f"{column} >= $start")
+        params["start"] = str(start)
+    if end is not None:
+        clauses.append(f"{column} <= $end")
+        params["end"] = str(end)
+    return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+
+def gauges_over_time(con, start=None, end=None):
+    """The 20 gauges as a time series: one row per snapshot, one column per metric (pandas)."""
+    where, params = _window("snapshot_at", start, end)
+    frame = con.execute(f"SELECT snapshot_at, metric, value FROM fleet_metrics{where}", params).df()
+    return frame.pivot(index="snapshot_at", columns="metric", values="value").sort_index()
+
+
+def daily_fleet(con, start=None, end=None):
+    """Daily success rate and GPU-hours per category (the ``daily_fleet`` view)."""
+    where, params = _window("day", start, end)
+    return con.execute(f"SELECT * FROM daily_fleet{where} ORDER BY day, category", params).df()
+
+
+def main_sps(con, config: str | None = None):
+    """Main-branch SPS per CI config in commit order (the ``main_sps_by_config`` view)."""
+    where, params = (" WHERE ci_config = $config", {"config": config}) if config else ("", {})
+    return con.execute(f"SELECT * FROM main_sps_by_config{where} ORDER BY ci_config, commit_order", params).df()
+
+
+def ci_runs(con, start=None, end=None):
+    """Every push-to-main run (main and PRs) with its SPS values."""
+    where, params = _window("created_at", start, end)
+    return con.execute(f"SELECT * FROM push_to_main_sps{where} ORDER BY created_at", params).df()
+
+
+def sps_regressions(con):
+    """Every ``sps_regression`` alert, open or resolved, with its details."""
+    return con.execute(
+        "SELECT subject AS ci_config, opened_at, resolved_at, details->>'bad_commit' AS bad_commit, "
+        "details->>'good_commit' AS good_commit, (details->>'sps')::DOUBLE AS sps, "
+        "(details->>'median_sps')::DOUBLE AS median_sps FROM alerts WHERE rule = 'sps_regression' ORDER BY opened_at"
+    ).df()
+
+
+def sweeps(con):
+    """One row per sweep: outcomes and GPU cost (the ``sweep_summary`` view)."""
+    return con.execute("SELECT * FROM sweep_summary ORDER BY gpu_hours DESC").df()
+
+
+def alive_runs(con):
+    """Runs alive now, oldest first (the ``alive_runs`` view)."""
+    return con.execute("SELECT * FROM alive_runs ORDER BY created_at").df()
