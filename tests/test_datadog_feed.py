@@ -115,8 +115,11 @@ def test_dry_run_records_and_logs_without_sending(con, capture):
     assert report.dry_run == [T]
     assert capture.requests == []
     assert ledger(con) == [(T, "dry_run", 0)]
-    assert lines[0].startswith("Datadog dry run (no DD_API_KEY): would send 18 gauges for 2026-06-10T12:00:00Z: ")
-    assert '"metric": "wandb.runs.active"' in lines[0]
+    assert lines[0].startswith(
+        "Datadog dry run (no DD_API_KEY): would send 18 gauges for 2026-06-10T12:00:00Z with tags "
+        "source:wandb-assets,entity:team-x,project:proj-y,env:prod: wandb.push_to_main.avg_duration_hours=1.5, "
+    )
+    assert "wandb.runs.active=2, " in lines[0]
     # A later live pass never sends dry-run snapshots: they were history when they were taken.
     assert deliver_pending(con, send_with(KEY), T, TAGS).delivered == []
 

@@ -35,6 +35,10 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "WANDB_ASSETS_HTTP_RETRIES": ("4", "Retries of a W&B request after 429, 5xx or a connection error."),
     "WANDB_ASSETS_RETRY_WAIT_MAX": ("30", "Longest back-off between retries, in seconds (Retry-After wins)."),
     "WANDB_ASSETS_PAGE_SIZE": ("1000", "Runs per W&B page."),
+    "WANDB_ASSETS_LOCK_WAIT": (
+        "60",
+        "Seconds a writer retries (with back-off) while another process locks the warehouse.",
+    ),
     "DAGSTER_HOME": ("the repository root", "Dagster instance folder (`dagster.yaml`); storage goes to `.dagster/`."),
     "DD_API_KEY": ("(none: dry run)", "Datadog API key; else the secret's `DD_API_KEY` when the secret is in use."),
     "DD_SITE": ("datadoghq.com", "Datadog site (datadoghq.eu, us5.datadoghq.com, ...)."),
@@ -79,6 +83,7 @@ class PipelineSettings:
     http_retries: int
     retry_wait_max_s: float
     page_size: int
+    lock_wait_s: float
 
 
 SecretLoader = Callable[[str], Mapping[str, str]]
@@ -116,6 +121,7 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
         http_retries=int(_number(environ, "WANDB_ASSETS_HTTP_RETRIES", int, 0)),
         retry_wait_max_s=_number(environ, "WANDB_ASSETS_RETRY_WAIT_MAX", float, 0.1),
         page_size=int(_number(environ, "WANDB_ASSETS_PAGE_SIZE", int, 1)),
+        lock_wait_s=_number(environ, "WANDB_ASSETS_LOCK_WAIT", float, 0),
     )
 
 

@@ -22,10 +22,14 @@ import duckdb
 
 from wandb_assets.settings import pipeline_settings
 
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
 
 def snapshot_path(warehouse_path: str | os.PathLike | None = None) -> Path:
     """Where the snapshot of a warehouse lives: ``x.duckdb`` -> ``x.snapshot.duckdb``, same folder."""
     path = Path(warehouse_path) if warehouse_path else pipeline_settings().duckdb_path
+    if not path.is_absolute() and not path.parent.exists() and (PROJECT_ROOT / path).parent.exists():
+        path = PROJECT_ROOT / path  # a notebook's kernel runs in notebooks/: resolve against the project
     return path.with_name(f"{path.stem}.snapshot{path.suffix or '.duckdb'}")
 
 
@@ -54,7 +58,11 @@ def open_snapshot(path: str | os.PathLike | None = None) -> duckdb.DuckDBPyConne
             f"No warehouse snapshot at {target}: it is published after each successful tick or backfill "
             "(`uv run wandb-assets refresh`, or `uv run wandb-assets demo` for synthetic data)."
         )
-    con = duckdb.connect(str(target), read_only=True)
+    # A private in-memory database that attaches the file: duckdb.connect(path) would hand back a cached
+    # instance of an earlier snapshot while any connection to it is still open in this process.
+    con = duckdb.connect(":memory:")
+    con.execute("ATTACH $path AS warehouse (READ_ONLY)", {"path": str(target)})
+    con.execute("USE warehouse")
     con.execute("SET TimeZone = 'UTC'")
     return con
 

@@ -9,7 +9,6 @@ with the payload they would have sent. No Dagster and no Datadog client here: se
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -164,8 +163,10 @@ def record_dry_run(con, snapshots: list[datetime], tags: list[str], log: Callabl
     """Log what would have been sent for snapshots recorded as ``dry_run``."""
     for snapshot_at in snapshots:
         payload = snapshot_payload(con, snapshot_at, tags)
+        values = ", ".join(f"{s['metric']}={s['points'][0]['value']:g}" for s in payload["series"])
+        tags = ",".join(payload["series"][0]["tags"]) if payload["series"] else ""
         log(
             f"Datadog dry run (no DD_API_KEY): would send {len(payload['series'])} gauges for "
-            f"{snapshot_at.isoformat()}Z: {json.dumps(payload, sort_keys=True)}"
+            f"{snapshot_at.isoformat()}Z with tags {tags}: {values}"
         )
     return DeliveryReport(dry_run=list(snapshots))

@@ -144,6 +144,11 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "step": "summary `_step` then",
         },
     ),
+    "warehouse_meta": (
+        "table",
+        "Bookkeeping: the schema version the comments and views were made for.",
+        {"key": "setting name", "value": "setting value"},
+    ),
     "main_sps_by_config": (
         "view",
         "Main-branch SPS per CI config, in commit order.",

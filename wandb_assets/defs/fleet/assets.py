@@ -29,17 +29,21 @@ def utc_now() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None, microsecond=0)
 
 
-def derived_table_asset(table: str, description: str, rebuild: Callable, order_by: str) -> AssetsDefinition:
-    """An asset that rebuilds one whole table from ``runs`` in SQL and previews its first rows."""
+def derived_table_asset(
+    table: str, description: str, rebuild: Callable, order_by: str, time_column: str
+) -> AssetsDefinition:
+    """An asset that rebuilds one whole table from ``runs`` in SQL; metadata: rows, time covered, a preview."""
 
     @asset(name=table, description=description, **COMMON)
     def _derived(warehouse: WarehouseResource) -> MaterializeResult:
         with warehouse.get_connection() as con:
             rows = rebuild(con)
+            first, last = con.execute(f"SELECT min({time_column}), max({time_column}) FROM {table}").fetchone()
             cursor = con.execute(f"SELECT * FROM {table} ORDER BY {order_by} LIMIT 10")
             columns = [d[0] for d in cursor.description]
             preview = markdown_table(columns, cursor.fetchall())
-        return MaterializeResult(metadata={"rows": rows, "preview": MetadataValue.md(preview)})
+        covered = f"{first} .. {last} (UTC, by {time_column})" if first else "empty"
+        return MaterializeResult(metadata={"rows": rows, "covers": covered, "preview": MetadataValue.md(preview)})
 
     return _derived
 
@@ -49,6 +53,7 @@ push_to_main_sps = derived_table_asset(
     "One row per push-to-main CI run: its CI fields, state, end time and the five SPS values.",
     rebuild_push_to_main_sps,
     "ended_at DESC NULLS LAST",
+    "created_at",
 )
 success_rates = derived_table_asset(
     "success_rates",
@@ -56,6 +61,7 @@ success_rates = derived_table_asset(
     "and success rate % = finished / (finished + failed + crashed).",
     rebuild_success_rates,
     "day DESC, category",
+    "day",
 )
 gpu_hours = derived_table_asset(
     "gpu_hours",
@@ -63,6 +69,7 @@ gpu_hours = derived_table_asset(
     "ended_at or now] clipped to the day, times gpu_count; pending runs count 0).",
     lambda con: rebuild_gpu_hours(con, utc_now()),
     "day DESC, category",
+    "day",
 )
 
 

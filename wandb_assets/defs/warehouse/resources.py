@@ -13,7 +13,6 @@ from dagster_duckdb import DuckDBResource
 from wandb_assets.lib.warehouse import ensure_schema
 from wandb_assets.settings import pipeline_settings
 
-LOCK_RETRIES = 10
 #: Every asset that writes the warehouse runs in this Dagster concurrency pool; `dagster.yaml` limits pools
 #: to one slot, so a backfill and a tick never fight over DuckDB's single-writer file lock.
 WAREHOUSE_POOL = "warehouse"
@@ -26,20 +25,24 @@ class WarehouseResource(DuckDBResource):
     def get_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
         if self.database != ":memory:":
             Path(self.database).parent.mkdir(parents=True, exist_ok=True)
-        con = None
-        for attempt in range(LOCK_RETRIES + 1):
+        wait_s = pipeline_settings().lock_wait_s
+        deadline = time.monotonic() + wait_s
+        delay = 0.1
+        while True:
             try:
                 con = duckdb.connect(
                     self.database, config={"custom_user_agent": "wandb-assets", **self.connection_config}
                 )
                 break
             except duckdb.IOException as exc:
-                if attempt == LOCK_RETRIES or "lock" not in str(exc).lower():
+                if "lock" not in str(exc).lower() or time.monotonic() + delay > deadline:
                     raise RuntimeError(
-                        f"The warehouse {self.database} is locked by another process (a notebook or another run?): "
-                        f"{str(exc).splitlines()[0]}"
+                        f"The warehouse {self.database} is locked by another process (a notebook holding it open? "
+                        f"notebooks should use wandb_assets.warehouse.open_snapshot()); gave up after {wait_s:g} s "
+                        f"(WANDB_ASSETS_LOCK_WAIT): {str(exc).splitlines()[0]}"
                     ) from None
-                time.sleep(min(0.25 * 2**attempt, 5.0))
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
         try:
             con.execute("SET TimeZone = 'UTC'")
             ensure_schema(con)
