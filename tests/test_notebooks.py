@@ -161,8 +161,7 @@ def test_a_reader_holding_the_snapshot_blocks_no_tick(monkeypatch, warehouse_pat
 
 
 def test_a_process_locking_the_warehouse_itself_gets_a_clear_error(monkeypatch, wandb_server, warehouse_path, instance):
-    from tests.test_pipeline_e2e import DAY, dataset, resources
-    from wandb_assets.defs.wandb_runs.assets import runs
+    from tests.test_pipeline_e2e import dataset, failing_day_materialization
 
     wandb_server(dataset())
     monkeypatch.setenv("WANDB_ASSETS_LOCK_WAIT", "1")
@@ -179,17 +178,9 @@ def test_a_process_locking_the_warehouse_itself_gets_a_clear_error(monkeypatch, 
     )
     try:
         assert holder.stdout.readline().strip() == "locked"
-        from dagster import materialize
-
-        result = materialize(
-            [runs], partition_key=DAY.isoformat(), resources=resources(), instance=instance, raise_on_error=False
-        )
-        assert not result.success
-        error = next(e for e in result.all_events if e.is_step_failure).step_failure_data.error
-        while error.cause is not None:
-            error = error.cause
-        assert "is locked by another process" in error.message
-        assert "gave up after 1 s (WANDB_ASSETS_LOCK_WAIT)" in error.message
+        error = failing_day_materialization(instance)
+        assert "is locked by another process" in error
+        assert "gave up after 1 s (WANDB_ASSETS_LOCK_WAIT)" in error
     finally:
         holder.kill()
         holder.wait()
