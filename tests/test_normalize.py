@@ -157,3 +157,26 @@ def test_bad_gpu_count_falls_back_and_is_counted():
     node = _node(config=json.dumps({"compute.gpu_count": {"value": "lots", "desc": None}}))
     row = run_row(node, entity="e", project="p", app_url="http://x", default_gpus=2)
     assert (row["gpu_count"], row["anomalies"]) == (2, ["gpu_count"])
+
+
+def test_compute_metadata_written_by_the_instrument_helpers_is_read():
+    config = {
+        "compute.gpu_count": 4,
+        "compute.gpu_type": "NVIDIA H100",
+        "compute.cpu_count": 32,
+        "compute.memory_gb": 251.5,
+        "slurm.job_id": 4242,
+        "system.hostname": "node-17",
+    }
+    node = _node(config=json.dumps({k: {"value": v, "desc": None} for k, v in config.items()}))
+    row = run_row(node, entity="e", project="p", app_url="http://x", default_gpus=1)
+    assert {k: row[k] for k in ("gpu_count", "gpu_type", "cpu_count", "memory_gb", "slurm_job_id", "hostname")} == {
+        "gpu_count": 4,
+        "gpu_type": "NVIDIA H100",
+        "cpu_count": 32,
+        "memory_gb": 251.5,
+        "slurm_job_id": "4242",
+        "hostname": "node-17",
+    }
+    bare = run_row(_node(config="{}"), entity="e", project="p", app_url="http://x", default_gpus=1)
+    assert [bare[k] for k in ("gpu_type", "cpu_count", "memory_gb", "slurm_job_id", "hostname")] == [None] * 5

@@ -157,6 +157,13 @@ def run_row(node: dict, *, entity: str, project: str, app_url: str, default_gpus
             anomalies.append("gpu_count")
         gpu_count = default_gpus
 
+    compute = {
+        "gpu_type": _text(lookup_dotted(config, "compute.gpu_type")),
+        "cpu_count": positive_int(lookup_dotted(config, "compute.cpu_count")),
+        "memory_gb": finite_float(lookup_dotted(config, "compute.memory_gb")),
+        "slurm_job_id": _text(lookup_dotted(config, "slurm.job_id")),
+        "hostname": _text(lookup_dotted(config, "system.hostname")),
+    }
     display_name = node.get("displayName")
     sweep_id = node.get("sweepName") or None
     ci = parse_ci_name(display_name)
@@ -172,6 +179,7 @@ def run_row(node: dict, *, entity: str, project: str, app_url: str, default_gpus
         "ended_at": ended_at,
         "duration_hours": duration_hours,
         "gpu_count": gpu_count,
+        **compute,
         "sweep_id": sweep_id,
         "tags": list(node.get("tags") or []),
         "user": user.get("username") or user.get("name"),
@@ -190,6 +198,13 @@ def run_row(node: dict, *, entity: str, project: str, app_url: str, default_gpus
     for key, column in SPS_KEYS.items():
         row[column] = finite_float(summary.get(key))
     return row
+
+
+def _text(value: Any) -> str | None:
+    """A scalar config value as text (ids may be logged as numbers); None for missing or containers."""
+    if value is None or isinstance(value, (dict, list, bool)):
+        return None
+    return str(value)
 
 
 def to_json(value: dict) -> str:

@@ -34,6 +34,11 @@ RUNS_COLUMNS: dict[str, str] = {
     "ended_at": "TIMESTAMP",
     "duration_hours": "DOUBLE",
     "gpu_count": "INTEGER",
+    "gpu_type": "VARCHAR",
+    "cpu_count": "INTEGER",
+    "memory_gb": "DOUBLE",
+    "slurm_job_id": "VARCHAR",
+    "hostname": "VARCHAR",
     "sweep_id": "VARCHAR",
     "tags": "VARCHAR[]",
     "user": "VARCHAR",
@@ -118,6 +123,15 @@ def ensure_schema(con) -> None:
     from wandb_assets.lib.schema_docs import comment_statements
 
     con.execute(SCHEMA_SQL)
+    existing = {
+        r[0]
+        for r in con.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'runs' AND NOT internal"
+        ).fetchall()
+    }
+    for column, kind in RUNS_COLUMNS.items():
+        if column not in existing:  # a warehouse made by an earlier version gains the new columns
+            con.execute(f'ALTER TABLE runs ADD COLUMN "{column}" {kind}')
     con.execute(LEDGER_SQL)
     con.execute(ALERT_SQL)
     con.execute(VIEWS_SQL)

@@ -1,0 +1,118 @@
+"""Read a ``.wandb`` transaction log (what ``wandb.init`` writes, online or offline) back into Python.
+
+Format: a 7-byte header (``:W&B``, 0xBEE1 little-endian, version 0), then a LevelDB-style log of 32 KiB
+blocks whose chunks carry a 7-byte header (CRC-32 seeded with the chunk type, length, type FULL=1 /
+FIRST=2 / MIDDLE=3 / LAST=4); the payloads are ``wandb_internal_pb2.Record`` protobufs, which the wandb
+package still ships. A truncated tail (a killed process) is tolerated.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BLOCK = 32 * 1024
+HEADER = b":W&B" + struct.pack("<HB", 0xBEE1, 0)
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def iter_records(path: str | Path) -> Iterator[Any]:
+    """Yield each ``Record`` of a ``.wandb`` file, in order."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = Path(path).read_bytes()
+    if not data.startswith(HEADER):
+        raise ValueError(f"{path} is not a .wandb file (bad header)")
+    offset, pending = len(HEADER), b""
+    while offset + 7 <= len(data):
+        room = BLOCK - offset % BLOCK
+        if room < 7:  # block trailer: zero padding
+            offset += room
+            continue
+        checksum, length, kind = struct.unpack("<IHB", data[offset : offset + 7])
+        chunk = data[offset + 7 : offset + 7 + length]
+        if len(chunk) < length or kind not in (FULL, FIRST, MIDDLE, LAST):
+            return  # truncated tail
+        if zlib.crc32(chunk, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF != checksum:
+            return
+        offset += 7 + length
+        if kind in (FULL, FIRST):
+            pending = chunk
+        else:
+            pending += chunk
+        if kind in (FULL, LAST):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            yield record
+            pending = b""
+
+
+def _value(item) -> Any:
+    return json.loads(item.value_json) if item.value_json else None
+
+
+def _key(item) -> str:
+    return ".".join(item.nested_key) if item.nested_key else item.key
+
+
+@dataclass
+class RunLog:
+    """What a ``.wandb`` file says a run logged."""
+
+    run_id: str = ""
+    project: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    artifacts: list[dict[str, Any]] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    exit_code: int | None = None
+
+
+def read_run(path: str | Path) -> RunLog:
+    """Collect config, summary, history, metric definitions, artifacts and files from a ``.wandb`` file."""
+    log = RunLog()
+    for record in iter_records(path):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            log.run_id, log.project = record.run.run_id, record.run.project
+            for item in record.run.config.update:
+                log.config[_key(item)] = _value(item)
+        elif kind == "config":
+            for item in record.config.update:
+                log.config[_key(item)] = _value(item)
+        elif kind == "summary":
+            for item in record.summary.update:
+                log.summary[_key(item)] = _value(item)
+        elif kind == "history":
+            log.history.append({_key(item): _value(item) for item in record.history.item})
+        elif kind == "metric":
+            m = record.metric
+            log.metrics.append({"name": m.name, "glob_name": m.glob_name, "step_metric": m.step_metric})
+        elif kind == "artifact":
+            a = record.artifact
+            log.artifacts.append(
+                {
+                    "name": a.name,
+                    "type": a.type,
+                    "aliases": list(a.aliases),
+                    "metadata": json.loads(a.metadata) if a.metadata else {},
+                    "files": [entry.path for entry in a.manifest.contents],
+                }
+            )
+        elif kind == "files":
+            log.files += [f.path for f in record.files.files]
+        elif kind == "exit":
+            log.exit_code = record.exit.exit_code
+    return log
+
+
+def find_run_files(wandb_dir: str | Path) -> list[Path]:
+    """Every ``run-*.wandb`` under a ``WANDB_DIR``, oldest first."""
+    return sorted(Path(wandb_dir).rglob("run-*.wandb"), key=lambda p: p.stat().st_mtime)
