@@ -161,6 +161,59 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_publish(args: argparse.Namespace) -> int:
+    import logging
+
+    from wandb_assets.defs.report.assets import publish
+    from wandb_assets.defs.wandb_runs.resources import wandb_resource
+    from wandb_assets.defs.warehouse.resources import warehouse_resource
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    metadata = publish(warehouse_resource(), wandb_resource(), logging.getLogger("wandb_assets"))
+    print(", ".join(f"{k}: {v}" for k, v in metadata.items() if v != ""))
+    return 2 if str(metadata.get("status", "")).startswith("disabled") else 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from wandb_assets.compare import UnknownRunsError, compare_runs
+    from wandb_assets.warehouse import open_snapshot
+
+    try:
+        con = open_snapshot(args.warehouse)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        print(compare_runs(con, args.run_ids).to_text())
+    except UnknownRunsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_fetch_warehouse(args: argparse.Namespace) -> int:
+    import wandb
+
+    from wandb_assets.defs.report.assets import report_settings
+    from wandb_assets.settings import ConfigError
+
+    settings = report_settings()
+    if settings is None:
+        raise ConfigError("WANDB_ASSETS_REPORT_PROJECT is not set: name the W&B project the report publishes to.")
+    entity = settings["entity"] or wandb.Api().default_entity
+    name = f"{entity}/{settings['project']}/fleet-warehouse:{args.version}"
+    try:
+        artifact = wandb.Api().artifact(name, type="warehouse")
+        folder = artifact.download(root=args.dest)
+    except Exception as exc:  # noqa: BLE001 - the client raises many types; say which artifact was missing
+        print(f"error: could not fetch {name}: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
+        return 1
+    path = Path(folder) / "warehouse.duckdb"
+    print(f"Downloaded {name} (snapshot {artifact.metadata.get('snapshot_at', '?')}) to {path}")
+    print(f"Open it with: from wandb_assets import warehouse; con = warehouse.open_snapshot('{path}')")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wandb-assets", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -176,6 +229,16 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.add_argument("--start", required=True, help="first day, YYYY-MM-DD")
     backfill.add_argument("--end", help="last day, YYYY-MM-DD (default: today)")
     backfill.set_defaults(func=cmd_backfill)
+    publish = sub.add_parser("publish", help="publish unpublished fleet snapshots to the W&B report run")
+    publish.set_defaults(func=cmd_publish)
+    compare = sub.add_parser("compare", help="compare runs side by side from the warehouse snapshot")
+    compare.add_argument("run_ids", nargs="+", metavar="RUN_ID")
+    compare.add_argument("--warehouse", help="warehouse file (default WANDB_ASSETS_DUCKDB)")
+    compare.set_defaults(func=cmd_compare)
+    fetch = sub.add_parser("fetch-warehouse", help="download a published warehouse artifact")
+    fetch.add_argument("--version", default="latest", help="artifact version or alias (default latest)")
+    fetch.add_argument("--dest", default="data/fetched", help="folder to download into")
+    fetch.set_defaults(func=cmd_fetch_warehouse)
     ui = sub.add_parser("ui", help="open the Dagster UI (dagster dev) on this repository's instance")
     ui.set_defaults(func=cmd_ui)
     return parser

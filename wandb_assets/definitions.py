@@ -9,6 +9,7 @@ from wandb_assets.defs.feed.sensors import after_fleet_snapshot, pipeline_failur
 from wandb_assets.defs.fleet.assets import fleet_snapshot, gpu_hours, push_to_main_sps, success_rates
 from wandb_assets.defs.fleet.jobs import backfill_job, refresh_job
 from wandb_assets.defs.fleet.schedules import every_15_minutes
+from wandb_assets.defs.report.assets import fleet_report
 from wandb_assets.defs.wandb_runs.assets import runs
 from wandb_assets.defs.wandb_runs.resources import wandb_resource
 from wandb_assets.defs.warehouse.assets import warehouse_snapshot
@@ -26,6 +27,7 @@ defs = Definitions(
         datadog_feed,
         fleet_alerts,
         warehouse_snapshot,
+        fleet_report,
     ],
     asset_checks=[success_rate_check, sps_regression_check],
     jobs=[refresh_job, backfill_job, feed_job],

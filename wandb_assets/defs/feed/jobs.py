@@ -8,7 +8,8 @@ FEED_JOB = "feed"
 
 feed_job = define_asset_job(
     FEED_JOB,
-    selection=AssetSelection.assets(datadog_feed, fleet_alerts) | AssetSelection.keys("warehouse_snapshot"),
+    selection=AssetSelection.assets(datadog_feed, fleet_alerts)
+    | AssetSelection.keys("warehouse_snapshot", "fleet_report"),
     executor_def=in_process_executor,
     tags={"dagster/max_runtime": "600"},
     description="Push pending fleet snapshots to Datadog, evaluate alerts, send notifications, publish the "

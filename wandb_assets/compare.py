@@ -1,0 +1,100 @@
+"""Compare runs side by side from the warehouse: one row per field, one column per run.
+
+Fields: state, category, duration, GPU-hours, the five SPS values, every other numeric summary metric all
+the runs share, the config keys whose values differ, and each run's URL. No Dagster here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from wandb_assets.lib.normalize import SPS_KEYS
+
+FIXED = ("state", "category", "created_at", "duration_hours", "gpu_count", "gpu_hours")
+
+
+class UnknownRunsError(ValueError):
+    """Some run ids are not in the warehouse."""
+
+
+@dataclass
+class Comparison:
+    run_ids: list[str]
+    rows: list[tuple[str, list[Any]]]  # (field, one value per run)
+
+    def to_frame(self):
+        """As a pandas DataFrame (fields as the index), for notebooks."""
+        import pandas as pd
+
+        return pd.DataFrame([values for _, values in self.rows], index=[f for f, _ in self.rows], columns=self.run_ids)
+
+    def to_text(self) -> str:
+        def cell(value: Any) -> str:
+            if value is None:
+                return "-"
+            return f"{value:,.4g}" if isinstance(value, float) else str(value)
+
+        width = max(len(f) for f, _ in self.rows)
+        columns = [max(len(r), *(len(cell(v[i])) for _, v in self.rows)) for i, r in enumerate(self.run_ids)]
+        lines = [" " * width + "  " + "  ".join(r.ljust(w) for r, w in zip(self.run_ids, columns, strict=True))]
+        for name, values in self.rows:
+            lines.append(
+                name.ljust(width) + "  " + "  ".join(cell(v).ljust(w) for v, w in zip(values, columns, strict=True))
+            )
+        return "\n".join(lines)
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _flatten(f"{prefix}.{key}" if prefix else str(key), item, out)
+    else:
+        out[prefix] = value
+
+
+def compare_runs(con, run_ids: list[str]) -> Comparison:
+    """Build the comparison; ``UnknownRunsError`` names every id the warehouse does not hold."""
+    wanted = list(dict.fromkeys(run_ids))
+    sps_columns = list(SPS_KEYS.values())
+    rows = con.execute(
+        f"SELECT run_id, {', '.join(c for c in FIXED if c != 'gpu_hours')}, "
+        "gpu_count * coalesce(duration_hours, CASE WHEN state IN ('running', 'preempting') THEN "
+        "(epoch(current_timestamp AT TIME ZONE 'UTC') - epoch(created_at)) / 3600.0 END) AS gpu_hours, "
+        f"{', '.join(sps_columns)}, url, summary, config FROM runs WHERE run_id IN (SELECT unnest($ids))",
+        {"ids": wanted},
+    ).fetchall()
+    names = ["run_id", *[c for c in FIXED if c != "gpu_hours"], "gpu_hours", *sps_columns, "url", "summary", "config"]
+    found = {row[0]: dict(zip(names, row, strict=True)) for row in rows}
+    missing = [r for r in wanted if r not in found]
+    if missing:
+        raise UnknownRunsError(
+            f"Unknown run id(s): {', '.join(missing)}. They are not in the warehouse: check the ids (W&B run ids, "
+            "not display names) or backfill the days they were created."
+        )
+    runs = [found[r] for r in wanted]
+    table: list[tuple[str, list[Any]]] = [(f, [run[f] for run in runs]) for f in FIXED]
+    table += [(key, [run[col] for run in runs]) for key, col in SPS_KEYS.items()]
+    summaries = []
+    for run in runs:
+        flat: dict[str, Any] = {}
+        _flatten("", json.loads(run["summary"]) if run["summary"] else {}, flat)
+        summaries.append(flat)
+    shared = set.intersection(*(set(s) for s in summaries)) if summaries else set()
+    for key in sorted(shared):
+        values = [s[key] for s in summaries]
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        if numeric and not key.startswith("_") and key not in SPS_KEYS:
+            table.append((f"summary.{key}", values))
+    configs = []
+    for run in runs:
+        flat = {}
+        _flatten("", json.loads(run["config"]) if run["config"] else {}, flat)
+        configs.append(flat)
+    for key in sorted(set().union(*configs)):
+        values = [c.get(key) for c in configs]
+        if len({json.dumps(v, sort_keys=True, default=str) for v in values}) > 1:
+            table.append((f"config.{key}", values))
+    table.append(("url", [run["url"] for run in runs]))
+    return Comparison(wanted, table)

@@ -1,0 +1,252 @@
+"""The fleet report run: one long-lived W&B run (stable id, resumed each time) that shows the fleet where
+W&B users already look. Each publish logs every fleet snapshot not published yet, oldest first, against the
+custom x-axis ``fleet/snapshot_unix``; then the alerts and push-to-main SPS tables, SPS line plots per CI
+config, a self-contained HTML dashboard, and the warehouse snapshot as a versioned artifact.
+
+``report_publications`` in the warehouse remembers what went out (the run's summary carries
+``fleet/last_snapshot_unix`` too), so no snapshot is logged twice and none is skipped: a publish after an
+outage catches up in order. Works online and with ``WANDB_MODE=offline``. No Dagster here.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from wandb_assets.lib.downsample import downsample
+from wandb_assets.lib.gauges import GAUGE_NAMES
+
+REPORT_RUN_ID = "fleet-report"
+PLOT_POINTS = 250
+TABLE_ROWS = 250
+X_AXIS = "fleet/snapshot_unix"
+
+PUBLICATIONS_SQL = """
+CREATE TABLE IF NOT EXISTS report_publications (
+    snapshot_at TIMESTAMP, published_at TIMESTAMP, project VARCHAR, run_id VARCHAR
+);
+"""
+
+
+@dataclass
+class PublishResult:
+    published: list[datetime] = field(default_factory=list)
+    run_path: str = ""
+    artifact: str = ""
+
+
+def _unix(moment: datetime) -> int:
+    return int((moment - datetime(1970, 1, 1)).total_seconds())
+
+
+def unpublished_snapshots(con, project: str, run_id: str) -> list[datetime]:
+    """Snapshots newer than the last one published to this report run, oldest first."""
+    con.execute(PUBLICATIONS_SQL)
+    return [
+        r[0]
+        for r in con.execute(
+            "SELECT DISTINCT snapshot_at FROM fleet_metrics WHERE snapshot_at > coalesce((SELECT max(snapshot_at) "
+            "FROM report_publications WHERE project = $project AND run_id = $run), TIMESTAMP '1970-01-01') "
+            "ORDER BY snapshot_at",
+            {"project": project, "run": run_id},
+        ).fetchall()
+    ]
+
+
+def sps_series(con) -> dict[str, list[tuple]]:
+    """Per CI config on main: (ended_unix, sps, commit, alerted) rows, downsampled to PLOT_POINTS."""
+    rows = con.execute(
+        "SELECT s.ci_config, epoch(s.ended_at)::BIGINT, s.sps_overview_sps, s.ci_commit, "
+        "EXISTS (SELECT 1 FROM alerts a WHERE a.rule = 'sps_regression' AND a.subject = s.ci_config "
+        "        AND a.details->>'run_id' = s.run_id) "
+        "FROM push_to_main_sps s WHERE s.ci_branch = 'main' AND s.sps_overview_sps IS NOT NULL "
+        "AND s.ended_at IS NOT NULL AND s.state IN ('finished', 'crashed') ORDER BY s.ci_config, s.ended_at"
+    ).fetchall()
+    by_config: dict[str, list[tuple]] = {}
+    for config, *point in rows:
+        by_config.setdefault(config, []).append(tuple(point))
+    return {
+        config: downsample(points, PLOT_POINTS, {i for i, p in enumerate(points) if p[3]})
+        for config, points in by_config.items()
+    }
+
+
+def _svg_line(points: list[tuple], width: int = 520, height: int = 120) -> str:
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    if not points:
+        return ""
+    x0, x1, y0, y1 = min(xs), max(xs) or 1, min(ys), max(ys)
+
+    def sx(x):
+        return 5 + (width - 10) * ((x - x0) / ((x1 - x0) or 1))
+
+    def sy(y):
+        return height - 5 - (height - 10) * ((y - y0) / ((y1 - y0) or 1))
+
+    line = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y, *_ in points)
+    marks = "".join(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4" fill="#d62728"/>' for x, y, _, a in points if a)
+    return (
+        f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">'
+        f'<polyline fill="none" stroke="#1f77b4" stroke-width="1.5" points="{line}"/>{marks}</svg>'
+    )
+
+
+def dashboard_html(
+    gauges: dict[str, float | None], snapshot_at: datetime, alerts: list[tuple], series: dict[str, list[tuple]]
+) -> str:
+    """A self-contained page (inline CSS and SVG, nothing fetched): gauges, open alerts, SPS per config."""
+    gauge_rows = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{'' if gauges.get(name) is None else f'{gauges[name]:,.2f}'}</td></tr>"
+        for name in GAUGE_NAMES
+    )
+    alert_rows = (
+        "".join(
+            f"<tr><td>{html.escape(str(r[0]))}</td><td>{html.escape(str(r[1]))}</td><td>{html.escape(str(r[2]))}</td>"
+            f"<td>{html.escape(str(r[3]))}</td></tr>"
+            for r in alerts
+            if r[4] is None
+        )
+        or '<tr><td colspan="4">none</td></tr>'
+    )
+    charts = "".join(
+        f"<h3>{html.escape(config)}: overview/sps on main ({len(points)} points, red = SPS regression alert)</h3>"
+        f"{_svg_line(points)}"
+        for config, points in sorted(series.items())
+    )
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>Fleet dashboard</title>
+<style>body{{font-family:sans-serif;margin:1.5em}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:2px 8px;text-align:left}}</style></head><body>
+<h1>Fleet dashboard</h1><p>Snapshot {snapshot_at:%Y-%m-%d %H:%M:%S} UTC (window: the 24 hours before).</p>
+<h2>Gauges</h2><table><tr><th>metric</th><th>value</th></tr>{gauge_rows}</table>
+<h2>Open alerts</h2><table><tr><th>rule</th><th>subject</th><th>opened (UTC)</th><th>message</th></tr>
+{alert_rows}</table>
+<h2>Main-branch throughput</h2>{charts}</body></html>"""
+
+
+def publish_report(
+    con,
+    snapshot_file: str | os.PathLike | None,
+    project: str,
+    entity: str | None = None,
+    run_id: str = REPORT_RUN_ID,
+    now: datetime | None = None,
+) -> PublishResult:
+    """Publish every unpublished snapshot to the report run; a no-op when there is none."""
+    import wandb
+
+    pending = unpublished_snapshots(con, project, run_id)
+    if not pending:
+        return PublishResult()
+    run = wandb.init(
+        project=project,
+        entity=entity,
+        id=run_id,
+        resume="allow",
+        job_type="fleet-report",
+        name="wandb-assets fleet report",
+        settings=wandb.Settings(silent=True),
+    )
+    try:
+        already = run.summary.get("fleet/last_snapshot_unix")
+        pending = [t for t in pending if already is None or _unix(t) > already]  # the run's own memory too
+        run.define_metric(X_AXIS)
+        run.define_metric("fleet/*", step_metric=X_AXIS)
+        rows = (
+            con.execute(
+                "SELECT snapshot_at, metric, value FROM fleet_metrics WHERE snapshot_at IN "
+                "(SELECT unnest($t::TIMESTAMP[])) ORDER BY snapshot_at",
+                {"t": pending},
+            ).fetchall()
+            if pending
+            else []
+        )
+        by_snapshot: dict[datetime, dict[str, float | None]] = {}
+        for snapshot_at, metric, value in rows:
+            by_snapshot.setdefault(snapshot_at, {})[metric] = value
+        for snapshot_at in pending:
+            values = by_snapshot.get(snapshot_at, {})
+            run.log({X_AXIS: _unix(snapshot_at), **{f"fleet/{m}": v for m, v in values.items() if v is not None}})
+        latest = pending[-1] if pending else None
+        if latest is not None:
+            run.summary.update(
+                {
+                    "fleet/last_snapshot_unix": _unix(latest),
+                    "fleet/last_snapshot_at": latest.isoformat() + "Z",
+                    **{f"fleet/{m}": v for m, v in by_snapshot[latest].items()},
+                }
+            )
+            _log_tables_and_dashboard(run, con, by_snapshot[latest], latest)
+            artifact = _log_warehouse(run, con, snapshot_file, latest)
+        else:
+            artifact = ""
+        run_path = f"{run.entity}/{run.project}/{run.id}" if run.entity else f"{run.project}/{run.id}"
+    finally:
+        run.finish()
+    con.executemany(
+        "INSERT INTO report_publications VALUES (?, ?, ?, ?)",
+        [(t, now or datetime.now(UTC).replace(tzinfo=None), project, run_id) for t in pending],
+    )
+    return PublishResult(published=pending, run_path=run_path, artifact=artifact)
+
+
+def _log_tables_and_dashboard(run, con, gauges: dict, snapshot_at: datetime) -> None:
+    import wandb
+
+    alert_cols = ["rule", "subject", "opened_at", "message", "resolved_at", "severity"]
+    alerts = con.execute(
+        f"SELECT rule, subject, strftime(opened_at, '%Y-%m-%d %H:%M'), message, "
+        f"strftime(resolved_at, '%Y-%m-%d %H:%M'), severity FROM alerts ORDER BY opened_at DESC LIMIT {TABLE_ROWS}"
+    ).fetchall()
+    sps_cols = ["ci_config", "ci_branch", "ci_commit", "state", "ended_at", "overview_sps", "url"]
+    sps = con.execute(
+        f"SELECT ci_config, ci_branch, ci_commit, state, strftime(ended_at, '%Y-%m-%d %H:%M'), sps_overview_sps, url "
+        f"FROM push_to_main_sps WHERE sps_overview_sps IS NOT NULL ORDER BY ended_at DESC NULLS LAST LIMIT {TABLE_ROWS}"
+    ).fetchall()
+    series = sps_series(con)
+    logged = {
+        "tables/alerts": wandb.Table(columns=alert_cols, data=[list(r) for r in alerts]),
+        "tables/push_to_main_sps": wandb.Table(columns=sps_cols, data=[list(r) for r in sps]),
+    }
+    for config, points in series.items():
+        table = wandb.Table(
+            columns=["ended_unix", "overview_sps", "ci_commit", "alert"], data=[list(p) for p in points]
+        )
+        logged[f"sps/{config}"] = wandb.plot.line(
+            table, "ended_unix", "overview_sps", title=f"{config}: overview/sps on main"
+        )
+    page = dashboard_html(gauges, snapshot_at, alerts, series)
+    logged["dashboard"] = wandb.Html(page, inject=False)
+    run.log(logged)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "dashboard.html"
+        path.write_text(page)
+        artifact = wandb.Artifact(
+            "fleet-dashboard", type="dashboard", metadata={"snapshot_at": snapshot_at.isoformat() + "Z"}
+        )
+        artifact.add_file(str(path))
+        run.log_artifact(artifact)
+
+
+def _log_warehouse(run, con, snapshot_file, snapshot_at: datetime) -> str:
+    import wandb
+
+    if not snapshot_file or not Path(snapshot_file).exists():
+        return ""
+    counts = {
+        t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+        for t in ("runs", "push_to_main_sps", "success_rates", "gpu_hours", "fleet_metrics", "alerts")
+    }
+    artifact = wandb.Artifact(
+        "fleet-warehouse",
+        type="warehouse",
+        description="Read-only DuckDB snapshot of the wandb-assets warehouse",
+        metadata={"snapshot_at": snapshot_at.isoformat() + "Z", "row_counts": counts},
+    )
+    artifact.add_file(str(snapshot_file), name="warehouse.duckdb")
+    run.log_artifact(artifact, aliases=["latest", f"snapshot-{_unix(snapshot_at)}"])
+    return json.dumps({"name": "fleet-warehouse", "snapshot_at": snapshot_at.isoformat() + "Z"})
