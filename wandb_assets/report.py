@@ -135,6 +135,8 @@ def publish_report(
     entity: str | None = None,
     run_id: str = REPORT_RUN_ID,
     now: datetime | None = None,
+    mode: str | None = None,
+    api_key: str | None = None,
 ) -> PublishResult:
     """Publish every unpublished snapshot to the report run; a no-op when there is none."""
     import wandb
@@ -149,7 +151,8 @@ def publish_report(
         resume="allow",
         job_type="fleet-report",
         name="wandb-assets fleet report",
-        settings=wandb.Settings(silent=True),
+        mode=mode,
+        settings=wandb.Settings(silent=True, api_key=api_key) if api_key else wandb.Settings(silent=True),
     )
     try:
         already = run.summary.get("fleet/last_snapshot_unix")

@@ -1,0 +1,139 @@
+"""The fleet report run, written offline and read back from its .wandb files; downsampling; run comparison."""
+
+import json
+from datetime import datetime
+
+import pytest
+
+from tests.fleet import fleet_row, load
+from tests.test_feed_e2e import ci_runs
+from wandb_assets.compare import UnknownRunsError, compare_runs
+from wandb_assets.lib.downsample import downsample
+from wandb_assets.lib.wandb_records import find_run_files, read_run
+from wandb_assets.ticks import run_tick
+
+TODAY = datetime(2026, 6, 2).date()
+
+
+def test_downsample_keeps_alert_points_and_the_last_one():
+    points = list(range(1000))
+    kept = downsample(points, 250, keep={3, 500, 777})
+    assert len(kept) == 250
+    assert {3, 500, 777, 999} <= set(kept)
+    assert kept == sorted(kept)
+    assert downsample(points[:10], 250) == points[:10]
+    assert downsample(points, 3, keep={1, 2, 3, 4}) == [3, 4, 999]  # when the must-keep overflow, the latest win
+
+
+def _snapshot_rows(path):
+    run = read_run(path)
+    return run, [row["fleet/snapshot_unix"] for row in run.history if "fleet/snapshot_unix" in row]
+
+
+def test_report_run_publishes_each_snapshot_once_and_catches_up_in_order(wandb_server, monkeypatch, tmp_path, instance):
+    wandb_server(ci_runs(failed=3))
+    report_dir = tmp_path / "report"
+    monkeypatch.setenv("WANDB_DIR", str(report_dir))
+    report_dir.mkdir()
+    monkeypatch.setenv("WANDB_ASSETS_REPORT_PROJECT", "fleet-report")
+    monkeypatch.setenv("WANDB_ASSETS_REPORT_MODE", "offline")
+    stamps = ["2026-06-02T12:00:00", "2026-06-02T12:15:00", "2026-06-02T12:30:00"]
+    unix = [1780401600, 1780402500, 1780403400]
+
+    assert all(r.success for r in run_tick(instance, TODAY, snapshot_at=stamps[0], now=stamps[0]))
+    monkeypatch.delenv("WANDB_ASSETS_REPORT_PROJECT")  # the report is off (or W&B is down) for one tick
+    assert all(r.success for r in run_tick(instance, TODAY, snapshot_at=stamps[1], now=stamps[1]))
+    monkeypatch.setenv("WANDB_ASSETS_REPORT_PROJECT", "fleet-report")
+    results = run_tick(instance, TODAY, snapshot_at=stamps[2], now=stamps[2])
+    assert all(r.success for r in results)
+    report = results[1].asset_materializations_for_node("fleet_report")[0].metadata
+    assert (report["snapshots_published"].value, report["first"].value) == ("2", "2026-06-02T12:15:00Z")
+
+    files = find_run_files(report_dir)
+    assert len(files) == 2 and all(f.name == "run-fleet-report.wandb" for f in files)
+    (first, first_rows), (second, second_rows) = (_snapshot_rows(f) for f in files)
+    assert first_rows == [unix[0]] and second_rows == unix[1:]  # none twice, none skipped, in order
+
+    assert {"name": "", "glob_name": "fleet/*", "step_metric": "fleet/snapshot_unix"} in second.metrics
+    gauges = next(row for row in second.history if row.get("fleet/snapshot_unix") == unix[2])
+    assert gauges["fleet/wandb.push_to_main.success_rate_pct"] == 50
+    assert second.summary["fleet/last_snapshot_unix"] == unix[2]
+    assert second.summary["fleet/wandb.runs.completed_24h"] == 3
+    logged = {k for row in second.history for k in row}
+    assert {"tables/alerts._type", "tables/push_to_main_sps._type", "sps/ppo_table._type", "dashboard._type"} <= logged
+    media = next(row for row in second.history if "dashboard._type" in row)
+    assert (media["dashboard._type"], media["tables/alerts._type"]) == ("html-file", "table-file")
+    assert media["tables/alerts.nrows"] == 1 and media["sps/ppo_table.nrows"] == 3
+    warehouse_artifact = next(a for a in second.artifacts if a["name"] == "fleet-warehouse")
+    assert warehouse_artifact["type"] == "warehouse"
+    assert warehouse_artifact["files"] == ["warehouse.duckdb"]
+    assert warehouse_artifact["metadata"]["snapshot_at"] == "2026-06-02T12:30:00Z"
+    assert warehouse_artifact["metadata"]["row_counts"]["runs"] == 6
+    assert "snapshot-1780403400" in warehouse_artifact["aliases"]
+    dashboard = next(a for a in second.artifacts if a["name"] == "fleet-dashboard")
+    assert (dashboard["type"], dashboard["files"]) == ("dashboard", ["dashboard.html"])
+    page = next(report_dir.rglob("media/html/dashboard_*.html")).read_text()
+    assert "<svg" in page and "push_to_main_success_rate_low" in page and "<script" not in page
+
+
+def test_report_is_off_without_a_project(wandb_server, instance):
+    wandb_server(ci_runs(failed=0))
+    results = run_tick(instance, TODAY, snapshot_at="2026-06-02T12:00:00", now="2026-06-02T12:00:00")
+    report = results[1].asset_materializations_for_node("fleet_report")[0].metadata
+    assert report["status"].value == "disabled (set WANDB_ASSETS_REPORT_PROJECT)"
+
+
+def _with_json(row, summary, config):
+    row.update(summary=json.dumps(summary), config=json.dumps(config), url=f"http://w/{row['run_id']}")
+    return row
+
+
+def test_compare_runs(memory_con):
+    load(
+        memory_con,
+        [
+            _with_json(
+                fleet_row(
+                    "a",
+                    "finished",
+                    "push_to_main",
+                    datetime(2026, 6, 1, 10),
+                    datetime(2026, 6, 1, 12),
+                    gpus=8,
+                    overview_sps=100.0,
+                ),
+                {"loss": 0.5, "acc": 0.9, "_step": 10, "only_a": 1, "nested": {"x": 2}},
+                {"lr": 0.1, "seed": 1, "model": {"depth": 4}},
+            ),
+            _with_json(
+                fleet_row(
+                    "b",
+                    "crashed",
+                    "push_to_main",
+                    datetime(2026, 6, 1, 11),
+                    datetime(2026, 6, 1, 12),
+                    gpus=4,
+                    overview_sps=80.0,
+                ),
+                {"loss": 0.7, "acc": "n/a", "_step": 12, "nested": {"x": 3}},
+                {"lr": 0.2, "seed": 1, "model": {"depth": 6}, "extra": True},
+            ),
+        ],
+    )
+    comparison = compare_runs(memory_con, ["a", "b"])
+    rows = dict(comparison.rows)
+    assert rows["state"] == ["finished", "crashed"]
+    assert rows["duration_hours"] == [2.0, 1.0]
+    assert rows["gpu_hours"] == [16.0, 4.0]
+    assert rows["overview/sps"] == [100.0, 80.0]
+    assert rows["overview/steps_per_second"] == [None, None]
+    assert [f for f, _ in comparison.rows if f.startswith("summary.")] == ["summary.loss", "summary.nested.x"]
+    assert [f for f, _ in comparison.rows if f.startswith("config.")] == [
+        "config.extra",
+        "config.lr",
+        "config.model.depth",
+    ]
+    assert rows["url"] == ["http://w/a", "http://w/b"]
+    assert comparison.to_frame().loc["summary.loss", "b"] == 0.7
+    with pytest.raises(UnknownRunsError, match=r"^Unknown run id\(s\): zz, yy\. "):
+        compare_runs(memory_con, ["a", "zz", "yy"])
