@@ -53,6 +53,7 @@ def test_definitions_contents():
         "datadog_feed",
         "fleet_alerts",
         "warehouse_snapshot",
+        "fleet_report",
     }
     schedule = defs.get_schedule_def("every_15_minutes")
     assert schedule.cron_schedule == "*/15 * * * *"

@@ -152,6 +152,7 @@ def publish_report(
         job_type="fleet-report",
         name="wandb-assets fleet report",
         mode=mode,
+        dir=os.environ.get("WANDB_DIR") or None,  # read now: wandb's process-wide settings may be older
         settings=wandb.Settings(silent=True, api_key=api_key) if api_key else wandb.Settings(silent=True),
     )
     try:
