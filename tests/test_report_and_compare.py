@@ -137,3 +137,59 @@ def test_compare_runs(memory_con):
     assert comparison.to_frame().loc["summary.loss", "b"] == 0.7
     with pytest.raises(UnknownRunsError, match=r"^Unknown run id\(s\): zz, yy\. "):
         compare_runs(memory_con, ["a", "zz", "yy"])
+
+
+def test_fetch_warehouse_downloads_the_published_artifact(wandb_server, monkeypatch, tmp_path, instance):
+    """Publish offline, put the artifact the run wrote on the local W&B server, fetch it with the CLI."""
+    import subprocess
+    import sys
+
+    from tests.conftest import PROJECT
+    from wandb_assets.warehouse import open_snapshot
+
+    server = wandb_server(ci_runs(failed=3))
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "report"))
+    (tmp_path / "report").mkdir()
+    monkeypatch.setenv("WANDB_ASSETS_REPORT_PROJECT", PROJECT)
+    monkeypatch.setenv("WANDB_ASSETS_REPORT_MODE", "offline")
+    assert all(r.success for r in run_tick(instance, TODAY, snapshot_at="2026-06-02T12:00:00"))
+    (path,) = find_run_files(tmp_path / "report")
+    published = next(a for a in read_run(path).artifacts if a["name"] == "fleet-warehouse")
+    files = {name: open(local, "rb").read() for name, local in published["local_paths"].items()}
+    server.add_artifact("fleet-warehouse", "warehouse", files, published["metadata"], ["snapshot-1780401600"])
+
+    env = {k: v for k, v in __import__("os").environ.items() if k != "DAGSTER_HOME"}
+    done = subprocess.run(
+        [sys.executable, "-m", "wandb_assets.cli", "fetch-warehouse", "--dest", str(tmp_path / "fetched")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    target = tmp_path / "fetched" / "warehouse.duckdb"
+    assert done.stdout.splitlines()[0] == (
+        f"Downloaded test-team/{PROJECT}/fleet-warehouse:latest (snapshot 2026-06-02T12:00:00Z) to {target}"
+    )
+    con = open_snapshot(target, exact=True)
+    assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == published["metadata"]["row_counts"]["runs"] == 6
+    assert server.downloads == ["__manifest__", "warehouse.duckdb"]
+
+    missing = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wandb_assets.cli",
+            "fetch-warehouse",
+            "--version",
+            "v7",
+            "--dest",
+            str(tmp_path / "none"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert missing.returncode == 1
+    assert missing.stderr.startswith(f"error: could not fetch test-team/{PROJECT}/fleet-warehouse:v7: ")

@@ -192,25 +192,25 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch_warehouse(args: argparse.Namespace) -> int:
-    import wandb
-
     from wandb_assets.defs.report.assets import report_settings
-    from wandb_assets.settings import ConfigError
+    from wandb_assets.defs.wandb_runs.resources import wandb_resource
+    from wandb_assets.lib.fetch import default_entity, get_api
+    from wandb_assets.settings import ConfigError, pipeline_settings
 
     settings = report_settings()
     if settings is None:
         raise ConfigError("WANDB_ASSETS_REPORT_PROJECT is not set: name the W&B project the report publishes to.")
-    entity = settings["entity"] or wandb.Api().default_entity
-    name = f"{entity}/{settings['project']}/fleet-warehouse:{args.version}"
+    api = get_api(wandb_resource().wandb_settings(), pipeline_settings())
+    name = f"{settings['entity'] or default_entity(api)}/{settings['project']}/fleet-warehouse:{args.version}"
     try:
-        artifact = wandb.Api().artifact(name, type="warehouse")
+        artifact = api.artifact(name, type="warehouse")
         folder = artifact.download(root=args.dest)
     except Exception as exc:  # noqa: BLE001 - the client raises many types; say which artifact was missing
         print(f"error: could not fetch {name}: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
         return 1
-    path = Path(folder) / "warehouse.duckdb"
+    path = Path(folder).resolve() / "warehouse.duckdb"
     print(f"Downloaded {name} (snapshot {artifact.metadata.get('snapshot_at', '?')}) to {path}")
-    print(f"Open it with: from wandb_assets import warehouse; con = warehouse.open_snapshot('{path}')")
+    print(f"Open it with: from wandb_assets import warehouse; con = warehouse.open_snapshot('{path}', exact=True)")
     return 0
 
 

@@ -47,9 +47,10 @@ def publish_snapshot(con: duckdb.DuckDBPyConnection, warehouse_path: str | os.Pa
     return target
 
 
-def open_snapshot(path: str | os.PathLike | None = None) -> duckdb.DuckDBPyConnection:
-    """A read-only connection to the latest snapshot (``path`` is the warehouse or the snapshot file)."""
-    if path and str(path).endswith(".snapshot.duckdb"):
+def open_snapshot(path: str | os.PathLike | None = None, exact: bool = False) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to the latest snapshot (``path`` is the warehouse or the snapshot file;
+    ``exact=True`` opens ``path`` itself, e.g. a file ``wandb-assets fetch-warehouse`` downloaded)."""
+    if path and (exact or str(path).endswith(".snapshot.duckdb")):
         target = Path(path)
     else:
         target = snapshot_path(path)

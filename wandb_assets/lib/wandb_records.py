@@ -104,6 +104,7 @@ def read_run(path: str | Path) -> RunLog:
                     "aliases": list(a.aliases),
                     "metadata": json.loads(a.metadata) if a.metadata else {},
                     "files": [entry.path for entry in a.manifest.contents],
+                    "local_paths": {entry.path: entry.local_path for entry in a.manifest.contents},
                 }
             )
         elif kind == "files":

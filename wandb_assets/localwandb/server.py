@@ -166,6 +166,9 @@ class LocalWandbServer:
         self._lock = threading.Lock()
         self._records: dict[str, dict[str, Any]] = {}
         self._ordered_cache: dict[tuple[str, str], list[dict]] = {}
+        #: artifact collection -> versions (oldest first); each a dict with id, type, files, metadata, aliases
+        self.artifacts: dict[str, list[dict[str, Any]]] = {}
+        self.downloads: list[str] = []
         for node in runs or []:
             self._add(node)
         self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
@@ -217,6 +220,148 @@ class LocalWandbServer:
                 cached = sort_runs(selected, order)
                 self._ordered_cache[key] = cached
             return cached
+
+    def add_artifact(
+        self,
+        collection: str,
+        artifact_type: str,
+        files: dict[str, bytes],
+        metadata: dict | None = None,
+        aliases: list[str] | None = None,
+    ) -> str:
+        """Store an artifact version (``latest`` moves to it); returns its ``vN`` name."""
+        with self._lock:
+            versions = self.artifacts.setdefault(collection, [])
+            index = len(versions)
+            artifact_id = base64.b64encode(f"Artifact:{collection}:{index}".encode()).decode().rstrip("=")
+            for older in versions:
+                older["aliases"] = [a for a in older["aliases"] if a != "latest"]
+            manifest = {
+                "version": 1,
+                "storagePolicy": "wandb-storage-policy-v1",
+                "storagePolicyConfig": {"storageLayout": "V2"},
+                "contents": {
+                    name: {"digest": base64.b64encode(hashlib.md5(data).digest()).decode(), "size": len(data)}
+                    for name, data in files.items()
+                },
+            }
+            versions.append(
+                {
+                    "id": artifact_id,
+                    "index": index,
+                    "type": artifact_type,
+                    "files": dict(files),
+                    "metadata": metadata or {},
+                    "aliases": ["latest", *(aliases or [])],
+                    "manifest": json.dumps(manifest).encode(),
+                }
+            )
+            return f"v{index}"
+
+    def _find_artifact(self, name: str) -> dict[str, Any] | None:
+        collection, _, alias = name.partition(":")
+        for version in reversed(self.artifacts.get(collection, [])):
+            if alias in version["aliases"] or alias == f"v{version['index']}":
+                return {"collection": collection, **version}
+        return None
+
+    def _artifact_by_id(self, artifact_id: str) -> dict[str, Any] | None:
+        for collection, versions in self.artifacts.items():
+            for version in versions:
+                if version["id"] == artifact_id:
+                    return {"collection": collection, **version}
+        return None
+
+    def _artifact_node(self, art: dict[str, Any]) -> dict[str, Any]:
+        project = {"id": "UHJvamVjdDox", "internalId": "1", "name": self.project, "entity": {"name": self.entity}}
+        collection = {"__typename": "ArtifactSequence", "name": art["collection"], "project": project}
+        size = sum(len(d) for d in art["files"].values())
+        aliases = [{"__typename": "ArtifactAlias", "id": f"{art['id']}-{a}", "alias": a} for a in art["aliases"]]
+        artifact = {
+            "__typename": "Artifact",
+            "id": art["id"],
+            "artifactSequence": collection,
+            "versionIndex": art["index"],
+            "artifactType": {"name": art["type"]},
+            "description": None,
+            "metadata": json.dumps(art["metadata"]),
+            "ttlDurationSeconds": -1,
+            "ttlIsInherited": True,
+            "tags": [],
+            "historyStep": None,
+            "state": "COMMITTED",
+            "size": size,
+            "digest": hashlib.md5(art["manifest"]).hexdigest(),
+            "digestAlgorithm": "MANIFEST_MD5",
+            "commitHash": "0" * 12,
+            "fileCount": len(art["files"]),
+            "createdAt": "2026-01-01T00:00:00Z",
+            "updatedAt": None,
+            "aliases": [{**a, "artifactCollection": {**collection, "__typename": "ArtifactSequence"}} for a in aliases],
+        }
+        return {
+            "__typename": "ArtifactCollectionMembership",
+            "id": f"{art['id']}-m",
+            "versionIndex": art["index"],
+            "createdAt": "2026-01-01T00:00:00Z",
+            "aliases": aliases,
+            "artifactCollection": {**collection},
+            "artifact": artifact,
+        }
+
+    def _artifact_answer(self, operation: str, variables: dict) -> str | None:
+        if operation == "ArtifactMembershipByName":
+            art = self._find_artifact(variables.get("name", ""))
+            membership = self._artifact_node(art) if art else None
+            return json.dumps({"data": {"project": {"artifactCollectionMembership": membership}}})
+        if operation == "FetchArtifactManifest":
+            art = self._artifact_by_id(variables.get("id", ""))
+            manifest = {"file": {"directUrl": f"{self.url}/artifact-files/{art['id']}/__manifest__"}} if art else None
+            return json.dumps({"data": {"artifact": {"currentManifest": manifest} if art else None}})
+        if operation == "GetArtifactMembershipFileUrls":
+            art = self._find_artifact(f"{variables.get('collection')}:{variables.get('alias')}")
+            edges = (
+                [
+                    {
+                        "node": {
+                            "__typename": "File",
+                            "name": n,
+                            "directUrl": f"{self.url}/artifact-files/{art['id']}/{n}",
+                        }
+                    }
+                    for n in art["files"]
+                ]
+                if art
+                else []
+            )
+            return json.dumps(
+                {
+                    "data": {
+                        "project": {
+                            "artifactCollection": {
+                                "__typename": "ArtifactSequence",
+                                "artifactMembership": {
+                                    "files": {
+                                        "pageInfo": {"__typename": "PageInfo", "endCursor": None, "hasNextPage": False},
+                                        "edges": edges,
+                                    }
+                                },
+                            }
+                        }
+                    }
+                }
+            )
+        return None
+
+    def artifact_file(self, path: str) -> bytes | None:
+        """The bytes behind ``/artifact-files/<id>/<name>`` (or the manifest)."""
+        _, _, rest = path.partition("/artifact-files/")
+        artifact_id, _, name = rest.partition("/")
+        art = self._artifact_by_id(artifact_id)
+        if art is None:
+            return None
+        self.downloads.append(name)
+        return art["manifest"] if name == "__manifest__" else art["files"].get(name)
 
     # -- lifecycle -----------------------------------------------------------------------------
     @property
@@ -272,6 +417,8 @@ class LocalWandbServer:
             record = self._records.get(variables.get("name", "")) if known else None
             run = record["_json"] if record else "null"
             return '{"data":{"project":{"run":' + run + "}}}" if known else '{"data":{"project":null}}'
+        if (artifact_answer := self._artifact_answer(operation, variables)) is not None:
+            return artifact_answer
         if operation in ("GetSweep", "GetSweepLegacy"):
             return json.dumps({"data": {"project": {"sweep": None}}})
         return json.dumps({"errors": [{"message": f"operation {operation} is not supported"}], "data": None})
@@ -311,13 +458,21 @@ def _handler_for(server: LocalWandbServer) -> type[BaseHTTPRequestHandler]:
             return
 
         def _send(self, status: int, body: bytes, extra: dict[str, str] | None = None) -> None:
+            extra = extra or {}
             head = [
                 f"HTTP/1.1 {status} {self.responses.get(status, ('',))[0]}",
-                "Content-Type: application/json",
+                f"Content-Type: {extra.pop('Content-Type', 'application/json')}",
                 f"Content-Length: {len(body)}",
             ]
-            head += [f"{k}: {v}" for k, v in (extra or {}).items()]
+            head += [f"{k}: {v}" for k, v in extra.items()]
             self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server naming
+            data = server.artifact_file(self.path.split("?")[0])
+            if data is None:
+                self._send(404, b'{"error": "not found"}')
+            else:
+                self._send(200, data, {"Content-Type": "application/octet-stream"})
 
         def do_POST(self) -> None:  # noqa: N802 - http.server naming
             length = int(self.headers.get("Content-Length") or 0)
