@@ -193,3 +193,43 @@ def test_fetch_warehouse_downloads_the_published_artifact(wandb_server, monkeypa
     )
     assert missing.returncode == 1
     assert missing.stderr.startswith(f"error: could not fetch test-team/{PROJECT}/fleet-warehouse:v7: ")
+
+
+def test_cli_publish_and_compare(wandb_server, monkeypatch, tmp_path, instance):
+    import os
+    import subprocess
+    import sys
+
+    wandb_server(ci_runs(failed=3))
+    assert all(r.success for r in run_tick(instance, TODAY, snapshot_at="2026-06-02T12:00:00"))
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
+
+    def cli(*args, **extra):
+        return subprocess.run(
+            [sys.executable, "-m", "wandb_assets.cli", *args],
+            capture_output=True,
+            text=True,
+            env={**env, **extra},
+            timeout=120,
+        )
+
+    off = cli("publish")
+    assert off.returncode == 2 and off.stdout.strip() == "status: disabled (set WANDB_ASSETS_REPORT_PROJECT)"
+    report = {
+        "WANDB_ASSETS_REPORT_PROJECT": "fleet-report",
+        "WANDB_ASSETS_REPORT_MODE": "offline",
+        "WANDB_DIR": str(tmp_path),
+    }
+    first = cli("publish", **report)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip().startswith("status: published, snapshots_published: 1, run: ")
+    again = cli("publish", **report)
+    assert again.stdout.strip() == "status: up to date, snapshots_published: 0"
+
+    compared = cli("compare", "ci0", "ci5")
+    assert compared.returncode == 0, compared.stderr
+    lines = compared.stdout.splitlines()
+    assert lines[0].split() == ["ci0", "ci5"]
+    assert lines[1].split() == ["state", "failed", "finished"]
+    unknown = cli("compare", "ci0", "nope")
+    assert unknown.returncode == 1 and unknown.stderr.startswith("error: Unknown run id(s): nope. ")

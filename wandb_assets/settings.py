@@ -45,6 +45,13 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "DD_ENV": ("(none)", "Adds the tag `env:<DD_ENV>` to every point and event."),
     "WANDB_ASSETS_DATADOG_URL": ("(from DD_SITE)", "Datadog base URL override: a proxy, or a capture server."),
     "WANDB_ASSETS_SLACK_WEBHOOK_URL": ("(none)", "Slack-compatible incoming webhook for alert notifications."),
+    "WANDB_ASSETS_REPORT_PROJECT": (
+        "(none: no report)",
+        "W&B project of the fleet report run (`publish`, the feed job).",
+    ),
+    "WANDB_ASSETS_REPORT_ENTITY": ("WANDB_ENTITY", "W&B entity of the report project."),
+    "WANDB_ASSETS_REPORT_RUN_ID": ("fleet-report", "Stable id of the long-lived report run (resumed each time)."),
+    "WANDB_ASSETS_REPORT_MODE": ("(wandb's default)", "`offline` writes the report run locally (sync it later)."),
     "WANDB_ASSETS_ALERT_SUCCESS_RATE_MIN_PCT": ("80.0", "push_to_main_success_rate_low fires below this rate."),
     "WANDB_ASSETS_ALERT_SUCCESS_RATE_MIN_RUNS": ("5", "... when at least this many push-to-main runs ended."),
     "WANDB_ASSETS_ALERT_SPS_DROP_PCT": ("10.0", "sps_regression fires when SPS is this much below the median."),
