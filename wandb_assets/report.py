@@ -153,7 +153,7 @@ def publish_report(
         name="wandb-assets fleet report",
         mode=mode,
         dir=os.environ.get("WANDB_DIR") or None,  # read now: wandb's process-wide settings may be older
-        settings=wandb.Settings(silent=True, api_key=api_key) if api_key else wandb.Settings(silent=True),
+        settings=wandb.Settings(silent=True, console="off", **({"api_key": api_key} if api_key else {})),
     )
     try:
         already = run.summary.get("fleet/last_snapshot_unix")
