@@ -4,7 +4,9 @@ Phases, each in its own process so that its peak RSS is its own:
   (a) floor   - the wandb client alone: ``api.runs(..., lazy=False, per_page=1000)``, touching nothing;
   (b) ours    - the full backfill job into a fresh DuckDB file (fetch, normalise, write, derived tables);
   (c) naive   - the old cron collector: default ``lazy=True``, ``per_page=50``, reading each run's summary;
-  tick        - one refresh tick over that history (yesterday + today + unfinished runs), in process.
+  tick        - one whole tick over that history, in process: the refresh job (yesterday + today + days with
+                unfinished runs, derived tables, fleet snapshot) then the feed job (Datadog dry run,
+                alerts, warehouse snapshot for notebooks).
 Prints runs/s, the ratios (b)/(a) and (c)/(b), and peak RSS. Usage: ``uv run python benchmarks/bench_ingest.py``
 (``--runs-per-day`` / ``--days`` to change the size).
 """
@@ -39,7 +41,8 @@ def _phase(name: str, days: int) -> dict:
     else:
         from dagster import DagsterInstance
 
-        from wandb_assets.defs.fleet.jobs import execute_backfill, execute_refresh
+        from wandb_assets.defs.fleet.jobs import execute_backfill
+        from wandb_assets.ticks import run_tick
     import_seconds = time.perf_counter() - imports_started
     started = time.perf_counter()
     if name in ("floor", "naive"):
@@ -57,7 +60,8 @@ def _phase(name: str, days: int) -> dict:
         if name == "ours":
             result = execute_backfill(instance, first, now.date())
         else:
-            result = execute_refresh(instance, now.date())
+            results = run_tick(instance, now.date())  # refresh, then the feed job: a whole tick
+            result = results[-1]
         assert result.success, f"{name} failed"
         import duckdb
 
