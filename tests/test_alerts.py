@@ -21,6 +21,17 @@ TH = AlertThresholds()
 ALL_RULES = set(RULES)
 
 
+def test_the_six_rules():
+    assert RULES == (
+        "push_to_main_success_rate_low",
+        "sps_regression",
+        "failure_spike",
+        "stalled_run",
+        "ci_silent",
+        "pipeline_failure",
+    )
+
+
 def ago(hours: float) -> datetime:
     return T - timedelta(hours=hours)
 

@@ -21,15 +21,6 @@ from wandb_assets.lib.normalize import ENDED_STATES
 
 _ENDED = ", ".join(f"'{s}'" for s in ENDED_STATES)
 
-RULES = (
-    "push_to_main_success_rate_low",
-    "sps_regression",
-    "failure_spike",
-    "stalled_run",
-    "ci_silent",
-    "pipeline_failure",
-)
-
 ALERT_SQL = """
 CREATE TABLE IF NOT EXISTS alerts (
     alert_key VARCHAR, rule VARCHAR, subject VARCHAR, severity VARCHAR, message VARCHAR, details JSON,
@@ -282,6 +273,9 @@ RULE_FUNCTIONS: dict[str, Callable[[Any, datetime, AlertThresholds], list[Condit
     "stalled_run": stalled_run,
     "ci_silent": ci_silent,
 }
+#: Every rule: those evaluated over the warehouse, and the one the run-failure sensor opens.
+PIPELINE_FAILURE = "pipeline_failure"
+RULES: tuple[str, ...] = (*RULE_FUNCTIONS, PIPELINE_FAILURE)
 
 
 def evaluate_rules(con, at: datetime, th: AlertThresholds) -> list[Condition]:

@@ -18,7 +18,8 @@ from wandb_assets.defs.fleet.assets import fleet_snapshot, utc_now
 from wandb_assets.defs.wandb_runs.assets import markdown_table
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.alerts import (
-    RULE_FUNCTIONS,
+    PIPELINE_FAILURE,
+    RULES,
     AlertThresholds,
     Condition,
     drain_outbox,
@@ -149,9 +150,7 @@ def fleet_alerts(
         at = latest_snapshot_at(con)
         conditions = evaluate_rules(con, at, thresholds) if at else []
         # This evaluation follows a successful tick, so an open pipeline_failure alert resolves too.
-        transitions = record_transitions(
-            con, conditions, set(RULE_FUNCTIONS) | {"pipeline_failure"}, now, datadog, channels, context.log
-        )
+        transitions = record_transitions(con, conditions, set(RULES), now, datadog, channels, context.log)
         sent, failed = send_notifications(con, datadog, channels, now, context.log)
         open_rows = con.execute(
             "SELECT rule, subject, severity, strftime(opened_at, '%Y-%m-%d %H:%M') FROM alerts "
@@ -208,7 +207,7 @@ def open_pipeline_failure(
 ) -> None:
     """Open (or keep open) the ``pipeline_failure`` alert of a job and notify; it resolves after a good tick."""
     condition = Condition(
-        "pipeline_failure",
+        PIPELINE_FAILURE,
         job_name,
         "critical",
         f"Dagster run {run_id} of job {job_name} failed: {error[:300]}",
