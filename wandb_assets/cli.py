@@ -1,6 +1,7 @@
-"""``wandb-assets``: the demo, one tick (``refresh``), a backfill, and the Dagster UI, from the shell.
+"""``wandb-assets``: the demo, a tick, a backfill, the report run, run comparison and the UI, from the shell.
 
-Each command runs the same Dagster jobs the schedule runs, in this process, and records the run in the
+Commands: ``demo``, ``refresh`` (one tick: refresh, then the Datadog feed, alerts and report), ``backfill``,
+``publish``, ``fetch-warehouse``, ``compare``, ``ui``. Each command runs the same Dagster jobs the schedule runs, in this process, and records the run in the
 Dagster instance (``DAGSTER_HOME``, else the repository's ``dagster.yaml`` when run from its root), so
 the UI shows CLI runs too. Exit status: 0 on success, 1 when the run failed, 2 for a configuration error.
 """
