@@ -1,9 +1,10 @@
 """``wandb-assets``: the demo, a tick, a backfill, the report run, run comparison and the UI, from the shell.
 
 Commands: ``demo``, ``refresh`` (one tick: refresh, then the Datadog feed, alerts and report), ``backfill``,
-``publish``, ``fetch-warehouse``, ``compare``, ``ui``. Each command runs the same Dagster jobs the schedule runs, in this process, and records the run in the
-Dagster instance (``DAGSTER_HOME``, else the repository's ``dagster.yaml`` when run from its root), so
-the UI shows CLI runs too. Exit status: 0 on success, 1 when the run failed, 2 for a configuration error.
+``publish``, ``fetch-warehouse``, ``compare``, ``ui``. Each command runs the same Dagster jobs the schedule
+and sensors run, in this process, and records the run in the Dagster instance (``DAGSTER_HOME``, else the
+repository's ``dagster.yaml`` when run from its root), so the UI shows CLI runs too. Exit status: 0 on
+success, 1 when the run failed, 2 for a configuration error.
 """
 
 from __future__ import annotations
