@@ -152,3 +152,36 @@ def test_backfills_never_push(wandb_server, capture, instance):
     wandb_server(ci_runs(failed=3))
     assert execute_backfill(instance, date(2026, 6, 1), TODAY).success
     assert capture.requests == []
+
+
+def test_run_failure_sensor_opens_pipeline_failure(wandb_server, capture, warehouse_path, instance):
+    from dagster import DagsterEventType, build_run_status_sensor_context
+
+    from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource
+    from wandb_assets.defs.feed.sensors import pipeline_failure_alert
+    from wandb_assets.defs.fleet.jobs import execute_refresh
+    from wandb_assets.defs.wandb_runs.resources import wandb_resource
+    from wandb_assets.defs.warehouse.resources import warehouse_resource
+
+    server = wandb_server(ci_runs(failed=0))
+    server.faults.fail_status, server.faults.fail_count = 500, -1
+    failed = execute_refresh(instance, TODAY, snapshot_at=SNAPSHOT)
+    assert not failed.success
+    run_failure = next(e for e in failed.all_events if e.event_type == DagsterEventType.RUN_FAILURE)
+    with build_run_status_sensor_context(
+        sensor_name="pipeline_failure_alert",
+        dagster_event=run_failure,
+        dagster_instance=instance,
+        dagster_run=instance.get_run_by_id(failed.run_id),
+        resources={
+            "warehouse": warehouse_resource(),
+            "datadog": DatadogResource(wandb=wandb_resource()),
+            "channels": AlertChannelsResource(),
+        },
+    ) as status_context:
+        pipeline_failure_alert(status_context.for_run_failure())
+    assert query(warehouse_path, "SELECT alert_key, resolved_at FROM alerts") == [("pipeline_failure:refresh", None)]
+    (hook,) = capture.bodies("/hook/")
+    assert hook["text"].startswith(
+        f":rotating_light: [critical] pipeline_failure (refresh): Dagster run {failed.run_id}"
+    )
