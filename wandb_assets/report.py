@@ -20,6 +20,7 @@ from pathlib import Path
 
 from wandb_assets.lib.downsample import downsample
 from wandb_assets.lib.gauges import GAUGE_NAMES
+from wandb_assets.lib.warehouse import row_counts
 
 REPORT_RUN_ID = "fleet-report"
 PLOT_POINTS = 250
@@ -241,10 +242,7 @@ def _log_warehouse(run, con, snapshot_file, snapshot_at: datetime) -> str:
 
     if not snapshot_file or not Path(snapshot_file).exists():
         return ""
-    counts = {
-        t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
-        for t in ("runs", "push_to_main_sps", "success_rates", "gpu_hours", "fleet_metrics", "alerts")
-    }
+    counts = row_counts(con)
     artifact = wandb.Artifact(
         "fleet-warehouse",
         type="warehouse",

@@ -17,9 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from wandb_assets.lib.gauges import compute_gauges
-from wandb_assets.lib.normalize import ENDED_STATES
-
-_ENDED = ", ".join(f"'{s}'" for s in ENDED_STATES)
+from wandb_assets.lib.sql import ENDED_SQL, transaction
 
 ALERT_SQL = """
 CREATE TABLE IF NOT EXISTS alerts (
@@ -90,7 +88,7 @@ def _rows(con, sql: str, params: dict) -> list[dict]:
 def success_rate_low(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     rate = compute_gauges(con, at)["wandb.push_to_main.success_rate_pct"]
     ended = con.execute(
-        f"SELECT count(*) FROM runs WHERE category = 'push_to_main' AND state IN ({_ENDED}) "
+        f"SELECT count(*) FROM runs WHERE category = 'push_to_main' AND state IN ({ENDED_SQL}) "
         "AND ended_at > $t - INTERVAL 24 HOUR AND ended_at <= $t AND created_at <= $t",
         {"t": at},
     ).fetchone()[0]
@@ -176,7 +174,7 @@ def sps_regression(con, at: datetime, th: AlertThresholds) -> list[Condition]:
 def failure_spike(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     ended, failed = con.execute(
         f"SELECT count(*), count(*) FILTER (WHERE state IN ('failed', 'crashed')) FROM runs "
-        f"WHERE state IN ({_ENDED}) AND ended_at > $t - INTERVAL 24 HOUR AND ended_at <= $t AND created_at <= $t",
+        f"WHERE state IN ({ENDED_SQL}) AND ended_at > $t - INTERVAL 24 HOUR AND ended_at <= $t AND created_at <= $t",
         {"t": at},
     ).fetchone()
     if ended < th.failure_spike_min_ended or 100 * failed / ended <= th.failure_spike_pct:
@@ -298,8 +296,7 @@ def reconcile(
     """Open, touch and resolve alerts; queue one message per channel per transition. One transaction."""
     con.execute(ALERT_SQL)
     transitions: list[Transition] = []
-    con.execute("BEGIN TRANSACTION")
-    try:
+    with transaction(con):
         open_alerts = {
             r["alert_key"]: r
             for r in _rows(
@@ -356,10 +353,6 @@ def reconcile(
                         "now": now,
                     },
                 )
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
     return transitions
 
 

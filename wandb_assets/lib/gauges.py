@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from wandb_assets.lib.normalize import SPS_KEYS
+from wandb_assets.lib.sql import ENDED_SQL
 
 
 @dataclass(frozen=True)
@@ -126,9 +127,9 @@ classified AS (
     SELECT runs.*, w.t0, w.t1,
         category = 'push_to_main' AS is_ci,
         state = 'running' AS alive,
-        state IN ('finished', 'failed', 'crashed', 'killed', 'preempted')
+        state IN ({ended})
             AND ended_at > w.t0 AND ended_at <= w.t1 AS ended_in_w,
-        CASE WHEN state IN ('finished', 'failed', 'crashed', 'killed', 'preempted') THEN ended_at
+        CASE WHEN state IN ({ended}) THEN ended_at
              WHEN state IN ('running', 'preempting') THEN w.t1 END AS busy_until
     FROM runs, w
     WHERE created_at <= w.t1
@@ -148,7 +149,7 @@ SELECT {columns} FROM flagged
 def gauge_query() -> str:
     """The SQL that evaluates every gauge at ``$snapshot_at`` (a naive UTC timestamp)."""
     columns = ",\n    ".join(f'({g.sql})::DOUBLE AS "{g.name}"' for g in GAUGES)
-    return _GAUGE_SQL.format(columns=columns)
+    return _GAUGE_SQL.format(columns=columns, ended=ENDED_SQL)
 
 
 def compute_gauges(con, snapshot_at: datetime) -> dict[str, float | None]:

@@ -12,15 +12,15 @@ import json
 import os
 import tempfile
 from collections.abc import Iterable
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from wandb_assets.lib.alerts import ALERT_SQL
 from wandb_assets.lib.datadog_feed import LEDGER_SQL
 from wandb_assets.lib.gauges import compute_gauges
-from wandb_assets.lib.normalize import ALIVE_STATES, ENDED_STATES, SPS_KEYS
+from wandb_assets.lib.normalize import ALIVE_STATES, SPS_KEYS
+from wandb_assets.lib.sql import ENDED_SQL, transaction
 
-_ENDED = ", ".join(f"'{s}'" for s in ENDED_STATES)
 _SPS_COLUMNS = list(SPS_KEYS.values())
 
 #: Column name -> DuckDB type of the ``runs`` table, in order.
@@ -98,7 +98,7 @@ SELECT coalesce(sweep_id, '(no sweep id)') AS sweep, count(*) AS runs,
        count(*) FILTER (WHERE state IN ('failed', 'crashed')) AS failed,
        count(*) FILTER (WHERE state IN ('running', 'pending', 'preempting')) AS alive,
        100.0 * completed / nullif(completed + failed, 0) AS success_rate_pct,
-       coalesce(sum(gpu_count * (epoch(CASE WHEN state IN ({_ENDED}) THEN ended_at
+       coalesce(sum(gpu_count * (epoch(CASE WHEN state IN ({ENDED_SQL}) THEN ended_at
                                             ELSE current_timestamp AT TIME ZONE 'UTC' END)
                                  - epoch(created_at)) / 3600.0) FILTER (WHERE state <> 'pending'), 0) AS gpu_hours,
        min(created_at) AS first_created_at, max(created_at) AS last_created_at
@@ -163,8 +163,7 @@ def replace_runs_window(con, rows: Iterable[dict[str, Any]], start: datetime, en
                 handle.write("\n")
                 written += 1
         spec = ", ".join(f"'{c}': '{'VARCHAR' if t == 'JSON' else t}'" for c, t in columns.items())
-        con.execute("BEGIN TRANSACTION")
-        try:
+        with transaction(con):
             con.execute(
                 f"""CREATE OR REPLACE TEMP TABLE incoming_runs AS
                 SELECT * EXCLUDE (config, summary), config::JSON AS config, summary::JSON AS summary,
@@ -181,10 +180,6 @@ def replace_runs_window(con, rows: Iterable[dict[str, Any]], start: datetime, en
             )
             con.execute("INSERT INTO runs BY NAME SELECT * FROM incoming_runs")
             con.execute("DROP TABLE incoming_runs")
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
     finally:
         os.unlink(path)
     return written
@@ -192,14 +187,9 @@ def replace_runs_window(con, rows: Iterable[dict[str, Any]], start: datetime, en
 
 def _replace_table(con, table: str, select_sql: str, params: dict | None = None) -> int:
     """Replace a whole derived table with the result of ``select_sql`` in one transaction."""
-    con.execute("BEGIN TRANSACTION")
-    try:
+    with transaction(con):
         con.execute(f"DELETE FROM {table}")
         con.execute(f"INSERT INTO {table} BY NAME {select_sql}", params or {})
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
     return con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
 
 
@@ -216,14 +206,14 @@ SELECT ended_at::DATE AS day, coalesce(category, 'all') AS category,
        count(*) FILTER (WHERE state IN ('killed', 'preempted')) AS other_ended,
        100.0 * completed / nullif(completed + failed, 0) AS success_rate_pct
 FROM runs
-WHERE state IN ({_ENDED}) AND ended_at IS NOT NULL
+WHERE state IN ({ENDED_SQL}) AND ended_at IS NOT NULL
 GROUP BY GROUPING SETS ((ended_at::DATE), (ended_at::DATE, category))
 """
 
 GPU_HOURS_SQL = f"""
 WITH spans AS (
     SELECT category, gpu_count, created_at AS span_start,
-           CASE WHEN state IN ({_ENDED}) THEN ended_at
+           CASE WHEN state IN ({ENDED_SQL}) THEN ended_at
                 WHEN state IN ('running', 'preempting') THEN $now::TIMESTAMP END AS span_end
     FROM runs WHERE created_at IS NOT NULL
 ),
@@ -256,23 +246,13 @@ def record_snapshot(con, snapshot_at: datetime) -> dict[str, float | None]:
     """Compute the gauges at ``snapshot_at`` and store them as one ``fleet_metrics`` snapshot."""
     ensure_schema(con)
     gauges = compute_gauges(con, snapshot_at)
-    con.execute("BEGIN TRANSACTION")
-    try:
+    with transaction(con):
         con.execute("DELETE FROM fleet_metrics WHERE snapshot_at = $t", {"t": snapshot_at})
         con.executemany(
             "INSERT INTO fleet_metrics (snapshot_at, metric, value) VALUES (?, ?, ?)",
             [(snapshot_at, name, value) for name, value in gauges.items()],
         )
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
     return gauges
-
-
-def day_bounds(first_day: date, last_day: date) -> tuple[datetime, datetime]:
-    """``[first_day 00:00, last_day + 1 day 00:00)`` as naive UTC datetimes."""
-    return datetime.combine(first_day, time()), datetime.combine(last_day + timedelta(days=1), time())
 
 
 def refresh_days(oldest_unfinished: date | None, today: date, first_partition: date) -> tuple[date, date]:
@@ -292,6 +272,15 @@ def query_read_only(path: str, sql: str, params: dict | None = None) -> list[tup
         return con.execute(sql, params or {}).fetchall()
     finally:
         con.close()
+
+
+#: Tables whose row counts describe a warehouse copy (snapshot asset metadata, report artifact metadata).
+COUNTED_TABLES = ("runs", "push_to_main_sps", "success_rates", "gpu_hours", "fleet_metrics", "alerts")
+
+
+def row_counts(con) -> dict[str, int]:
+    """Rows per table of ``COUNTED_TABLES``."""
+    return {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in COUNTED_TABLES}
 
 
 def read_oldest_unfinished_day(path: str) -> date | None:

@@ -8,9 +8,8 @@ from wandb_assets.defs.feed.assets import datadog_feed, fleet_alerts
 from wandb_assets.defs.fleet.assets import fleet_snapshot, gpu_hours, push_to_main_sps, success_rates
 from wandb_assets.defs.wandb_runs.assets import runs
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
+from wandb_assets.lib.warehouse import row_counts
 from wandb_assets.warehouse import publish_snapshot
-
-COUNTED = ("runs", "push_to_main_sps", "success_rates", "gpu_hours", "fleet_metrics", "alerts")
 
 
 @asset(
@@ -24,7 +23,7 @@ COUNTED = ("runs", "push_to_main_sps", "success_rates", "gpu_hours", "fleet_metr
 )
 def warehouse_snapshot(warehouse: WarehouseResource) -> MaterializeResult:
     with warehouse.get_connection() as con:
-        counts = {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in COUNTED}
+        counts = row_counts(con)
         latest = con.execute("SELECT max(snapshot_at) FROM fleet_metrics").fetchone()[0]
         target = publish_snapshot(con, warehouse.database)
     return MaterializeResult(
