@@ -1,4 +1,5 @@
 import json
+import math
 from datetime import datetime
 
 import pytest
@@ -11,6 +12,7 @@ from wandb_assets.lib.normalize import (
     run_row,
     unwrap_config,
 )
+from wandb_assets.lib.warehouse import replace_runs_window
 
 
 def _encode(value, layers):
@@ -180,3 +182,31 @@ def test_compute_metadata_written_by_the_instrument_helpers_is_read():
     }
     bare = run_row(_node(config="{}"), entity="e", project="p", app_url="http://x", default_gpus=1)
     assert [bare[k] for k in ("gpu_type", "cpu_count", "memory_gb", "slurm_job_id", "hostname")] == [None] * 5
+
+
+def test_non_finite_values_read_back_as_numbers_from_the_warehouse(memory_con):
+    # wandb-core writes NaN/Infinity as bare JSON tokens; they must come back as numbers, not "nan" strings.
+    summary = '{"loss": NaN, "best": Infinity, "worst": -Infinity, "charts/SPS": 12.5, "overview/sps": NaN}'
+    config = json.dumps(
+        {
+            "lr": {"value": float("nan"), "desc": None},
+            "_wandb": {"value": {"cli_version": "0.27.1", "python_version": "3.11"}, "desc": None},
+            "wandb_version": {"value": "0.27.1", "desc": None},
+        }
+    )
+    row = run_row(
+        _node(summaryMetrics=summary, config=config), entity="e", project="p", app_url="http://x", default_gpus=1
+    )
+    assert row["sps_overview_sps"] is None
+    assert row["anomalies"] == ["sps_overview_sps"]  # a non-finite SPS is NULL and counted
+    assert row["cli_version"] == "0.27.1"
+    replace_runs_window(memory_con, [row], datetime(2026, 6, 1), datetime(2026, 6, 2))
+    got = memory_con.execute(
+        "SELECT (summary->>'loss')::DOUBLE, (summary->>'best')::DOUBLE, (summary->>'worst')::DOUBLE, "
+        "summary->'loss', (config->>'lr')::DOUBLE, json_keys(config), cli_version, anomalies FROM runs"
+    ).fetchone()
+    assert math.isnan(got[0]) and math.isnan(got[4])
+    assert got[1:4] == (math.inf, -math.inf, "NaN")
+    assert got[5:] == (["lr"], "0.27.1", ["sps_overview_sps"])
+    back = json.loads(memory_con.execute("SELECT summary FROM runs").fetchone()[0])
+    assert math.isnan(back["loss"]) and back["best"] == math.inf and back["charts/SPS"] == 12.5

@@ -12,6 +12,7 @@ from wandb_assets.lib.warehouse import (
     rebuild_success_rates,
     refresh_days,
     replace_runs_window,
+    unfinished_run_ids,
 )
 
 NOW = datetime(2026, 6, 4, 2, 0)
@@ -76,25 +77,62 @@ def test_replacing_a_window_touches_only_that_window(con):
     assert [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()] == ["multi", "new"]
 
 
-def test_failed_write_rolls_back(con):
-    bad = fleet_row("bad", "finished", "regular", datetime(2026, 6, 3, 5))
-    bad["gpu_count"] = "not a number"
-    with pytest.raises(duckdb.Error):
+def test_failed_write_rolls_back_after_the_delete(con):
+    # A row without a run id passes staging and the DELETE, then breaks the INSERT (run_id is NOT NULL):
+    # only the transaction brings the deleted 06-03 window back.
+    bad = fleet_row(None, "finished", "regular", datetime(2026, 6, 3, 5))
+    with pytest.raises(duckdb.ConstraintException):
         replace_runs_window(con, [bad], datetime(2026, 6, 3), datetime(2026, 6, 4))
-    assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == len(ROWS)
+    assert [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()] == [
+        "alive",
+        "crash",
+        "kill",
+        "multi",
+        "waiting",
+    ]
 
 
 @pytest.mark.parametrize(
-    ("oldest", "today", "first_partition", "expected"),
+    ("oldest", "today", "first_partition", "max_days", "expected"),
     [
-        (None, date(2026, 6, 10), date(2026, 1, 1), (date(2026, 6, 9), date(2026, 6, 10))),
-        (date(2026, 6, 10), date(2026, 6, 10), date(2026, 1, 1), (date(2026, 6, 9), date(2026, 6, 10))),
-        (date(2026, 6, 2), date(2026, 6, 10), date(2026, 1, 1), (date(2026, 6, 2), date(2026, 6, 10))),
-        (date(2025, 12, 1), date(2026, 6, 10), date(2026, 1, 1), (date(2026, 1, 1), date(2026, 6, 10))),
+        (None, date(2026, 6, 10), date(2026, 1, 1), 7, (date(2026, 6, 9), date(2026, 6, 10))),
+        (date(2026, 6, 10), date(2026, 6, 10), date(2026, 1, 1), 7, (date(2026, 6, 9), date(2026, 6, 10))),
+        (date(2026, 6, 4), date(2026, 6, 10), date(2026, 1, 1), 7, (date(2026, 6, 4), date(2026, 6, 10))),
+        # a zombie from June 2nd: the window is capped at 7 days back; it is refreshed by id instead
+        (date(2026, 6, 2), date(2026, 6, 10), date(2026, 1, 1), 7, (date(2026, 6, 3), date(2026, 6, 10))),
+        (date(2026, 6, 2), date(2026, 6, 10), date(2026, 1, 1), 3, (date(2026, 6, 7), date(2026, 6, 10))),
+        (date(2025, 12, 1), date(2026, 1, 3), date(2026, 1, 1), 7, (date(2026, 1, 1), date(2026, 1, 3))),
     ],
 )
-def test_refresh_days(oldest, today, first_partition, expected):
-    assert refresh_days(oldest, today, first_partition) == expected
+def test_refresh_days(oldest, today, first_partition, max_days, expected):
+    assert refresh_days(oldest, today, first_partition, max_days) == expected
+
+
+def test_unfinished_runs_before_a_window_are_named_for_a_refresh_by_id(con):
+    assert unfinished_run_ids(con, datetime(2026, 6, 3, 20, 30)) == ["alive"]  # running; "waiting" is 21:00
+    assert unfinished_run_ids(con, datetime(2026, 6, 4)) == ["alive", "waiting"]  # pending counts too
+
+
+def test_a_run_ending_exactly_at_midnight_adds_no_empty_day(memory_con):
+    row = fleet_row("m", "finished", "regular", datetime(2026, 6, 1, 22), datetime(2026, 6, 2, 0, 0), gpus=2)
+    replace_runs_window(memory_con, [row], datetime(2026, 6, 1), datetime(2026, 6, 3))
+    rebuild_gpu_hours(memory_con, NOW)
+    rows = memory_con.execute("SELECT day, category, runs, gpu_hours FROM gpu_hours ORDER BY day, category").fetchall()
+    assert rows == [(date(2026, 6, 1), "all", 1, 4.0), (date(2026, 6, 1), "regular", 1, 4.0)]
+
+
+def test_a_null_category_is_its_own_group_not_a_second_all(memory_con):
+    rows = [
+        fleet_row("a", "finished", "regular", datetime(2026, 6, 1, 1), datetime(2026, 6, 1, 2)),
+        fleet_row("b", "failed", None, datetime(2026, 6, 1, 3), datetime(2026, 6, 1, 4)),
+    ]
+    replace_runs_window(memory_con, rows, datetime(2026, 6, 1), datetime(2026, 6, 2))
+    rebuild_success_rates(memory_con)
+    got = memory_con.execute("SELECT category, completed, failed FROM success_rates ORDER BY category").fetchall()
+    assert got == [("all", 1, 1), ("regular", 1, 0), (None, 0, 1)]
+    rebuild_gpu_hours(memory_con, NOW)
+    got = memory_con.execute("SELECT category, runs FROM gpu_hours ORDER BY category").fetchall()
+    assert got == [("all", 2), ("regular", 1), (None, 1)]
 
 
 def test_a_run_id_is_stored_once_even_without_a_parseable_creation_time(con):

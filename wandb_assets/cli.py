@@ -3,8 +3,10 @@
 Commands: ``demo``, ``refresh`` (one tick: refresh, then the Datadog feed, alerts and report), ``backfill``,
 ``publish``, ``fetch-warehouse``, ``compare``, ``ui``. Each command runs the same Dagster jobs the schedule
 and sensors run, in this process, and records the run in the Dagster instance (``DAGSTER_HOME``, else the
-repository's ``dagster.yaml`` when run from its root), so the UI shows CLI runs too. Exit status: 0 on
-success, 1 when the run failed, 2 for a configuration error.
+repository's ``dagster.yaml`` when run from its root), so the UI shows CLI runs too, and the warehouse pool
+and run monitoring apply. Without either it refuses to run (a throwaway instance has no pool and no
+history). Exit status: 0 on success, 1 when a run failed, 2 for a configuration error (checked before any
+run starts, so it opens no alert).
 """
 
 from __future__ import annotations
@@ -31,12 +33,43 @@ def _quiet() -> None:
 
 
 def _instance():
-    """The Dagster instance CLI runs are recorded in."""
+    """The persistent Dagster instance CLI runs are recorded in; ``ConfigError`` when there is none."""
     from dagster import DagsterInstance
 
-    if not os.environ.get("DAGSTER_HOME") and Path("dagster.yaml").exists():
+    from wandb_assets.settings import ConfigError
+
+    if not os.environ.get("DAGSTER_HOME"):
+        if not Path("dagster.yaml").exists():
+            raise ConfigError(
+                "DAGSTER_HOME is not set and there is no dagster.yaml here: set DAGSTER_HOME to the folder holding "
+                "the instance's dagster.yaml (the repository root, or deploy/ for PostgreSQL), or run from the "
+                "repository root."
+            )
         os.environ["DAGSTER_HOME"] = str(Path.cwd())
-    return DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else DagsterInstance.ephemeral()
+    return DagsterInstance.get()
+
+
+def _preflight() -> None:
+    """Check the configuration before any run starts: settings, the key (rejected?), the entity and project
+    (exist?). Raises ``ConfigError``; a run that then fails is a real failure (exit 1, alert)."""
+    from wandb_assets.defs.wandb_runs.resources import wandb_resource
+    from wandb_assets.lib.clock import utc_now
+    from wandb_assets.lib.fetch import created_between
+    from wandb_assets.settings import pipeline_settings
+
+    pipeline = pipeline_settings()
+    now = utc_now()
+    for _ in wandb_resource().fetch_run_pages(created_between(now, now), pipeline):  # one empty page
+        pass
+
+
+def _day(text: str, option: str) -> date:
+    from wandb_assets.settings import ConfigError
+
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"{option} must be a day like 2026-06-01 (got {text!r}).") from None
 
 
 def _report(result, what: str) -> int:
@@ -82,9 +115,12 @@ def _print_alerts(duckdb_path: Path) -> None:
 
 def _tick(today: date, quiet: bool = False) -> int:
     from wandb_assets.settings import pipeline_settings
+
+    instance = _instance()
+    _preflight()
     from wandb_assets.ticks import run_tick
 
-    results = run_tick(_instance(), today)
+    results = run_tick(instance, today)
     code = _report(results[-1], "refresh" if len(results) == 1 else "feed")
     if code == 0 and not quiet:
         _print_gauges(pipeline_settings().duckdb_path)
@@ -97,17 +133,21 @@ def cmd_refresh(args: argparse.Namespace) -> int:
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
-    from wandb_assets.defs.fleet.jobs import execute_backfill
+    from wandb_assets.settings import ConfigError, pipeline_settings
 
-    first = date.fromisoformat(args.start)
-    last = date.fromisoformat(args.end) if args.end else datetime.now(UTC).date()
+    first = _day(args.start, "--start")
+    last = _day(args.end, "--end") if args.end else datetime.now(UTC).date()
     if last < first:
-        print("error: --end is before --start.", file=sys.stderr)
-        return 2
-    result = execute_backfill(_instance(), first, last)
+        raise ConfigError(f"--end ({last}) is before --start ({first}).")
+    instance = _instance()
+    _preflight()
+    from wandb_assets.ticks import execute_backfill, settle_pipeline_alert
+
+    result = execute_backfill(instance, first, last)
+    settle_pipeline_alert(instance, result)
     code = _report(result, f"backfill {first}..{last}")
     if code == 0:
-        print(f"Backfilled {first}..{last} into {os.environ.get('WANDB_ASSETS_DUCKDB', 'data/warehouse.duckdb')}")
+        print(f"Backfilled {first}..{last} into {pipeline_settings().duckdb_path}")
     return code
 
 
@@ -146,7 +186,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"Serving a synthetic fleet of {len(nodes):,} runs over {args.days} days at {server.url} "
         f"as {DEMO_ENTITY}/{DEMO_PROJECT}"
     )
-    from wandb_assets.defs.fleet.jobs import execute_backfill
+    from wandb_assets.ticks import execute_backfill
 
     print(f"Backfilling {first}..{now.date()} in one run ...", flush=True)
     code = _report(execute_backfill(_instance(), first, now.date()), "backfill")
@@ -164,16 +204,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    import logging
+    from wandb_assets.defs.report.assets import report_target
+    from wandb_assets.settings import ConfigError, load_settings
 
-    from wandb_assets.defs.report.assets import publish
-    from wandb_assets.defs.wandb_runs.resources import wandb_resource
-    from wandb_assets.defs.warehouse.resources import warehouse_resource
+    if report_target(load_settings()) is None:
+        raise ConfigError("WANDB_ASSETS_REPORT_PROJECT is not set: name the W&B project the report publishes to.")
+    instance = _instance()
+    from wandb_assets.ticks import execute_report
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    metadata = publish(warehouse_resource(), wandb_resource(), logging.getLogger("wandb_assets"))
-    print(", ".join(f"{k}: {v}" for k, v in metadata.items() if v != ""))
-    return 2 if str(metadata.get("status", "")).startswith("disabled") else 0
+    result = execute_report(instance, force_artifact=True)  # the report job: in the warehouse pool
+    code = _report(result, "publish")
+    if code == 0:
+        metadata = result.asset_materializations_for_node("fleet_report")[0].metadata
+        print(", ".join(f"{k}: {v.value}" for k, v in metadata.items() if v.value != ""))
+    return code
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -194,14 +238,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch_warehouse(args: argparse.Namespace) -> int:
-    from wandb_assets.defs.report.assets import report_settings
+    from wandb_assets.defs.report.assets import report_target
     from wandb_assets.defs.wandb_runs.resources import wandb_resource
     from wandb_assets.lib.fetch import default_entity, get_api
-    from wandb_assets.settings import ConfigError, pipeline_settings
+    from wandb_assets.settings import ConfigError, load_settings, pipeline_settings
 
-    settings = report_settings()
-    if settings is None:
+    target = report_target(load_settings())
+    if target is None:
         raise ConfigError("WANDB_ASSETS_REPORT_PROJECT is not set: name the W&B project the report publishes to.")
+    settings = {"project": target[0], "entity": target[1]}
     api = get_api(wandb_resource().wandb_settings(), pipeline_settings())
     name = f"{settings['entity'] or default_entity(api)}/{settings['project']}/fleet-warehouse:{args.version}"
     try:

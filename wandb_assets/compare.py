@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from wandb_assets.lib.normalize import SPS_KEYS
+from wandb_assets.lib.sql import NOW_UTC_SQL, busy_until_sql
 
 FIXED = ("state", "category", "created_at", "duration_hours", "gpu_count", "gpu_hours")
 
@@ -60,8 +61,7 @@ def compare_runs(con, run_ids: list[str]) -> Comparison:
     sps_columns = list(SPS_KEYS.values())
     rows = con.execute(
         f"SELECT run_id, {', '.join(c for c in FIXED if c != 'gpu_hours')}, "
-        "gpu_count * coalesce(duration_hours, CASE WHEN state IN ('running', 'preempting') THEN "
-        "(epoch(current_timestamp AT TIME ZONE 'UTC') - epoch(created_at)) / 3600.0 END) AS gpu_hours, "
+        f"gpu_count * (epoch({busy_until_sql(NOW_UTC_SQL)}) - epoch(created_at)) / 3600.0 AS gpu_hours, "
         f"{', '.join(sps_columns)}, url, summary, config FROM runs WHERE run_id IN (SELECT unnest($ids))",
         {"ids": wanted},
     ).fetchall()

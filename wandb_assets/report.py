@@ -5,40 +5,52 @@ config, a self-contained HTML dashboard, and the warehouse snapshot as a version
 
 ``report_publications`` in the warehouse remembers what went out (the run's summary carries
 ``fleet/last_snapshot_unix`` too), so no snapshot is logged twice and none is skipped: a publish after an
-outage catches up in order. Works online and with ``WANDB_MODE=offline``. No Dagster here.
+outage catches up in order. Its rows are written before the run is finished, so a crash in between cannot
+publish a snapshot twice (at most, the last publication is incomplete in W&B).
+
+The warehouse is never held while W&B is talked to: everything to publish is read through one short
+connection, the run is logged with the warehouse closed, and a second short connection records it.
+The warehouse artifact goes out at most once a UTC day (``publish`` forces one), with a TTL, and without
+the raw ``config``/``summary`` JSON of the runs unless asked for. Works online and with
+``WANDB_MODE=offline``. No Dagster here.
 """
 
 from __future__ import annotations
 
 import html
-import json
 import os
 import tempfile
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import date, datetime, timedelta
 from pathlib import Path
 
+from wandb_assets.lib.clock import utc_now
 from wandb_assets.lib.downsample import downsample
 from wandb_assets.lib.gauges import GAUGE_NAMES
-from wandb_assets.lib.warehouse import row_counts
+from wandb_assets.lib.sql import SPS_SQL_STATES, Connect
+from wandb_assets.lib.warehouse import ensure_schema, row_counts
 
 REPORT_RUN_ID = "fleet-report"
 PLOT_POINTS = 250
 TABLE_ROWS = 250
 X_AXIS = "fleet/snapshot_unix"
 
-PUBLICATIONS_SQL = """
-CREATE TABLE IF NOT EXISTS report_publications (
-    snapshot_at TIMESTAMP, published_at TIMESTAMP, project VARCHAR, run_id VARCHAR
-);
-"""
-
 
 @dataclass
 class PublishResult:
     published: list[datetime] = field(default_factory=list)
     run_path: str = ""
+    #: ``name:alias`` of the warehouse artifact logged this time, or "" when none was due.
     artifact: str = ""
+
+
+@dataclass(frozen=True)
+class ArtifactPolicy:
+    """How the warehouse artifact is published."""
+
+    ttl: timedelta = timedelta(days=30)
+    raw: bool = False  # keep the runs' raw config/summary JSON in the copy
+    force: bool = False  # publish one now even if one went out today (``wandb-assets publish``)
 
 
 def _unix(moment: datetime) -> int:
@@ -46,17 +58,55 @@ def _unix(moment: datetime) -> int:
 
 
 def unpublished_snapshots(con, project: str, run_id: str) -> list[datetime]:
-    """Snapshots newer than the last one published to this report run, oldest first."""
-    con.execute(PUBLICATIONS_SQL)
+    """Snapshots not yet published to this report run (a back-dated one too), oldest first."""
     return [
         r[0]
         for r in con.execute(
-            "SELECT DISTINCT snapshot_at FROM fleet_metrics WHERE snapshot_at > coalesce((SELECT max(snapshot_at) "
-            "FROM report_publications WHERE project = $project AND run_id = $run), TIMESTAMP '1970-01-01') "
-            "ORDER BY snapshot_at",
+            "SELECT DISTINCT m.snapshot_at FROM fleet_metrics m WHERE NOT EXISTS (SELECT 1 FROM report_publications p "
+            "WHERE p.project = $project AND p.run_id = $run AND p.snapshot_at = m.snapshot_at) ORDER BY m.snapshot_at",
             {"project": project, "run": run_id},
         ).fetchall()
     ]
+
+
+def warehouse_artifact_due(con, project: str, run_id: str, today: date) -> bool:
+    """At most one warehouse artifact per UTC day and report run."""
+    last = con.execute(
+        "SELECT max(published_at) FROM report_publications WHERE project = $project AND run_id = $run "
+        "AND artifact IS NOT NULL",
+        {"project": project, "run": run_id},
+    ).fetchone()[0]
+    return last is None or last.date() < today
+
+
+def reduced_copy(snapshot_file: str | os.PathLike, target: str | os.PathLike, raw: bool) -> dict[str, int]:
+    """A fresh DuckDB file with every table of the snapshot (same schema, comments and views), without the
+    runs' ``config``/``summary`` JSON unless ``raw``. Built anew rather than by deleting, so no freed page
+    of the file still holds the dropped data. Returns the row counts."""
+    import duckdb
+
+    con = duckdb.connect(str(target))
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+        ensure_schema(con)
+        con.execute("ATTACH $path AS source (READ_ONLY)", {"path": str(snapshot_file)})
+        tables = [
+            r[0]
+            for r in con.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE database_name = 'source' AND table_name IN "
+                "(SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()) "
+                "AND table_name <> 'warehouse_meta'"
+            ).fetchall()
+        ]
+        for table in tables:
+            dropped = " EXCLUDE (config, summary)" if table == "runs" and not raw else ""
+            con.execute(f"INSERT INTO main.{table} BY NAME SELECT *{dropped} FROM source.{table}")
+        con.execute("DETACH source")
+        counts = row_counts(con)
+        con.execute("CHECKPOINT")
+    finally:
+        con.close()
+    return counts
 
 
 def sps_series(con) -> dict[str, list[tuple]]:
@@ -66,7 +116,7 @@ def sps_series(con) -> dict[str, list[tuple]]:
         "EXISTS (SELECT 1 FROM alerts a WHERE a.rule = 'sps_regression' AND a.subject = s.ci_config "
         "        AND a.details->>'run_id' = s.run_id) "
         "FROM push_to_main_sps s WHERE s.ci_branch = 'main' AND s.sps_overview_sps IS NOT NULL "
-        "AND s.ended_at IS NOT NULL AND s.state IN ('finished', 'crashed') ORDER BY s.ci_config, s.ended_at"
+        f"AND s.ended_at IS NOT NULL AND s.state IN ({SPS_SQL_STATES}) ORDER BY s.ci_config, s.ended_at"
     ).fetchall()
     by_config: dict[str, list[tuple]] = {}
     for config, *point in rows:
@@ -129,8 +179,53 @@ td,th{{border:1px solid #ccc;padding:2px 8px;text-align:left}}</style></head><bo
 <h2>Main-branch throughput</h2>{charts}</body></html>"""
 
 
+@dataclass
+class _Contents:
+    """Everything one publication logs, read from the warehouse before W&B is contacted."""
+
+    pending: list[datetime]
+    by_snapshot: dict[datetime, dict[str, float | None]]
+    alerts: list[tuple]
+    sps: list[tuple]
+    series: dict[str, list[tuple]]
+    published_before: bool
+
+
+ALERT_COLUMNS = ["rule", "subject", "opened_at", "message", "resolved_at", "severity"]
+SPS_COLUMNS = ["ci_config", "ci_branch", "ci_commit", "state", "ended_at", "overview_sps", "url"]
+
+
+def _read_contents(con, project: str, run_id: str) -> _Contents:
+    pending = unpublished_snapshots(con, project, run_id)
+    rows = (
+        con.execute(
+            "SELECT snapshot_at, metric, value FROM fleet_metrics WHERE snapshot_at IN "
+            "(SELECT unnest($t::TIMESTAMP[])) ORDER BY snapshot_at",
+            {"t": pending},
+        ).fetchall()
+        if pending
+        else []
+    )
+    by_snapshot: dict[datetime, dict[str, float | None]] = {}
+    for snapshot_at, metric, value in rows:
+        by_snapshot.setdefault(snapshot_at, {})[metric] = value
+    alerts = con.execute(
+        f"SELECT rule, subject, strftime(opened_at, '%Y-%m-%d %H:%M'), message, "
+        f"strftime(resolved_at, '%Y-%m-%d %H:%M'), severity FROM alerts ORDER BY opened_at DESC LIMIT {TABLE_ROWS}"
+    ).fetchall()
+    sps = con.execute(
+        f"SELECT ci_config, ci_branch, ci_commit, state, strftime(ended_at, '%Y-%m-%d %H:%M'), sps_overview_sps, url "
+        f"FROM push_to_main_sps WHERE sps_overview_sps IS NOT NULL ORDER BY ended_at DESC NULLS LAST LIMIT {TABLE_ROWS}"
+    ).fetchall()
+    published_before = con.execute(
+        "SELECT count(*) > 0 FROM report_publications WHERE project = $project AND run_id = $run",
+        {"project": project, "run": run_id},
+    ).fetchone()[0]
+    return _Contents(pending, by_snapshot, alerts, sps, sps_series(con), published_before)
+
+
 def publish_report(
-    con,
+    connect: Connect,
     snapshot_file: str | os.PathLike | None,
     project: str,
     entity: str | None = None,
@@ -138,12 +233,17 @@ def publish_report(
     now: datetime | None = None,
     mode: str | None = None,
     api_key: str | None = None,
+    artifact_policy: ArtifactPolicy | None = None,
 ) -> PublishResult:
     """Publish every unpublished snapshot to the report run; a no-op when there is none."""
     import wandb
 
-    pending = unpublished_snapshots(con, project, run_id)
-    if not pending:
+    now = now or utc_now()
+    policy = artifact_policy or ArtifactPolicy()
+    with connect() as con:
+        contents = _read_contents(con, project, run_id)
+        artifact_due = policy.force or warehouse_artifact_due(con, project, run_id, now.date())
+    if not contents.pending:
         return PublishResult()
     run = wandb.init(
         project=project,
@@ -157,74 +257,58 @@ def publish_report(
         settings=wandb.Settings(silent=True, console="off", **({"api_key": api_key} if api_key else {})),
     )
     try:
+        pending = contents.pending
         already = run.summary.get("fleet/last_snapshot_unix")
-        pending = [t for t in pending if already is None or _unix(t) > already]  # the run's own memory too
+        if not contents.published_before and already is not None:
+            # a new or rebuilt warehouse, an old report run: the run's own memory says what went out
+            pending = [t for t in pending if _unix(t) > already]
         run.define_metric(X_AXIS)
         run.define_metric("fleet/*", step_metric=X_AXIS)
-        rows = (
-            con.execute(
-                "SELECT snapshot_at, metric, value FROM fleet_metrics WHERE snapshot_at IN "
-                "(SELECT unnest($t::TIMESTAMP[])) ORDER BY snapshot_at",
-                {"t": pending},
-            ).fetchall()
-            if pending
-            else []
-        )
-        by_snapshot: dict[datetime, dict[str, float | None]] = {}
-        for snapshot_at, metric, value in rows:
-            by_snapshot.setdefault(snapshot_at, {})[metric] = value
         for snapshot_at in pending:
-            values = by_snapshot.get(snapshot_at, {})
+            values = contents.by_snapshot.get(snapshot_at, {})
             run.log({X_AXIS: _unix(snapshot_at), **{f"fleet/{m}": v for m, v in values.items() if v is not None}})
-        latest = pending[-1] if pending else None
-        if latest is not None:
-            run.summary.update(
-                {
-                    "fleet/last_snapshot_unix": _unix(latest),
-                    "fleet/last_snapshot_at": latest.isoformat() + "Z",
-                    **{f"fleet/{m}": v for m, v in by_snapshot[latest].items()},
-                }
-            )
-            _log_tables_and_dashboard(run, con, by_snapshot[latest], latest)
-            artifact = _log_warehouse(run, con, snapshot_file, latest)
-        else:
-            artifact = ""
+        artifact = ""
+        if pending:
+            latest = pending[-1]
+            if latest >= max(contents.pending):
+                run.summary.update(
+                    {
+                        "fleet/last_snapshot_unix": _unix(latest),
+                        "fleet/last_snapshot_at": latest.isoformat() + "Z",
+                        **{f"fleet/{m}": v for m, v in contents.by_snapshot[latest].items()},
+                    }
+                )
+            _log_tables_and_dashboard(run, contents, contents.by_snapshot[latest], latest)
+            if artifact_due:
+                artifact = _log_warehouse(run, snapshot_file, latest, policy)
         run_path = f"{run.entity}/{run.project}/{run.id}" if run.entity else f"{run.project}/{run.id}"
+        # Recorded before finish(): a crash after this line cannot publish these snapshots a second time.
+        if pending:
+            with connect() as con:
+                con.executemany(
+                    "INSERT INTO report_publications VALUES (?, ?, ?, ?, ?)",
+                    [(t, now, project, run_id, (artifact or None) if t == pending[-1] else None) for t in pending],
+                )
     finally:
         run.finish()
-    con.executemany(
-        "INSERT INTO report_publications VALUES (?, ?, ?, ?)",
-        [(t, now or datetime.now(UTC).replace(tzinfo=None), project, run_id) for t in pending],
-    )
     return PublishResult(published=pending, run_path=run_path, artifact=artifact)
 
 
-def _log_tables_and_dashboard(run, con, gauges: dict, snapshot_at: datetime) -> None:
+def _log_tables_and_dashboard(run, contents: _Contents, gauges: dict, snapshot_at: datetime) -> None:
     import wandb
 
-    alert_cols = ["rule", "subject", "opened_at", "message", "resolved_at", "severity"]
-    alerts = con.execute(
-        f"SELECT rule, subject, strftime(opened_at, '%Y-%m-%d %H:%M'), message, "
-        f"strftime(resolved_at, '%Y-%m-%d %H:%M'), severity FROM alerts ORDER BY opened_at DESC LIMIT {TABLE_ROWS}"
-    ).fetchall()
-    sps_cols = ["ci_config", "ci_branch", "ci_commit", "state", "ended_at", "overview_sps", "url"]
-    sps = con.execute(
-        f"SELECT ci_config, ci_branch, ci_commit, state, strftime(ended_at, '%Y-%m-%d %H:%M'), sps_overview_sps, url "
-        f"FROM push_to_main_sps WHERE sps_overview_sps IS NOT NULL ORDER BY ended_at DESC NULLS LAST LIMIT {TABLE_ROWS}"
-    ).fetchall()
-    series = sps_series(con)
     logged = {
-        "tables/alerts": wandb.Table(columns=alert_cols, data=[list(r) for r in alerts]),
-        "tables/push_to_main_sps": wandb.Table(columns=sps_cols, data=[list(r) for r in sps]),
+        "tables/alerts": wandb.Table(columns=ALERT_COLUMNS, data=[list(r) for r in contents.alerts]),
+        "tables/push_to_main_sps": wandb.Table(columns=SPS_COLUMNS, data=[list(r) for r in contents.sps]),
     }
-    for config, points in series.items():
+    for config, points in contents.series.items():
         table = wandb.Table(
             columns=["ended_unix", "overview_sps", "ci_commit", "alert"], data=[list(p) for p in points]
         )
         logged[f"sps/{config}"] = wandb.plot.line(
             table, "ended_unix", "overview_sps", title=f"{config}: overview/sps on main"
         )
-    page = dashboard_html(gauges, snapshot_at, alerts, series)
+    page = dashboard_html(gauges, snapshot_at, contents.alerts, contents.series)
     logged["dashboard"] = wandb.Html(page, inject=False)
     run.log(logged)
     with tempfile.TemporaryDirectory() as folder:
@@ -237,18 +321,24 @@ def _log_tables_and_dashboard(run, con, gauges: dict, snapshot_at: datetime) -> 
         run.log_artifact(artifact)
 
 
-def _log_warehouse(run, con, snapshot_file, snapshot_at: datetime) -> str:
+def _log_warehouse(run, snapshot_file, snapshot_at: datetime, policy: ArtifactPolicy) -> str:
+    """Log a reduced copy of the warehouse snapshot as ``fleet-warehouse`` with a TTL; returns name:alias."""
     import wandb
 
     if not snapshot_file or not Path(snapshot_file).exists():
         return ""
-    counts = row_counts(con)
-    artifact = wandb.Artifact(
-        "fleet-warehouse",
-        type="warehouse",
-        description="Read-only DuckDB snapshot of the wandb-assets warehouse",
-        metadata={"snapshot_at": snapshot_at.isoformat() + "Z", "row_counts": counts},
-    )
-    artifact.add_file(str(snapshot_file), name="warehouse.duckdb")
-    run.log_artifact(artifact, aliases=["latest", f"snapshot-{_unix(snapshot_at)}"])
-    return json.dumps({"name": "fleet-warehouse", "snapshot_at": snapshot_at.isoformat() + "Z"})
+    alias = f"snapshot-{_unix(snapshot_at)}"
+    with tempfile.TemporaryDirectory() as folder:
+        copy = Path(folder) / "warehouse.duckdb"
+        counts = reduced_copy(snapshot_file, copy, policy.raw)
+        artifact = wandb.Artifact(
+            "fleet-warehouse",
+            type="warehouse",
+            description="Read-only DuckDB snapshot of the wandb-assets warehouse"
+            + ("" if policy.raw else " (runs without their raw config/summary JSON)"),
+            metadata={"snapshot_at": snapshot_at.isoformat() + "Z", "row_counts": counts, "raw": policy.raw},
+        )
+        artifact.ttl = policy.ttl
+        artifact.add_file(str(copy), name="warehouse.duckdb")
+        run.log_artifact(artifact, aliases=["latest", alias])  # the default "mutable" policy stages a copy now
+    return f"fleet-warehouse:{alias}"

@@ -13,60 +13,194 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from wandb_assets.lib.alerts import AlertThresholds
+from wandb_assets.lib.errors import ConfigError
+
+__all__ = ["ConfigError", "Settings", "load_settings", "pipeline_settings", "resolve_wandb_settings"]
 
 DEFAULT_SECRET_NAME = "dev/datadog/collectors/wandb"
 DEFAULT_DUCKDB_PATH = "data/warehouse.duckdb"
 DEFAULT_START_DATE = "2026-01-01"
 
-#: Every environment variable the project reads: name -> (default, what it does). The README table
-#: is generated from / checked against this.
+
+def _var(default: Any, description: str, shown: str | None = None, **constraints: Any) -> Any:
+    """A setting's field: the README shows ``shown`` (else the default) and ``description``."""
+    return Field(default, description=description, json_schema_extra={"shown": shown}, **constraints)
+
+
+_TH = AlertThresholds()
+
+
+class Settings(BaseSettings):
+    """Every environment variable the project reads, typed, with its default and what it does.
+
+    The one configuration surface: the README's table is generated from these fields (and a test checks
+    it), resources and the CLI read their values from here, and a malformed value is a ``ConfigError``
+    naming the variable. Field names *are* the variable names.
+    """
+
+    model_config = SettingsConfigDict(case_sensitive=True, env_ignore_empty=True, extra="ignore")
+
+    WANDB_API_KEY: SecretStr | None = _var(
+        None, "W&B API key. When unset, read from AWS Secrets Manager.", "(from the secret)"
+    )
+    WANDB_ENTITY: str | None = _var(
+        None, "W&B entity (team or user) that owns the project.", "the key's default entity"
+    )
+    WANDB_PROJECT: str | None = _var(None, "W&B project to mirror. The demo sets it for you.", "(required)")
+    WANDB_BASE_URL: str | None = _var(
+        None, "W&B API server (the wandb client's own variable).", "the wandb client's default"
+    )
+    WANDB_ASSETS_SECRET_NAME: str = _var(
+        DEFAULT_SECRET_NAME, "Secrets Manager secret holding the W&B settings as JSON."
+    )
+    AWS_ENDPOINT_URL: str | None = _var(
+        None, "Secrets Manager endpoint override (boto3's own variable).", "AWS default"
+    )
+    AWS_REGION: str = _var("us-east-1", "Region of the secret.")
+    WANDB_ASSETS_DUCKDB: Path = _var(
+        Path(DEFAULT_DUCKDB_PATH), "Path of the DuckDB warehouse file; folders are created."
+    )
+    WANDB_ASSETS_DEFAULT_GPUS_PER_RUN: int = _var(1, "GPU count assumed for a run that records none.", ge=0)
+    WANDB_ASSETS_START_DATE: date = _var(
+        date.fromisoformat(DEFAULT_START_DATE), "First day (UTC) of the daily `runs` partitions."
+    )
+    WANDB_ASSETS_HTTP_TIMEOUT: float = _var(60.0, "Seconds one W&B request may take before it is retried.", "60", ge=1)
+    WANDB_ASSETS_HTTP_RETRIES: int = _var(4, "Retries of a W&B request after 429, 5xx or a connection error.", ge=0)
+    WANDB_ASSETS_RETRY_WAIT_MAX: float = _var(
+        30.0, "Longest back-off between retries, in seconds (Retry-After wins).", "30", ge=0.1
+    )
+    WANDB_ASSETS_PAGE_SIZE: int = _var(1000, "Runs per W&B page.", ge=1)
+    WANDB_ASSETS_LOCK_WAIT: float = _var(
+        60.0, "Seconds a writer retries (with back-off) while another process locks the warehouse.", "60", ge=0
+    )
+    WANDB_ASSETS_UNFINISHED_WINDOW_DAYS: int = _var(
+        7,
+        "A tick re-reads at most this many days back for unfinished runs; older unfinished runs are refreshed "
+        "by id in one request.",
+        ge=1,
+    )
+    DAGSTER_HOME: str | None = _var(
+        None, "Dagster instance folder (`dagster.yaml`); storage goes to `.dagster/`.", "the repository root"
+    )
+    DD_API_KEY: SecretStr | None = _var(
+        None, "Datadog API key; else the secret's `DD_API_KEY` when the secret is in use.", "(none: dry run)"
+    )
+    DD_SITE: str = _var("datadoghq.com", "Datadog site (datadoghq.eu, us5.datadoghq.com, ...).")
+    DD_ENV: str | None = _var(None, "Adds the tag `env:<DD_ENV>` to every point and event.", "(none)")
+    WANDB_ASSETS_DATADOG_URL: str | None = _var(
+        None, "Datadog base URL override: a proxy, or a capture server.", "(from DD_SITE)"
+    )
+    WANDB_ASSETS_SLACK_WEBHOOK_URL: SecretStr | None = _var(
+        None, "Slack-compatible incoming webhook for alert notifications.", "(none)"
+    )
+    WANDB_ASSETS_REPORT_PROJECT: str | None = _var(
+        None, "W&B project of the fleet report run (`publish`, the feed job).", "(none: no report)"
+    )
+    WANDB_ASSETS_REPORT_ENTITY: str | None = _var(None, "W&B entity of the report project.", "WANDB_ENTITY")
+    WANDB_ASSETS_REPORT_RUN_ID: str = _var(
+        "fleet-report", "Stable id of the long-lived report run (resumed each time)."
+    )
+    WANDB_ASSETS_REPORT_MODE: str | None = _var(
+        None, "`offline` writes the report run locally (sync it later).", "(wandb's default)"
+    )
+    WANDB_ASSETS_REPORT_RAW: bool = _var(
+        False, "`1` keeps the raw `config`/`summary` JSON of every run in the published warehouse artifact.", "0"
+    )
+    WANDB_ASSETS_REPORT_ARTIFACT_TTL_DAYS: float = _var(
+        30.0, "Days W&B keeps each published warehouse artifact version (published at most once a day).", "30", gt=0
+    )
+    WANDB_ASSETS_ALERT_SUCCESS_RATE_MIN_PCT: float = _var(
+        _TH.success_rate_min_pct, "push_to_main_success_rate_low fires below this rate."
+    )
+    WANDB_ASSETS_ALERT_SUCCESS_RATE_MIN_RUNS: int = _var(
+        _TH.success_rate_min_runs, "... when at least this many push-to-main runs finished, failed or crashed.", ge=0
+    )
+    WANDB_ASSETS_ALERT_SPS_DROP_PCT: float = _var(
+        _TH.sps_drop_pct, "sps_regression fires when SPS is this much below the median."
+    )
+    WANDB_ASSETS_ALERT_SPS_BASELINE_RUNS: int = _var(
+        _TH.sps_baseline_runs, "The median is over this many previous main runs.", ge=1
+    )
+    WANDB_ASSETS_ALERT_SPS_MIN_BASELINE_RUNS: int = _var(
+        _TH.sps_min_baseline_runs, "... and needs at least this many.", ge=1
+    )
+    WANDB_ASSETS_ALERT_FAILURE_SPIKE_PCT: float = _var(
+        _TH.failure_spike_pct, "failure_spike fires above this share of failed/crashed."
+    )
+    WANDB_ASSETS_ALERT_FAILURE_SPIKE_MIN_ENDED: int = _var(
+        _TH.failure_spike_min_ended, "... when at least this many runs ended.", ge=0
+    )
+    WANDB_ASSETS_ALERT_STALL_HEARTBEAT_MINUTES: float = _var(
+        _TH.stall_heartbeat_minutes, "stalled_run: heartbeat older than this (any number of minutes, e.g. 0.5).", gt=0
+    )
+    WANDB_ASSETS_ALERT_STALL_STEP_MINUTES: float = _var(
+        _TH.stall_step_minutes, "stalled_run: summary `_step` unchanged for this long.", gt=0
+    )
+    WANDB_ASSETS_ALERT_CI_SILENT_HOURS: float = _var(
+        _TH.ci_silent_hours, "ci_silent: no push-to-main run created for this long.", gt=0
+    )
+    WANDB_ASSETS_ALERT_LONG_RUNNING_HOURS: float = _var(
+        _TH.long_running_hours, "long_running: a run running, pending or preempting for longer than this.", gt=0
+    )
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, *args, **kwargs):
+        """Only what ``load_settings`` passes: it reads the environment (or a given mapping) itself."""
+        return (init_settings,)
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Read every setting from ``environ`` (default: the process environment); one-sentence ``ConfigError``.
+
+    Values are stripped; an empty value counts as unset.
+    """
+    source = os.environ if environ is None else environ
+    known = {name: source[name].strip() for name in Settings.model_fields if (source.get(name) or "").strip()}
+    try:
+        return Settings(**known)
+    except ValidationError as exc:
+        raise ConfigError(_sentence(exc, known)) from None
+
+
+def _sentence(exc: ValidationError, source: Mapping[str, str]) -> str:
+    error = exc.errors()[0]
+    name = str(error["loc"][0]) if error["loc"] else "a setting"
+    raw = source.get(name)
+    field_type = Settings.model_fields[name].annotation if name in Settings.model_fields else None
+    limit = error.get("ctx", {}).get("ge", error.get("ctx", {}).get("gt"))
+    if limit is not None:
+        return f"{name} must be at least {limit} (got {raw!r}); unset it to use the default."
+    if field_type is date:
+        return f"{name} must be a date like 2026-01-01 (got {raw!r})."
+    if field_type in (int, float):
+        return f"{name} must be a number (got {raw!r}); unset it to use the default."
+    return f"{name} is not valid (got {raw!r}): {error['msg']}."
+
+
+def _shown_default(name: str) -> str:
+    info = Settings.model_fields[name]
+    shown = (info.json_schema_extra or {}).get("shown")
+    return shown if shown is not None else str(info.default)
+
+
+#: Every environment variable the project reads: name -> (default as documented, what it does). The README
+#: table is checked against this, which is generated from ``Settings``.
 ENV_VARS: dict[str, tuple[str, str]] = {
-    "WANDB_API_KEY": ("(from the secret)", "W&B API key. When unset, read from AWS Secrets Manager."),
-    "WANDB_ENTITY": ("the key's default entity", "W&B entity (team or user) that owns the project."),
-    "WANDB_PROJECT": ("(required)", "W&B project to mirror. The demo sets it for you."),
-    "WANDB_BASE_URL": ("the wandb client's default", "W&B API server (the wandb client's own variable)."),
-    "WANDB_ASSETS_SECRET_NAME": (DEFAULT_SECRET_NAME, "Secrets Manager secret holding the W&B settings as JSON."),
-    "AWS_ENDPOINT_URL": ("AWS default", "Secrets Manager endpoint override (boto3's own variable)."),
-    "AWS_REGION": ("us-east-1", "Region of the secret."),
-    "WANDB_ASSETS_DUCKDB": (DEFAULT_DUCKDB_PATH, "Path of the DuckDB warehouse file; folders are created."),
-    "WANDB_ASSETS_DEFAULT_GPUS_PER_RUN": ("1", "GPU count assumed for a run that records none."),
-    "WANDB_ASSETS_START_DATE": (DEFAULT_START_DATE, "First day (UTC) of the daily `runs` partitions."),
-    "WANDB_ASSETS_HTTP_TIMEOUT": ("60", "Seconds one W&B request may take before it is retried."),
-    "WANDB_ASSETS_HTTP_RETRIES": ("4", "Retries of a W&B request after 429, 5xx or a connection error."),
-    "WANDB_ASSETS_RETRY_WAIT_MAX": ("30", "Longest back-off between retries, in seconds (Retry-After wins)."),
-    "WANDB_ASSETS_PAGE_SIZE": ("1000", "Runs per W&B page."),
-    "WANDB_ASSETS_LOCK_WAIT": (
-        "60",
-        "Seconds a writer retries (with back-off) while another process locks the warehouse.",
-    ),
-    "DAGSTER_HOME": ("the repository root", "Dagster instance folder (`dagster.yaml`); storage goes to `.dagster/`."),
-    "DD_API_KEY": ("(none: dry run)", "Datadog API key; else the secret's `DD_API_KEY` when the secret is in use."),
-    "DD_SITE": ("datadoghq.com", "Datadog site (datadoghq.eu, us5.datadoghq.com, ...)."),
-    "DD_ENV": ("(none)", "Adds the tag `env:<DD_ENV>` to every point and event."),
-    "WANDB_ASSETS_DATADOG_URL": ("(from DD_SITE)", "Datadog base URL override: a proxy, or a capture server."),
-    "WANDB_ASSETS_SLACK_WEBHOOK_URL": ("(none)", "Slack-compatible incoming webhook for alert notifications."),
-    "WANDB_ASSETS_REPORT_PROJECT": (
-        "(none: no report)",
-        "W&B project of the fleet report run (`publish`, the feed job).",
-    ),
-    "WANDB_ASSETS_REPORT_ENTITY": ("WANDB_ENTITY", "W&B entity of the report project."),
-    "WANDB_ASSETS_REPORT_RUN_ID": ("fleet-report", "Stable id of the long-lived report run (resumed each time)."),
-    "WANDB_ASSETS_REPORT_MODE": ("(wandb's default)", "`offline` writes the report run locally (sync it later)."),
-    "WANDB_ASSETS_ALERT_SUCCESS_RATE_MIN_PCT": ("80.0", "push_to_main_success_rate_low fires below this rate."),
-    "WANDB_ASSETS_ALERT_SUCCESS_RATE_MIN_RUNS": ("5", "... when at least this many push-to-main runs ended."),
-    "WANDB_ASSETS_ALERT_SPS_DROP_PCT": ("10.0", "sps_regression fires when SPS is this much below the median."),
-    "WANDB_ASSETS_ALERT_SPS_BASELINE_RUNS": ("10", "The median is over this many previous main runs."),
-    "WANDB_ASSETS_ALERT_SPS_MIN_BASELINE_RUNS": ("5", "... and needs at least this many."),
-    "WANDB_ASSETS_ALERT_FAILURE_SPIKE_PCT": ("50.0", "failure_spike fires above this share of failed/crashed."),
-    "WANDB_ASSETS_ALERT_FAILURE_SPIKE_MIN_ENDED": ("10", "... when at least this many runs ended."),
-    "WANDB_ASSETS_ALERT_STALL_HEARTBEAT_MINUTES": ("30.0", "stalled_run: heartbeat older than this."),
-    "WANDB_ASSETS_ALERT_STALL_STEP_MINUTES": ("60.0", "stalled_run: summary `_step` unchanged for this long."),
-    "WANDB_ASSETS_ALERT_CI_SILENT_HOURS": ("12.0", "ci_silent: no push-to-main run created for this long."),
+    name: (_shown_default(name), info.description or "") for name, info in Settings.model_fields.items()
 }
 
 
-class ConfigError(RuntimeError):
-    """A setting is missing or wrong. The message is one sentence naming the setting and the fix."""
+def readme_table() -> str:
+    """The README's configuration table, generated from ``Settings``."""
+    lines = ["| variable | default | what it does |", "|---|---|---|"]
+    lines += [f"| `{name}` | {default} | {text} |" for name, (default, text) in ENV_VARS.items()]
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -91,45 +225,38 @@ class PipelineSettings:
     retry_wait_max_s: float
     page_size: int
     lock_wait_s: float
+    unfinished_window_days: int = 7
 
 
 SecretLoader = Callable[[str], Mapping[str, str]]
 
 
-def _env(environ: Mapping[str, str], name: str) -> str | None:
-    value = environ.get(name)
-    return value.strip() if value and value.strip() else None
-
-
-def _number(environ: Mapping[str, str], name: str, kind: type, minimum: float) -> float:
-    raw = _env(environ, name) or ENV_VARS[name][0]
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number (got {raw!r}); unset it to use the default.") from None
-    if value < minimum:
-        raise ConfigError(f"{name} must be at least {minimum} (got {raw!r}).")
-    return value
-
-
 def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSettings:
-    """Read the warehouse-side settings; raise ``ConfigError`` for a malformed value."""
-    environ = os.environ if environ is None else environ
-    raw_start = _env(environ, "WANDB_ASSETS_START_DATE") or DEFAULT_START_DATE
-    try:
-        start = date.fromisoformat(raw_start)
-    except ValueError:
-        raise ConfigError(f"WANDB_ASSETS_START_DATE must be a date like 2026-01-01 (got {raw_start!r}).") from None
+    """The warehouse-side settings; ``ConfigError`` for a malformed value."""
+    s = load_settings(environ)
     return PipelineSettings(
-        duckdb_path=Path(_env(environ, "WANDB_ASSETS_DUCKDB") or DEFAULT_DUCKDB_PATH),
-        default_gpus_per_run=int(_number(environ, "WANDB_ASSETS_DEFAULT_GPUS_PER_RUN", int, 0)),
-        start_date=start,
-        http_timeout_s=_number(environ, "WANDB_ASSETS_HTTP_TIMEOUT", float, 1),
-        http_retries=int(_number(environ, "WANDB_ASSETS_HTTP_RETRIES", int, 0)),
-        retry_wait_max_s=_number(environ, "WANDB_ASSETS_RETRY_WAIT_MAX", float, 0.1),
-        page_size=int(_number(environ, "WANDB_ASSETS_PAGE_SIZE", int, 1)),
-        lock_wait_s=_number(environ, "WANDB_ASSETS_LOCK_WAIT", float, 0),
+        duckdb_path=s.WANDB_ASSETS_DUCKDB,
+        default_gpus_per_run=s.WANDB_ASSETS_DEFAULT_GPUS_PER_RUN,
+        start_date=s.WANDB_ASSETS_START_DATE,
+        http_timeout_s=s.WANDB_ASSETS_HTTP_TIMEOUT,
+        http_retries=s.WANDB_ASSETS_HTTP_RETRIES,
+        retry_wait_max_s=s.WANDB_ASSETS_RETRY_WAIT_MAX,
+        page_size=s.WANDB_ASSETS_PAGE_SIZE,
+        lock_wait_s=s.WANDB_ASSETS_LOCK_WAIT,
+        unfinished_window_days=s.WANDB_ASSETS_UNFINISHED_WINDOW_DAYS,
     )
+
+
+def alert_thresholds(environ: Mapping[str, str] | None = None) -> AlertThresholds:
+    """The alert rules' knobs from the ``WANDB_ASSETS_ALERT_*`` variables."""
+    s = load_settings(environ)
+    return AlertThresholds(
+        **{name: getattr(s, f"WANDB_ASSETS_ALERT_{name.upper()}") for name in AlertThresholds.__dataclass_fields__}
+    )
+
+
+def _secret_text(value: SecretStr | None) -> str | None:
+    return value.get_secret_value().strip() or None if value is not None else None
 
 
 def resolve_wandb_settings(
@@ -138,10 +265,14 @@ def resolve_wandb_settings(
     secret_name: str | None = None,
 ) -> WandbSettings:
     """Combine the environment with the Secrets Manager secret (read only when the key is not in the env)."""
-    environ = os.environ if environ is None else environ
-    values = {name: _env(environ, name) for name in ("WANDB_API_KEY", "WANDB_ENTITY", "WANDB_PROJECT")}
+    s = load_settings(environ)
+    values = {
+        "WANDB_API_KEY": _secret_text(s.WANDB_API_KEY),
+        "WANDB_ENTITY": s.WANDB_ENTITY,
+        "WANDB_PROJECT": s.WANDB_PROJECT,
+    }
     if values["WANDB_API_KEY"] is None:
-        secret_name = secret_name or _env(environ, "WANDB_ASSETS_SECRET_NAME") or DEFAULT_SECRET_NAME
+        secret_name = secret_name or s.WANDB_ASSETS_SECRET_NAME
         if load_secret is None:
             raise ConfigError(
                 "WANDB_API_KEY is not set: export it, or set WANDB_ASSETS_SECRET_NAME to a secret holding it."
@@ -161,7 +292,7 @@ def resolve_wandb_settings(
         api_key=values["WANDB_API_KEY"],
         project=values["WANDB_PROJECT"],
         entity=values["WANDB_ENTITY"],
-        base_url=_env(environ, "WANDB_BASE_URL"),
+        base_url=s.WANDB_BASE_URL,
     )
 
 

@@ -1,7 +1,9 @@
-"""One whole tick in this process, as the CLI runs it: refresh, then the feed, and an alert if either fails.
+"""Running the pipeline's jobs in this process, as the CLI does: a whole tick, a backfill, the feed, the
+report, and the pipeline_failure alert around them. Under ``dagster dev`` the schedule and sensors launch
+the same jobs; this module does the same in sequence for cron-less deployments (``wandb-assets refresh``).
 
-Under ``dagster dev`` the schedule launches the refresh and sensors launch the feed and the failure alert;
-this module does the same in sequence for cron-less deployments (``wandb-assets refresh``).
+It is the only module besides the CLI that imports ``wandb_assets.definitions``: nothing under ``defs/``
+imports it back.
 """
 
 from __future__ import annotations
@@ -11,15 +13,23 @@ from datetime import date
 
 from dagster import DagsterInstance, ExecuteInProcessResult
 
-from wandb_assets.defs.feed.assets import open_pipeline_failure
-from wandb_assets.defs.feed.jobs import execute_feed
-from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource
-from wandb_assets.defs.fleet.assets import utc_now
-from wandb_assets.defs.fleet.jobs import execute_refresh
-from wandb_assets.defs.wandb_runs.resources import wandb_resource
-from wandb_assets.defs.warehouse.resources import warehouse_resource
+from wandb_assets.definitions import defs
+from wandb_assets.defs.feed.jobs import FEED_JOB
+from wandb_assets.defs.feed.pipeline_failure import PIPELINE_ALERT_JOB, pipeline_alert_run_config, previous_run_failed
+from wandb_assets.defs.fleet.jobs import BACKFILL_JOB, REFRESH_JOB, partition_range_tags, plan_tick
+from wandb_assets.defs.report.jobs import REPORT_JOB
 
 log = logging.getLogger("wandb_assets")
+
+#: CLI runs log INFO and up to the console (step events are DEBUG); everything still goes to the event log.
+CONSOLE_LOGS = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+
+
+def _execute(instance: DagsterInstance, job_name: str, run_config: dict | None = None, tags: dict | None = None):
+    config = {**CONSOLE_LOGS, **(run_config or {})}
+    return defs.resolve_job_def(job_name).execute_in_process(
+        instance=instance, run_config=config, tags=tags, raise_on_error=False
+    )
 
 
 def failure_message(result: ExecuteInProcessResult) -> str:
@@ -34,21 +44,42 @@ def failure_message(result: ExecuteInProcessResult) -> str:
     return f"run {result.run_id} failed; see the Dagster UI for the logs"
 
 
-def alert_on_failure(result: ExecuteInProcessResult) -> None:
-    """Open the pipeline_failure alert for a failed in-process run (the run-failure sensor's work)."""
-    try:
-        open_pipeline_failure(
-            warehouse_resource(),
-            DatadogResource(wandb=wandb_resource()),
-            AlertChannelsResource(),
-            result.job_def.name,
-            result.run_id,
-            failure_message(result),
-            utc_now(),
-            log,
-        )
-    except Exception as exc:  # noqa: BLE001 - the original failure is what the caller reports
-        log.warning(f"Could not record the pipeline_failure alert: {exc}")
+def settle_pipeline_alert(instance: DagsterInstance, result: ExecuteInProcessResult) -> None:
+    """What the two pipeline_failure sensors do, for a run made in this process: a failed run opens its
+    job's alert; a successful run after a failed one of the same job resolves it. Runs in the pool."""
+    job_name, run_id = result.job_def.name, result.run_id
+    if result.success:
+        if not previous_run_failed(instance, job_name, run_id):
+            return
+        config = pipeline_alert_run_config(job_name, run_id, "resolved")
+    else:
+        config = pipeline_alert_run_config(job_name, run_id, "opened", failure_message(result))
+    alert = _execute(instance, PIPELINE_ALERT_JOB, config)
+    if not alert.success:
+        log.warning(f"Could not record the pipeline_failure alert of {job_name}: {failure_message(alert)}")
+
+
+def execute_refresh(instance: DagsterInstance, today: date, snapshot_at: str = "") -> ExecuteInProcessResult:
+    """Exactly what one scheduled tick does, in this process."""
+    first, last, _ = plan_tick(today)
+    run_config = {"ops": {"fleet_snapshot": {"config": {"snapshot_at": snapshot_at}}}}
+    return _execute(instance, REFRESH_JOB, run_config, partition_range_tags(first, last))
+
+
+def execute_backfill(instance: DagsterInstance, first: date, last: date) -> ExecuteInProcessResult:
+    """Re-read ``first..last`` (inclusive) from W&B in one run."""
+    return _execute(instance, BACKFILL_JOB, tags=partition_range_tags(first, last))
+
+
+def execute_feed(instance: DagsterInstance, now: str = "") -> ExecuteInProcessResult:
+    """The feed job in this process (what the sensor launches after a snapshot)."""
+    clock = {"config": {"now": now}}
+    return _execute(instance, FEED_JOB, {"ops": {"datadog_feed": clock, "fleet_alerts": clock}})
+
+
+def execute_report(instance: DagsterInstance, force_artifact: bool = True) -> ExecuteInProcessResult:
+    """``fleet_report`` in this process, in the warehouse pool (``wandb-assets publish``)."""
+    return _execute(instance, REPORT_JOB, {"ops": {"fleet_report": {"config": {"force_artifact": force_artifact}}}})
 
 
 def run_tick(
@@ -56,10 +87,9 @@ def run_tick(
 ) -> list[ExecuteInProcessResult]:
     """Refresh then feed; returns the results of the runs made (the last one failed if any did)."""
     refresh = execute_refresh(instance, today, snapshot_at=snapshot_at)
+    settle_pipeline_alert(instance, refresh)
     if not refresh.success:
-        alert_on_failure(refresh)
         return [refresh]
     feed = execute_feed(instance, now=now)
-    if not feed.success:
-        alert_on_failure(feed)
+    settle_pipeline_alert(instance, feed)
     return [refresh, feed]

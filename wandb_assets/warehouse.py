@@ -20,6 +20,7 @@ from pathlib import Path
 
 import duckdb
 
+from wandb_assets.lib.normalize import parse_timestamp, to_naive_utc
 from wandb_assets.settings import pipeline_settings
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -69,14 +70,28 @@ def open_snapshot(path: str | os.PathLike | None = None, exact: bool = False) ->
 
 
 def _window(column: str, start: date | datetime | str | None, end: date | datetime | str | None) -> tuple[str, dict]:
+    """The one date-range rule of these helpers: ``start`` and ``end`` are days (a date, or an ISO string or
+    datetime whose day counts), both included, whatever the column's type: ``end="2026-06-02"`` keeps
+    everything up to 2026-06-02 23:59:59.999999 UTC."""
     clauses, params = [], {}
     if start is not None:
         clauses.append(f"{column} >= $start")
-        params["start"] = str(start)
+        params["start"] = _day(start)
     if end is not None:
-        clauses.append(f"{column} <= $end")
-        params["end"] = str(end)
+        clauses.append(f"{column} < $end + INTERVAL 1 DAY")
+        params["end"] = _day(end)
     return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+
+def _day(value: date | datetime | str) -> date:
+    if isinstance(value, datetime):
+        return to_naive_utc(value).date()
+    if isinstance(value, date):
+        return value
+    parsed = parse_timestamp(str(value))
+    if parsed is None:
+        raise ValueError(f"{value!r} is not a date like 2026-06-02.")
+    return parsed.date()
 
 
 def gauges_over_time(con, start=None, end=None):
@@ -105,17 +120,20 @@ def ci_runs(con, start=None, end=None):
 
 
 def sps_regressions(con):
-    """Every ``sps_regression`` alert, open or resolved, with its details."""
+    """Every ``sps_regression`` alert, open or resolved: the last good and first slow commit of each."""
     return con.execute(
-        "SELECT subject AS ci_config, opened_at, resolved_at, details->>'bad_commit' AS bad_commit, "
-        "details->>'good_commit' AS good_commit, (details->>'sps')::DOUBLE AS sps, "
-        "(details->>'median_sps')::DOUBLE AS median_sps FROM alerts WHERE rule = 'sps_regression' ORDER BY opened_at"
+        "SELECT subject AS ci_config, opened_at, resolved_at, details->>'good_commit' AS good_commit, "
+        "details->>'slow_commit' AS first_slow_commit, (details->>'slow_runs')::BIGINT AS slow_runs, "
+        "(details->>'sps')::DOUBLE AS sps, (details->>'median_sps')::DOUBLE AS median_sps "
+        "FROM alerts WHERE rule = 'sps_regression' ORDER BY opened_at"
     ).df()
 
 
-def sweeps(con):
-    """One row per sweep: outcomes and GPU cost (the ``sweep_summary`` view)."""
-    return con.execute("SELECT * FROM sweep_summary ORDER BY gpu_hours DESC").df()
+def sweeps(con, start=None, end=None):
+    """One row per sweep: outcomes and GPU cost (the ``sweep_summary`` view); ``start``/``end`` keep the sweeps
+    whose last run was created in those days."""
+    where, params = _window("last_created_at", start, end)
+    return con.execute(f"SELECT * FROM sweep_summary{where} ORDER BY gpu_hours DESC", params).df()
 
 
 def alive_runs(con):

@@ -10,14 +10,13 @@ outbox is drained in order and a channel that is down keeps its messages for a l
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from wandb_assets.lib.gauges import compute_gauges
-from wandb_assets.lib.sql import ENDED_SQL, transaction
+from wandb_assets.lib.sql import ALIVE_SQL, ENDED_SQL, FAILED_SQL, RATED_SQL, SPS_SQL_STATES, Connect, transaction
 
 ALERT_SQL = """
 CREATE TABLE IF NOT EXISTS alerts (
@@ -35,7 +34,8 @@ CREATE TABLE IF NOT EXISTS run_progress (run_id VARCHAR, observed_at TIMESTAMP, 
 
 @dataclass(frozen=True)
 class AlertThresholds:
-    """Every rule's knobs; ``from_env`` reads the ``WANDB_ASSETS_ALERT_*`` variables (see the README)."""
+    """Every rule's knobs, with their defaults (``settings.Settings`` reads the ``WANDB_ASSETS_ALERT_*``
+    variables into one of these)."""
 
     success_rate_min_pct: float = 80.0
     success_rate_min_runs: int = 5
@@ -47,21 +47,7 @@ class AlertThresholds:
     stall_heartbeat_minutes: float = 30.0
     stall_step_minutes: float = 60.0
     ci_silent_hours: float = 12.0
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> AlertThresholds:
-        environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for name, default in cls().__dict__.items():
-            raw = environ.get(f"WANDB_ASSETS_ALERT_{name.upper()}")
-            if raw:
-                try:
-                    values[name] = type(default)(raw)
-                except ValueError:
-                    from wandb_assets.settings import ConfigError
-
-                    raise ConfigError(f"WANDB_ASSETS_ALERT_{name.upper()} must be a number (got {raw!r}).") from None
-        return cls(**values)
+    long_running_hours: float = 168.0
 
 
 @dataclass(frozen=True)
@@ -86,32 +72,37 @@ def _rows(con, sql: str, params: dict) -> list[dict]:
 
 
 def success_rate_low(con, at: datetime, th: AlertThresholds) -> list[Condition]:
+    """Push-to-main success rate below the threshold, over at least ``success_rate_min_runs`` *rated* runs.
+
+    The minimum counts the runs the rate is computed from (finished + failed + crashed), so killed or
+    preempted runs cannot make one failure look like a rate over many runs.
+    """
     rate = compute_gauges(con, at)["wandb.push_to_main.success_rate_pct"]
-    ended = con.execute(
-        f"SELECT count(*) FROM runs WHERE category = 'push_to_main' AND state IN ({ENDED_SQL}) "
+    rated = con.execute(
+        f"SELECT count(*) FROM runs WHERE category = 'push_to_main' AND state IN ({RATED_SQL}) "
         "AND ended_at > $t - INTERVAL 24 HOUR AND ended_at <= $t AND created_at <= $t",
         {"t": at},
     ).fetchone()[0]
-    if rate is None or ended < th.success_rate_min_runs or rate >= th.success_rate_min_pct:
+    if rate is None or rated < th.success_rate_min_runs or rate >= th.success_rate_min_pct:
         return []
     return [
         Condition(
             "push_to_main_success_rate_low",
             "push_to_main",
             "warning",
-            f"Push-to-main success rate is {rate:.1f}% over the last 24 h ({ended} runs ended; threshold "
-            f"{th.success_rate_min_pct:g}%).",
-            {"success_rate_pct": rate, "ended_runs": ended},
+            f"Push-to-main success rate is {rate:.1f}% over the last 24 h ({rated} runs finished, failed or "
+            f"crashed; threshold {th.success_rate_min_pct:g}%).",
+            {"success_rate_pct": rate, "rated_runs": rated},
         )
     ]
 
 
-SPS_SQL = """
+SPS_SQL = f"""
 WITH main AS (
     SELECT ci_config, run_id, ci_commit, url, ended_at, sps_overview_sps AS sps,
            row_number() OVER (PARTITION BY ci_config ORDER BY ended_at DESC, run_id DESC) AS recency
     FROM runs
-    WHERE category = 'push_to_main' AND ci_branch = 'main' AND state IN ('finished', 'crashed')
+    WHERE category = 'push_to_main' AND ci_branch = 'main' AND state IN ({SPS_SQL_STATES})
       AND sps_overview_sps IS NOT NULL AND ended_at <= $t AND ci_config IS NOT NULL
 ),
 baseline AS (
@@ -119,21 +110,48 @@ baseline AS (
     FROM main WHERE recency BETWEEN 2 AND 1 + $window GROUP BY ci_config
 ),
 last_good AS (
-    SELECT m.ci_config, arg_max(m.ci_commit, m.ended_at) AS good_commit, arg_max(m.url, m.ended_at) AS good_url,
-           arg_max(m.sps, m.ended_at) AS good_sps
+    SELECT m.ci_config, arg_max(m.ci_commit, m.recency * -1) AS good_commit, arg_max(m.url, m.recency * -1) AS good_url,
+           arg_max(m.sps, m.recency * -1) AS good_sps, min(m.recency) AS good_recency
     FROM main m JOIN baseline b USING (ci_config)
     WHERE m.recency >= 2 AND m.sps >= b.median_sps * (1 - $drop / 100.0)
     GROUP BY m.ci_config
+),
+first_slow AS (
+    -- the oldest run after the last good one: every run since then was slow
+    SELECT m.ci_config, arg_max(m.ci_commit, m.recency) AS slow_commit, arg_max(m.url, m.recency) AS slow_url,
+           count(*) AS slow_runs
+    FROM main m LEFT JOIN last_good g USING (ci_config)
+    WHERE m.recency < coalesce(g.good_recency, 2)
+    GROUP BY m.ci_config
 )
-SELECT latest.ci_config, latest.sps, latest.ci_commit AS bad_commit, latest.url AS bad_url, latest.run_id,
-       b.median_sps, b.baseline_runs, g.good_commit, g.good_url, g.good_sps
+SELECT latest.ci_config, latest.sps, latest.ci_commit AS latest_commit, latest.run_id,
+       b.median_sps, b.baseline_runs, g.good_commit, g.good_url, g.good_sps, s.slow_commit, s.slow_url, s.slow_runs
 FROM main latest JOIN baseline b USING (ci_config) LEFT JOIN last_good g USING (ci_config)
+     JOIN first_slow s USING (ci_config)
 WHERE latest.recency = 1 AND b.baseline_runs >= $min_runs AND latest.sps < b.median_sps * (1 - $drop / 100.0)
 ORDER BY latest.ci_config
 """
 
+_SPS_DETAILS = (
+    "ci_config",
+    "sps",
+    "median_sps",
+    "baseline_runs",
+    "good_commit",
+    "good_url",
+    "slow_commit",
+    "slow_url",
+    "slow_runs",
+    "latest_commit",
+    "run_id",
+)
+
 
 def sps_regression(con, at: datetime, th: AlertThresholds) -> list[Condition]:
+    """The latest main run of a CI config is ``sps_drop_pct`` below the median of the runs before it.
+
+    The message names the last good commit and the first slow one (the oldest run since the last good).
+    """
     found = _rows(
         con,
         SPS_SQL,
@@ -149,23 +167,9 @@ def sps_regression(con, at: datetime, th: AlertThresholds) -> list[Condition]:
                 "warning",
                 f"SPS regression on main for {r['ci_config']}: overview/sps {r['sps']:.1f} is {drop:.1f}% below the "
                 f"median {r['median_sps']:.1f} of the previous {r['baseline_runs']} main runs. Last good commit "
-                f"{r['good_commit'] or 'unknown'} ({r['good_url'] or 'no run'}), offending commit {r['bad_commit']} "
-                f"({r['bad_url']}).",
-                {
-                    k: r[k]
-                    for k in (
-                        "ci_config",
-                        "sps",
-                        "median_sps",
-                        "baseline_runs",
-                        "good_commit",
-                        "good_url",
-                        "bad_commit",
-                        "bad_url",
-                        "run_id",
-                    )
-                }
-                | {"drop_pct": drop},
+                f"{r['good_commit'] or 'unknown'} ({r['good_url'] or 'no run'}), first slow commit {r['slow_commit']} "
+                f"({r['slow_url']}); {r['slow_runs']} slow run(s) since.",
+                {k: r[k] for k in _SPS_DETAILS} | {"drop_pct": drop},
             )
         )
     return conditions
@@ -173,7 +177,7 @@ def sps_regression(con, at: datetime, th: AlertThresholds) -> list[Condition]:
 
 def failure_spike(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     ended, failed = con.execute(
-        f"SELECT count(*), count(*) FILTER (WHERE state IN ('failed', 'crashed')) FROM runs "
+        f"SELECT count(*), count(*) FILTER (WHERE state IN ({FAILED_SQL})) FROM runs "
         f"WHERE state IN ({ENDED_SQL}) AND ended_at > $t - INTERVAL 24 HOUR AND ended_at <= $t AND created_at <= $t",
         {"t": at},
     ).fetchone()
@@ -210,40 +214,50 @@ unchanged_since AS (
     SELECT p.run_id, min(p.observed_at) AS since
     FROM run_progress p JOIN current_step c ON p.run_id = c.run_id AND p.step = c.step
     GROUP BY p.run_id
+),
+judged AS (
+    SELECT r.run_id, r.name, r.url, r.heartbeat_at, c.step, u.since,
+           r.heartbeat_at < $heartbeat_cutoff AS heartbeat_stale,
+           c.step IS NOT NULL AND u.since <= $step_cutoff AS step_stuck
+    FROM runs r LEFT JOIN current_step c USING (run_id) LEFT JOIN unchanged_since u USING (run_id)
+    WHERE r.state = 'running' AND r.created_at <= $t
 )
-SELECT r.run_id, r.name, r.url, r.heartbeat_at, c.step, u.since
-FROM runs r LEFT JOIN current_step c USING (run_id) LEFT JOIN unchanged_since u USING (run_id)
-WHERE r.state = 'running' AND r.created_at <= $t
-  AND (r.heartbeat_at < $t - to_minutes($heartbeat_min)
-       OR (c.step IS NOT NULL AND u.since <= $t - to_minutes($step_min)))
-ORDER BY r.run_id
+SELECT run_id, name, url,
+       CASE WHEN heartbeat_stale
+            THEN 'no heartbeat for ' || floor((epoch($t) - epoch(heartbeat_at)) / 60)::BIGINT || ' min'
+            ELSE '_step stuck at ' || format('{:g}', step) || ' since ' || strftime(since, '%Y-%m-%d %H:%M') || ' UTC'
+       END AS reason
+FROM judged WHERE heartbeat_stale OR step_stuck
+ORDER BY run_id
 """
 
 
 def stalled_run(con, at: datetime, th: AlertThresholds) -> list[Condition]:
+    """Running runs whose heartbeat is older than the threshold, or whose ``_step`` has not moved.
+
+    The thresholds are any float number of minutes; each is one SQL comparison against a cutoff time,
+    and the reason is worked out in the same query (no second opinion in Python).
+    """
     record_progress(con, at)
     found = _rows(
         con,
         STALLED_SQL,
-        {"t": at, "heartbeat_min": int(th.stall_heartbeat_minutes), "step_min": int(th.stall_step_minutes)},
+        {
+            "t": at,
+            "heartbeat_cutoff": at - timedelta(minutes=th.stall_heartbeat_minutes),
+            "step_cutoff": at - timedelta(minutes=th.stall_step_minutes),
+        },
     )
-    conditions = []
-    for r in found:
-        silent = at - r["heartbeat_at"] if r["heartbeat_at"] else None
-        if silent is not None and silent > timedelta(minutes=th.stall_heartbeat_minutes):
-            why = f"no heartbeat for {int(silent.total_seconds() // 60)} min"
-        else:
-            why = f"_step stuck at {r['step']:g} since {r['since']:%Y-%m-%d %H:%M} UTC"
-        conditions.append(
-            Condition(
-                "stalled_run",
-                r["run_id"],
-                "warning",
-                f"Run {r['name'] or r['run_id']} looks stalled: {why} ({r['url']}).",
-                {"run_id": r["run_id"], "url": r["url"], "reason": why},
-            )
+    return [
+        Condition(
+            "stalled_run",
+            r["run_id"],
+            "warning",
+            f"Run {r['name'] or r['run_id']} looks stalled: {r['reason']} ({r['url']}).",
+            {"run_id": r["run_id"], "url": r["url"], "reason": r["reason"]},
         )
-    return conditions
+        for r in found
+    ]
 
 
 def ci_silent(con, at: datetime, th: AlertThresholds) -> list[Condition]:
@@ -264,15 +278,51 @@ def ci_silent(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     ]
 
 
+def long_running(con, at: datetime, th: AlertThresholds) -> list[Condition]:
+    """Runs alive (running, pending, preempting) for longer than ``long_running_hours``: a zombie on the
+    server, or a job stuck in a queue. The tick refreshes them by id instead of re-reading their days."""
+    found = _rows(
+        con,
+        f"SELECT run_id, name, url, state, created_at FROM runs WHERE state IN ({ALIVE_SQL}) "
+        "AND created_at <= $cutoff ORDER BY run_id",
+        {"cutoff": at - timedelta(hours=th.long_running_hours)},
+    )
+    return [
+        Condition(
+            "long_running",
+            r["run_id"],
+            "warning",
+            f"Run {r['name'] or r['run_id']} has been {r['state']} since {r['created_at']:%Y-%m-%d %H:%M} UTC "
+            f"(over {th.long_running_hours:g} h): a zombie or a stuck job? ({r['url']}).",
+            {"run_id": r["run_id"], "url": r["url"], "state": r["state"], "created_at": r["created_at"].isoformat()},
+        )
+        for r in found
+    ]
+
+
 RULE_FUNCTIONS: dict[str, Callable[[Any, datetime, AlertThresholds], list[Condition]]] = {
     "push_to_main_success_rate_low": success_rate_low,
     "sps_regression": sps_regression,
     "failure_spike": failure_spike,
     "stalled_run": stalled_run,
     "ci_silent": ci_silent,
+    "long_running": long_running,
 }
-#: Every rule: those evaluated over the warehouse, and the one the run-failure sensor opens.
+#: Every rule: those evaluated over the warehouse, and the one the pipeline-failure job opens and resolves.
 PIPELINE_FAILURE = "pipeline_failure"
+
+
+def pipeline_failure(job_name: str, run_id: str, error: str) -> Condition:
+    """The condition "job ``job_name`` failed": one alert per job, whatever the run."""
+    return Condition(
+        PIPELINE_FAILURE,
+        job_name,
+        "critical",
+        f"Dagster run {run_id} of job {job_name} failed: {error[:300]}",
+        {"run_id": run_id, "job": job_name},
+    )
+
+
 RULES: tuple[str, ...] = (*RULE_FUNCTIONS, PIPELINE_FAILURE)
 
 
@@ -291,9 +341,13 @@ class Transition:
 
 
 def reconcile(
-    con, conditions: list[Condition], evaluated_rules: set[str], now: datetime, channels: list[str]
+    con, conditions: list[Condition], evaluated: set[str], now: datetime, channels: list[str]
 ) -> list[Transition]:
-    """Open, touch and resolve alerts; queue one message per channel per transition. One transaction."""
+    """Open, touch and resolve alerts; queue one message per channel per transition. One transaction.
+
+    ``evaluated`` says what this evaluation covered: rule names (every subject of the rule) or single
+    alert keys (``pipeline_failure:feed``). Only an open alert it covered and that no longer holds resolves.
+    """
     con.execute(ALERT_SQL)
     transitions: list[Transition] = []
     with transaction(con):
@@ -328,7 +382,7 @@ def reconcile(
                 )
                 transitions.append(Transition("opened", condition))
         for key, row in open_alerts.items():
-            if key not in holding and row["rule"] in evaluated_rules:
+            if key not in holding and (row["rule"] in evaluated or key in evaluated):
                 con.execute(
                     "UPDATE alerts SET resolved_at = $now WHERE alert_key = $key AND resolved_at IS NULL",
                     {"key": key, "now": now},
@@ -368,31 +422,35 @@ Deliver = Callable[[str, str, str], str | None]
 """``deliver(channel, event, text)`` returns None on success, else an error sentence."""
 
 
-def drain_outbox(con, deliver: Deliver, now: datetime) -> tuple[int, dict[str, str]]:
+def drain_outbox(connect: Connect, deliver: Deliver, now: datetime) -> tuple[int, dict[str, str]]:
     """Send pending notifications oldest first per channel; a failing channel stops and keeps its queue.
 
+    Delivery is **at least once**: the warehouse is closed while messages go out and the outcomes are
+    recorded afterwards, so a crash in between sends those messages again on the next tick.
     Returns ``(sent, {channel: error})``.
     """
-    con.execute(ALERT_SQL)
-    pending = con.execute(
-        "SELECT id, channel, event, text FROM alert_notifications WHERE status = 'pending' ORDER BY id"
-    ).fetchall()
-    sent, failed = 0, {}
+    with connect() as con:
+        con.execute(ALERT_SQL)
+        pending = con.execute(
+            "SELECT id, channel, event, text FROM alert_notifications WHERE status = 'pending' ORDER BY id"
+        ).fetchall()
+    if not pending:
+        return 0, {}
+    outcomes: list[tuple[int, str | None]] = []
+    failed: dict[str, str] = {}
     for notification_id, channel, event, text in pending:
         if channel in failed:
             continue
         error = deliver(channel, event, text)
-        if error is None:
-            con.execute(
-                "UPDATE alert_notifications SET status = 'sent', attempts = attempts + 1, sent_at = $now "
-                "WHERE id = $id",
-                {"now": now, "id": notification_id},
-            )
-            sent += 1
-        else:
-            con.execute(
-                "UPDATE alert_notifications SET attempts = attempts + 1, last_error = $error WHERE id = $id",
-                {"error": error[:500], "id": notification_id},
-            )
+        outcomes.append((notification_id, error))
+        if error is not None:
             failed[channel] = error
-    return sent, failed
+    with connect() as con, transaction(con):
+        for notification_id, error in outcomes:
+            con.execute(
+                "UPDATE alert_notifications SET attempts = attempts + 1, last_error = coalesce($error, last_error), "
+                "status = CASE WHEN $error IS NULL THEN 'sent' ELSE status END, "
+                "sent_at = CASE WHEN $error IS NULL THEN $now END WHERE id = $id",
+                {"now": now, "id": notification_id, "error": None if error is None else error[:500]},
+            )
+    return sum(error is None for _, error in outcomes), failed

@@ -1,10 +1,17 @@
 """The Datadog feed: one v2 series payload per fleet snapshot, and a delivery ledger in DuckDB.
 
-Each snapshot is delivered exactly once. A snapshot whose send fails for a passing reason (5xx, 429, a
-timeout, a refused connection, a 403) stays ``pending`` and later ticks send pending snapshots oldest
-first; Datadog's v2 intake refuses points older than one hour, so a snapshot still pending after that is
-``expired`` with the reason. Without an API key the feed runs dry: snapshots are recorded as ``dry_run``
-with the payload they would have sent. No Dagster and no Datadog client here: sending is a callable.
+Each snapshot is delivered **at least once**: sending and marking it ``delivered`` are two steps, so a
+crash (or a timeout that Datadog did accept) between them sends it again on the next tick. That is
+harmless: a re-sent point has the same metric, tags, timestamp and value, and Datadog keeps one value per
+timestamp. A snapshot whose send fails for a passing reason (5xx, 429, a timeout, a refused connection, a
+403) stays ``pending`` and later ticks send pending snapshots oldest first; Datadog's v2 intake refuses
+points older than one hour, so a snapshot still pending after that is ``expired`` with the reason. Without
+an API key configured anywhere the feed runs dry: snapshots are recorded as ``dry_run`` with the payload
+they would have sent.
+
+The warehouse is never held over the network: ``deliver_pending`` reads what to send through one short
+connection, closes it, sends, then opens another to mark the results. No Dagster and no Datadog client
+here: sending is a callable, and so is opening a connection.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+
+from wandb_assets.lib.sql import Connect
 
 MAX_POINT_AGE = timedelta(hours=1)
 GAUGE_TYPE = 3  # MetricIntakeType.GAUGE in Datadog's v2 API
@@ -89,14 +98,15 @@ def enqueue_snapshots(con, now: datetime, dry_run: bool) -> list[datetime]:
     new = [
         r[0]
         for r in con.execute(
-            "SELECT DISTINCT snapshot_at FROM fleet_metrics "
-            "WHERE snapshot_at NOT IN (SELECT snapshot_at FROM datadog_deliveries) ORDER BY snapshot_at"
+            "SELECT DISTINCT m.snapshot_at FROM fleet_metrics m WHERE NOT EXISTS "
+            "(SELECT 1 FROM datadog_deliveries d WHERE d.snapshot_at = m.snapshot_at) ORDER BY m.snapshot_at"
         ).fetchall()
     ]
-    con.executemany(
-        "INSERT INTO datadog_deliveries VALUES (?, ?, 0, NULL, NULL, ?)",
-        [(t, "dry_run" if dry_run else "pending", now) for t in new],
-    )
+    if new:  # DuckDB refuses executemany with no parameter sets
+        con.executemany(
+            "INSERT INTO datadog_deliveries VALUES (?, ?, 0, NULL, NULL, ?)",
+            [(t, "dry_run" if dry_run else "pending", now) for t in new],
+        )
     return new
 
 
@@ -109,64 +119,71 @@ def _mark(con, snapshot_at: datetime, status: str, error: str | None, now: datet
     )
 
 
-def deliver_pending(con, send: Sender, now: datetime, tags: list[str]) -> DeliveryReport:
-    """Send pending snapshots oldest first; stop at the first passing failure so order is kept."""
-    con.execute(LEDGER_SQL)
+def _expiry_note(age: timedelta) -> str:
+    return f"expired: still undelivered {age} after the snapshot; Datadog's intake refuses points older than one hour"
+
+
+def deliver_pending(connect: Connect, send: Sender, now: datetime, tags: list[str]) -> DeliveryReport:
+    """Send pending snapshots oldest first; stop at the first passing failure so order is kept.
+
+    Three steps, the warehouse closed during the middle one: (1) expire what is too old and build the
+    payloads of the rest, (2) send, (3) record each answer.
+    """
     report = DeliveryReport()
-    pending = [
-        r[0]
-        for r in con.execute(
-            "SELECT snapshot_at FROM datadog_deliveries WHERE status = 'pending' ORDER BY snapshot_at"
-        ).fetchall()
-    ]
-    for index, snapshot_at in enumerate(pending):
-        age = now - snapshot_at
-        if age > MAX_POINT_AGE:
-            _mark(
-                con,
-                snapshot_at,
-                "expired",
-                f"expired: still undelivered {age} after the snapshot; Datadog's "
-                "intake refuses points older than one hour",
-                now,
-                attempted=False,
-            )
-            report.expired.append(snapshot_at)
-            continue
-        result = send(snapshot_payload(con, snapshot_at, tags))
-        if result.accepted:
-            _mark(con, snapshot_at, "delivered", None, now, attempted=True)
-            report.delivered.append(snapshot_at)
-            continue
-        if result.permanent:
-            _mark(con, snapshot_at, "rejected", f"HTTP {result.status}: {result.error}"[:500], now, attempted=True)
-            report.rejected.append(snapshot_at)
-            continue
-        error = f"HTTP {result.status}: {result.error}" if result.status else result.error
-        _mark(con, snapshot_at, "pending", error[:500], now, attempted=True)
-        report.still_pending = pending[index:]
-        if result.status == 403:
-            report.problem = (
-                "Datadog refused DD_API_KEY (403 Forbidden): set a valid API key for DD_SITE; "
-                f"{len(report.still_pending)} snapshot(s) wait and expire after one hour."
-            )
-        else:
-            report.problem = (
-                f"Datadog intake unavailable ({error[:200]}); {len(report.still_pending)} "
-                "snapshot(s) stay pending for the next tick."
-            )
-        break
+    with connect() as con:
+        con.execute(LEDGER_SQL)
+        pending = [
+            r[0]
+            for r in con.execute(
+                "SELECT snapshot_at FROM datadog_deliveries WHERE status = 'pending' ORDER BY snapshot_at"
+            ).fetchall()
+        ]
+        for snapshot_at in pending:
+            if now - snapshot_at > MAX_POINT_AGE:
+                _mark(con, snapshot_at, "expired", _expiry_note(now - snapshot_at), now, attempted=False)
+                report.expired.append(snapshot_at)
+        sendable = [t for t in pending if t not in report.expired]
+        payloads = [(t, snapshot_payload(con, t, tags)) for t in sendable]
+    answers: list[tuple[datetime, SendResult]] = []
+    for snapshot_at, payload in payloads:
+        result = send(payload)
+        answers.append((snapshot_at, result))
+        if not (result.accepted or result.permanent):
+            break
+    if not answers:
+        return report
+    with connect() as con:
+        for snapshot_at, result in answers:
+            if result.accepted:
+                _mark(con, snapshot_at, "delivered", None, now, attempted=True)
+                report.delivered.append(snapshot_at)
+            elif result.permanent:
+                _mark(con, snapshot_at, "rejected", f"HTTP {result.status}: {result.error}"[:500], now, attempted=True)
+                report.rejected.append(snapshot_at)
+            else:
+                error = f"HTTP {result.status}: {result.error}" if result.status else result.error
+                _mark(con, snapshot_at, "pending", error[:500], now, attempted=True)
+                report.still_pending = sendable[len(answers) - 1 :]
+                report.problem = _problem(result, error, len(report.still_pending))  # always the last answer
     return report
 
 
+def _problem(result: SendResult, error: str, waiting: int) -> str:
+    if result.status == 403:
+        return (
+            "Datadog refused DD_API_KEY (403 Forbidden): set a valid API key for DD_SITE; "
+            f"{waiting} snapshot(s) wait and expire after one hour."
+        )
+    return f"Datadog intake unavailable ({error[:200]}); {waiting} snapshot(s) stay pending for the next tick."
+
+
 def record_dry_run(con, snapshots: list[datetime], tags: list[str], log: Callable[[str], None]) -> DeliveryReport:
-    """Log what would have been sent for snapshots recorded as ``dry_run``."""
+    """Log what would have been sent for snapshots recorded as ``dry_run`` (one short line each)."""
+    tag_text = ",".join(tags)
     for snapshot_at in snapshots:
         payload = snapshot_payload(con, snapshot_at, tags)
-        values = ", ".join(f"{s['metric']}={s['points'][0]['value']:g}" for s in payload["series"])
-        tags = ",".join(payload["series"][0]["tags"]) if payload["series"] else ""
         log(
-            f"Datadog dry run (no DD_API_KEY): would send {len(payload['series'])} gauges for "
-            f"{snapshot_at.isoformat()}Z with tags {tags}: {values}"
+            f"Datadog dry run (no DD_API_KEY configured): would send {len(payload['series'])} gauges for "
+            f"{snapshot_at.isoformat()}Z with tags {tag_text}"
         )
     return DeliveryReport(dry_run=list(snapshots))

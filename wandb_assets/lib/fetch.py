@@ -15,8 +15,12 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-from wandb_assets.settings import ConfigError, PipelineSettings, WandbSettings
+from wandb_assets.lib.errors import ConfigError
+
+if TYPE_CHECKING:
+    from wandb_assets.settings import PipelineSettings, WandbSettings
 
 _API_CACHE: dict[tuple, object] = {}
 _API_LOCK = threading.Lock()
@@ -85,18 +89,23 @@ def _open_api(wandb_settings: WandbSettings, pipeline: PipelineSettings):
         raise ConfigError(f"Could not connect to W&B at {where} ({detail.splitlines()[0][:200]}).") from None
 
 
+def created_between(start: datetime, end: datetime) -> dict:
+    """The server-side filter for runs created in ``[start, end)`` (naive UTC)."""
+    return {"createdAt": {"$gte": _iso(start), "$lt": _iso(end)}}
+
+
+def with_ids(run_ids: list[str]) -> dict:
+    """The server-side filter for the runs with these ids, in one request (``name`` is the run id)."""
+    return {"name": {"$in": list(run_ids)}}
+
+
 def fetch_run_pages(
-    api, entity: str, project: str, start: datetime, end: datetime, per_page: int, secret: str = ""
+    api, entity: str, project: str, filters: dict, per_page: int, secret: str = ""
 ) -> Iterator[list[dict]]:
-    """Yield raw run nodes created in ``[start, end)`` (naive UTC), oldest first, one list per page."""
+    """Yield raw run nodes matching ``filters``, oldest first, one list per page."""
     api.flush()
-    runs = api.runs(
-        f"{entity}/{project}",
-        filters={"createdAt": {"$gte": _iso(start), "$lt": _iso(end)}},
-        order="+created_at",
-        per_page=per_page,
-        lazy=False,
-    )
+    runs = api.runs(f"{entity}/{project}", filters=filters, order="+created_at", per_page=per_page, lazy=False)
+    what = ", ".join(f"{k} {v}" for k, v in filters.items())[:200]
 
     def next_page(page_number: int) -> list[dict] | None:
         if not runs.more:
@@ -107,8 +116,8 @@ def fetch_run_pages(
         except Exception as exc:  # noqa: BLE001
             detail = _scrub(str(exc), secret).replace("\n", " ")
             raise WandbFetchError(
-                f"Fetching W&B runs of {entity}/{project} created {_iso(start)}..{_iso(end)} failed on page "
-                f"{page_number} after retries: {detail[:300]}"
+                f"Fetching W&B runs of {entity}/{project} ({what}) failed on page {page_number} after retries: "
+                f"{detail[:300]}"
             ) from None
         project_data = (runs.last_response or {}).get("project")
         if project_data is None:

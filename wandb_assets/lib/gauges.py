@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from wandb_assets.lib.normalize import SPS_KEYS
-from wandb_assets.lib.sql import ENDED_SQL
+from wandb_assets.lib.sql import ENDED_SQL, FAILED_SQL, SPS_SQL_STATES, busy_until_sql
 
 
 @dataclass(frozen=True)
@@ -34,14 +34,14 @@ def _count(condition: str) -> str:
 
 def _rate_pct(scope: str) -> str:
     completed = _count(f"{scope} AND ended_in_w AND state = 'finished'")
-    failed = _count(f"{scope} AND ended_in_w AND state IN ('failed', 'crashed')")
+    failed = _count(f"{scope} AND ended_in_w AND state IN ({FAILED_SQL})")
     return f"100.0 * {completed} / nullif({completed} + {failed}, 0)"
 
 
 def _latest_sps(column: str) -> str:
     return (
         f"arg_max({column}, struct_pack(e := ended_at, id := run_id)) FILTER (WHERE is_ci AND ended_in_w"
-        f" AND state IN ('finished', 'crashed') AND {column} IS NOT NULL)"
+        f" AND state IN ({SPS_SQL_STATES}) AND {column} IS NOT NULL)"
     )
 
 
@@ -55,7 +55,7 @@ GAUGES: tuple[Gauge, ...] = (
     Gauge(
         "wandb.runs.failed_24h",
         "runs failed or crashed, ended in W",
-        _count("ended_in_w AND state IN ('failed', 'crashed')"),
+        _count(f"ended_in_w AND state IN ({FAILED_SQL})"),
     ),
     Gauge(
         "wandb.runs.total_recent",
@@ -80,7 +80,7 @@ GAUGES: tuple[Gauge, ...] = (
     Gauge(
         "wandb.push_to_main.runs_failed_24h",
         "push-to-main runs failed or crashed, ended in W",
-        _count(f"{_CI} AND ended_in_w AND state IN ('failed', 'crashed')"),
+        _count(f"{_CI} AND ended_in_w AND state IN ({FAILED_SQL})"),
     ),
     Gauge(
         "wandb.push_to_main.success_rate_pct",
@@ -110,7 +110,7 @@ GAUGES: tuple[Gauge, ...] = (
     Gauge(
         "wandb.sweep.runs_failed_24h",
         "sweep runs failed or crashed, ended in W",
-        _count(f"{_SWEEP} AND ended_in_w AND state IN ('failed', 'crashed')"),
+        _count(f"{_SWEEP} AND ended_in_w AND state IN ({FAILED_SQL})"),
     ),
     Gauge("wandb.sweep.runs_active", "sweep runs alive now", _count(f"{_SWEEP} AND alive")),
     Gauge(
@@ -129,8 +129,7 @@ classified AS (
         state = 'running' AS alive,
         state IN ({ended})
             AND ended_at > w.t0 AND ended_at <= w.t1 AS ended_in_w,
-        CASE WHEN state IN ({ended}) THEN ended_at
-             WHEN state IN ('running', 'preempting') THEN w.t1 END AS busy_until
+        {busy_until} AS busy_until
     FROM runs, w
     WHERE created_at <= w.t1
 ),
@@ -149,7 +148,7 @@ SELECT {columns} FROM flagged
 def gauge_query() -> str:
     """The SQL that evaluates every gauge at ``$snapshot_at`` (a naive UTC timestamp)."""
     columns = ",\n    ".join(f'({g.sql})::DOUBLE AS "{g.name}"' for g in GAUGES)
-    return _GAUGE_SQL.format(columns=columns, ended=ENDED_SQL)
+    return _GAUGE_SQL.format(columns=columns, ended=ENDED_SQL, busy_until=busy_until_sql("w.t1"))
 
 
 def compute_gauges(con, snapshot_at: datetime) -> dict[str, float | None]:

@@ -17,8 +17,18 @@ from urllib.parse import quote
 
 from wandb_assets.lib.naming import categorize, parse_ci_name
 
+#: The state sets every rule uses (gauges, derived tables, views, alerts): one definition each.
 ENDED_STATES = ("finished", "failed", "crashed", "killed", "preempted")
+#: Alive: W&B still expects the run to log (the ``alive_runs`` view, the tick's unfinished-run window).
 ALIVE_STATES = ("running", "pending", "preempting")
+#: Occupying GPUs now: alive and not waiting to be scheduled.
+BUSY_STATES = ("running", "preempting")
+#: Failed: the run itself went wrong (killed and preempted runs are someone's decision, not a failure).
+FAILED_STATES = ("failed", "crashed")
+#: What a success rate rates: finished / (finished + failed + crashed).
+RATED_STATES = ("finished", *FAILED_STATES)
+#: Ended runs whose throughput counts (a crashed CI run may still have logged its SPS).
+SPS_STATES = ("finished", "crashed")
 
 #: The five throughput keys logged by CI benchmark runs, and the warehouse column for each.
 SPS_KEYS: dict[str, str] = {
@@ -57,17 +67,33 @@ def normalize_summary(raw: Any) -> tuple[dict, bool]:
     return decoded, True
 
 
+#: Keys the wandb client adds to every config (its own bookkeeping, not the user's): dropped from ``config``;
+#: the client version inside ``_wandb`` is kept in the ``cli_version`` column.
+CLIENT_CONFIG_KEYS = ("_wandb", "wandb_version")
+
+
+def _unwrap(value: Any) -> Any:
+    if isinstance(value, dict) and "value" in value and set(value) <= {"value", "desc"}:
+        return value["value"]
+    return value
+
+
 def unwrap_config(raw: Any) -> tuple[dict, bool]:
     """Decode a run config and remove W&B's ``{"value": v, "desc": d}`` wrapping from each key."""
     decoded, ok = normalize_summary(raw)  # the same JSON-object decoding as summaries
-    unwrapped = {}
-    for key, value in decoded.items():
-        if key in ("_wandb", "wandb_version"):
-            continue
-        if isinstance(value, dict) and "value" in value and set(value) <= {"value", "desc"}:
-            value = value["value"]
-        unwrapped[key] = value
-    return unwrapped, ok
+    return strip_client_keys(decoded), ok
+
+
+def strip_client_keys(decoded: dict) -> dict:
+    """A decoded config without the client's bookkeeping keys, each value unwrapped."""
+    return {key: _unwrap(value) for key, value in decoded.items() if key not in CLIENT_CONFIG_KEYS}
+
+
+def client_version(decoded: dict) -> str | None:
+    """The wandb client version that wrote the run (``_wandb.cli_version``, else ``wandb_version``)."""
+    bookkeeping = _unwrap(decoded.get("_wandb"))
+    version = bookkeeping.get("cli_version") if isinstance(bookkeeping, dict) else None
+    return _text(version or _unwrap(decoded.get("wandb_version")))
 
 
 def lookup_dotted(mapping: dict, dotted_key: str) -> Any:
@@ -90,7 +116,7 @@ def finite_float(value: Any) -> float | None:
     return result if math.isfinite(result) else None
 
 
-def positive_int(value: Any) -> int | None:
+def non_negative_int(value: Any) -> int | None:
     """A whole, non-negative count from an int, a whole float or a digit string; else None."""
     if isinstance(value, bool):
         return None
@@ -136,7 +162,8 @@ def run_row(node: dict, *, entity: str, project: str, app_url: str, default_gpus
     summary, summary_ok = normalize_summary(node.get("summaryMetrics"))
     if not summary_ok:
         anomalies.append("summary")
-    config, config_ok = unwrap_config(node.get("config"))
+    raw_config, config_ok = normalize_summary(node.get("config"))
+    config = strip_client_keys(raw_config)
     if not config_ok:
         anomalies.append("config")
 
@@ -151,7 +178,7 @@ def run_row(node: dict, *, entity: str, project: str, app_url: str, default_gpus
         duration_hours = max((ended_at - created_at).total_seconds(), 0.0) / 3600.0
 
     raw_gpus = lookup_dotted(config, "compute.gpu_count")
-    gpu_count = positive_int(raw_gpus)
+    gpu_count = non_negative_int(raw_gpus)
     if gpu_count is None:
         if raw_gpus is not None:
             anomalies.append("gpu_count")
@@ -159,7 +186,7 @@ def run_row(node: dict, *, entity: str, project: str, app_url: str, default_gpus
 
     compute = {
         "gpu_type": _text(lookup_dotted(config, "compute.gpu_type")),
-        "cpu_count": positive_int(lookup_dotted(config, "compute.cpu_count")),
+        "cpu_count": non_negative_int(lookup_dotted(config, "compute.cpu_count")),
         "memory_gb": finite_float(lookup_dotted(config, "compute.memory_gb")),
         "slurm_job_id": _text(lookup_dotted(config, "slurm.job_id")),
         "hostname": _text(lookup_dotted(config, "system.hostname")),
@@ -191,12 +218,16 @@ def run_row(node: dict, *, entity: str, project: str, app_url: str, default_gpus
         "ci_config": ci.config if ci else None,
         "ci_timestamp": ci.timestamp.replace(tzinfo=None) if ci and ci.timestamp else None,
         "summary_step": finite_float(summary.get("_step")),
+        "cli_version": client_version(raw_config),
         "config": to_json(config),
         "summary": to_json(summary),
         "anomalies": anomalies,
     }
     for key, column in SPS_KEYS.items():
-        row[column] = finite_float(summary.get(key))
+        value = summary.get(key)
+        row[column] = finite_float(value)
+        if isinstance(value, float) and not math.isfinite(value):
+            anomalies.append(column)  # NaN or +-Infinity throughput: NULL in its column, counted here
     return row
 
 
@@ -208,19 +239,9 @@ def _text(value: Any) -> str | None:
 
 
 def to_json(value: dict) -> str:
-    """Strict JSON text (DuckDB refuses NaN/Infinity): non-finite floats become their string spelling."""
-    text = json.dumps(value, default=str)
-    if "NaN" in text or "Infinity" in text:
-        text = json.dumps(_json_safe(value), default=str)
-    return text
+    """JSON text that keeps NaN, Infinity and -Infinity as those tokens (as wandb-core writes them).
 
-
-def _json_safe(value: Any) -> Any:
-    """Replace non-finite floats (which JSON cannot hold) with their string spelling."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    return value
+    DuckDB's JSON type accepts the tokens and ``->>``/``::DOUBLE`` and Python's ``json.loads`` read them
+    back as the numbers, so a non-finite summary value never turns into the string "nan".
+    """
+    return json.dumps(value, default=str)

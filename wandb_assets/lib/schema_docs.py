@@ -45,10 +45,13 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "url": "the run's W&B page",
             **_CI,
             **_SPS,
-            "summary_step": "summary `_step`, the last logged step",
-            "config": "the run config as JSON, `{value, desc}` wrapping removed",
-            "summary": "the run summary as JSON (non-finite numbers as strings)",
-            "anomalies": "fields that were malformed and stored as NULL or {} (summary, config, created_at, gpu_count)",
+            "summary_step": "summary `_step`, the last logged step (NULL when the summary has none)",
+            "cli_version": "wandb client version that wrote the run (config `_wandb.cli_version`)",
+            "config": "the run config as JSON, `{value, desc}` wrapping removed, without the client's `_wandb` "
+            "and `wandb_version` keys; NaN/Infinity kept as JSON numbers",
+            "summary": "the run summary as JSON; NaN, Infinity and -Infinity kept as numbers (DuckDB reads the tokens)",
+            "anomalies": "fields that were malformed and stored as NULL or {} (summary, config, created_at, "
+            "gpu_count), and SPS columns whose value was NaN or infinite",
             "ingested_at": "when this row was written, UTC",
         },
     ),
@@ -99,7 +102,8 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
     ),
     "datadog_deliveries": (
         "table",
-        "Delivery ledger: each fleet snapshot sent to Datadog once.",
+        "Delivery ledger: each fleet snapshot sent to Datadog at least once (a re-send repeats the same point, "
+        "which Datadog stores once per timestamp).",
         {
             "snapshot_at": "the snapshot, UTC",
             "status": "pending, delivered, expired, rejected or dry_run",
@@ -126,7 +130,8 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
     ),
     "alert_notifications": (
         "table",
-        "Notification outbox: one message per channel per alert opening or resolution.",
+        "Notification outbox: one message per channel per alert opening or resolution, delivered at least once "
+        "(a crash between sending and marking repeats it).",
         {
             "id": "order of creation",
             "alert_key": "rule:subject",
@@ -147,6 +152,19 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "run_id": "W&B run id",
             "observed_at": "evaluation time, UTC",
             "step": "summary `_step` then",
+        },
+    ),
+    "report_publications": (
+        "table",
+        "What the fleet report run has published: one row per fleet snapshot logged to a report run, written "
+        "before the run is finished so that a crash cannot publish a snapshot twice.",
+        {
+            "snapshot_at": "the fleet snapshot, UTC",
+            "published_at": "when it was logged, UTC",
+            "project": "W&B project of the report run",
+            "run_id": "id of the report run",
+            "artifact": "the warehouse artifact logged with this publication (name:alias), else NULL; "
+            "at most one a day",
         },
     ),
     "warehouse_meta": (

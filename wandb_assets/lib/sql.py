@@ -2,13 +2,55 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
-from wandb_assets.lib.normalize import ENDED_STATES
+from wandb_assets.lib.normalize import (
+    ALIVE_STATES,
+    BUSY_STATES,
+    ENDED_STATES,
+    FAILED_STATES,
+    RATED_STATES,
+    SPS_STATES,
+)
 
-#: ``'finished', 'failed', ...``: the ended states, ready for ``state IN (...)``.
-ENDED_SQL = ", ".join(f"'{state}'" for state in ENDED_STATES)
+
+def sql_list(states: tuple[str, ...]) -> str:
+    """``'a', 'b'``: a state set ready for ``state IN (...)`` (our own constants, never user input)."""
+    return ", ".join(f"'{state}'" for state in states)
+
+
+#: The state sets of ``lib.normalize`` as SQL lists: every query uses these, none spells a state list itself.
+ENDED_SQL = sql_list(ENDED_STATES)
+ALIVE_SQL = sql_list(ALIVE_STATES)
+BUSY_SQL = sql_list(BUSY_STATES)
+FAILED_SQL = sql_list(FAILED_STATES)
+RATED_SQL = sql_list(RATED_STATES)
+SPS_SQL_STATES = sql_list(SPS_STATES)
+
+
+#: The current time as a naive UTC timestamp, whatever the connection's TimeZone setting.
+NOW_UTC_SQL = "current_timestamp AT TIME ZONE 'UTC'"
+
+
+def busy_until_sql(now: str) -> str:
+    """The one GPU-hours rule, as SQL: when a run stops occupying its GPUs, seen at time ``now``.
+
+    An ended run occupies ``[created_at, ended_at]``; a running or preempting run ``[created_at, now]``;
+    a pending run (or an ended run without an end time) nothing (NULL). GPU-hours = ``gpu_count`` times
+    the part of that span one wants, in hours.
+    """
+    return f"CASE WHEN state IN ({ENDED_SQL}) THEN ended_at WHEN state IN ({BUSY_SQL}) THEN {now} END"
+
+
+#: Opens a warehouse connection for a short ``with`` block. Steps that also talk to the network take one of
+#: these instead of a connection, so that they can close the warehouse before any request goes out.
+Connect = Callable[[], AbstractContextManager]
+
+
+def reusing(con) -> Connect:
+    """A ``Connect`` that hands out one already open connection (an in-memory database, a test)."""
+    return lambda: nullcontext(con)
 
 
 @contextmanager

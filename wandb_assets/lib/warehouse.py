@@ -18,8 +18,8 @@ from typing import Any
 from wandb_assets.lib.alerts import ALERT_SQL
 from wandb_assets.lib.datadog_feed import LEDGER_SQL
 from wandb_assets.lib.gauges import compute_gauges
-from wandb_assets.lib.normalize import ALIVE_STATES, SPS_KEYS
-from wandb_assets.lib.sql import ENDED_SQL, transaction
+from wandb_assets.lib.normalize import SPS_KEYS
+from wandb_assets.lib.sql import ALIVE_SQL, ENDED_SQL, FAILED_SQL, NOW_UTC_SQL, busy_until_sql, transaction
 
 _SPS_COLUMNS = list(SPS_KEYS.values())
 
@@ -51,6 +51,7 @@ RUNS_COLUMNS: dict[str, str] = {
     "ci_timestamp": "TIMESTAMP",
     **{column: "DOUBLE" for column in _SPS_COLUMNS},
     "summary_step": "DOUBLE",
+    "cli_version": "VARCHAR",
     "config": "JSON",
     "summary": "JSON",
     "anomalies": "VARCHAR[]",
@@ -58,7 +59,7 @@ RUNS_COLUMNS: dict[str, str] = {
 }
 
 SCHEMA_SQL = f"""
-CREATE TABLE IF NOT EXISTS runs ({", ".join(f'"{c}" {t}' for c, t in RUNS_COLUMNS.items())});
+CREATE TABLE IF NOT EXISTS runs ({", ".join(f'"{c}" {t}' + (" NOT NULL" if c == "run_id" else "") for c, t in RUNS_COLUMNS.items())});
 CREATE TABLE IF NOT EXISTS push_to_main_sps (
     run_id VARCHAR, name VARCHAR, ci_branch VARCHAR, ci_commit VARCHAR, ci_config VARCHAR,
     ci_timestamp TIMESTAMP, state VARCHAR, created_at TIMESTAMP, ended_at TIMESTAMP, url VARCHAR,
@@ -70,6 +71,9 @@ CREATE TABLE IF NOT EXISTS success_rates (
 );
 CREATE TABLE IF NOT EXISTS gpu_hours (day DATE, category VARCHAR, runs BIGINT, gpu_hours DOUBLE);
 CREATE TABLE IF NOT EXISTS fleet_metrics (snapshot_at TIMESTAMP, metric VARCHAR, value DOUBLE);
+CREATE TABLE IF NOT EXISTS report_publications (
+    snapshot_at TIMESTAMP, published_at TIMESTAMP, project VARCHAR, run_id VARCHAR, artifact VARCHAR
+);
 """
 
 
@@ -89,18 +93,17 @@ FROM success_rates s FULL OUTER JOIN gpu_hours g ON s.day = g.day AND s.category
 
 CREATE OR REPLACE VIEW alive_runs AS
 SELECT run_id, name, category, state, "user", created_at, heartbeat_at,
-       (epoch(current_timestamp AT TIME ZONE 'UTC') - epoch(created_at)) / 3600.0 AS age_hours, gpu_count, url
-FROM runs WHERE state IN ('running', 'pending', 'preempting');
+       (epoch({NOW_UTC_SQL}) - epoch(created_at)) / 3600.0 AS age_hours, gpu_count, url
+FROM runs WHERE state IN ({ALIVE_SQL});
 
 CREATE OR REPLACE VIEW sweep_summary AS
 SELECT coalesce(sweep_id, '(no sweep id)') AS sweep, count(*) AS runs,
        count(*) FILTER (WHERE state = 'finished') AS completed,
-       count(*) FILTER (WHERE state IN ('failed', 'crashed')) AS failed,
-       count(*) FILTER (WHERE state IN ('running', 'pending', 'preempting')) AS alive,
+       count(*) FILTER (WHERE state IN ({FAILED_SQL})) AS failed,
+       count(*) FILTER (WHERE state IN ({ALIVE_SQL})) AS alive,
        100.0 * completed / nullif(completed + failed, 0) AS success_rate_pct,
-       coalesce(sum(gpu_count * (epoch(CASE WHEN state IN ({ENDED_SQL}) THEN ended_at
-                                            ELSE current_timestamp AT TIME ZONE 'UTC' END)
-                                 - epoch(created_at)) / 3600.0) FILTER (WHERE state <> 'pending'), 0) AS gpu_hours,
+       coalesce(sum(gpu_count * (epoch({busy_until_sql(NOW_UTC_SQL)})
+                                 - epoch(created_at)) / 3600.0), 0) AS gpu_hours,
        min(created_at) AS first_created_at, max(created_at) AS last_created_at
 FROM runs WHERE category = 'sweep' GROUP BY ALL;
 """
@@ -132,6 +135,7 @@ def ensure_schema(con) -> None:
     for column, kind in RUNS_COLUMNS.items():
         if column not in existing:  # a warehouse made by an earlier version gains the new columns
             con.execute(f'ALTER TABLE runs ADD COLUMN "{column}" {kind}')
+    con.execute("ALTER TABLE report_publications ADD COLUMN IF NOT EXISTS artifact VARCHAR")
     con.execute(LEDGER_SQL)
     con.execute(ALERT_SQL)
     con.execute(VIEWS_SQL)
@@ -147,14 +151,14 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def replace_runs_window(con, rows: Iterable[dict[str, Any]], start: datetime, end: datetime) -> int:
-    """Replace every run created in ``[start, end)`` with ``rows``, atomically. Returns rows written.
+def stage_rows(rows: Iterable[dict[str, Any]], folder: str | None = None) -> tuple[str, int]:
+    """Write normalised ``runs`` rows to a temporary NDJSON file, outside the warehouse; returns (path, rows).
 
-    Rows go through a temporary NDJSON file read by DuckDB, which is far faster than row-wise inserts.
+    Fetching and staging happen with the warehouse closed; ``load_runs_window`` then holds the writer only
+    for one short transaction. The caller removes the file.
     """
-    ensure_schema(con)
-    columns = {c: t for c, t in RUNS_COLUMNS.items() if c != "ingested_at"}
-    fd, path = tempfile.mkstemp(suffix=".ndjson", prefix="wandb_runs_")
+    columns = [c for c in RUNS_COLUMNS if c != "ingested_at"]
+    fd, path = tempfile.mkstemp(suffix=".ndjson", prefix="wandb_runs_", dir=folder)
     written = 0
     try:
         with os.fdopen(fd, "w") as handle:
@@ -162,24 +166,42 @@ def replace_runs_window(con, rows: Iterable[dict[str, Any]], start: datetime, en
                 handle.write(json.dumps({c: _jsonable(row.get(c)) for c in columns}))
                 handle.write("\n")
                 written += 1
-        spec = ", ".join(f"'{c}': '{'VARCHAR' if t == 'JSON' else t}'" for c, t in columns.items())
-        with transaction(con):
-            con.execute(
-                f"""CREATE OR REPLACE TEMP TABLE incoming_runs AS
-                SELECT * EXCLUDE (config, summary), config::JSON AS config, summary::JSON AS summary,
-                       $ingested_at::TIMESTAMP AS ingested_at
-                FROM read_json($path, format = 'newline_delimited', columns = {{{spec}}})""",
-                {"path": path, "ingested_at": datetime.now(UTC).replace(tzinfo=None)},
-            )
-            # The window, plus any earlier copy of a fetched run (one whose created_at could not be parsed
-            # before, or moved): a run id appears once in the table.
-            con.execute(
-                "DELETE FROM runs WHERE (created_at >= $start AND created_at < $end) "
-                "OR run_id IN (SELECT run_id FROM incoming_runs)",
-                {"start": start, "end": end},
-            )
-            con.execute("INSERT INTO runs BY NAME SELECT * FROM incoming_runs")
-            con.execute("DROP TABLE incoming_runs")
+    except BaseException:
+        os.unlink(path)
+        raise
+    return path, written
+
+
+def load_runs_window(con, path: str, start: datetime, end: datetime) -> None:
+    """Replace every run created in ``[start, end)``, and any other copy of a staged run id, with the staged
+    rows: one transaction, so a failure leaves the table as it was."""
+    ensure_schema(con)
+    columns = {c: t for c, t in RUNS_COLUMNS.items() if c != "ingested_at"}
+    spec = ", ".join(f"'{c}': '{'VARCHAR' if t == 'JSON' else t}'" for c, t in columns.items())
+    with transaction(con):
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE incoming_runs AS
+            SELECT * EXCLUDE (config, summary), config::JSON AS config, summary::JSON AS summary,
+                   $ingested_at::TIMESTAMP AS ingested_at
+            FROM read_json($path, format = 'newline_delimited', columns = {{{spec}}})""",
+            {"path": path, "ingested_at": datetime.now(UTC).replace(tzinfo=None)},
+        )
+        # The window, plus any earlier copy of a fetched run (one whose created_at could not be parsed
+        # before, moved, or an unfinished run refreshed by id): a run id appears once in the table.
+        con.execute(
+            "DELETE FROM runs WHERE (created_at >= $start AND created_at < $end) "
+            "OR run_id IN (SELECT run_id FROM incoming_runs)",
+            {"start": start, "end": end},
+        )
+        con.execute("INSERT INTO runs BY NAME SELECT * FROM incoming_runs")
+        con.execute("DROP TABLE incoming_runs")
+
+
+def replace_runs_window(con, rows: Iterable[dict[str, Any]], start: datetime, end: datetime) -> int:
+    """Stage ``rows`` and load them over ``[start, end)`` (see the two steps). Returns rows written."""
+    path, written = stage_rows(rows)
+    try:
+        load_runs_window(con, path, start, end)
     finally:
         os.unlink(path)
     return written
@@ -200,10 +222,10 @@ FROM runs WHERE category = 'push_to_main'
 """
 
 SUCCESS_RATES_SQL = f"""
-SELECT ended_at::DATE AS day, coalesce(category, 'all') AS category,
+SELECT ended_at::DATE AS day, CASE WHEN GROUPING(category) = 1 THEN 'all' ELSE category END AS category,
        count(*) FILTER (WHERE state = 'finished') AS completed,
-       count(*) FILTER (WHERE state IN ('failed', 'crashed')) AS failed,
-       count(*) FILTER (WHERE state IN ('killed', 'preempted')) AS other_ended,
+       count(*) FILTER (WHERE state IN ({FAILED_SQL})) AS failed,
+       count(*) FILTER (WHERE state NOT IN ('finished', {FAILED_SQL})) AS other_ended,
        100.0 * completed / nullif(completed + failed, 0) AS success_rate_pct
 FROM runs
 WHERE state IN ({ENDED_SQL}) AND ended_at IS NOT NULL
@@ -212,17 +234,17 @@ GROUP BY GROUPING SETS ((ended_at::DATE), (ended_at::DATE, category))
 
 GPU_HOURS_SQL = f"""
 WITH spans AS (
-    SELECT category, gpu_count, created_at AS span_start,
-           CASE WHEN state IN ({ENDED_SQL}) THEN ended_at
-                WHEN state IN ('running', 'preempting') THEN $now::TIMESTAMP END AS span_end
+    SELECT category, gpu_count, created_at AS span_start, {busy_until_sql("$now::TIMESTAMP")} AS span_end
     FROM runs WHERE created_at IS NOT NULL
 ),
 daily AS (
     SELECT category, gpu_count, span_start, span_end,
-           unnest(generate_series(date_trunc('day', span_start), span_end, INTERVAL 1 DAY)) AS day_start
+           -- range() excludes its end: a span ending exactly at midnight adds no 0-hour day after it
+           unnest(range(date_trunc('day', span_start), span_end, INTERVAL 1 DAY)) AS day_start
     FROM spans WHERE span_end > span_start
 )
-SELECT day_start::DATE AS day, coalesce(category, 'all') AS category, count(*) AS runs,
+SELECT day_start::DATE AS day, CASE WHEN GROUPING(category) = 1 THEN 'all' ELSE category END AS category,
+       count(*) AS runs,
        sum(gpu_count * (epoch(least(span_end, day_start + INTERVAL 1 DAY))
                         - epoch(greatest(span_start, day_start))) / 3600.0) AS gpu_hours
 FROM daily
@@ -255,12 +277,27 @@ def record_snapshot(con, snapshot_at: datetime) -> dict[str, float | None]:
     return gauges
 
 
-def refresh_days(oldest_unfinished: date | None, today: date, first_partition: date) -> tuple[date, date]:
-    """Days one tick re-reads: from min(yesterday, oldest still-unfinished run's day) through today."""
+def refresh_days(
+    oldest_unfinished: date | None, today: date, first_partition: date, max_days: int = 7
+) -> tuple[date, date]:
+    """Days one tick re-reads: from min(yesterday, oldest still-unfinished run's day) through today, but never
+    more than ``max_days`` back (older unfinished runs are refreshed by id, see ``unfinished_run_ids``)."""
     first = today - timedelta(days=1)
     if oldest_unfinished is not None and oldest_unfinished < first:
-        first = oldest_unfinished
+        first = max(oldest_unfinished, today - timedelta(days=max_days))
     return max(first, first_partition), today
+
+
+def unfinished_run_ids(con, before: datetime) -> list[str]:
+    """Runs the warehouse still holds as alive that were created before ``before``: a tick whose window does
+    not reach back to them refreshes them by id instead."""
+    return [
+        r[0]
+        for r in con.execute(
+            f"SELECT run_id FROM runs WHERE state IN ({ALIVE_SQL}) AND created_at < $before ORDER BY run_id",
+            {"before": before},
+        ).fetchall()
+    ]
 
 
 def query_read_only(path: str, sql: str, params: dict | None = None) -> list[tuple]:
@@ -290,9 +327,8 @@ def read_oldest_unfinished_day(path: str) -> date | None:
     """
     if not os.path.exists(path):
         return None
-    states = ", ".join(f"'{s}'" for s in ALIVE_STATES)
     has_runs = query_read_only(path, "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'runs'")[0][0]
     if not has_runs:
         return None
-    oldest = query_read_only(path, f"SELECT min(created_at) FROM runs WHERE state IN ({states})")[0][0]
+    oldest = query_read_only(path, f"SELECT min(created_at) FROM runs WHERE state IN ({ALIVE_SQL})")[0][0]
     return oldest.date() if oldest else None

@@ -1,20 +1,22 @@
 """Datadog (metrics and events, through the official datadog-api-client) and the alert channels."""
 
-import os
-
 from dagster import ConfigurableResource, ResourceDependency
 
 from wandb_assets.defs.wandb_runs.resources import WandbResource
 from wandb_assets.lib.channels import post_webhook
 from wandb_assets.lib.datadog_feed import SendResult
-from wandb_assets.settings import ConfigError
+from wandb_assets.settings import load_settings
 
 
 class DatadogResource(ConfigurableResource):
-    """Submits metric payloads and events to Datadog; disabled (dry run) without an API key.
+    """Submits metric payloads and events to Datadog.
 
-    Settings are read from the environment at each call (``DD_SITE``, ``DD_ENV``,
-    ``WANDB_ASSETS_DATADOG_URL``), never stored as resource config, so nothing secret shows in the UI.
+    Dry run is a configuration decision: with no ``DD_API_KEY`` in the environment and none in the W&B
+    secret (when that secret is in use) the feed runs dry. A key that is configured but cannot be read
+    (Secrets Manager throttled, expired credentials) raises, so the step fails loudly and nothing is
+    recorded as sent or dry. The secret is read once per run (``WandbResource`` caches it). Settings are
+    read from the environment (``DD_SITE``, ``DD_ENV``, ``WANDB_ASSETS_DATADOG_URL``), never stored as
+    resource config, so nothing secret shows in the UI.
     """
 
     wandb: ResourceDependency[WandbResource]
@@ -22,29 +24,26 @@ class DatadogResource(ConfigurableResource):
 
     @property
     def site(self) -> str:
-        return (os.environ.get("DD_SITE") or "").strip() or "datadoghq.com"
+        return load_settings().DD_SITE
 
     @property
     def url(self) -> str:
-        return (os.environ.get("WANDB_ASSETS_DATADOG_URL") or "").strip()
+        return load_settings().WANDB_ASSETS_DATADOG_URL or ""
 
     @property
     def env(self) -> str | None:
-        return (os.environ.get("DD_ENV") or "").strip() or None
+        return load_settings().DD_ENV
 
     def api_key(self) -> str | None:
-        """``DD_API_KEY`` from the environment, else from the W&B secret when that secret is in use."""
-        key = (os.environ.get("DD_API_KEY") or "").strip()
-        if key:
-            return key
-        if (os.environ.get("WANDB_API_KEY") or "").strip():
+        """``DD_API_KEY`` from the environment, else from the W&B secret when that secret is in use; None
+        when no key is configured anywhere (dry run). Raises ``ConfigError`` when the secret cannot be read."""
+        key = load_settings().DD_API_KEY
+        if key is not None:
+            return key.get_secret_value()
+        if not self.wandb.secret_in_use():
             return None  # credentials come from the environment, not the secret: no key means dry run
-        try:
-            return (
-                self.wandb.load_secret(self.wandb.secret_name, "DD_API_KEY").get("DD_API_KEY") or ""
-            ).strip() or None
-        except ConfigError:
-            return None
+        secret = self.wandb.load_secret(self.wandb.secret_name, "DD_API_KEY")
+        return (secret.get("DD_API_KEY") or "").strip() or None
 
     def _configuration(self, key: str):
         from datadog_api_client import Configuration
@@ -116,7 +115,7 @@ class AlertChannelsResource(ConfigurableResource):
 
     @property
     def slack_enabled(self) -> bool:
-        return bool((os.environ.get("WANDB_ASSETS_SLACK_WEBHOOK_URL") or "").strip())
+        return load_settings().WANDB_ASSETS_SLACK_WEBHOOK_URL is not None
 
     def post_slack(self, text: str) -> str | None:
-        return post_webhook(os.environ["WANDB_ASSETS_SLACK_WEBHOOK_URL"].strip(), text, self.timeout_s)
+        return post_webhook(load_settings().WANDB_ASSETS_SLACK_WEBHOOK_URL.get_secret_value(), text, self.timeout_s)

@@ -1,13 +1,13 @@
 """Tables derived from ``runs`` (rebuilt whole, in SQL) and the fleet snapshot (appended each tick)."""
 
 from collections.abc import Callable
-from datetime import UTC, datetime
 
-from dagster import AssetExecutionContext, AssetsDefinition, Config, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, Config, MaterializeResult, MetadataValue, asset
 
-from wandb_assets.defs.wandb_runs.assets import markdown_table, runs
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
+from wandb_assets.lib.clock import configured_time, utc_now
 from wandb_assets.lib.gauges import GAUGES
+from wandb_assets.lib.markdown import markdown_table
 from wandb_assets.lib.warehouse import (
     rebuild_gpu_hours,
     rebuild_push_to_main_sps,
@@ -19,14 +19,9 @@ COMMON = {
     "group_name": "fleet",
     "kinds": {"duckdb"},
     "owners": ["team:ml-platform"],
-    "deps": [runs],
+    "deps": [AssetKey("runs")],
     "pool": WAREHOUSE_POOL,
 }
-
-
-def utc_now() -> datetime:
-    """Now, as a naive UTC datetime truncated to the second (how the warehouse stores time)."""
-    return datetime.now(UTC).replace(tzinfo=None, microsecond=0)
 
 
 def derived_table_asset(
@@ -74,7 +69,7 @@ gpu_hours = derived_table_asset(
 
 
 class SnapshotConfig(Config):
-    """``snapshot_at`` (ISO-8601, UTC) pins the snapshot time; empty means now."""
+    """``snapshot_at`` (ISO-8601: ``Z``, an offset, or none for UTC) pins the snapshot time; empty means now."""
 
     snapshot_at: str = ""
 
@@ -85,12 +80,12 @@ class SnapshotConfig(Config):
     kinds={"duckdb"},
     owners=["team:ml-platform"],
     pool=WAREHOUSE_POOL,
-    deps=[runs, push_to_main_sps, success_rates, gpu_hours],
+    deps=[AssetKey(k) for k in ("runs", "push_to_main_sps", "success_rates", "gpu_hours")],
 )
 def fleet_snapshot(
     context: AssetExecutionContext, config: SnapshotConfig, warehouse: WarehouseResource
 ) -> MaterializeResult:
-    snapshot_at = datetime.fromisoformat(config.snapshot_at.replace("Z", "")) if config.snapshot_at else utc_now()
+    snapshot_at = configured_time(config.snapshot_at, "snapshot_at") or utc_now()
     with warehouse.get_connection() as con:
         gauges = record_snapshot(con, snapshot_at)
         snapshots = con.execute("SELECT count(DISTINCT snapshot_at) FROM fleet_metrics").fetchone()[0]

@@ -1,46 +1,52 @@
 """``fleet_report``: publish unpublished fleet snapshots to the long-lived W&B report run."""
 
-import os
+from datetime import timedelta
 
-from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, AssetKey, Config, MaterializeResult, MetadataValue, asset
 
 from wandb_assets.defs.wandb_runs.resources import WandbResource
-from wandb_assets.defs.warehouse.assets import warehouse_snapshot
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
-from wandb_assets.report import REPORT_RUN_ID, publish_report
+from wandb_assets.report import ArtifactPolicy, publish_report
+from wandb_assets.settings import Settings, load_settings
 from wandb_assets.warehouse import snapshot_path
 
 
-def report_settings() -> dict | None:
-    """Where the report goes (``WANDB_ASSETS_REPORT_PROJECT`` and friends); None when it is switched off."""
-    project = (os.environ.get("WANDB_ASSETS_REPORT_PROJECT") or "").strip()
-    if not project:
+def report_target(settings: Settings) -> tuple[str, str | None, str, str | None] | None:
+    """``(project, entity, run_id, mode)`` of the report run; None when it is switched off."""
+    if not settings.WANDB_ASSETS_REPORT_PROJECT:
         return None
-    return {
-        "project": project,
-        "entity": (os.environ.get("WANDB_ASSETS_REPORT_ENTITY") or os.environ.get("WANDB_ENTITY") or "").strip()
-        or None,
-        "run_id": (os.environ.get("WANDB_ASSETS_REPORT_RUN_ID") or REPORT_RUN_ID).strip(),
-        "mode": (os.environ.get("WANDB_ASSETS_REPORT_MODE") or "").strip() or None,
-    }
+    entity = settings.WANDB_ASSETS_REPORT_ENTITY or settings.WANDB_ENTITY
+    return (
+        settings.WANDB_ASSETS_REPORT_PROJECT,
+        entity,
+        settings.WANDB_ASSETS_REPORT_RUN_ID,
+        settings.WANDB_ASSETS_REPORT_MODE,
+    )
 
 
-def publish(warehouse: WarehouseResource, wandb: WandbResource, log) -> dict:
+def publish(warehouse: WarehouseResource, wandb: WandbResource, log, force_artifact: bool = False) -> dict:
     """Publish what is pending; returns metadata for the materialization or the CLI."""
-    settings = report_settings()
-    if settings is None:
+    settings = load_settings()
+    target = report_target(settings)
+    if target is None:
         return {"status": "disabled (set WANDB_ASSETS_REPORT_PROJECT)"}
-    api_key = None if settings["mode"] == "offline" else wandb.wandb_settings().api_key
-    with warehouse.get_connection() as con:
-        result = publish_report(
-            con,
-            snapshot_path(warehouse.database),
-            settings["project"],
-            settings["entity"],
-            settings["run_id"],
-            mode=settings["mode"],
-            api_key=api_key,
-        )
+    project, entity, run_id, mode = target
+    api_key = None if mode == "offline" else wandb.wandb_settings().api_key
+    policy = ArtifactPolicy(
+        ttl=timedelta(days=settings.WANDB_ASSETS_REPORT_ARTIFACT_TTL_DAYS),
+        raw=settings.WANDB_ASSETS_REPORT_RAW,
+        force=force_artifact,
+    )
+    result = publish_report(
+        warehouse.get_connection,
+        snapshot_path(warehouse.database),
+        project,
+        entity,
+        run_id,
+        mode=mode,
+        api_key=api_key,
+        artifact_policy=policy,
+    )
     if result.published:
         log.info(
             f"Published {len(result.published)} fleet snapshot(s) to W&B run {result.run_path}, "
@@ -52,21 +58,28 @@ def publish(warehouse: WarehouseResource, wandb: WandbResource, log) -> dict:
         "run": result.run_path,
         "first": result.published[0].isoformat() + "Z" if result.published else "",
         "last": result.published[-1].isoformat() + "Z" if result.published else "",
+        "warehouse_artifact": result.artifact,
     }
+
+
+class ReportConfig(Config):
+    """``force_artifact`` publishes the warehouse artifact even if one went out today (``wandb-assets publish``)."""
+
+    force_artifact: bool = False
 
 
 @asset(
     description="Publishes every fleet snapshot not yet published to one long-lived W&B run (stable id, resumed): "
-    "gauges against fleet/snapshot_unix, alerts and SPS tables, SPS plots, an HTML dashboard, the warehouse "
-    "artifact. A no-op unless WANDB_ASSETS_REPORT_PROJECT is set.",
+    "gauges against fleet/snapshot_unix, alerts and SPS tables, SPS plots, an HTML dashboard, and once a day the "
+    "warehouse artifact (with a TTL, without raw run JSON). A no-op unless WANDB_ASSETS_REPORT_PROJECT is set.",
     group_name="feed",
     kinds={"wandb", "duckdb"},
     owners=["team:ml-platform"],
     pool=WAREHOUSE_POOL,
-    deps=[warehouse_snapshot],
+    deps=[AssetKey("warehouse_snapshot")],
 )
 def fleet_report(
-    context: AssetExecutionContext, warehouse: WarehouseResource, wandb: WandbResource
+    context: AssetExecutionContext, config: ReportConfig, warehouse: WarehouseResource, wandb: WandbResource
 ) -> MaterializeResult:
-    metadata = publish(warehouse, wandb, context.log)
+    metadata = publish(warehouse, wandb, context.log, force_artifact=config.force_artifact)
     return MaterializeResult(metadata={k: MetadataValue.text(str(v)) for k, v in metadata.items()})

@@ -1,5 +1,6 @@
 """The ``runs`` asset: a mirror of the W&B project's runs, partitioned daily by ``createdAt`` (UTC)."""
 
+import os
 from collections import Counter
 from collections.abc import Iterator
 
@@ -14,8 +15,10 @@ from dagster import (
 
 from wandb_assets.defs.wandb_runs.resources import WandbResource
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
+from wandb_assets.lib.fetch import created_between, with_ids
+from wandb_assets.lib.markdown import markdown_table
 from wandb_assets.lib.normalize import run_row, to_naive_utc
-from wandb_assets.lib.warehouse import replace_runs_window
+from wandb_assets.lib.warehouse import load_runs_window, stage_rows, unfinished_run_ids
 from wandb_assets.settings import pipeline_settings
 
 daily_partitions = DailyPartitionsDefinition(
@@ -29,15 +32,6 @@ FROM runs WHERE created_at >= $start AND created_at < $end ORDER BY created_at D
 """
 
 
-def markdown_table(columns: list[str], rows: list[tuple]) -> str:
-    """A small markdown table for Dagster metadata."""
-    cells = ["" if v is None else (f"{v:g}" if isinstance(v, float) else str(v)) for row in rows for v in row]
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    width = len(columns)
-    lines += ["| " + " | ".join(cells[i : i + width]) + " |" for i in range(0, len(cells), width)]
-    return "\n".join(lines)
-
-
 @asset(
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
@@ -47,7 +41,8 @@ def markdown_table(columns: list[str], rows: list[tuple]) -> str:
     owners=["team:ml-platform"],
     description=(
         "Every W&B run of the project, one row per run, partitioned by the UTC day it was created. "
-        "Materializing a partition (or a range, in one run) re-reads that window from W&B and replaces it."
+        "Materializing a partition (or a range, in one run) re-reads that window from W&B and replaces it; "
+        "runs still unfinished from before the window are refreshed by id in one request."
     ),
 )
 def runs(context: AssetExecutionContext, wandb: WandbResource, warehouse: WarehouseResource) -> MaterializeResult:
@@ -55,30 +50,44 @@ def runs(context: AssetExecutionContext, wandb: WandbResource, warehouse: Wareho
     window = context.partition_time_window
     start, end = to_naive_utc(window.start), to_naive_utc(window.end)
     entity, project, app_url = wandb.project_path(pipeline)
+    with warehouse.get_connection() as con:
+        older_unfinished = unfinished_run_ids(con, start)
     anomalies: Counter[str] = Counter()
     malformed: list[str] = []
     categories: Counter[str] = Counter()
 
     def rows() -> Iterator[dict]:
-        for page in wandb.fetch_run_pages(start, end, pipeline):
-            for node in page:
-                row = run_row(
-                    node, entity=entity, project=project, app_url=app_url, default_gpus=pipeline.default_gpus_per_run
-                )
-                categories[row["category"]] += 1
-                if row["anomalies"]:
-                    anomalies.update(row["anomalies"])
-                    malformed.append(row["run_id"])
-                yield row
+        queries = [created_between(start, end)] + ([with_ids(older_unfinished)] if older_unfinished else [])
+        for filters in queries:
+            for page in wandb.fetch_run_pages(filters, pipeline):
+                for node in page:
+                    row = run_row(
+                        node,
+                        entity=entity,
+                        project=project,
+                        app_url=app_url,
+                        default_gpus=pipeline.default_gpus_per_run,
+                    )
+                    categories[row["category"]] += 1
+                    if row["anomalies"]:
+                        anomalies.update(row["anomalies"])
+                        malformed.append(row["run_id"])
+                    yield row
 
-    with warehouse.get_connection() as con:
-        written = replace_runs_window(con, rows(), start, end)
-        preview = con.execute(PREVIEW_SQL, {"start": start, "end": end}).fetchall()
-        total = con.execute("SELECT count(*) FROM runs").fetchone()[0]
+    # Fetch and stage with the warehouse closed (a failed fetch writes nothing); hold the writer only to load.
+    staged, written = stage_rows(rows())
+    try:
+        with warehouse.get_connection() as con:
+            load_runs_window(con, staged, start, end)
+            preview = con.execute(PREVIEW_SQL, {"start": start, "end": end}).fetchall()
+            total = con.execute("SELECT count(*) FROM runs").fetchone()[0]
+    finally:
+        os.unlink(staged)
     if malformed:
         context.log.warning(f"{len(malformed)} runs had malformed fields (kept with nulls): {dict(anomalies)}")
     context.log.info(
         f"Wrote {written} runs created {start:%Y-%m-%d} .. {end:%Y-%m-%d} (exclusive) for {entity}/{project}"
+        + (f", and refreshed {len(older_unfinished)} older unfinished run(s) by id" if older_unfinished else "")
     )
     return MaterializeResult(
         metadata={
@@ -86,6 +95,7 @@ def runs(context: AssetExecutionContext, wandb: WandbResource, warehouse: Wareho
             "rows_total": total,
             "window_start_utc": start.isoformat(),
             "window_end_utc": end.isoformat(),
+            "older_unfinished_refreshed": len(older_unfinished),
             "project": f"{entity}/{project}",
             "malformed_runs": len(malformed),
             "malformed_fields": MetadataValue.json(dict(anomalies)),

@@ -1,11 +1,10 @@
 """The W&B resource: settings from the environment or AWS Secrets Manager, and paged run fetching."""
 
-import os
 from collections.abc import Iterator
-from datetime import datetime
 
-from dagster import ConfigurableResource, ResourceDependency
+from dagster import ConfigurableResource, InitResourceContext, ResourceDependency
 from dagster_aws.secretsmanager import SecretsManagerResource
+from pydantic import PrivateAttr
 
 from wandb_assets.lib.fetch import default_entity, fetch_run_pages, get_api
 from wandb_assets.settings import (
@@ -13,19 +12,30 @@ from wandb_assets.settings import (
     ConfigError,
     PipelineSettings,
     WandbSettings,
+    load_settings,
     parse_secret_string,
     resolve_wandb_settings,
 )
 
 
 class WandbResource(ConfigurableResource):
-    """Reads a W&B project through the public API (one ``wandb.Api`` per process)."""
+    """Reads a W&B project through the public API (one ``wandb.Api`` per process and settings).
+
+    The Secrets Manager secret is read at most once per run (per resource instance outside Dagster) and
+    kept only in memory; it is never resource config, so nothing secret shows in the UI.
+    """
 
     secrets: ResourceDependency[SecretsManagerResource]
     secret_name: str = DEFAULT_SECRET_NAME
+    _secret_cache: dict = PrivateAttr(default_factory=dict)
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        self._secret_cache = {}  # a fresh cache for every run
 
     def load_secret(self, name: str, wanted: str = "WANDB_API_KEY") -> dict[str, str]:
         """The secret's JSON object; a one-sentence ``ConfigError`` naming ``wanted`` when it cannot be read."""
+        if name in self._secret_cache:
+            return self._secret_cache[name]
         try:
             response = self.secrets.get_client().get_secret_value(SecretId=name)
         except Exception as exc:  # noqa: BLE001 - botocore raises many types; the message names the setting
@@ -35,20 +45,25 @@ class WandbResource(ConfigurableResource):
                 f"{wanted} is not set and the secret {name!r} could not be read from AWS Secrets Manager "
                 f"({code or reason}): export {wanted} or fix WANDB_ASSETS_SECRET_NAME / AWS credentials."
             ) from None
-        return parse_secret_string(name, response.get("SecretString"))
+        self._secret_cache[name] = parse_secret_string(name, response.get("SecretString"))
+        return self._secret_cache[name]
+
+    def secret_in_use(self) -> bool:
+        """Whether credentials come from the secret (``WANDB_API_KEY`` is not in the environment)."""
+        return load_settings().WANDB_API_KEY is None
 
     def wandb_settings(self) -> WandbSettings:
-        return resolve_wandb_settings(os.environ, self.load_secret, self.secret_name)
+        return resolve_wandb_settings(None, self.load_secret, self.secret_name)
 
-    def fetch_run_pages(self, start: datetime, end: datetime, pipeline: PipelineSettings) -> Iterator[list[dict]]:
-        """Raw run nodes created in ``[start, end)``, a page at a time."""
+    def fetch_run_pages(self, filters: dict, pipeline: PipelineSettings) -> Iterator[list[dict]]:
+        """Raw run nodes matching ``filters`` (see ``lib.fetch.created_between`` / ``with_ids``), a page at a time."""
         settings = self.wandb_settings()
         api = get_api(settings, pipeline)
         entity = settings.entity or default_entity(api)
-        yield from fetch_run_pages(api, entity, settings.project, start, end, pipeline.page_size, settings.api_key)
+        yield from fetch_run_pages(api, entity, settings.project, filters, pipeline.page_size, settings.api_key)
 
     def project_path(self, pipeline: PipelineSettings) -> tuple[str, str, str]:
-        """``(entity, project, app_url)`` for building run URLs."""
+        """``(entity, project, app_url)`` for building run URLs; checks the key (and the server) on the way."""
         from wandb.util import app_url
 
         settings = self.wandb_settings()
@@ -58,7 +73,8 @@ class WandbResource(ConfigurableResource):
 
 
 def wandb_resource() -> WandbResource:
+    settings = load_settings()
     return WandbResource(
-        secrets=SecretsManagerResource(region_name=os.environ.get("AWS_REGION") or "us-east-1"),
-        secret_name=os.environ.get("WANDB_ASSETS_SECRET_NAME") or DEFAULT_SECRET_NAME,
+        secrets=SecretsManagerResource(region_name=settings.AWS_REGION),
+        secret_name=settings.WANDB_ASSETS_SECRET_NAME,
     )

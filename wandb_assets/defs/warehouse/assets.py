@@ -2,11 +2,8 @@
 
 from pathlib import Path
 
-from dagster import MaterializeResult, MetadataValue, asset
+from dagster import AssetKey, MaterializeResult, MetadataValue, asset
 
-from wandb_assets.defs.feed.assets import datadog_feed, fleet_alerts
-from wandb_assets.defs.fleet.assets import fleet_snapshot, gpu_hours, push_to_main_sps, success_rates
-from wandb_assets.defs.wandb_runs.assets import runs
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.warehouse import row_counts
 from wandb_assets.warehouse import publish_snapshot
@@ -19,7 +16,18 @@ from wandb_assets.warehouse import publish_snapshot
     kinds={"duckdb"},
     owners=["team:ml-platform"],
     pool=WAREHOUSE_POOL,
-    deps=[runs, push_to_main_sps, success_rates, gpu_hours, fleet_snapshot, datadog_feed, fleet_alerts],
+    deps=[
+        AssetKey(key)
+        for key in (
+            "runs",
+            "push_to_main_sps",
+            "success_rates",
+            "gpu_hours",
+            "fleet_snapshot",
+            "datadog_feed",
+            "fleet_alerts",
+        )
+    ],
 )
 def warehouse_snapshot(warehouse: WarehouseResource) -> MaterializeResult:
     with warehouse.get_connection() as con:

@@ -11,7 +11,7 @@ import duckdb
 from dagster_duckdb import DuckDBResource
 
 from wandb_assets.lib.warehouse import ensure_schema
-from wandb_assets.settings import pipeline_settings
+from wandb_assets.settings import load_settings
 
 #: Every asset that writes the warehouse runs in this Dagster concurrency pool; `dagster.yaml` limits pools
 #: to one slot, so a backfill and a tick never fight over DuckDB's single-writer file lock.
@@ -25,7 +25,7 @@ class WarehouseResource(DuckDBResource):
     def get_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
         if self.database != ":memory:":
             Path(self.database).parent.mkdir(parents=True, exist_ok=True)
-        wait_s = pipeline_settings().lock_wait_s
+        wait_s = load_settings().WANDB_ASSETS_LOCK_WAIT
         deadline = time.monotonic() + wait_s
         delay = 0.1
         while True:
@@ -35,11 +35,17 @@ class WarehouseResource(DuckDBResource):
                 )
                 break
             except duckdb.IOException as exc:
-                if "lock" not in str(exc).lower() or time.monotonic() + delay > deadline:
+                first_line = str(exc).splitlines()[0]
+                if not is_lock_conflict(exc):
+                    raise RuntimeError(
+                        f"The warehouse {self.database} could not be opened; it looks damaged or is not a DuckDB "
+                        f"file (restore it from its .snapshot.duckdb copy, or move it away and backfill): {first_line}"
+                    ) from None
+                if time.monotonic() + delay > deadline:
                     raise RuntimeError(
                         f"The warehouse {self.database} is locked by another process (a notebook holding it open? "
                         f"notebooks should use wandb_assets.warehouse.open_snapshot()); gave up after {wait_s:g} s "
-                        f"(WANDB_ASSETS_LOCK_WAIT): {str(exc).splitlines()[0]}"
+                        f"(WANDB_ASSETS_LOCK_WAIT): {first_line}"
                     ) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -51,6 +57,11 @@ class WarehouseResource(DuckDBResource):
             con.close()
 
 
+def is_lock_conflict(exc: Exception) -> bool:
+    """DuckDB's answer when another process holds the file ("Could not set lock on file ... Conflicting lock")."""
+    return "lock" in str(exc).lower()
+
+
 def warehouse_resource() -> WarehouseResource:
     """The warehouse at ``WANDB_ASSETS_DUCKDB``, as an absolute path."""
-    return WarehouseResource(database=str(pipeline_settings().duckdb_path.resolve()))
+    return WarehouseResource(database=str(load_settings().WANDB_ASSETS_DUCKDB.resolve()))

@@ -1,0 +1,63 @@
+"""Recording alert transitions and sending the outbox: shared by ``fleet_alerts`` and the pipeline-failure job.
+
+The warehouse is open only to record and to mark: notifications go out with it closed.
+"""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource
+from wandb_assets.defs.warehouse.resources import WarehouseResource
+from wandb_assets.lib.alerts import Condition, Transition, drain_outbox, reconcile
+from wandb_assets.lib.datadog_feed import feed_tags
+from wandb_assets.settings import pipeline_settings
+
+
+@dataclass
+class Notifier:
+    """The alert lifecycle of one step: its warehouse, channels and log, and the Datadog key read once."""
+
+    warehouse: WarehouseResource
+    datadog: DatadogResource
+    channels: AlertChannelsResource
+    log: object
+
+    def __post_init__(self) -> None:
+        self._key = self.datadog.api_key()  # None = no key configured; an unreadable secret raises here
+
+    def channel_names(self) -> list[str]:
+        """Channels a new notification is queued for (the table and the Dagster log always get it)."""
+        return (["slack"] if self.channels.slack_enabled else []) + (["datadog_event"] if self._key else [])
+
+    def record(self, con, conditions: list[Condition], evaluated: set[str], now: datetime) -> list[Transition]:
+        """Open, touch and resolve alerts (``evaluated``: rule names or ``rule:subject`` keys) and log them."""
+        transitions = reconcile(con, conditions, evaluated, now, self.channel_names())
+        for transition in transitions:
+            condition = transition.condition
+            line = f"Alert {transition.event}: {condition.rule} ({condition.subject}): {condition.message}"
+            (self.log.warning if transition.event == "opened" else self.log.info)(line)
+        return transitions
+
+    def send(self, now: datetime) -> tuple[int, dict[str, str]]:
+        """Drain the outbox through the configured channels, the warehouse closed while sending."""
+        tags: list[str] | None = None
+
+        def deliver(channel: str, event: str, text: str) -> str | None:
+            nonlocal tags
+            if channel == "slack":
+                return self.channels.post_slack(text) if self.channels.slack_enabled else "slack webhook not configured"
+            if channel == "datadog_event":
+                if not self._key:
+                    return "DD_API_KEY not configured"
+                if tags is None:
+                    entity, project, _ = self.datadog.wandb.project_path(pipeline_settings())
+                    tags = feed_tags(entity, project, self.datadog.env)
+                title = text.split(":", 2)[-1].strip()[:100]
+                result = self.datadog.send_event(self._key, title, text, event == "resolved", tags)
+                return None if result.accepted else f"Datadog events answered {result.status or result.error}"
+            return f"unknown channel {channel}"
+
+        sent, failed = drain_outbox(self.warehouse.get_connection, deliver, now)
+        for channel, error in failed.items():
+            self.log.warning(f"Alert channel {channel} is down ({error}); its notifications wait for the next tick.")
+        return sent, failed
