@@ -41,7 +41,7 @@ def _phase(name: str, days: int) -> dict:
     else:
         from dagster import DagsterInstance
 
-        from wandb_assets.defs.fleet.jobs import execute_backfill
+        from wandb_assets.ticks import execute_backfill
         from wandb_assets.ticks import run_tick
     import_seconds = time.perf_counter() - imports_started
     started = time.perf_counter()

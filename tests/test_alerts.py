@@ -7,27 +7,33 @@ import pytest
 from tests.capture import CaptureServer
 from tests.fleet import fleet_row, load
 from wandb_assets.lib.alerts import (
+    PIPELINE_FAILURE,
+    RULE_FUNCTIONS,
     RULES,
     AlertThresholds,
     Condition,
     drain_outbox,
     evaluate_rules,
+    pipeline_failure,
     reconcile,
 )
 from wandb_assets.lib.channels import post_webhook
+from wandb_assets.lib.sql import reusing
+from wandb_assets.settings import alert_thresholds
 
 T = datetime(2026, 6, 10, 12, 0)
 TH = AlertThresholds()
-ALL_RULES = set(RULES)
+ALL_RULES = set(RULE_FUNCTIONS)
 
 
-def test_the_six_rules():
+def test_the_seven_rules():
     assert RULES == (
         "push_to_main_success_rate_low",
         "sps_regression",
         "failure_spike",
         "stalled_run",
         "ci_silent",
+        "long_running",
         "pipeline_failure",
     )
 
@@ -75,10 +81,16 @@ def test_success_rate_low(con):
     conditions = evaluate_rules(con, T, TH)
     assert [c.key for c in conditions] == ["push_to_main_success_rate_low:push_to_main"]
     assert conditions[0].message == (
-        "Push-to-main success rate is 40.0% over the last 24 h (5 runs ended; threshold 80%)."
+        "Push-to-main success rate is 40.0% over the last 24 h (5 runs finished, failed or crashed; threshold 80%)."
     )
     load(con, fresh_ci() + [ci("a", "finished", 2), ci("c", "failed", 4), ci("d", "crashed", 5), ci("e", "failed", 6)])
     assert keys(con) == []  # 4 ended runs: below the 5-run minimum
+
+
+def test_success_rate_minimum_counts_only_the_runs_it_rates(con):
+    # 5 killed + 1 failed: six runs ended, but the rate (0%) is over one run; below the 5-run minimum.
+    load(con, fresh_ci() + [ci(f"k{i}", "killed", i + 1) for i in range(5)] + [ci("f", "failed", 7)])
+    assert keys(con) == []
 
 
 def main_history(latest_sps: float, previous: int = 5) -> list[dict]:
@@ -95,10 +107,22 @@ def test_sps_regression_names_config_commits_and_urls(con):
     assert condition.key == "sps_regression:ppo"
     assert condition.message == (
         "SPS regression on main for ppo: overview/sps 85.0 is 15.0% below the median 100.0 of the previous 5 "
-        "main runs. Last good commit c-p4 (http://wandb.local/runs/p4), offending commit c-latest "
-        "(http://wandb.local/runs/latest)."
+        "main runs. Last good commit c-p4 (http://wandb.local/runs/p4), first slow commit c-latest "
+        "(http://wandb.local/runs/latest); 1 slow run(s) since."
     )
     assert condition.details["good_url"] == "http://wandb.local/runs/p4"
+
+
+def test_sps_regression_names_the_first_slow_commit_not_the_latest(con):
+    # p0..p4 at ~100, then two slow main runs (s1 at 84, latest at 85): s1 is where it started.
+    load(con, main_history(85.0) + [ci("s1", "finished", 2, sps=84.0)])
+    (condition,) = evaluate_rules(con, T, TH)
+    assert (condition.details["good_commit"], condition.details["slow_commit"], condition.details["slow_runs"]) == (
+        "c-p4",
+        "c-s1",
+        2,
+    )
+    assert "first slow commit c-s1 (http://wandb.local/runs/s1); 2 slow run(s) since." in condition.message
 
 
 @pytest.mark.parametrize(("latest", "previous"), [(95.0, 5), (85.0, 4)])
@@ -127,6 +151,38 @@ def test_stalled_by_heartbeat(con):
     assert "no heartbeat for 36 min" in condition.message
 
 
+@pytest.mark.parametrize(
+    ("threshold", "silent_s", "stalled"),
+    [
+        (30.5, 30 * 60 + 12, False),  # 30.2 min < 30.5: quiet (int(30.5) = 30 once made this an alert or a crash)
+        (30.5, 30 * 60 + 36, True),  # 30.6 min
+        (0.5, 20, False),
+        (0.5, 40, True),
+    ],
+)
+def test_fractional_stall_thresholds_without_a_step(con, threshold, silent_s, stalled):
+    run = fleet_row("quiet", "running", "regular", ago(5), T - timedelta(seconds=silent_s))
+    run["summary_step"] = None  # a third of real summaries have no _step
+    load(con, fresh_ci() + [run])
+    th = AlertThresholds(stall_heartbeat_minutes=threshold)
+    conditions = evaluate_rules(con, T, th)
+    assert [c.key for c in conditions] == (["stalled_run:quiet"] if stalled else [])
+    if stalled:
+        assert conditions[0].details["reason"] == f"no heartbeat for {silent_s // 60} min"
+
+
+def test_long_running(con):
+    zombie = fleet_row("zombie", "running", "regular", ago(24 * 8), T)  # heartbeating, alive for 8 days
+    queued = fleet_row("queued", "pending", "regular", ago(24 * 7 + 1), None)
+    young = fleet_row("young", "running", "regular", ago(24 * 6), T)
+    load(con, fresh_ci() + [zombie, queued, young])
+    conditions = [c for c in evaluate_rules(con, T, TH) if c.rule == "long_running"]
+    assert [c.key for c in conditions] == ["long_running:queued", "long_running:zombie"]
+    assert conditions[1].message == (
+        "Run zombie has been running since 2026-06-02 12:00 UTC (over 168 h): a zombie or a stuck job? (None)."
+    )
+
+
 def test_stalled_by_step_needs_an_hour_of_ticks_without_progress(con):
     def at_step(step: float, heartbeat: datetime) -> list[dict]:
         run = fleet_row("slow", "running", "regular", ago(5), heartbeat)
@@ -153,8 +209,23 @@ def test_ci_silent(con):
 
 
 def test_thresholds_from_environment():
-    th = AlertThresholds.from_env({"WANDB_ASSETS_ALERT_SPS_DROP_PCT": "25", "WANDB_ASSETS_ALERT_CI_SILENT_HOURS": "2"})
-    assert (th.sps_drop_pct, th.ci_silent_hours, th.failure_spike_pct) == (25.0, 2.0, 50.0)
+    th = alert_thresholds(
+        {"WANDB_ASSETS_ALERT_SPS_DROP_PCT": "25", "WANDB_ASSETS_ALERT_STALL_HEARTBEAT_MINUTES": "0.5"}
+    )
+    assert (th.sps_drop_pct, th.stall_heartbeat_minutes, th.failure_spike_pct) == (25.0, 0.5, 50.0)
+
+
+def test_pipeline_failure_resolves_only_for_its_own_job(con):
+    opened = reconcile(
+        con, [pipeline_failure("feed", "r1", "boom"), pipeline_failure("backfill", "r2", "x")], set(), T, []
+    )
+    assert len(opened) == 2
+    # a full evaluation of the fleet rules never touches pipeline_failure
+    assert reconcile(con, [], set(RULE_FUNCTIONS), T + timedelta(minutes=15), []) == []
+    resolved = reconcile(con, [], {f"{PIPELINE_FAILURE}:feed"}, T + timedelta(minutes=30), [])
+    assert [(t.event, t.condition.key) for t in resolved] == [("resolved", "pipeline_failure:feed")]
+    still_open = con.execute("SELECT alert_key FROM alerts WHERE resolved_at IS NULL").fetchall()
+    assert still_open == [("pipeline_failure:backfill",)]
 
 
 def test_lifecycle_notifies_on_open_and_resolve_only(con):
@@ -175,7 +246,7 @@ def test_lifecycle_notifies_on_open_and_resolve_only(con):
     assert con.execute("SELECT count(*) FROM alerts").fetchone()[0] == 2
 
 
-def test_webhook_outage_then_delivery_exactly_once(con):
+def test_webhook_outage_then_delivery_at_least_once(con):
     capture = CaptureServer()
     try:
         reconcile(con, [Condition("ci_silent", "push_to_main", "warning", "no CI for 13 h")], ALL_RULES, T, ["slack"])
@@ -184,12 +255,12 @@ def test_webhook_outage_then_delivery_exactly_once(con):
             return post_webhook(capture.url + "/hook", text, timeout_s=2)
 
         capture.answer = 500
-        assert drain_outbox(con, deliver, T) == (0, {"slack": "webhook answered HTTP 500"})
+        assert drain_outbox(reusing(con), deliver, T) == (0, {"slack": "webhook answered HTTP 500"})
         reconcile(con, [], ALL_RULES, T + timedelta(minutes=15), ["slack"])  # resolves while the hook is down
-        assert drain_outbox(con, deliver, T + timedelta(minutes=15))[0] == 0
+        assert drain_outbox(reusing(con), deliver, T + timedelta(minutes=15))[0] == 0
         capture.answer = 200
-        assert drain_outbox(con, deliver, T + timedelta(minutes=30)) == (2, {})
-        assert drain_outbox(con, deliver, T + timedelta(minutes=45)) == (0, {})
+        assert drain_outbox(reusing(con), deliver, T + timedelta(minutes=30)) == (2, {})
+        assert drain_outbox(reusing(con), deliver, T + timedelta(minutes=45)) == (0, {})
         delivered = [r["body"]["text"] for r in capture.requests]
         assert delivered[-2:] == [
             ":rotating_light: [warning] ci_silent (push_to_main): no CI for 13 h",
@@ -207,6 +278,10 @@ def _stalled(state: str) -> list[dict]:
 
 
 RULE_CASES = {
+    "long_running": (
+        fresh_ci() + [fleet_row("zombie", "running", "regular", ago(24 * 8), T + timedelta(hours=2))],
+        fresh_ci() + [fleet_row("zombie", "finished", "regular", ago(24 * 8), ago(1))],
+    ),
     # rule: (rows under which it holds, rows under which it no longer holds)
     "push_to_main_success_rate_low": (
         fresh_ci() + [ci(f"x{i}", "failed" if i < 3 else "finished", i + 1) for i in range(5)],

@@ -1,5 +1,6 @@
 """The Datadog feed through the official client against a loopback capture server, with an injected clock."""
 
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -10,6 +11,7 @@ from tests.test_gauges import EXPECTED, FLEET, T
 from wandb_assets.defs.feed.resources import DatadogResource
 from wandb_assets.defs.wandb_runs.resources import wandb_resource
 from wandb_assets.lib.datadog_feed import deliver_pending, enqueue_snapshots, feed_tags, record_dry_run
+from wandb_assets.lib.sql import reusing
 from wandb_assets.lib.warehouse import record_snapshot
 
 KEY = "dd" + "0123456789abcdef" * 2
@@ -40,7 +42,7 @@ def tick(con, at: datetime, now: datetime, key: str = KEY, timeout_s: float = 10
     """What the feed does after a snapshot taken at ``at``: record it, enqueue, deliver."""
     record_snapshot(con, at)
     enqueue_snapshots(con, now, dry_run=False)
-    return deliver_pending(con, send_with(key, timeout_s), now, TAGS)
+    return deliver_pending(reusing(con), send_with(key, timeout_s), now, TAGS)
 
 
 def ledger(con):
@@ -72,7 +74,7 @@ def test_exact_payload(con, capture):
 def test_no_duplicate_delivery_across_ticks(con, capture):
     tick(con, T, T)
     tick(con, T15, T15)
-    deliver_pending(con, send_with(KEY), T15 + timedelta(minutes=1), TAGS)
+    deliver_pending(reusing(con), send_with(KEY), T15 + timedelta(minutes=1), TAGS)
     sent = [s["series"][0]["points"][0]["timestamp"] for s in capture.bodies("/api/v2/series")]
     assert len(sent) == 2 and sent[0] < sent[1]
     assert [row[1] for row in ledger(con)] == ["delivered", "delivered"]
@@ -99,7 +101,7 @@ def test_snapshot_pending_for_over_an_hour_expires_with_the_reason(con, capture)
     capture.answer = 500
     tick(con, T, T)
     capture.answer = 202
-    report = deliver_pending(con, send_with(KEY), T + timedelta(minutes=61), TAGS)
+    report = deliver_pending(reusing(con), send_with(KEY), T + timedelta(minutes=61), TAGS)
     assert report.expired == [T] and report.delivered == []
     assert len(capture.requests) == 1
     status, error = con.execute("SELECT status, last_error FROM datadog_deliveries").fetchone()
@@ -109,19 +111,49 @@ def test_snapshot_pending_for_over_an_hour_expires_with_the_reason(con, capture)
 
 def test_dry_run_records_and_logs_without_sending(con, capture):
     record_snapshot(con, T)
-    new = enqueue_snapshots(con, T, dry_run=True)
+    record_snapshot(con, T15)
+    new = enqueue_snapshots(con, T15, dry_run=True)
     lines: list[str] = []
     report = record_dry_run(con, new, TAGS, lines.append)
-    assert report.dry_run == [T]
+    assert report.dry_run == [T, T15]
     assert capture.requests == []
-    assert ledger(con) == [(T, "dry_run", 0)]
-    assert lines[0].startswith(
-        "Datadog dry run (no DD_API_KEY): would send 18 gauges for 2026-06-10T12:00:00Z with tags "
-        "source:wandb-assets,entity:team-x,project:proj-y,env:prod: wandb.push_to_main.avg_duration_hours=1.5, "
-    )
-    assert "wandb.runs.active=2, " in lines[0]
+    assert ledger(con) == [(T, "dry_run", 0), (T15, "dry_run", 0)]
+    # one short line per snapshot, the tags intact for the second one too (they were once split into letters)
+    assert lines == [
+        f"Datadog dry run (no DD_API_KEY configured): would send 18 gauges for {t} with tags "
+        "source:wandb-assets,entity:team-x,project:proj-y,env:prod"
+        for t in ("2026-06-10T12:00:00Z", "2026-06-10T12:15:00Z")
+    ]
     # A later live pass never sends dry-run snapshots: they were history when they were taken.
-    assert deliver_pending(con, send_with(KEY), T, TAGS).delivered == []
+    assert deliver_pending(reusing(con), send_with(KEY), T15, TAGS).delivered == []
+    assert enqueue_snapshots(con, T15, dry_run=True) == []  # nothing new: no empty executemany either
+
+
+def test_the_warehouse_is_closed_while_points_are_sent(con, capture):
+    record_snapshot(con, T)
+    record_snapshot(con, T15)
+    enqueue_snapshots(con, T15, dry_run=False)
+    open_now = []
+    seen_while_sending = []
+
+    @contextmanager
+    def connect():
+        open_now.append(1)
+        try:
+            yield con
+        finally:
+            open_now.pop()
+
+    send = send_with(KEY)
+
+    def watched_send(payload):
+        seen_while_sending.append(len(open_now))
+        return send(payload)
+
+    report = deliver_pending(connect, watched_send, T15 + timedelta(minutes=1), TAGS)
+    assert report.delivered == [T, T15]
+    assert seen_while_sending == [0, 0]
+    assert ledger(con) == [(T, "delivered", 1), (T15, "delivered", 1)]
 
 
 def test_bad_key_is_one_clear_sentence_without_the_key(con, capture):

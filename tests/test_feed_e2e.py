@@ -147,7 +147,7 @@ def test_datadog_down_does_not_fail_the_tick(wandb_server, capture, warehouse_pa
 
 
 def test_backfills_never_push(wandb_server, capture, instance):
-    from wandb_assets.defs.fleet.jobs import execute_backfill
+    from wandb_assets.ticks import execute_backfill
 
     wandb_server(ci_runs(failed=3))
     assert execute_backfill(instance, date(2026, 6, 1), TODAY).success
@@ -159,7 +159,7 @@ def test_run_failure_sensor_opens_pipeline_failure(wandb_server, capture, wareho
 
     from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource
     from wandb_assets.defs.feed.sensors import pipeline_failure_alert
-    from wandb_assets.defs.fleet.jobs import execute_refresh
+    from wandb_assets.ticks import execute_refresh
     from wandb_assets.defs.wandb_runs.resources import wandb_resource
     from wandb_assets.defs.warehouse.resources import warehouse_resource
 

@@ -7,7 +7,7 @@ import pytest
 from dagster import materialize
 
 from tests.conftest import API_KEY
-from wandb_assets.defs.fleet.jobs import execute_backfill, execute_refresh
+from wandb_assets.ticks import execute_backfill, execute_refresh
 from wandb_assets.defs.wandb_runs.assets import runs
 from wandb_assets.defs.wandb_runs.resources import wandb_resource
 from wandb_assets.defs.warehouse.resources import warehouse_resource

@@ -4,14 +4,16 @@ import re
 from pathlib import Path
 
 from wandb_assets.lib.gauges import GAUGE_NAMES
-from wandb_assets.settings import ENV_VARS
+from wandb_assets.settings import ENV_VARS, readme_table
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
 
-def test_configuration_table_lists_every_variable_with_its_default():
+def test_configuration_table_is_the_one_generated_from_the_settings():
+    assert readme_table() in README, "regenerate the README table from wandb_assets.settings.readme_table()"
     rows = re.findall(r"^\| `([A-Z_]+)` \| ([^|]+) \| ([^|]+) \|$", README, flags=re.M)
     assert [(name, default.strip()) for name, default, _ in rows] == [(k, v[0]) for k, v in ENV_VARS.items()]
+    assert ("WANDB_ASSETS_ALERT_STALL_HEARTBEAT_MINUTES", "30.0") in [(n, d.strip()) for n, d, _ in rows]
 
 
 def test_gauge_table_names_every_gauge():
@@ -28,7 +30,17 @@ def test_quickstart_is_two_commands_and_ci_runs_the_test_one():
 
 
 def test_every_alert_threshold_is_a_documented_variable():
-    from wandb_assets.lib.alerts import AlertThresholds
-
     documented = {k: v[0] for k, v in ENV_VARS.items() if k.startswith("WANDB_ASSETS_ALERT_")}
-    assert documented == {f"WANDB_ASSETS_ALERT_{k.upper()}": str(v) for k, v in AlertThresholds().__dict__.items()}
+    assert documented == {
+        "WANDB_ASSETS_ALERT_SUCCESS_RATE_MIN_PCT": "80.0",
+        "WANDB_ASSETS_ALERT_SUCCESS_RATE_MIN_RUNS": "5",
+        "WANDB_ASSETS_ALERT_SPS_DROP_PCT": "10.0",
+        "WANDB_ASSETS_ALERT_SPS_BASELINE_RUNS": "10",
+        "WANDB_ASSETS_ALERT_SPS_MIN_BASELINE_RUNS": "5",
+        "WANDB_ASSETS_ALERT_FAILURE_SPIKE_PCT": "50.0",
+        "WANDB_ASSETS_ALERT_FAILURE_SPIKE_MIN_ENDED": "10",
+        "WANDB_ASSETS_ALERT_STALL_HEARTBEAT_MINUTES": "30.0",
+        "WANDB_ASSETS_ALERT_STALL_STEP_MINUTES": "60.0",
+        "WANDB_ASSETS_ALERT_CI_SILENT_HOURS": "12.0",
+        "WANDB_ASSETS_ALERT_LONG_RUNNING_HOURS": "168.0",
+    }
