@@ -11,9 +11,9 @@ from dagster import RunRequest, build_schedule_context
 from tests.conftest import API_KEY
 from tests.test_pipeline_e2e import at, dataset
 from wandb_assets.definitions import defs
-from wandb_assets.ticks import execute_backfill
 from wandb_assets.defs.fleet.schedules import every_15_minutes
 from wandb_assets.localwandb import make_run_node
+from wandb_assets.ticks import execute_backfill
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

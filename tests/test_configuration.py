@@ -1,6 +1,7 @@
 """Settings: environment first, then AWS Secrets Manager (moto's real server), and clear one-line errors."""
 
 import json
+from datetime import date
 
 import boto3
 import duckdb
@@ -15,6 +16,7 @@ from wandb_assets.defs.wandb_runs.resources import wandb_resource
 from wandb_assets.defs.warehouse.resources import warehouse_resource
 from wandb_assets.localwandb import make_run_node
 from wandb_assets.settings import ConfigError, pipeline_settings, resolve_wandb_settings
+from wandb_assets.ticks import failure_message
 
 
 @pytest.fixture
@@ -121,3 +123,54 @@ def test_secret_that_is_not_json(moto_endpoint, monkeypatch):
         wandb_resource().wandb_settings()
     assert "must hold a JSON object" in str(raised.value)
     assert "z" * 40 not in str(raised.value)
+
+
+def test_datadog_dry_run_is_a_configuration_decision_not_a_failed_read(
+    moto_endpoint, monkeypatch, wandb_server, warehouse_path, instance
+):
+    """The secret holds DD_API_KEY. While it cannot be read the feed fails loudly and records nothing (no
+    ``dry_run``); once readable, the same snapshot is delivered. The secret is read once per run."""
+    import botocore.client
+
+    from tests.capture import CaptureServer
+    from wandb_assets.ticks import execute_feed, execute_refresh
+
+    capture = CaptureServer()
+    monkeypatch.setenv("WANDB_ASSETS_DATADOG_URL", capture.url)
+    dd_key = "dd" + "7" * 30
+    wandb_server([make_run_node("s1", display_name="from-secret", state="finished", created_at=at(2, 3))])
+    for name in ("WANDB_API_KEY", "WANDB_ENTITY", "WANDB_PROJECT"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("WANDB_ASSETS_SECRET_NAME", "test/feed")
+    secret = {"WANDB_API_KEY": API_KEY, "WANDB_ENTITY": ENTITY, "WANDB_PROJECT": PROJECT, "DD_API_KEY": dd_key}
+    put_secret(moto_endpoint, "test/feed", json.dumps(secret))
+    calls = []
+    original = botocore.client.BaseClient._make_api_call
+
+    def counting(self, operation, params):
+        calls.append(operation)
+        return original(self, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", counting)
+    try:
+        assert execute_refresh(instance, date(2026, 6, 2), snapshot_at="2026-06-02T12:00:00").success
+        monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # Secrets Manager unreachable
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+        failed = execute_feed(instance, now="2026-06-02T12:00:30")
+        assert not failed.success
+        assert "DD_API_KEY is not set and the secret 'test/feed' could not be read" in failure_message(failed)
+        assert dd_key not in failure_message(failed)
+        con = duckdb.connect(str(warehouse_path), read_only=True)
+        assert con.execute("SELECT count(*) FROM datadog_deliveries").fetchone() == (0,)  # nothing marked dry_run
+        con.close()
+        assert capture.requests == []
+        monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+        calls.clear()
+        assert execute_feed(instance, now="2026-06-02T12:00:45").success
+        assert calls.count("GetSecretValue") == 1  # once per run, not once per call
+        con = duckdb.connect(str(warehouse_path), read_only=True)
+        assert con.execute("SELECT status FROM datadog_deliveries").fetchall() == [("delivered",)]
+        con.close()
+        assert [r["headers"]["DD-API-KEY"] for r in capture.requests if r["path"] == "/api/v2/series"] == [dd_key]
+    finally:
+        capture.stop()

@@ -74,7 +74,7 @@ def test_tick_pushes_the_snapshot_and_raises_the_alert_once(wandb_server, captur
     assert hooks == [
         {
             "text": ":rotating_light: [warning] push_to_main_success_rate_low (push_to_main): Push-to-main "
-            "success rate is 50.0% over the last 24 h (6 runs ended; threshold 80%)."
+            "success rate is 50.0% over the last 24 h (6 runs finished, failed or crashed; threshold 80%)."
         }
     ]
     (event,) = capture.bodies("/api/v1/events")
@@ -121,10 +121,38 @@ def test_failed_tick_opens_pipeline_failure_and_a_good_tick_resolves_it(
         r.success for r in run_tick(instance, TODAY, snapshot_at="2026-06-02T12:30:00", now="2026-06-02T12:30:30")
     )
     hooks = [h["text"] for h in capture.bodies("/hook/")]
-    assert hooks[1].startswith(":white_check_mark: Resolved pipeline_failure (refresh).")
-    assert query(warehouse_path, "SELECT rule, resolved_at FROM alerts") == [
-        ("pipeline_failure", datetime(2026, 6, 2, 12, 30, 30))
-    ]
+    assert len(hooks) == 2 and hooks[1].startswith(":white_check_mark: Resolved pipeline_failure (refresh).")
+    assert query(warehouse_path, "SELECT rule, resolved_at IS NOT NULL FROM alerts") == [("pipeline_failure", True)]
+
+
+def test_a_feed_failing_three_ticks_in_a_row_notifies_once_per_channel(
+    wandb_server, capture, warehouse_path, instance, monkeypatch
+):
+    wandb_server(ci_runs(failed=0))
+    # The report step fails on every tick (a mistyped WANDB_ASSETS_REPORT_MODE): the feed job fails after
+    # fleet_alerts has run, which once resolved pipeline_failure:feed only for the sensor to reopen it.
+    monkeypatch.setenv("WANDB_ASSETS_REPORT_PROJECT", "fleet-report")
+    monkeypatch.setenv("WANDB_ASSETS_REPORT_MODE", "offlne")
+    for minute in (0, 15, 30):
+        results = run_tick(
+            instance, TODAY, snapshot_at=f"2026-06-02T12:{minute:02d}:00", now=f"2026-06-02T12:{minute:02d}:30"
+        )
+        assert [r.success for r in results] == [True, False]
+    hooks = [h["text"] for h in capture.bodies("/hook/")]
+    events = [e["title"] for e in capture.bodies("/api/v1/events")]
+    assert [h.split(" Dagster run")[0] for h in hooks] == [":rotating_light: [critical] pipeline_failure (feed):"]
+    assert len(events) == 1 and events[0].startswith("[critical] pipeline_failure (feed): Dagster run")
+    assert query(warehouse_path, "SELECT alert_key, resolved_at FROM alerts") == [("pipeline_failure:feed", None)]
+    monkeypatch.setenv("WANDB_ASSETS_REPORT_MODE", "offline")
+    results = run_tick(instance, TODAY, snapshot_at="2026-06-02T12:45:00", now="2026-06-02T12:45:30")
+    assert [r.success for r in results] == [True, True]
+    hooks = [h["text"] for h in capture.bodies("/hook/")]
+    assert len(hooks) == 2 and hooks[1].startswith(":white_check_mark: Resolved pipeline_failure (feed).")
+    assert len(capture.bodies("/api/v1/events")) == 2
+    # a further good tick launches no alert run at all
+    run_tick(instance, TODAY, snapshot_at="2026-06-02T13:00:00", now="2026-06-02T13:00:30")
+    assert len(capture.bodies("/hook/")) == 2
+    assert len([r for r in instance.get_runs() if r.job_name == "pipeline_alert"]) == 4
 
 
 def test_snapshot_sensor_requests_one_feed_run_per_snapshot(wandb_server, capture, instance):
@@ -154,34 +182,44 @@ def test_backfills_never_push(wandb_server, capture, instance):
     assert capture.requests == []
 
 
-def test_run_failure_sensor_opens_pipeline_failure(wandb_server, capture, warehouse_path, instance):
+def test_the_sensors_request_the_pool_bound_alert_job(wandb_server, capture, warehouse_path, instance):
     from dagster import DagsterEventType, build_run_status_sensor_context
 
-    from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource
-    from wandb_assets.defs.feed.sensors import pipeline_failure_alert
-    from wandb_assets.ticks import execute_refresh
-    from wandb_assets.defs.wandb_runs.resources import wandb_resource
-    from wandb_assets.defs.warehouse.resources import warehouse_resource
+    from wandb_assets.defs.feed.pipeline_failure import pipeline_failure_opens, pipeline_failure_resolves
+    from wandb_assets.ticks import _execute, execute_refresh
+
+    def sensor_context(result, event_type):
+        event = next(e for e in result.all_events if e.event_type == event_type)
+        return build_run_status_sensor_context(
+            sensor_name="pipeline_failure",
+            dagster_event=event,
+            dagster_instance=instance,
+            dagster_run=instance.get_run_by_id(result.run_id),
+        )
 
     server = wandb_server(ci_runs(failed=0))
     server.faults.fail_status, server.faults.fail_count = 500, -1
     failed = execute_refresh(instance, TODAY, snapshot_at=SNAPSHOT)
     assert not failed.success
-    run_failure = next(e for e in failed.all_events if e.event_type == DagsterEventType.RUN_FAILURE)
-    with build_run_status_sensor_context(
-        sensor_name="pipeline_failure_alert",
-        dagster_event=run_failure,
-        dagster_instance=instance,
-        dagster_run=instance.get_run_by_id(failed.run_id),
-        resources={
-            "warehouse": warehouse_resource(),
-            "datadog": DatadogResource(wandb=wandb_resource()),
-            "channels": AlertChannelsResource(),
-        },
-    ) as status_context:
-        pipeline_failure_alert(status_context.for_run_failure())
+    request = pipeline_failure_opens(sensor_context(failed, DagsterEventType.RUN_FAILURE).for_run_failure())
+    assert request.run_key == f"opened:{failed.run_id}"
+    config = request.run_config["ops"]["record_pipeline_failure"]["config"]
+    assert (config["job_name"], config["event"]) == ("refresh", "opened")
+    assert query(warehouse_path, "SELECT count(*) FROM alerts") == [(0,)]  # the sensor itself writes nothing
+    assert _execute(instance, "pipeline_alert", request.run_config).success
     assert query(warehouse_path, "SELECT alert_key, resolved_at FROM alerts") == [("pipeline_failure:refresh", None)]
     (hook,) = capture.bodies("/hook/")
     assert hook["text"].startswith(
         f":rotating_light: [critical] pipeline_failure (refresh): Dagster run {failed.run_id}"
     )
+
+    server.faults.fail_count = 0
+    good = execute_refresh(instance, TODAY, snapshot_at=SNAPSHOT)
+    request = pipeline_failure_resolves(sensor_context(good, DagsterEventType.RUN_SUCCESS))
+    assert request.run_key == f"resolved:{good.run_id}"
+    assert _execute(instance, "pipeline_alert", request.run_config).success
+    assert query(warehouse_path, "SELECT alert_key, resolved_at IS NULL FROM alerts") == [
+        ("pipeline_failure:refresh", False)
+    ]
+    again = execute_refresh(instance, TODAY, snapshot_at=SNAPSHOT)
+    assert pipeline_failure_resolves(sensor_context(again, DagsterEventType.RUN_SUCCESS)) is None

@@ -16,10 +16,9 @@ import pytest
 from dagster import instance_for_test
 
 from tests.conftest import API_KEY, ENTITY, PROJECT
-from wandb_assets.ticks import execute_backfill
 from wandb_assets.localwandb import LocalWandbServer
 from wandb_assets.localwandb.synthetic import generate_fleet
-from wandb_assets.ticks import run_tick
+from wandb_assets.ticks import execute_backfill, run_tick
 from wandb_assets.warehouse import open_snapshot, snapshot_path
 
 REPO = Path(__file__).resolve().parent.parent

@@ -42,7 +42,7 @@ class DatadogResource(ConfigurableResource):
             return key.get_secret_value()
         if not self.wandb.secret_in_use():
             return None  # credentials come from the environment, not the secret: no key means dry run
-        secret = self.wandb.load_secret(self.wandb.secret_name, "DD_API_KEY")
+        secret = self.wandb.load_secret(self.wandb.resolved_secret_name(), "DD_API_KEY")
         return (secret.get("DD_API_KEY") or "").strip() or None
 
     def _configuration(self, key: str):

@@ -8,7 +8,6 @@ from pydantic import PrivateAttr
 
 from wandb_assets.lib.fetch import default_entity, fetch_run_pages, get_api
 from wandb_assets.settings import (
-    DEFAULT_SECRET_NAME,
     ConfigError,
     PipelineSettings,
     WandbSettings,
@@ -26,7 +25,8 @@ class WandbResource(ConfigurableResource):
     """
 
     secrets: ResourceDependency[SecretsManagerResource]
-    secret_name: str = DEFAULT_SECRET_NAME
+    #: The secret's name; empty: ``WANDB_ASSETS_SECRET_NAME`` (default ``dev/datadog/collectors/wandb``) at run time.
+    secret_name: str = ""
     _secret_cache: dict = PrivateAttr(default_factory=dict)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
@@ -48,12 +48,15 @@ class WandbResource(ConfigurableResource):
         self._secret_cache[name] = parse_secret_string(name, response.get("SecretString"))
         return self._secret_cache[name]
 
+    def resolved_secret_name(self) -> str:
+        return self.secret_name or load_settings().WANDB_ASSETS_SECRET_NAME
+
     def secret_in_use(self) -> bool:
         """Whether credentials come from the secret (``WANDB_API_KEY`` is not in the environment)."""
         return load_settings().WANDB_API_KEY is None
 
     def wandb_settings(self) -> WandbSettings:
-        return resolve_wandb_settings(None, self.load_secret, self.secret_name)
+        return resolve_wandb_settings(None, self.load_secret, self.resolved_secret_name())
 
     def fetch_run_pages(self, filters: dict, pipeline: PipelineSettings) -> Iterator[list[dict]]:
         """Raw run nodes matching ``filters`` (see ``lib.fetch.created_between`` / ``with_ids``), a page at a time."""
@@ -74,7 +77,4 @@ class WandbResource(ConfigurableResource):
 
 def wandb_resource() -> WandbResource:
     settings = load_settings()
-    return WandbResource(
-        secrets=SecretsManagerResource(region_name=settings.AWS_REGION),
-        secret_name=settings.WANDB_ASSETS_SECRET_NAME,
-    )
+    return WandbResource(secrets=SecretsManagerResource(region_name=settings.AWS_REGION))
