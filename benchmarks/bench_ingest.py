@@ -41,8 +41,7 @@ def _phase(name: str, days: int) -> dict:
     else:
         from dagster import DagsterInstance
 
-        from wandb_assets.ticks import execute_backfill
-        from wandb_assets.ticks import run_tick
+        from wandb_assets.ticks import execute_backfill, run_tick
     import_seconds = time.perf_counter() - imports_started
     started = time.perf_counter()
     if name in ("floor", "naive"):

@@ -1,24 +1,32 @@
 """The code location loads, the schedule plans ticks, and the CLI behaves as the README says."""
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 from datetime import UTC, date, datetime
+from pathlib import Path
 
 import duckdb
-from dagster import RunRequest, build_schedule_context
+import pytest
+from dagster import Definitions, RunRequest, build_schedule_context
 
 from tests.conftest import API_KEY
 from tests.test_pipeline_e2e import at, dataset
+from wandb_assets.cli import main
 from wandb_assets.definitions import defs
 from wandb_assets.defs.fleet.schedules import every_15_minutes
 from wandb_assets.localwandb import make_run_node
 from wandb_assets.ticks import execute_backfill
 
+RUNS_QUERIES = 2 + 3  # backfill: check + window; refresh: check + window + unfinished runs by id
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_cli(*args: str, env_updates: dict | None = None) -> subprocess.CompletedProcess:
+    """The installed entry point in a child process: only for the one smoke test."""
     env = {**os.environ, **(env_updates or {})}
     env.pop("DAGSTER_HOME", None)
     return subprocess.run(
@@ -31,16 +39,32 @@ def run_cli(*args: str, env_updates: dict | None = None) -> subprocess.Completed
     )
 
 
+@pytest.fixture
+def dagster_home(tmp_path, monkeypatch):
+    """A persistent instance configured by the repository's dagster.yaml, in a temporary folder."""
+    shutil.copy(os.path.join(REPO, "dagster.yaml"), tmp_path / "dagster.yaml")
+    monkeypatch.chdir(tmp_path)  # the instance's storage paths are relative to the working directory
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    return tmp_path
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    """``wandb-assets ARGS`` in this process: (exit status, stdout, stderr)."""
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def alert_runs() -> int:
+    from dagster import DagsterInstance
+
+    with DagsterInstance.get() as instance:
+        return len([r for r in instance.get_runs() if r.job_name == "pipeline_alert"])
+
+
 def test_definitions_validate():
-    done = subprocess.run(
-        [sys.executable, "-m", "dagster", "definitions", "validate", "-m", "wandb_assets.definitions"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "Validation successful" in done.stdout + done.stderr
+    Definitions.validate_loadable(defs)
 
 
 def test_definitions_contents():
@@ -59,8 +83,30 @@ def test_definitions_contents():
     assert schedule.cron_schedule == "*/15 * * * *"
     assert schedule.default_status.value == "RUNNING"
     assert defs.resolve_job_def("refresh").tags["dagster/max_runtime"] == "900"
-    assert {s.name for s in defs.sensors} == {"after_fleet_snapshot", "pipeline_failure_alert"}
+    assert {s.name for s in defs.sensors} == {
+        "after_fleet_snapshot",
+        "pipeline_failure_opens",
+        "pipeline_failure_resolves",
+    }
     assert all(s.default_status.value == "RUNNING" for s in defs.sensors)
+    assert {j.name for j in defs.jobs} == {"refresh", "backfill", "feed", "pipeline_alert", "report"}
+
+
+def test_no_module_imports_the_definitions_back():
+    """``definitions -> defs -> lib``: only the CLI and ticks.py (beside it) import the code location."""
+    package = Path(REPO) / "wandb_assets"
+    importers = {
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if re.search(r"^\s*(from|import) wandb_assets\.definitions", path.read_text(), re.M)
+    }
+    assert importers == {"ticks.py"}
+    lib_imports = {
+        str(path.relative_to(package))
+        for path in (package / "lib").rglob("*.py")
+        if re.search(r"^\s*(from|import) (dagster|wandb_assets\.(defs|settings|definitions))", path.read_text(), re.M)
+    }
+    assert lib_imports == set()
 
 
 def test_every_warehouse_writer_is_in_the_single_slot_pool(tmp_path, monkeypatch):
@@ -71,8 +117,14 @@ def test_every_warehouse_writer_is_in_the_single_slot_pool(tmp_path, monkeypatch
     graph = defs.resolve_asset_graph()
     pools = {key.to_user_string(): graph.get(key).pools for key in graph.get_all_asset_keys()}
     assert all(p == {"warehouse"} for p in pools.values()), pools
+    checks = {key.name: c.node_def.pools for c in defs.asset_checks for key in c.check_keys}
+    assert checks == {"success_rate_low_check": {"warehouse"}, "sps_regression_check": {"warehouse"}}
+    # the pipeline_failure alert (sensors, CLI) and publish (the report job) write through pool-bound steps too
+    assert defs.resolve_job_def("pipeline_alert").graph.node_defs[0].pools == {"warehouse"}
+    assert {n.name for n in defs.resolve_job_def("report").graph.node_defs} == {"fleet_report"}
     config = yaml.safe_load(open(os.path.join(REPO, "dagster.yaml")))
     assert config["concurrency"]["pools"]["default_limit"] == 1
+    assert config["run_monitoring"]["free_slots_after_run_end_seconds"] == 60
     monkeypatch.chdir(tmp_path)  # the instance's storage paths are relative to the working directory
     with DagsterInstance.from_ref(InstanceRef.from_dir(str(tmp_path), config_dir=REPO)) as instance:
         assert instance.get_concurrency_config().pool_config.default_pool_limit == 1
@@ -107,43 +159,90 @@ def test_schedule_on_an_empty_warehouse_reads_yesterday_and_today(instance):
     )
 
 
-def test_cli_backfill_then_refresh(wandb_server, warehouse_path):
+def test_cli_backfill_then_refresh(wandb_server, warehouse_path, dagster_home, capsys):
     server = wandb_server(dataset())
-    done = run_cli("backfill", "--start", "2026-06-01", "--end", "2026-06-03")
-    assert done.returncode == 0, done.stderr
-    assert "Backfilled 2026-06-01..2026-06-03" in done.stdout
-    done = run_cli("refresh")
-    assert done.returncode == 0, done.stderr
-    assert "wandb.push_to_main.overview.sps" in done.stdout
+    code, out, err = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-03")
+    assert code == 0, err
+    assert "Backfilled 2026-06-01..2026-06-03" in out
+    code, out, err = cli(capsys, "refresh")
+    assert code == 0, err
+    assert "wandb.push_to_main.overview.sps" in out
     con = duckdb.connect(str(warehouse_path), read_only=True)
     assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 8
     assert con.execute("SELECT count(DISTINCT snapshot_at), count(*) FROM fleet_metrics").fetchone() == (1, 20)
     con.close()
-    assert server.count("Runs") == 2
+    # backfill: the configuration check + one window; refresh: the check + its window + the unfinished
+    # runs older than that window, by id in one request
+    assert server.count("Runs") == RUNS_QUERIES
 
 
-def test_cli_failure_is_one_clear_line_without_the_key(wandb_server):
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (
+            ["backfill", "--start", "2026-06-01", "--end", "2026-06-02"],
+            {"WANDB_PROJECT": "no-such-project"},
+            "error: W&B project test-team/no-such-project was not found: check WANDB_ENTITY and WANDB_PROJECT.",
+        ),
+        (["refresh"], {"WANDB_PROJECT": ""}, "error: WANDB_PROJECT is not set: export the W&B project to mirror"),
+        (["backfill", "--start", "June 1"], {}, "error: --start must be a day like 2026-06-01 (got 'June 1')."),
+        (
+            ["backfill", "--start", "2026-06-03", "--end", "2026-06-01"],
+            {},
+            "error: --end (2026-06-01) is before --start (2026-06-03).",
+        ),
+        (["refresh"], {"WANDB_ASSETS_PAGE_SIZE": "lots"}, "error: WANDB_ASSETS_PAGE_SIZE must be a number"),
+    ],
+)
+def test_cli_configuration_errors_exit_2_and_open_no_alert(
+    wandb_server, dagster_home, capsys, monkeypatch, args, env, message
+):
     wandb_server(dataset())
-    done = run_cli(
-        "backfill", "--start", "2026-06-01", "--end", "2026-06-02", env_updates={"WANDB_PROJECT": "no-such-project"}
-    )
-    assert done.returncode == 1
-    assert "W&B project test-team/no-such-project was not found: check WANDB_ENTITY and WANDB_PROJECT." in done.stderr
-    assert "Traceback" not in done.stderr
-    assert API_KEY not in done.stdout + done.stderr
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code, out, err = cli(capsys, *args)
+    assert (code, err.count("\n")) == (2, 1)
+    assert err.startswith(message)
+    assert API_KEY not in out + err
+    assert alert_runs() == 0
 
 
-def test_cli_rejected_key(wandb_server):
+def test_cli_rejected_key_exits_2(wandb_server, dagster_home, capsys):
     wandb_server(dataset(), api_key="local-" + "r" * 40)
-    done = run_cli("refresh")
-    assert done.returncode == 1
-    assert "WANDB_API_KEY was rejected by http://127.0.0.1:" in done.stderr
-    assert "Traceback" not in done.stderr
-    assert API_KEY not in done.stdout + done.stderr
+    code, _, err = cli(capsys, "refresh")
+    assert code == 2
+    assert err.startswith("error: WANDB_API_KEY was rejected by http://127.0.0.1:")
+    assert API_KEY not in err and alert_runs() == 0
 
 
-def test_cli_without_project():
+def test_cli_failed_run_exits_1_and_opens_the_alert(wandb_server, dagster_home, capsys, warehouse_path):
+    server = wandb_server(dataset())
+    server.faults.fail_status, server.faults.fail_count = 500, -1
+    server.faults.fail_after = 1  # the configuration check passes; the fetch itself then fails
+    code, _, err = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-02")
+    assert code == 1
+    assert "Fetching W&B runs of test-team/test-project created 2026-06-01T00:00:00Z..2026-06-03T00:00:00Z" in err
+    assert alert_runs() == 1
+    con = duckdb.connect(str(warehouse_path), read_only=True)
+    assert con.execute("SELECT alert_key, resolved_at FROM alerts").fetchall() == [("pipeline_failure:backfill", None)]
+    con.close()
+
+
+def test_cli_outside_the_repository_without_dagster_home_exits_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    code, out, err = cli(capsys, "refresh")
+    assert code == 2 and out == ""
+    assert err == (
+        "error: DAGSTER_HOME is not set and there is no dagster.yaml here: set DAGSTER_HOME to the folder holding the "
+        "instance's dagster.yaml (the repository root, or deploy/ for PostgreSQL), or run from the repository root.\n"
+    )
+
+
+def test_cli_entry_point_smoke():
+    """One child process: the module runs as a program and maps a configuration error to exit 2."""
     done = run_cli("refresh", env_updates={"WANDB_API_KEY": API_KEY, "WANDB_PROJECT": ""})
-    assert done.returncode == 1
-    assert "WANDB_PROJECT is not set: export the W&B project to mirror" in done.stderr
-    assert "Traceback" not in done.stderr
+    assert done.returncode == 2
+    assert done.stderr == (
+        "error: WANDB_PROJECT is not set: export the W&B project to mirror (or run `wandb-assets demo`).\n"
+    )

@@ -15,12 +15,26 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from wandb_assets.lib.errors import ConfigError
 
-if TYPE_CHECKING:
-    from wandb_assets.settings import PipelineSettings, WandbSettings
+
+class WandbSettings(Protocol):
+    """Where to read from (``settings.WandbSettings`` is one); passed in, never read from the environment."""
+
+    api_key: str
+    entity: str | None
+    base_url: str | None
+
+
+class PipelineSettings(Protocol):
+    """The request limits (``settings.PipelineSettings`` is one)."""
+
+    http_timeout_s: float
+    http_retries: int
+    retry_wait_max_s: float
+
 
 _API_CACHE: dict[tuple, object] = {}
 _API_LOCK = threading.Lock()
@@ -99,13 +113,22 @@ def with_ids(run_ids: list[str]) -> dict:
     return {"name": {"$in": list(run_ids)}}
 
 
+def _describe(filters: dict) -> str:
+    """``created A..B`` or ``by id (N runs)``: what a fetch asked for, for error messages."""
+    created = filters.get("createdAt") or {}
+    if created:
+        return f"created {created.get('$gte')}..{created.get('$lt')}"
+    ids = (filters.get("name") or {}).get("$in")
+    return f"by id ({len(ids)} runs)" if ids is not None else str(filters)[:200]
+
+
 def fetch_run_pages(
     api, entity: str, project: str, filters: dict, per_page: int, secret: str = ""
 ) -> Iterator[list[dict]]:
     """Yield raw run nodes matching ``filters``, oldest first, one list per page."""
     api.flush()
     runs = api.runs(f"{entity}/{project}", filters=filters, order="+created_at", per_page=per_page, lazy=False)
-    what = ", ".join(f"{k} {v}" for k, v in filters.items())[:200]
+    what = _describe(filters)
 
     def next_page(page_number: int) -> list[dict] | None:
         if not runs.more:
@@ -116,7 +139,7 @@ def fetch_run_pages(
         except Exception as exc:  # noqa: BLE001
             detail = _scrub(str(exc), secret).replace("\n", " ")
             raise WandbFetchError(
-                f"Fetching W&B runs of {entity}/{project} ({what}) failed on page {page_number} after retries: "
+                f"Fetching W&B runs of {entity}/{project} {what} failed on page {page_number} after retries: "
                 f"{detail[:300]}"
             ) from None
         project_data = (runs.last_response or {}).get("project")

@@ -58,8 +58,11 @@ RUNS_COLUMNS: dict[str, str] = {
     "ingested_at": "TIMESTAMP",
 }
 
+#: A run id is never missing (W&B always sends one); the constraint also makes a bad load fail at the INSERT.
+_NOT_NULL = {"run_id": " NOT NULL"}
+
 SCHEMA_SQL = f"""
-CREATE TABLE IF NOT EXISTS runs ({", ".join(f'"{c}" {t}' + (" NOT NULL" if c == "run_id" else "") for c, t in RUNS_COLUMNS.items())});
+CREATE TABLE IF NOT EXISTS runs ({", ".join(f'"{c}" {t}' + _NOT_NULL.get(c, "") for c, t in RUNS_COLUMNS.items())});
 CREATE TABLE IF NOT EXISTS push_to_main_sps (
     run_id VARCHAR, name VARCHAR, ci_branch VARCHAR, ci_commit VARCHAR, ci_config VARCHAR,
     ci_timestamp TIMESTAMP, state VARCHAR, created_at TIMESTAMP, ended_at TIMESTAMP, url VARCHAR,

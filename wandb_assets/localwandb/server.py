@@ -20,7 +20,7 @@ from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from wandb_assets.lib.normalize import decode_json_object, parse_timestamp
+from wandb_assets.lib.normalize import decode_json_object, parse_timestamp, to_naive_utc
 from wandb_assets.localwandb.filters import matches, sort_runs
 
 _OPERATION_RE = re.compile(r"\b(?:query|mutation)\s+(\w+)")
@@ -55,9 +55,7 @@ def iso_z(moment: datetime | None) -> str | None:
     """Format a naive-UTC or aware datetime the way the W&B API does: ``YYYY-MM-DDTHH:MM:SSZ``."""
     if moment is None:
         return None
-    if moment.tzinfo is not None:
-        moment = datetime.fromtimestamp(moment.timestamp())  # pragma: no cover - callers pass naive UTC
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return to_naive_utc(moment).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def make_run_node(
@@ -128,6 +126,8 @@ class Faults:
     fail_status: int | None = None
     #: How many more matching requests fail; a negative number means every one.
     fail_count: int = 0
+    #: Matching requests answered normally before failures start (e.g. let a configuration check through).
+    fail_after: int = 0
     #: Seconds sent in ``Retry-After`` with injected failures, when set.
     retry_after: float | None = None
     #: Operations the failures apply to.
@@ -139,6 +139,9 @@ class Faults:
     def take_failure(self, operation: str) -> int | None:
         with self.lock:
             if self.fail_status is None or operation not in self.fail_operations or self.fail_count == 0:
+                return None
+            if self.fail_after > 0:
+                self.fail_after -= 1
                 return None
             if self.fail_count > 0:
                 self.fail_count -= 1
