@@ -75,3 +75,27 @@ def memory_con():
     connection = duckdb.connect(":memory:")
     yield connection
     connection.close()
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def dagster_home(tmp_path, monkeypatch):
+    """A persistent instance configured by the repository's dagster.yaml, in a temporary folder."""
+    import shutil
+
+    shutil.copy(REPO / "dagster.yaml", tmp_path / "dagster.yaml")
+    monkeypatch.chdir(tmp_path)  # the instance's storage paths are relative to the working directory
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    return tmp_path
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    """``wandb-assets ARGS`` in this process: (exit status, stdout, stderr)."""
+    from wandb_assets.cli import main
+
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err

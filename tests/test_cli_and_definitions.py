@@ -2,7 +2,6 @@
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from datetime import UTC, date, datetime
@@ -12,9 +11,8 @@ import duckdb
 import pytest
 from dagster import Definitions, RunRequest, build_schedule_context
 
-from tests.conftest import API_KEY
+from tests.conftest import API_KEY, cli
 from tests.test_pipeline_e2e import at, dataset
-from wandb_assets.cli import main
 from wandb_assets.definitions import defs
 from wandb_assets.defs.fleet.schedules import every_15_minutes
 from wandb_assets.localwandb import make_run_node
@@ -37,23 +35,6 @@ def run_cli(*args: str, env_updates: dict | None = None) -> subprocess.Completed
         cwd=REPO,
         timeout=300,
     )
-
-
-@pytest.fixture
-def dagster_home(tmp_path, monkeypatch):
-    """A persistent instance configured by the repository's dagster.yaml, in a temporary folder."""
-    shutil.copy(os.path.join(REPO, "dagster.yaml"), tmp_path / "dagster.yaml")
-    monkeypatch.chdir(tmp_path)  # the instance's storage paths are relative to the working directory
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
-    return tmp_path
-
-
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    """``wandb-assets ARGS`` in this process: (exit status, stdout, stderr)."""
-    capsys.readouterr()
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def alert_runs() -> int:

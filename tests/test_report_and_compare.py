@@ -1,15 +1,19 @@
 """The fleet report run, written offline and read back from its .wandb files; downsampling; run comparison."""
 
 import json
+import os
 from datetime import datetime
 
+import duckdb
 import pytest
 
+from tests.conftest import cli
 from tests.fleet import fleet_row, load
 from tests.test_feed_e2e import ci_runs
 from wandb_assets.compare import UnknownRunsError, compare_runs
 from wandb_assets.lib.downsample import downsample
 from wandb_assets.lib.wandb_records import find_run_files, read_run
+from wandb_assets.lib.warehouse import query_read_only
 from wandb_assets.ticks import run_tick
 
 TODAY = datetime(2026, 6, 2).date()
@@ -64,16 +68,78 @@ def test_report_run_publishes_each_snapshot_once_and_catches_up_in_order(wandb_s
     media = next(row for row in second.history if "dashboard._type" in row)
     assert (media["dashboard._type"], media["tables/alerts._type"]) == ("html-file", "table-file")
     assert media["tables/alerts.nrows"] == 1 and media["sps/ppo_table.nrows"] == 3
-    warehouse_artifact = next(a for a in second.artifacts if a["name"] == "fleet-warehouse")
+    # The warehouse artifact goes out once a UTC day: with the first publication (12:00), not again at 12:30.
+    assert "fleet-warehouse" not in [a["name"] for a in second.artifacts]
+    warehouse_artifact = next(a for a in first.artifacts if a["name"] == "fleet-warehouse")
     assert warehouse_artifact["type"] == "warehouse"
     assert warehouse_artifact["files"] == ["warehouse.duckdb"]
-    assert warehouse_artifact["metadata"]["snapshot_at"] == "2026-06-02T12:30:00Z"
+    assert warehouse_artifact["metadata"]["snapshot_at"] == "2026-06-02T12:00:00Z"
     assert warehouse_artifact["metadata"]["row_counts"]["runs"] == 6
-    assert "snapshot-1780403400" in warehouse_artifact["aliases"]
+    assert warehouse_artifact["metadata"]["raw"] is False
+    assert warehouse_artifact["ttl_duration_seconds"] == 30 * 86400
+    assert "snapshot-1780401600" in warehouse_artifact["aliases"]
+    published = query_read_only(
+        os.environ["WANDB_ASSETS_DUCKDB"], "SELECT snapshot_at, artifact FROM report_publications ORDER BY 1"
+    )
+    assert published == [
+        (datetime(2026, 6, 2, 12, 0), "fleet-warehouse:snapshot-1780401600"),
+        (datetime(2026, 6, 2, 12, 15), None),
+        (datetime(2026, 6, 2, 12, 30), None),
+    ]
     dashboard = next(a for a in second.artifacts if a["name"] == "fleet-dashboard")
     assert (dashboard["type"], dashboard["files"]) == ("dashboard", ["dashboard.html"])
     page = next(report_dir.rglob("media/html/dashboard_*.html")).read_text()
     assert "<svg" in page and "push_to_main_success_rate_low" in page and "<script" not in page
+
+
+def test_the_warehouse_artifact_is_a_reduced_copy(memory_con, tmp_path):
+    from wandb_assets.report import reduced_copy
+    from wandb_assets.warehouse import publish_snapshot
+
+    source = tmp_path / "w.duckdb"
+    con = duckdb.connect(str(source))
+    con.execute("SET TimeZone = 'UTC'")
+    row = fleet_row("a", "finished", "regular", datetime(2026, 6, 1, 10), datetime(2026, 6, 1, 12))
+    row.update(config=json.dumps({"token": "hunter2-config-secret"}), summary=json.dumps({"note": "summary-secret"}))
+    load(con, [row])
+    snapshot = publish_snapshot(con, source)
+    con.close()
+    reduced, raw = tmp_path / "reduced.duckdb", tmp_path / "raw.duckdb"
+    assert reduced_copy(snapshot, reduced, raw=False)["runs"] == 1
+    assert reduced_copy(snapshot, raw, raw=True)["runs"] == 1
+    check = duckdb.connect(str(reduced), read_only=True)
+    assert check.execute("SELECT run_id, config, summary, state FROM runs").fetchall() == [
+        ("a", None, None, "finished")
+    ]
+    assert check.execute("SELECT count(*) FROM duckdb_views() WHERE NOT internal").fetchone()[0] == 4
+    check.close()
+    assert b"hunter2-config-secret" not in reduced.read_bytes() and b"summary-secret" not in reduced.read_bytes()
+    assert b"hunter2-config-secret" in raw.read_bytes()  # the same bytes check does see them when they are there
+
+
+def test_publications_are_recorded_before_the_run_is_finished(memory_con, monkeypatch, tmp_path):
+    """A crash in ``finish()`` (after the data went out) must not publish the snapshots again."""
+    import wandb
+
+    from wandb_assets.lib.sql import reusing
+    from wandb_assets.lib.warehouse import record_snapshot
+    from wandb_assets.report import publish_report
+
+    load(memory_con, [fleet_row("a", "finished", "regular", datetime(2026, 6, 1, 10), datetime(2026, 6, 1, 12))])
+    record_snapshot(memory_con, datetime(2026, 6, 1, 12))
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    real_finish = wandb.sdk.wandb_run.Run.finish
+
+    def crash(self, *args, **kwargs):
+        real_finish(self, *args, **kwargs)
+        raise RuntimeError("killed in finish()")
+
+    monkeypatch.setattr(wandb.sdk.wandb_run.Run, "finish", crash)
+    with pytest.raises(RuntimeError, match="killed in finish"):
+        publish_report(reusing(memory_con), None, "fleet-report", run_id="r1", mode="offline")
+    monkeypatch.setattr(wandb.sdk.wandb_run.Run, "finish", real_finish)
+    assert memory_con.execute("SELECT snapshot_at FROM report_publications").fetchall() == [(datetime(2026, 6, 1, 12),)]
+    assert publish_report(reusing(memory_con), None, "fleet-report", run_id="r1", mode="offline").published == []
 
 
 def test_report_is_off_without_a_project(wandb_server, instance):
@@ -139,11 +205,8 @@ def test_compare_runs(memory_con):
         compare_runs(memory_con, ["a", "zz", "yy"])
 
 
-def test_fetch_warehouse_downloads_the_published_artifact(wandb_server, monkeypatch, tmp_path, instance):
+def test_fetch_warehouse_downloads_the_published_artifact(wandb_server, monkeypatch, tmp_path, instance, capsys):
     """Publish offline, put the artifact the run wrote on the local W&B server, fetch it with the CLI."""
-    import subprocess
-    import sys
-
     from tests.conftest import PROJECT
     from wandb_assets.warehouse import open_snapshot
 
@@ -158,78 +221,44 @@ def test_fetch_warehouse_downloads_the_published_artifact(wandb_server, monkeypa
     files = {name: open(local, "rb").read() for name, local in published["local_paths"].items()}
     server.add_artifact("fleet-warehouse", "warehouse", files, published["metadata"], ["snapshot-1780401600"])
 
-    env = {k: v for k, v in __import__("os").environ.items() if k != "DAGSTER_HOME"}
-    done = subprocess.run(
-        [sys.executable, "-m", "wandb_assets.cli", "fetch-warehouse", "--dest", str(tmp_path / "fetched")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    code, out, err = cli(capsys, "fetch-warehouse", "--dest", str(tmp_path / "fetched"))
+    assert code == 0, err
     target = tmp_path / "fetched" / "warehouse.duckdb"
-    assert done.stdout.splitlines()[0] == (
+    assert out.splitlines()[0] == (
         f"Downloaded test-team/{PROJECT}/fleet-warehouse:latest (snapshot 2026-06-02T12:00:00Z) to {target}"
     )
     con = open_snapshot(target, exact=True)
     assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == published["metadata"]["row_counts"]["runs"] == 6
+    assert con.execute("SELECT count(*) FROM runs WHERE config IS NOT NULL").fetchone()[0] == 0  # no raw JSON
     assert server.downloads == ["__manifest__", "warehouse.duckdb"]
 
-    missing = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "wandb_assets.cli",
-            "fetch-warehouse",
-            "--version",
-            "v7",
-            "--dest",
-            str(tmp_path / "none"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert missing.returncode == 1
-    assert missing.stderr.startswith(f"error: could not fetch test-team/{PROJECT}/fleet-warehouse:v7: ")
+    code, _, err = cli(capsys, "fetch-warehouse", "--version", "v7", "--dest", str(tmp_path / "none"))
+    assert code == 1
+    assert err.startswith(f"error: could not fetch test-team/{PROJECT}/fleet-warehouse:v7: ")
 
 
-def test_cli_publish_and_compare(wandb_server, monkeypatch, tmp_path, instance):
-    import os
-    import subprocess
-    import sys
-
+def test_cli_publish_and_compare(wandb_server, monkeypatch, tmp_path, instance, dagster_home, capsys):
     wandb_server(ci_runs(failed=3))
     assert all(r.success for r in run_tick(instance, TODAY, snapshot_at="2026-06-02T12:00:00"))
-    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
 
-    def cli(*args, **extra):
-        return subprocess.run(
-            [sys.executable, "-m", "wandb_assets.cli", *args],
-            capture_output=True,
-            text=True,
-            env={**env, **extra},
-            timeout=120,
-        )
+    code, out, err = cli(capsys, "publish")
+    assert (code, out) == (2, "")
+    assert err == "error: WANDB_ASSETS_REPORT_PROJECT is not set: name the W&B project the report publishes to.\n"
+    monkeypatch.setenv("WANDB_ASSETS_REPORT_PROJECT", "fleet-report")
+    monkeypatch.setenv("WANDB_ASSETS_REPORT_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    code, out, err = cli(capsys, "publish")
+    assert code == 0, err
+    summary = out.strip().splitlines()[-1]
+    assert summary.startswith("status: published, snapshots_published: 1, run: ")
+    assert summary.endswith("warehouse_artifact: fleet-warehouse:snapshot-1780401600")
+    code, out, _ = cli(capsys, "publish")
+    assert out.strip().splitlines()[-1] == "status: up to date, snapshots_published: 0"
 
-    off = cli("publish")
-    assert off.returncode == 2 and off.stdout.strip() == "status: disabled (set WANDB_ASSETS_REPORT_PROJECT)"
-    report = {
-        "WANDB_ASSETS_REPORT_PROJECT": "fleet-report",
-        "WANDB_ASSETS_REPORT_MODE": "offline",
-        "WANDB_DIR": str(tmp_path),
-    }
-    first = cli("publish", **report)
-    assert first.returncode == 0, first.stderr
-    assert first.stdout.strip().startswith("status: published, snapshots_published: 1, run: ")
-    again = cli("publish", **report)
-    assert again.stdout.strip() == "status: up to date, snapshots_published: 0"
-
-    compared = cli("compare", "ci0", "ci5")
-    assert compared.returncode == 0, compared.stderr
-    lines = compared.stdout.splitlines()
+    code, out, err = cli(capsys, "compare", "ci0", "ci5")
+    assert code == 0, err
+    lines = out.splitlines()
     assert lines[0].split() == ["ci0", "ci5"]
     assert lines[1].split() == ["state", "failed", "finished"]
-    unknown = cli("compare", "ci0", "nope")
-    assert unknown.returncode == 1 and unknown.stderr.startswith("error: Unknown run id(s): nope. ")
+    code, _, err = cli(capsys, "compare", "ci0", "nope")
+    assert code == 1 and err.startswith("error: Unknown run id(s): nope. ")

@@ -105,6 +105,7 @@ def read_run(path: str | Path) -> RunLog:
                     "metadata": json.loads(a.metadata) if a.metadata else {},
                     "files": [entry.path for entry in a.manifest.contents],
                     "local_paths": {entry.path: entry.local_path for entry in a.manifest.contents},
+                    "ttl_duration_seconds": a.ttl_duration_seconds,
                 }
             )
         elif kind == "files":
