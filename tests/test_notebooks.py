@@ -5,7 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
+import time
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -46,10 +46,10 @@ def build_warehouse(instance) -> None:
     assert all(r.success for r in run_tick(instance, NOW.date()))
 
 
-@pytest.fixture(scope="module")
-def notebook_warehouse(tmp_path_factory) -> Path:
-    """A synthetic warehouse's snapshot, copied where no other test touches it."""
-    target = tmp_path_factory.mktemp("nb") / "analytics.duckdb"
+@pytest.fixture(scope="session")
+def golden_warehouse(tmp_path_factory) -> Path:
+    """The 8-day synthetic warehouse and its snapshot, built once per test session (a backfill and a tick)."""
+    target = tmp_path_factory.mktemp("golden") / "warehouse.duckdb"
     with pytest.MonkeyPatch.context() as monkeypatch, instance_for_test() as instance:
         server = fleet_server()
         try:
@@ -58,8 +58,24 @@ def notebook_warehouse(tmp_path_factory) -> Path:
             build_warehouse(instance)
         finally:
             server.stop()
+        shutil.copyfile(os.environ["WANDB_ASSETS_DUCKDB"], target)
         shutil.copyfile(snapshot_path(os.environ["WANDB_ASSETS_DUCKDB"]), snapshot_path(target))
     return target
+
+
+@pytest.fixture
+def notebook_warehouse(golden_warehouse) -> Path:
+    """The golden warehouse's path: notebooks only open its snapshot, read-only."""
+    return golden_warehouse
+
+
+@pytest.fixture
+def built_warehouse(golden_warehouse, warehouse_path) -> Path:
+    """A private copy of the golden warehouse (and snapshot) at WANDB_ASSETS_DUCKDB, for tests that write."""
+    warehouse_path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(golden_warehouse, warehouse_path)
+    shutil.copyfile(snapshot_path(golden_warehouse), snapshot_path(warehouse_path))
+    return warehouse_path
 
 
 def execute(notebook: Path, warehouse: Path, output: Path) -> nbformat.NotebookNode:
@@ -104,49 +120,64 @@ def test_notebook_runs_headless_and_draws_its_charts(path, notebook_warehouse, t
     assert errors == []
 
 
-def test_notebook_and_refresh_in_another_process_both_succeed(monkeypatch, tmp_path, warehouse_path):
-    server = fleet_server()
+WRITER = """
+import sys, time
+from pathlib import Path
+from wandb_assets.defs.warehouse.resources import WarehouseResource
+
+stop = Path(sys.argv[2])
+with WarehouseResource(database=sys.argv[1]).get_connection() as con:
+    con.execute("BEGIN TRANSACTION")
+    print("writing", time.time(), flush=True)
+    written = 0
+    while not stop.exists():
+        con.execute("INSERT INTO fleet_metrics VALUES (TIMESTAMP '2000-01-01' + to_seconds(?), 'writer.probe', 1)",
+                    [written])
+        written += 1
+        time.sleep(0.05)
+    con.execute("COMMIT")
+    print("committed", written, time.time(), flush=True)
+"""
+
+
+def test_a_notebook_runs_while_another_process_holds_the_writer(built_warehouse, tmp_path):
+    """A writer in another process is inside a transaction for the notebook's whole run: both succeed."""
+    stop = tmp_path / "stop"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(built_warehouse), str(stop)], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
     try:
-        point_at(monkeypatch, server)
-        with instance_for_test() as instance:
-            build_warehouse(instance)
-        server.faults.latency_s = 0.5  # keep the refresh writing while the notebook reads
-        env = {**os.environ}
-        env.pop("DAGSTER_HOME", None)
-        refresh = subprocess.Popen(
-            [sys.executable, "-m", "wandb_assets.cli", "refresh", "--quiet"],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+        first = writer.stdout.readline().split()
+        assert first[0] == "writing", first
+        write_started = float(first[1])
+        probe = subprocess.run(
+            [sys.executable, "-c", "import duckdb, sys; duckdb.connect(sys.argv[1])", str(built_warehouse)],
+            capture_output=True,
             text=True,
         )
-        refresh_ended: list[datetime] = []
-        watcher = threading.Thread(target=lambda: (refresh.wait(), refresh_ended.append(datetime.now())))
-        watcher.start()
-        notebook_started = datetime.now()
-        executed = execute(REPO / "notebooks" / "fleet_overview.ipynb", warehouse_path, tmp_path / "out.ipynb")
-        out, err = refresh.communicate(timeout=300)
-        watcher.join()
-        assert refresh.returncode == 0, err
-        assert refresh_ended[0] > notebook_started  # the refresh was still writing while the notebook ran
-        assert images(executed) == CHARTS["fleet_overview"]
-        assert (
-            duckdb.connect(str(snapshot_path(warehouse_path)), read_only=True)
-            .execute("SELECT count(DISTINCT snapshot_at) FROM fleet_metrics")
-            .fetchone()[0]
-            == 2
-        )
+        assert "lock" in probe.stderr.lower()  # the warehouse itself really is taken
+        notebook_started = time.time()
+        executed = execute(REPO / "notebooks" / "fleet_overview.ipynb", built_warehouse, tmp_path / "out.ipynb")
+        notebook_ended = time.time()
+        assert writer.poll() is None  # still inside its transaction when the notebook finished
+        stop.touch()
+        committed = writer.stdout.readline().split()
+        assert writer.wait(timeout=60) == 0
     finally:
-        server.stop()
+        writer.kill()
+    assert write_started < notebook_started < notebook_ended < float(committed[2])
+    assert images(executed) == CHARTS["fleet_overview"]
+    written = int(committed[1])
+    con = duckdb.connect(str(built_warehouse), read_only=True)
+    assert con.execute("SELECT count(*) FROM fleet_metrics WHERE metric = 'writer.probe'").fetchone()[0] == written > 0
+    con.close()
 
 
-def test_a_reader_holding_the_snapshot_blocks_no_tick(monkeypatch, warehouse_path):
+def test_a_reader_holding_the_snapshot_blocks_no_tick(monkeypatch, built_warehouse):
     server = fleet_server()
     try:
         point_at(monkeypatch, server)
         with instance_for_test() as instance:
-            build_warehouse(instance)
             held = open_snapshot()  # an analyst's connection, never closed during the ticks
             before = held.execute("SELECT count(*) FROM fleet_metrics").fetchone()[0]
             for minute in (15, 30):
@@ -191,18 +222,20 @@ def test_open_snapshot_without_one_says_what_to_do(tmp_path):
 
 
 def test_helpers_answer_the_common_questions(notebook_warehouse):
+    """Expectations from how the synthetic fleet is made (8 days, 60 runs a day, seed 7), not from the tables."""
     from wandb_assets import warehouse
 
     con = open_snapshot(notebook_warehouse)
     assert list(warehouse.gauges_over_time(con).columns)[:1] == ["wandb.push_to_main.avg_duration_hours"]
     daily = warehouse.daily_fleet(con, start=date(2000, 1, 1))
     assert set(daily.category) == {"all", "push_to_main", "sweep", "regular"}
-    total = con.execute("SELECT sum(gpu_hours) FROM gpu_hours WHERE category = 'all'").fetchone()[0]
-    assert daily[daily.category == "all"].gpu_hours.sum() == pytest.approx(total)
     sps = warehouse.main_sps(con, "ppo_atari")
-    assert list(sps.commit_order) == list(range(1, len(sps) + 1))
-    assert warehouse.sps_regressions(con).bad_commit.tolist() == ["badc0de"]
+    assert sps.ci_commit.iloc[-1] == "badc0de"  # the regressed run is the newest main commit of its config
+    regressions = warehouse.sps_regressions(con)
+    assert regressions[["ci_config", "first_slow_commit", "slow_runs"]].values.tolist() == [["ppo_atari", "badc0de", 1]]
     sweeps = warehouse.sweeps(con)
-    assert sweeps.runs.sum() == con.execute("SELECT count(*) FROM runs WHERE category = 'sweep'").fetchone()[0]
+    # two sweep ids a day for 8 days, plus the runs known only by a ".sweep" name (3 of 15 a day)
+    assert len(sweeps) == 2 * 8 + 1
+    assert sweeps.set_index("sweep").loc["(no sweep id)", "runs"] == 3 * 8
     alive = warehouse.alive_runs(con)
     assert "stalled0001" in set(alive.run_id)
