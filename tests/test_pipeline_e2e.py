@@ -1,6 +1,7 @@
 """End to end: the real wandb client (through wandb-core) against the local server, real Dagster
 materializations, a real DuckDB file."""
 
+import json
 from datetime import date, datetime
 
 import pytest
@@ -238,3 +239,49 @@ def test_persistent_500_fails_loudly_and_keeps_previous_rows(wandb_server, wareh
     server.faults.fail_count = 0
     assert materialize([runs], partition_key=DAY.isoformat(), resources=resources(), instance=instance).success
     assert table(warehouse_path, "SELECT name FROM runs WHERE run_id = 'ci-ok'") == [("changed",)]
+
+
+def test_a_zombie_run_caps_the_tick_and_is_refreshed_by_id(wandb_server, warehouse_path, instance):
+    """A run left ``running`` for weeks does not make every tick re-read every day since it was created."""
+    zombie = make_run_node("zombie", display_name="train-z", state="running", created_at=datetime(2026, 5, 10, 8))
+    fresh = make_run_node("fresh", display_name="train-f", state="finished", created_at=at(9, 8), heartbeat_at=at(9, 9))
+    server = wandb_server([zombie, fresh])
+    assert execute_backfill(instance, date(2026, 5, 10), date(2026, 6, 10)).success
+    server.upsert_runs(
+        [
+            make_run_node(
+                "zombie",
+                display_name="train-z",
+                state="crashed",
+                created_at=datetime(2026, 5, 10, 8),
+                heartbeat_at=at(10, 1),
+            )
+        ]
+    )
+    server.requests.clear()
+    result = execute_refresh(instance, date(2026, 6, 10), snapshot_at="2026-06-10T12:00:00")
+    assert result.success
+    assert (
+        result.dagster_run.tags["dagster/asset_partition_range_start"],
+        result.dagster_run.tags["dagster/asset_partition_range_end"],
+    ) == ("2026-06-03", "2026-06-10")
+    filters = [json.loads(v["filters"]) for op, v in server.requests if op == "Runs"]
+    assert filters == [
+        {"createdAt": {"$gte": "2026-06-03T00:00:00Z", "$lt": "2026-06-11T00:00:00Z"}},
+        {"name": {"$in": ["zombie"]}},
+    ]
+    assert table(warehouse_path, "SELECT run_id, state FROM runs ORDER BY run_id") == [
+        ("fresh", "finished"),
+        ("zombie", "crashed"),
+    ]
+    metadata = result.asset_materializations_for_node("runs")[0].metadata
+    assert metadata["older_unfinished_refreshed"].value == 1
+
+
+def test_a_corrupt_warehouse_is_reported_as_corrupt_not_locked(wandb_server, warehouse_path, instance):
+    wandb_server(dataset())
+    warehouse_path.parent.mkdir(parents=True, exist_ok=True)
+    warehouse_path.write_bytes(b"this is not a DuckDB file" * 100)
+    error = failing_day_materialization(instance)
+    assert "looks damaged or is not a DuckDB file" in error
+    assert "locked" not in error
