@@ -221,7 +221,7 @@ def collect_compute_metadata(
 def describe(meta: Mapping[str, Any]) -> str:
     """The one line a job prints: ``8 CPUs, 4 GPUs`` (plus GPU type and memory when known)."""
     cpus, gpus = meta.get("compute.cpu_count"), meta.get("compute.gpu_count", 0)
-    line = f"{cpus if cpus is not None else '?'} CPUs, {gpus} GPU{'s' if gpus != 1 else ''}"
+    line = f"{cpus if cpus is not None else '?'} CPU{'' if cpus == 1 else 's'}, {gpus} GPU{'s' if gpus != 1 else ''}"
     if meta.get("compute.gpu_type"):
         line += f" ({meta['compute.gpu_type']})"
     if meta.get("compute.memory_gb"):
