@@ -14,13 +14,15 @@ reader never sees a half-written state. Nothing here imports Dagster.
 from __future__ import annotations
 
 import os
-import shutil
 from datetime import date, datetime
 from pathlib import Path
 
 import duckdb
 
 from wandb_assets.lib.normalize import parse_timestamp, to_naive_utc
+from wandb_assets.lib.snapshot import publish_snapshot, snapshot_file
+
+__all__ = ["open_snapshot", "publish_snapshot", "snapshot_path"]
 from wandb_assets.settings import pipeline_settings
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -31,21 +33,7 @@ def snapshot_path(warehouse_path: str | os.PathLike | None = None) -> Path:
     path = Path(warehouse_path) if warehouse_path else pipeline_settings().duckdb_path
     if not path.is_absolute() and not path.parent.exists() and (PROJECT_ROOT / path).parent.exists():
         path = PROJECT_ROOT / path  # a notebook's kernel runs in notebooks/: resolve against the project
-    return path.with_name(f"{path.stem}.snapshot{path.suffix or '.duckdb'}")
-
-
-def publish_snapshot(con: duckdb.DuckDBPyConnection, warehouse_path: str | os.PathLike) -> Path:
-    """Copy the warehouse next to itself and swap the copy in atomically. Call with the writer connection
-    open and idle: its file lock keeps any other writer out while the checkpointed file is copied."""
-    target = snapshot_path(warehouse_path)
-    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
-    con.execute("CHECKPOINT")
-    try:
-        shutil.copyfile(warehouse_path, partial)
-        os.replace(partial, target)
-    finally:
-        partial.unlink(missing_ok=True)
-    return target
+    return snapshot_file(path)
 
 
 def open_snapshot(path: str | os.PathLike | None = None, exact: bool = False) -> duckdb.DuckDBPyConnection:

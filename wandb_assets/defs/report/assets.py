@@ -6,9 +6,9 @@ from dagster import AssetExecutionContext, AssetKey, Config, MaterializeResult, 
 
 from wandb_assets.defs.wandb_runs.resources import WandbResource
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
+from wandb_assets.lib.snapshot import snapshot_file
 from wandb_assets.report import ArtifactPolicy, publish_report
 from wandb_assets.settings import Settings, load_settings
-from wandb_assets.warehouse import snapshot_path
 
 
 def report_target(settings: Settings) -> tuple[str, str | None, str, str | None] | None:
@@ -39,7 +39,7 @@ def publish(warehouse: WarehouseResource, wandb: WandbResource, log, force_artif
     )
     result = publish_report(
         warehouse.get_connection,
-        snapshot_path(warehouse.database),
+        snapshot_file(warehouse.database),
         project,
         entity,
         run_id,

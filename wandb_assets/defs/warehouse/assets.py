@@ -5,8 +5,8 @@ from pathlib import Path
 from dagster import AssetKey, MaterializeResult, MetadataValue, asset
 
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
+from wandb_assets.lib.snapshot import publish_snapshot
 from wandb_assets.lib.warehouse import row_counts
-from wandb_assets.warehouse import publish_snapshot
 
 
 @asset(
