@@ -3,7 +3,7 @@
 from datetime import date, datetime
 
 import pytest
-from dagster import DagsterEventType, build_sensor_context
+from dagster import DagsterEventType, RunRequest, build_sensor_context
 
 from tests.capture import CaptureServer
 from tests.conftest import API_KEY
@@ -157,11 +157,20 @@ def test_a_feed_failing_three_ticks_in_a_row_notifies_once_per_channel(
 
 def test_snapshot_sensor_requests_one_feed_run_per_snapshot(wandb_server, capture, instance):
     wandb_server(ci_runs(failed=0))
-    run_tick(instance, TODAY, snapshot_at=SNAPSHOT, now=NOW)
-    context = build_sensor_context(instance=instance, definitions=defs)
-    requests = list(after_fleet_snapshot(context) or [])
-    assert len(requests) == 1 and requests[0].run_key.startswith("fleet_snapshot:")
-    assert requests[0].job_name in (None, "feed")
+
+    def evaluate(cursor):
+        context = build_sensor_context(instance=instance, definitions=defs, cursor=cursor)
+        produced = list(after_fleet_snapshot(context) or [])
+        return [r for r in produced if isinstance(r, RunRequest)], context.cursor
+
+    first_tick = run_tick(instance, TODAY, snapshot_at=SNAPSHOT, now=NOW)[0]
+    requests, cursor = evaluate(None)
+    assert [r.run_key.split(":")[1] for r in requests] == [first_tick.run_id]
+    assert evaluate(cursor)[0] == []  # nothing new: nothing requested
+    second_tick = run_tick(instance, TODAY, snapshot_at="2026-06-02T12:15:00", now="2026-06-02T12:15:30")[0]
+    requests, _ = evaluate(cursor)
+    assert [r.run_key.split(":")[1] for r in requests] == [second_tick.run_id]
+    assert after_fleet_snapshot.job_name == "feed"
 
 
 def test_datadog_down_does_not_fail_the_tick(wandb_server, capture, warehouse_path, instance):
