@@ -262,3 +262,39 @@ def test_cli_publish_and_compare(wandb_server, monkeypatch, tmp_path, instance, 
     assert lines[1].split() == ["state", "failed", "finished"]
     code, _, err = cli(capsys, "compare", "ci0", "nope")
     assert code == 1 and err.startswith("error: Unknown run id(s): nope. ")
+
+
+def test_the_warehouse_is_closed_while_the_report_talks_to_wandb(memory_con, monkeypatch, tmp_path):
+    from contextlib import contextmanager
+
+    import wandb
+
+    from wandb_assets.lib.warehouse import record_snapshot
+    from wandb_assets.report import publish_report
+
+    load(memory_con, [fleet_row("a", "finished", "regular", datetime(2026, 6, 1, 10), datetime(2026, 6, 1, 12))])
+    record_snapshot(memory_con, datetime(2026, 6, 1, 12))
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    open_now, seen = [], {}
+
+    @contextmanager
+    def connect():
+        open_now.append(1)
+        try:
+            yield memory_con
+        finally:
+            open_now.pop()
+
+    def watch(name, original):
+        def watched(*args, **kwargs):
+            seen.setdefault(name, []).append(len(open_now))
+            return original(*args, **kwargs)
+
+        return watched
+
+    monkeypatch.setattr(wandb, "init", watch("init", wandb.init))
+    monkeypatch.setattr(wandb.sdk.wandb_run.Run, "log", watch("log", wandb.sdk.wandb_run.Run.log))
+    monkeypatch.setattr(wandb.sdk.wandb_run.Run, "finish", watch("finish", wandb.sdk.wandb_run.Run.finish))
+    result = publish_report(connect, None, "fleet-report", run_id="r2", mode="offline")
+    assert result.published == [datetime(2026, 6, 1, 12)]
+    assert seen == {"init": [0], "log": [0, 0], "finish": [0]}
