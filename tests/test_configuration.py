@@ -161,7 +161,7 @@ def test_datadog_dry_run_is_a_configuration_decision_not_a_failed_read(
         assert "DD_API_KEY is not set and the secret 'test/feed' could not be read" in failure_message(failed)
         assert dd_key not in failure_message(failed)
         con = duckdb.connect(str(warehouse_path), read_only=True)
-        assert con.execute("SELECT count(*) FROM datadog_deliveries").fetchone() == (0,)  # nothing marked dry_run
+        assert con.execute("SELECT status FROM datadog_deliveries").fetchall() == [("pending",)]  # not dry_run
         con.close()
         assert capture.requests == []
         monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)

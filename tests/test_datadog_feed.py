@@ -133,6 +133,14 @@ def test_dry_run_records_and_logs_without_sending(con, capture):
     assert enqueue_snapshots(con, T15, dry_run=True) == []  # nothing new: no empty executemany either
 
 
+def test_snapshots_stranded_as_pending_become_dry_run_when_no_key_is_configured(con, capture):
+    record_snapshot(con, T)
+    enqueue_snapshots(con, T, dry_run=False)  # a tick whose configured key could not be read
+    record_snapshot(con, T15)
+    assert enqueue_snapshots(con, T15, dry_run=True) == [T, T15]  # now nothing is configured anywhere
+    assert ledger(con) == [(T, "dry_run", 0), (T15, "dry_run", 0)]
+
+
 def test_the_warehouse_is_closed_while_points_are_sent(con, capture):
     record_snapshot(con, T)
     record_snapshot(con, T15)

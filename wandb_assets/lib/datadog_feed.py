@@ -93,8 +93,20 @@ def snapshot_payload(con, snapshot_at: datetime, tags: list[str]) -> dict:
 
 
 def enqueue_snapshots(con, now: datetime, dry_run: bool) -> list[datetime]:
-    """Add every fleet snapshot not yet in the ledger, as ``pending`` (or ``dry_run``). Returns them."""
+    """Add every fleet snapshot not yet in the ledger, as ``pending`` (or ``dry_run``). Returns them.
+
+    In dry run (no key configured anywhere) snapshots still ``pending`` from a tick whose key could not be
+    read can never be sent either: they become ``dry_run`` too and are returned with the new ones.
+    """
     con.execute(LEDGER_SQL)
+    stranded = []
+    if dry_run:
+        stranded = [
+            r[0]
+            for r in con.execute(
+                "UPDATE datadog_deliveries SET status = 'dry_run' WHERE status = 'pending' RETURNING snapshot_at"
+            ).fetchall()
+        ]
     new = [
         r[0]
         for r in con.execute(
@@ -107,7 +119,7 @@ def enqueue_snapshots(con, now: datetime, dry_run: bool) -> list[datetime]:
             "INSERT INTO datadog_deliveries VALUES (?, ?, 0, NULL, NULL, ?)",
             [(t, "dry_run" if dry_run else "pending", now) for t in new],
         )
-    return new
+    return sorted(stranded) + new
 
 
 def _mark(con, snapshot_at: datetime, status: str, error: str | None, now: datetime, attempted: bool) -> None:

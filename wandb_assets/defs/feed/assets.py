@@ -24,7 +24,7 @@ from wandb_assets.lib.alerts import RULE_FUNCTIONS, evaluate_rules, sps_regressi
 from wandb_assets.lib.clock import configured_time, utc_now
 from wandb_assets.lib.datadog_feed import deliver_pending, enqueue_snapshots, feed_tags, record_dry_run
 from wandb_assets.lib.markdown import markdown_table
-from wandb_assets.settings import alert_thresholds, pipeline_settings
+from wandb_assets.settings import ConfigError, alert_thresholds, pipeline_settings
 
 FLEET_SNAPSHOT = AssetKey("fleet_snapshot")
 FEED = {"group_name": "feed", "owners": ["team:ml-platform"], "deps": [FLEET_SNAPSHOT], "pool": WAREHOUSE_POOL}
@@ -54,7 +54,14 @@ def datadog_feed(
     context: AssetExecutionContext, config: ClockConfig, warehouse: WarehouseResource, datadog: DatadogResource
 ) -> MaterializeResult:
     now = config.resolve()
-    key = datadog.api_key()  # before anything is recorded: an unreadable secret leaves every snapshot pending
+    try:
+        key = datadog.api_key()  # None only when no key is configured anywhere
+    except ConfigError:
+        # A key is configured but unreadable now: the new snapshots are owed to Datadog, so they are queued
+        # as pending (the next tick sends them) and the step fails loudly.
+        with warehouse.get_connection() as con:
+            enqueue_snapshots(con, now, dry_run=False)
+        raise
     entity, project, _ = datadog.wandb.project_path(pipeline_settings())
     tags = feed_tags(entity, project, datadog.env)
     with warehouse.get_connection() as con:

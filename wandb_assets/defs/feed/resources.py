@@ -13,8 +13,8 @@ class DatadogResource(ConfigurableResource):
 
     Dry run is a configuration decision: with no ``DD_API_KEY`` in the environment and none in the W&B
     secret (when that secret is in use) the feed runs dry. A key that is configured but cannot be read
-    (Secrets Manager throttled, expired credentials) raises, so the step fails loudly and nothing is
-    recorded as sent or dry. The secret is read once per run (``WandbResource`` caches it). Settings are
+    (Secrets Manager throttled, expired credentials) raises, so the step fails loudly and the snapshots
+    stay pending. The secret is read once per run (``WandbResource`` caches it). Settings are
     read from the environment (``DD_SITE``, ``DD_ENV``, ``WANDB_ASSETS_DATADOG_URL``), never stored as
     resource config, so nothing secret shows in the UI.
     """
