@@ -15,6 +15,7 @@ from tests.conftest import API_KEY, cli
 from tests.test_pipeline_e2e import at, dataset
 from wandb_assets.definitions import defs
 from wandb_assets.defs.fleet.schedules import every_15_minutes
+from wandb_assets.lib.warehouse import query_read_only
 from wandb_assets.localwandb import make_run_node
 from wandb_assets.ticks import execute_backfill
 
@@ -204,9 +205,14 @@ def test_cli_failed_run_exits_1_and_opens_the_alert(wandb_server, dagster_home, 
     assert code == 1
     assert "Fetching W&B runs of test-team/test-project created 2026-06-01T00:00:00Z..2026-06-03T00:00:00Z" in err
     assert alert_runs() == 1
-    con = duckdb.connect(str(warehouse_path), read_only=True)
-    assert con.execute("SELECT alert_key, resolved_at FROM alerts").fetchall() == [("pipeline_failure:backfill", None)]
-    con.close()
+    open_alerts = "SELECT alert_key FROM alerts WHERE resolved_at IS NULL AND rule = 'pipeline_failure'"
+    assert query_read_only(str(warehouse_path), open_alerts) == [("pipeline_failure:backfill",)]
+    server.faults.fail_status = None
+    assert cli(capsys, "refresh", "--quiet")[0] == 0  # a good tick is not a good backfill: still open
+    assert query_read_only(str(warehouse_path), open_alerts) == [("pipeline_failure:backfill",)]
+    assert cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-02")[0] == 0
+    assert query_read_only(str(warehouse_path), open_alerts) == []
+    assert alert_runs() == 2  # opened once, resolved once
 
 
 def test_cli_outside_the_repository_without_dagster_home_exits_2(tmp_path, monkeypatch, capsys):
