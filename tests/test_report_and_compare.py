@@ -254,6 +254,10 @@ def test_cli_publish_and_compare(wandb_server, monkeypatch, tmp_path, instance, 
     assert summary.endswith("warehouse_artifact: fleet-warehouse:snapshot-1780401600")
     code, out, _ = cli(capsys, "publish")
     assert out.strip().splitlines()[-1] == "status: up to date, snapshots_published: 0"
+    from dagster import DagsterInstance
+
+    with DagsterInstance.get() as recorded:  # publish wrote through the pool-bound report job, twice
+        assert [r.job_name for r in recorded.get_runs()] == ["report", "report"]
 
     code, out, err = cli(capsys, "compare", "ci0", "ci5")
     assert code == 0, err
