@@ -16,7 +16,7 @@ from wandb_assets.defs.wandb_runs.resources import wandb_resource
 from wandb_assets.defs.warehouse.resources import warehouse_resource
 from wandb_assets.localwandb import make_run_node
 from wandb_assets.settings import ConfigError, pipeline_settings, resolve_wandb_settings
-from wandb_assets.ticks import failure_message
+from wandb_assets.ticks import failure_message, settle_pipeline_alert
 
 
 @pytest.fixture
@@ -164,10 +164,34 @@ def test_datadog_dry_run_is_a_configuration_decision_not_a_failed_read(
         assert con.execute("SELECT status FROM datadog_deliveries").fetchall() == [("pending",)]  # not dry_run
         con.close()
         assert capture.requests == []
+        # The failure alert still goes out during the outage: Slack now, the Datadog event queued for later.
+        monkeypatch.setenv("WANDB_ASSETS_SLACK_WEBHOOK_URL", capture.url + "/hook")
+        settle_pipeline_alert(instance, failed)
+        (hook,) = capture.bodies("/hook")
+        assert hook["text"].startswith(":rotating_light: [critical] pipeline_failure (feed): Dagster run ")
+        con = duckdb.connect(str(warehouse_path), read_only=True)
+        waiting = con.execute(
+            "SELECT channel, status FROM alert_notifications WHERE alert_key = 'pipeline_failure:feed' ORDER BY channel"
+        ).fetchall()
+        assert waiting == [("datadog_event", "pending"), ("slack", "sent")]
+        # the Datadog channel stopped at its oldest message (order is kept), saying why
+        (reason,) = con.execute(
+            "SELECT DISTINCT last_error FROM alert_notifications "
+            "WHERE channel = 'datadog_event' AND last_error IS NOT NULL"
+        ).fetchone()
+        assert reason.startswith("DD_API_KEY is not set and the secret 'test/feed' could not be read")
+        con.close()
         monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
         calls.clear()
         assert execute_feed(instance, now="2026-06-02T12:00:45").success
         assert calls.count("GetSecretValue") == 1  # once per run, not once per call
+        # the queued event went out once the key could be read
+        titles = [e["title"] for e in capture.bodies("/api/v1/events")]
+        # in the order they were queued: the ci_silent alert of the failed feed, then the pipeline failure
+        assert [t.split(":")[0] for t in titles] == [
+            "[warning] ci_silent (push_to_main)",
+            "[critical] pipeline_failure (feed)",
+        ]
         con = duckdb.connect(str(warehouse_path), read_only=True)
         assert con.execute("SELECT status FROM datadog_deliveries").fetchall() == [("delivered",)]
         con.close()

@@ -10,7 +10,7 @@ from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResou
 from wandb_assets.defs.warehouse.resources import WarehouseResource
 from wandb_assets.lib.alerts import Condition, Transition, drain_outbox, reconcile
 from wandb_assets.lib.datadog_feed import feed_tags
-from wandb_assets.settings import pipeline_settings
+from wandb_assets.settings import ConfigError, pipeline_settings
 
 
 @dataclass
@@ -23,11 +23,20 @@ class Notifier:
     log: object
 
     def __post_init__(self) -> None:
-        self._key = self.datadog.api_key()  # None = no key configured; an unreadable secret raises here
+        # None = no key configured anywhere. A key that is configured but unreadable right now must not stop
+        # the alert itself (a Secrets Manager outage is exactly when a pipeline_failure alert matters): its
+        # Datadog events are queued and wait in the outbox until the key can be read; Slack goes out now.
+        self._key: str | None = None
+        self._key_error: str | None = None
+        try:
+            self._key = self.datadog.api_key()
+        except ConfigError as exc:
+            self._key_error = str(exc)
 
     def channel_names(self) -> list[str]:
         """Channels a new notification is queued for (the table and the Dagster log always get it)."""
-        return (["slack"] if self.channels.slack_enabled else []) + (["datadog_event"] if self._key else [])
+        datadog = bool(self._key or self._key_error)
+        return (["slack"] if self.channels.slack_enabled else []) + (["datadog_event"] if datadog else [])
 
     def record(self, con, conditions: list[Condition], evaluated: set[str], now: datetime) -> list[Transition]:
         """Open, touch and resolve alerts (``evaluated``: rule names or ``rule:subject`` keys) and log them."""
@@ -48,7 +57,7 @@ class Notifier:
                 return self.channels.post_slack(text) if self.channels.slack_enabled else "slack webhook not configured"
             if channel == "datadog_event":
                 if not self._key:
-                    return "DD_API_KEY not configured"
+                    return self._key_error or "DD_API_KEY not configured"
                 if tags is None:
                     entity, project, _ = self.datadog.wandb.project_path(pipeline_settings())
                     tags = feed_tags(entity, project, self.datadog.env)
