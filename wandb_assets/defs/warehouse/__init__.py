@@ -1,1 +1,1 @@
-"""The DuckDB warehouse resource."""
+"""The DuckDB warehouse resource (pool `warehouse`) and the analysts' `warehouse_snapshot` asset."""
