@@ -1,0 +1,151 @@
+"""Throughput regressions in one commit-ordered series: a robust one-sided CUSUM on log SPS. No Dagster here.
+
+Why this shape (see ``benchmarks/regressions.py`` for the measurements):
+
+- **log SPS**: a 10% drop is the same size on a 500 and a 50,000 SPS config.
+- **A robust baseline**: the level is the median and the noise a robust spread of the runs *before* the
+  excursion under test (never of the runs being judged), so the slow runs cannot hide themselves. The spread
+  is the larger of 1.4826 x MAD and the 10-90% quantile range / 2.563: both equal the standard deviation on
+  normal noise, and the second also widens for bimodal hardware (two node types of different speed), where
+  MAD only sees the majority mode.
+- **Clipped residuals**: each run adds at most ``CLIP - SLACK`` (2.2) to the statistic, so a single
+  straggler, or two in a row, can never reach the threshold (6.5); three clearly slow runs can, so a large
+  drop is reported at its third run.
+- **Re-baselined after every change**: after a drop (reported) or a rise (a fix or an improvement, never
+  reported) the new regime gets its own baseline, so a regress-then-fix is one regression, and slow drift is
+  absorbed by the moving baseline instead of firing.
+- **Causal**: each run is judged only with the runs before it, so the result on a prefix is what a tick at
+  that point would have seen.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+#: Runs a regime needs before it is judged (its baseline), and at most this many recent ones make it.
+MIN_BASELINE = 8
+BASELINE_WINDOW = 30
+#: CUSUM in units of the baseline spread: slack per run, clip per run, alarm threshold.
+SLACK = 1.1
+CLIP = 3.3
+THRESHOLD = 6.5
+#: Changes smaller than this (relative) are not worth a page, however significant.
+MIN_CHANGE = 0.04
+#: The spread is never taken below this (relative): CI numbers are rounded, some series are too smooth.
+MIN_SPREAD = 0.005
+#: A regression is recovered when a later regime is back within this many spreads of the old level.
+RECOVERY_SPREADS = 2.0
+
+
+@dataclass(frozen=True)
+class Regression:
+    """One drop: runs ``first_slow..`` are slower than runs ``..last_good``.
+
+    ``before``/``after`` are robust levels (medians, in SPS) of the two regimes as seen when it was found;
+    ``detected_at`` is the run at which it was found (the tick that would have paged); ``recovered_at`` the
+    first run of a later regime back within the noise of ``before`` (None while it is still slow).
+    """
+
+    first_slow: int
+    last_good: int
+    before: float
+    after: float
+    change_pct: float
+    detected_at: int
+    confirming_runs: int
+    noise_pct: float
+    recovered_at: int | None = None
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    middle = n // 2
+    return ordered[middle] if n % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _baseline(logs: list[float]) -> tuple[float, float]:
+    """(level, spread) of a regime's runs, robust to outliers and aware of two modes."""
+    level = _median(logs)
+    mad = 1.4826 * _median([abs(x - level) for x in logs])
+    ordered = sorted(logs)
+    spread_q = (_quantile(ordered, 0.9) - _quantile(ordered, 0.1)) / 2.563
+    return level, max(mad, spread_q, MIN_SPREAD)
+
+
+def find_regressions(values: list[float]) -> list[Regression]:
+    """Every drop in a commit-ordered series of SPS values (oldest first), oldest first.
+
+    Values that are not finite and positive are ignored (they keep their index). Deterministic, O(n log w).
+    """
+    points = [
+        (i, math.log(v)) for i, v in enumerate(values) if isinstance(v, (int, float)) and v > 0 and math.isfinite(v)
+    ]
+    found: list[Regression] = []
+    regime_start = 0  # position in ``points`` of the current regime's first run
+    low = high = 0.0  # downward / upward CUSUM statistics
+    low_start = high_start = None  # where each excursion began
+    level = spread = 0.0
+    open_drops: list[int] = []  # indexes in ``found`` of regressions not recovered yet
+    position = 0
+    while position < len(points):
+        index, y = points[position]
+        if position - regime_start < MIN_BASELINE:
+            position += 1
+            continue
+        # Baseline: the runs of this regime before any excursion under way (never the runs being judged).
+        excursion = min(s for s in (low_start, high_start, position) if s is not None)
+        window = [p[1] for p in points[max(regime_start, excursion - BASELINE_WINDOW) : excursion]]
+        if len(window) >= MIN_BASELINE:
+            level, spread = _baseline(window)
+        z = max(-CLIP, min(CLIP, (y - level) / spread))
+        low = max(0.0, low - z - SLACK)
+        high = max(0.0, high + z - SLACK)
+        low_start = (low_start if low_start is not None else position) if low > 0 else None
+        high_start = (high_start if high_start is not None else position) if high > 0 else None
+        changed_at = None
+        if low > THRESHOLD:
+            changed_at = low_start
+            after = _median([p[1] for p in points[low_start : position + 1]])
+            change = math.exp(after - level) - 1
+            if change <= -MIN_CHANGE:
+                found.append(
+                    Regression(
+                        first_slow=points[low_start][0],
+                        last_good=points[low_start - 1][0],
+                        before=math.exp(level),
+                        after=math.exp(after),
+                        change_pct=100 * change,
+                        detected_at=index,
+                        confirming_runs=position - low_start + 1,
+                        noise_pct=100 * (math.exp(spread) - 1),
+                    )
+                )
+                open_drops.append(len(found) - 1)
+        elif high > THRESHOLD:
+            changed_at = high_start
+            after = _median([p[1] for p in points[high_start : position + 1]])
+            for k in list(open_drops):  # a rise back to an old level recovers that regression
+                old = found[k]
+                if after >= math.log(old.before) - RECOVERY_SPREADS * math.log(1 + old.noise_pct / 100):
+                    found[k] = _recovered(old, points[high_start][0])
+                    open_drops.remove(k)
+        if changed_at is not None:  # re-baseline: the new regime starts where the excursion began
+            regime_start, position = changed_at, changed_at
+            low = high = 0.0
+            low_start = high_start = None
+            continue
+        position += 1
+    return found
+
+
+def _recovered(regression: Regression, at: int) -> Regression:
+    return Regression(**{**regression.__dict__, "recovered_at": at})
