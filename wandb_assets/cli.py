@@ -1,8 +1,8 @@
 """``wandb-assets``: the demo, a tick, a backfill, the report run, run comparison and the UI, from the shell.
 
 Commands: ``demo``, ``refresh`` (one tick: refresh, then the Datadog feed, alerts and report), ``backfill``,
-``publish``, ``fetch-warehouse``, ``compare``, ``ui``. Each command runs the same Dagster jobs the schedule
-and sensors run, in this process, and records the run in the Dagster instance (``DAGSTER_HOME``, else the
+``publish``, ``fetch-warehouse``, ``compare``, ``regressions``, ``ui``. Each command runs the same Dagster jobs
+the schedule and sensors run, in this process, and records the run in the Dagster instance (``DAGSTER_HOME``, else the
 repository's ``dagster.yaml`` when run from its root), so the UI shows CLI runs too, and the warehouse pool
 and run monitoring apply. Without either it refuses to run (a throwaway instance has no pool and no
 history). Exit status: 0 on success, 1 when a run failed, 2 for a configuration error (checked before any
@@ -237,6 +237,30 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_regressions(args: argparse.Namespace) -> int:
+    """Backtest: the change points the SPS-regression detector finds in the warehouse snapshot's history."""
+    from wandb_assets.warehouse import change_points, open_snapshot
+
+    since = _day(args.since, "--since") if args.since else None
+    try:
+        con = open_snapshot(args.warehouse)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    found = change_points(con, config=args.config, since=since)
+    if found.empty:
+        print("No SPS regression found on main" + (f" for {args.config}" if args.config else "") + ".")
+        return 0
+    for row in found.itertuples():
+        status = f"recovered at {row.recovered_commit}" if row.recovered_commit else "still slow"
+        print(
+            f"{row.ci_config}: {row.change_pct:+.1f}% ({row.before:,.1f} -> {row.after:,.1f}) from "
+            f"{row.last_good_commit} to {row.first_slow_commit} ({row.first_slow_created_at:%Y-%m-%d %H:%M} UTC), "
+            f"paged at {row.detected_commit} after {row.confirming_runs} slow run(s); {status}"
+        )
+    return 0
+
+
 def cmd_fetch_warehouse(args: argparse.Namespace) -> int:
     from wandb_assets.defs.report.assets import report_target
     from wandb_assets.defs.wandb_runs.resources import wandb_resource
@@ -282,6 +306,11 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("run_ids", nargs="+", metavar="RUN_ID")
     compare.add_argument("--warehouse", help="warehouse file (default WANDB_ASSETS_DUCKDB)")
     compare.set_defaults(func=cmd_compare)
+    regressions = sub.add_parser("regressions", help="SPS regressions found in the main-branch history (a backtest)")
+    regressions.add_argument("--config", help="one CI config (default: all)")
+    regressions.add_argument("--since", help="first day, YYYY-MM-DD: regressions whose first slow run is later")
+    regressions.add_argument("--warehouse", help="warehouse file (default WANDB_ASSETS_DUCKDB)")
+    regressions.set_defaults(func=cmd_regressions)
     fetch = sub.add_parser("fetch-warehouse", help="download a published warehouse artifact")
     fetch.add_argument("--version", default="latest", help="artifact version or alias (default latest)")
     fetch.add_argument("--dest", default="data/fetched", help="folder to download into")

@@ -113,7 +113,7 @@ def sps_series(con) -> dict[str, list[tuple]]:
     """Per CI config on main: (ended_unix, sps, commit, alerted) rows, downsampled to PLOT_POINTS."""
     rows = con.execute(
         "SELECT s.ci_config, epoch(s.ended_at)::BIGINT, s.sps_overview_sps, s.ci_commit, "
-        "EXISTS (SELECT 1 FROM alerts a WHERE a.rule = 'sps_regression' AND a.subject = s.ci_config "
+        "EXISTS (SELECT 1 FROM alerts a WHERE a.rule = 'sps_regression' AND a.details->>'ci_config' = s.ci_config "
         "        AND a.details->>'run_id' = s.run_id) "
         "FROM push_to_main_sps s WHERE s.ci_branch = 'main' AND s.sps_overview_sps IS NOT NULL "
         f"AND s.ended_at IS NOT NULL AND s.state IN ({SPS_SQL_STATES}) ORDER BY s.ci_config, s.ended_at"

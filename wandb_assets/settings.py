@@ -121,14 +121,9 @@ class Settings(BaseSettings):
     WANDB_ASSETS_ALERT_SUCCESS_RATE_MIN_RUNS: int = _var(
         _TH.success_rate_min_runs, "... when at least this many push-to-main runs finished, failed or crashed.", ge=0
     )
-    WANDB_ASSETS_ALERT_SPS_DROP_PCT: float = _var(
-        _TH.sps_drop_pct, "sps_regression fires when SPS is this much below the median."
-    )
-    WANDB_ASSETS_ALERT_SPS_BASELINE_RUNS: int = _var(
-        _TH.sps_baseline_runs, "The median is over this many previous main runs.", ge=1
-    )
-    WANDB_ASSETS_ALERT_SPS_MIN_BASELINE_RUNS: int = _var(
-        _TH.sps_min_baseline_runs, "... and needs at least this many.", ge=1
+    WANDB_ASSETS_SPS_METRIC: str = _var(
+        _TH.sps_metric,
+        "Summary key whose value sps_regression watches on main (RL code often logs `charts/SPS`, `training/sps`).",
     )
     WANDB_ASSETS_ALERT_FAILURE_SPIKE_PCT: float = _var(
         _TH.failure_spike_pct, "failure_spike fires above this share of failed/crashed."
@@ -251,8 +246,12 @@ def alert_thresholds(environ: Mapping[str, str] | None = None) -> AlertThreshold
     """The alert rules' knobs from the ``WANDB_ASSETS_ALERT_*`` variables."""
     s = load_settings(environ)
     return AlertThresholds(
-        **{name: getattr(s, f"WANDB_ASSETS_ALERT_{name.upper()}") for name in AlertThresholds.__dataclass_fields__}
+        **{name: getattr(s, _threshold_variable(name)) for name in AlertThresholds.__dataclass_fields__}
     )
+
+
+def _threshold_variable(field_name: str) -> str:
+    return "WANDB_ASSETS_SPS_METRIC" if field_name == "sps_metric" else f"WANDB_ASSETS_ALERT_{field_name.upper()}"
 
 
 def _secret_text(value: SecretStr | None) -> str | None:

@@ -110,11 +110,65 @@ def ci_runs(con, start=None, end=None):
 def sps_regressions(con):
     """Every ``sps_regression`` alert, open or resolved: the last good and first slow commit of each."""
     return con.execute(
-        "SELECT subject AS ci_config, opened_at, resolved_at, details->>'good_commit' AS good_commit, "
-        "details->>'slow_commit' AS first_slow_commit, (details->>'slow_runs')::BIGINT AS slow_runs, "
-        "(details->>'sps')::DOUBLE AS sps, (details->>'median_sps')::DOUBLE AS median_sps "
+        "SELECT details->>'ci_config' AS ci_config, opened_at, resolved_at, "
+        "details->>'last_good_commit' AS last_good_commit, details->>'first_slow_commit' AS first_slow_commit, "
+        "(details->>'confirming_runs')::BIGINT AS confirming_runs, (details->>'before')::DOUBLE AS before, "
+        "(details->>'after')::DOUBLE AS after, (details->>'change_pct')::DOUBLE AS change_pct "
         "FROM alerts WHERE rule = 'sps_regression' ORDER BY opened_at"
     ).df()
+
+
+def change_points(con, config: str | None = None, since=None, metric: str | None = None):
+    """The regressions the detector finds in the warehouse's main-branch history (a backtest: what would have
+    paged, and when), one row per regression; ``since`` keeps those first slow on or after that day."""
+    import pandas as pd
+
+    from wandb_assets.lib.alerts import main_series
+    from wandb_assets.lib.regressions import find_regressions
+    from wandb_assets.settings import load_settings
+
+    metric = metric or load_settings().WANDB_ASSETS_SPS_METRIC
+    latest = con.execute("SELECT max(ended_at) FROM runs").fetchone()[0]
+    rows = []
+    for name, runs in (main_series(con, latest, metric) if latest else {}).items():
+        if config is not None and name != config:
+            continue
+        for r in find_regressions([run["sps"] for run in runs]):
+            slow = runs[r.first_slow]
+            rows.append(
+                {
+                    "ci_config": name,
+                    "last_good_commit": runs[r.last_good]["ci_commit"],
+                    "first_slow_commit": slow["ci_commit"],
+                    "first_slow_created_at": slow["created_at"],
+                    "detected_commit": runs[r.detected_at]["ci_commit"],
+                    "before": r.before,
+                    "after": r.after,
+                    "change_pct": r.change_pct,
+                    "confirming_runs": r.confirming_runs,
+                    "recovered_commit": runs[r.recovered_at]["ci_commit"] if r.recovered_at is not None else None,
+                    "first_slow_url": slow["url"],
+                }
+            )
+    frame = pd.DataFrame(rows, columns=CHANGE_POINT_COLUMNS)
+    if since is not None and len(frame):
+        frame = frame[frame.first_slow_created_at >= pd.Timestamp(_day(since))]
+    return frame.reset_index(drop=True)
+
+
+CHANGE_POINT_COLUMNS = [
+    "ci_config",
+    "last_good_commit",
+    "first_slow_commit",
+    "first_slow_created_at",
+    "detected_commit",
+    "before",
+    "after",
+    "change_pct",
+    "confirming_runs",
+    "recovered_commit",
+    "first_slow_url",
+]
 
 
 def sweeps(con, start=None, end=None):

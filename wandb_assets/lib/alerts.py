@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from wandb_assets.lib.gauges import compute_gauges
+from wandb_assets.lib.regressions import find_regressions
 from wandb_assets.lib.sql import ALIVE_SQL, ENDED_SQL, FAILED_SQL, RATED_SQL, SPS_SQL_STATES, Connect, transaction
 
 ALERT_SQL = """
@@ -39,15 +40,14 @@ class AlertThresholds:
 
     success_rate_min_pct: float = 80.0
     success_rate_min_runs: int = 5
-    sps_drop_pct: float = 10.0
-    sps_baseline_runs: int = 10
-    sps_min_baseline_runs: int = 5
     failure_spike_pct: float = 50.0
     failure_spike_min_ended: int = 10
     stall_heartbeat_minutes: float = 30.0
     stall_step_minutes: float = 60.0
     ci_silent_hours: float = 12.0
     long_running_hours: float = 168.0
+    #: The summary key sps_regression watches (``WANDB_ASSETS_SPS_METRIC``).
+    sps_metric: str = "overview/sps"
 
 
 @dataclass(frozen=True)
@@ -97,81 +97,74 @@ def success_rate_low(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     ]
 
 
-SPS_SQL = f"""
-WITH main AS (
-    SELECT ci_config, run_id, ci_commit, url, ended_at, sps_overview_sps AS sps,
-           row_number() OVER (PARTITION BY ci_config ORDER BY ended_at DESC, run_id DESC) AS recency
-    FROM runs
-    WHERE category = 'push_to_main' AND ci_branch = 'main' AND state IN ({SPS_SQL_STATES})
-      AND sps_overview_sps IS NOT NULL AND ended_at <= $t AND ci_config IS NOT NULL
-),
-baseline AS (
-    SELECT ci_config, median(sps) AS median_sps, count(*) AS baseline_runs
-    FROM main WHERE recency BETWEEN 2 AND 1 + $window GROUP BY ci_config
-),
-last_good AS (
-    SELECT m.ci_config, arg_max(m.ci_commit, m.recency * -1) AS good_commit, arg_max(m.url, m.recency * -1) AS good_url,
-           arg_max(m.sps, m.recency * -1) AS good_sps, min(m.recency) AS good_recency
-    FROM main m JOIN baseline b USING (ci_config)
-    WHERE m.recency >= 2 AND m.sps >= b.median_sps * (1 - $drop / 100.0)
-    GROUP BY m.ci_config
-),
-first_slow AS (
-    -- the oldest run after the last good one: every run since then was slow
-    SELECT m.ci_config, arg_max(m.ci_commit, m.recency) AS slow_commit, arg_max(m.url, m.recency) AS slow_url,
-           count(*) AS slow_runs
-    FROM main m LEFT JOIN last_good g USING (ci_config)
-    WHERE m.recency < coalesce(g.good_recency, 2)
-    GROUP BY m.ci_config
-)
-SELECT latest.ci_config, latest.sps, latest.ci_commit AS latest_commit, latest.run_id,
-       b.median_sps, b.baseline_runs, g.good_commit, g.good_url, g.good_sps, s.slow_commit, s.slow_url, s.slow_runs
-FROM main latest JOIN baseline b USING (ci_config) LEFT JOIN last_good g USING (ci_config)
-     JOIN first_slow s USING (ci_config)
-WHERE latest.recency = 1 AND b.baseline_runs >= $min_runs AND latest.sps < b.median_sps * (1 - $drop / 100.0)
-ORDER BY latest.ci_config
+#: Main-branch runs of one CI config in commit order (the CI timestamp in the name, then created_at), with the
+#: throughput metric read from the summary (``$key``: a JSON path to one summary key).
+MAIN_SERIES_SQL = f"""
+SELECT ci_config, run_id, ci_commit, url, created_at, TRY_CAST(json_extract(summary, $key) AS DOUBLE) AS sps
+FROM runs
+WHERE category = 'push_to_main' AND ci_branch = 'main' AND ci_config IS NOT NULL
+  AND state IN ({SPS_SQL_STATES}) AND ended_at <= $t AND created_at <= $t
+QUALIFY isfinite(sps) AND sps > 0
+    AND row_number() OVER (PARTITION BY ci_config ORDER BY coalesce(ci_timestamp, created_at) DESC,
+                                                        created_at DESC, run_id DESC) <= $runs
+ORDER BY ci_config, coalesce(ci_timestamp, created_at), created_at, run_id
 """
 
-_SPS_DETAILS = (
-    "ci_config",
-    "sps",
-    "median_sps",
-    "baseline_runs",
-    "good_commit",
-    "good_url",
-    "slow_commit",
-    "slow_url",
-    "slow_runs",
-    "latest_commit",
-    "run_id",
-)
+#: How many recent main runs per config the detector looks at (enough history for several regimes).
+SPS_HISTORY_RUNS = 200
+
+
+def summary_key_path(metric: str) -> str:
+    """The JSON path of one summary key, slashes and dots included (``overview/sps`` -> ``$."overview/sps"``)."""
+    return '$."' + metric.replace('"', '\\"') + '"'
+
+
+def main_series(con, at: datetime, metric: str) -> dict[str, list[dict]]:
+    """Per CI config: its main runs up to ``at`` in commit order, each with its finite SPS value."""
+    rows = _rows(con, MAIN_SERIES_SQL, {"t": at, "key": summary_key_path(metric), "runs": SPS_HISTORY_RUNS})
+    series: dict[str, list[dict]] = {}
+    for row in rows:
+        series.setdefault(row["ci_config"], []).append(row)
+    return series
 
 
 def sps_regression(con, at: datetime, th: AlertThresholds) -> list[Condition]:
-    """The latest main run of a CI config is ``sps_drop_pct`` below the median of the runs before it.
+    """One condition per regression of a CI config on main that has not recovered (``lib.regressions``).
 
-    The message names the last good commit and the first slow one (the oldest run since the last good).
+    The alert is keyed by the first slow commit, so two regressions of one config are two alerts; it resolves
+    when a later regime is back within the noise of the old level. Configs never mix: each is its own series.
     """
-    found = _rows(
-        con,
-        SPS_SQL,
-        {"t": at, "window": th.sps_baseline_runs, "drop": th.sps_drop_pct, "min_runs": th.sps_min_baseline_runs},
-    )
+    metric = th.sps_metric
     conditions = []
-    for r in found:
-        drop = 100 * (1 - r["sps"] / r["median_sps"])
-        conditions.append(
-            Condition(
-                "sps_regression",
-                r["ci_config"],
-                "warning",
-                f"SPS regression on main for {r['ci_config']}: overview/sps {r['sps']:.1f} is {drop:.1f}% below the "
-                f"median {r['median_sps']:.1f} of the previous {r['baseline_runs']} main runs. Last good commit "
-                f"{r['good_commit'] or 'unknown'} ({r['good_url'] or 'no run'}), first slow commit {r['slow_commit']} "
-                f"({r['slow_url']}); {r['slow_runs']} slow run(s) since.",
-                {k: r[k] for k in _SPS_DETAILS} | {"drop_pct": drop},
+    for config, runs in main_series(con, at, metric).items():
+        for regression in find_regressions([r["sps"] for r in runs]):
+            if regression.recovered_at is not None:
+                continue
+            good, slow = runs[regression.last_good], runs[regression.first_slow]
+            conditions.append(
+                Condition(
+                    "sps_regression",
+                    f"{config}:{slow['ci_commit']}",
+                    "warning",
+                    f"SPS regression on main for {config}: {metric} fell {-regression.change_pct:.1f}% from "
+                    f"{regression.before:,.1f} to {regression.after:,.1f} (noise {regression.noise_pct:.1f}%). "
+                    f"Last good commit {good['ci_commit']} ({good['url']}), first slow commit {slow['ci_commit']} "
+                    f"({slow['url']}); {regression.confirming_runs} slow run(s) confirm it.",
+                    {
+                        "ci_config": config,
+                        "metric": metric,
+                        "last_good_commit": good["ci_commit"],
+                        "last_good_url": good["url"],
+                        "first_slow_commit": slow["ci_commit"],
+                        "first_slow_url": slow["url"],
+                        "run_id": slow["run_id"],
+                        "before": regression.before,
+                        "after": regression.after,
+                        "change_pct": regression.change_pct,
+                        "confirming_runs": regression.confirming_runs,
+                    },
+                )
             )
-        )
     return conditions
 
 

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 
 #: Runs a regime needs before it is judged (its baseline), and at most this many recent ones make it.
-MIN_BASELINE = 8
+MIN_BASELINE = 20
 BASELINE_WINDOW = 30
 #: CUSUM in units of the baseline spread: slack per run, clip per run, alarm threshold.
 SLACK = 1.1
@@ -34,6 +34,8 @@ THRESHOLD = 6.5
 MIN_CHANGE = 0.04
 #: The spread is never taken below this (relative): CI numbers are rounded, some series are too smooth.
 MIN_SPREAD = 0.005
+#: How far before the CUSUM's first low run the onset of a drop is looked for.
+ONSET_LOOKBACK = 10
 #: A regression is recovered when a later regime is back within this many spreads of the old level.
 RECOVERY_SPREADS = 2.0
 
@@ -113,6 +115,7 @@ def find_regressions(values: list[float]) -> list[Regression]:
         high_start = (high_start if high_start is not None else position) if high > 0 else None
         changed_at = None
         if low > THRESHOLD:
+            low_start = _split(points, max(regime_start, low_start - ONSET_LOOKBACK), position, level, spread)
             changed_at = low_start
             after = _median([p[1] for p in points[low_start : position + 1]])
             change = math.exp(after - level) - 1
@@ -145,6 +148,24 @@ def find_regressions(values: list[float]) -> list[Regression]:
             continue
         position += 1
     return found
+
+
+def _split(points: list[tuple[int, float]], start: int, end: int, level: float, spread: float) -> int:
+    """The onset of a drop between ``start`` and ``end``: where the runs before and after differ most.
+
+    CUSUM starts counting at the first low run, which may be noise just before the change; the split that
+    maximises the two-sample statistic on the clipped residuals is a better estimate of the first slow run.
+    """
+    residuals = [max(-CLIP, min(CLIP, (y - level) / spread)) for _, y in points[start : end + 1]]
+    total, n = sum(residuals), len(residuals)
+    best, best_score, prefix = end, -1.0, 0.0
+    for k in range(1, n):  # onset = start + k: runs start..start+k-1 before, the rest after
+        prefix += residuals[k - 1]
+        before, after = prefix / k, (total - prefix) / (n - k)
+        score = k * (n - k) / n * (before - after) ** 2 if before > after else 0.0
+        if score > best_score:
+            best, best_score = start + k, score
+    return best
 
 
 def _recovered(regression: Regression, at: int) -> Regression:

@@ -44,7 +44,8 @@ def generate_fleet(
     """Run nodes created over the ``days`` before ``now`` (naive UTC), about ``runs_per_day`` a day.
 
     With ``incidents``, the last hours also hold what the alerts should catch: an SPS regression on main
-    (``ppo_atari`` 30% slower), a CI failure streak (eight failed push-to-main runs) and a stalled run
+    (``ppo_atari`` 30% slower for its last three main commits), a CI failure streak (eight failed push-to-main
+    runs) and a stalled run
     (still ``running``, no heartbeat for two hours).
     """
     rng = random.Random(seed)
@@ -142,16 +143,18 @@ def generate_fleet(
         regressed = _ci_summary(rng, CI_CONFIGS["ppo_atari"] * 0.7, 40_000)
         for key in ("overview/sps", "overview/steps_per_second"):
             regressed[key] = round(CI_CONFIGS["ppo_atari"] * 0.7, 3)
-        add(
-            now - timedelta(minutes=30, seconds=30),  # ends 30 s before now: the latest main run of its config
-            0.5,
-            "finished",
-            display_name=f"github.sky.main.badc0de.ppo_atari.{stamp}",
-            config={"compute.gpu_count": 8},
-            summary=regressed,
-            username="ci-bot",
-            job_type="benchmark",
-        )
+        # three slow main commits in a row: badc0de first, the last ending 30 s before now
+        for hours_ago, commit in ((2, "badc0de"), (1, "badc0e1"), (0, "badc0f2")):
+            add(
+                now - timedelta(hours=hours_ago, minutes=30, seconds=30),
+                0.5,
+                "finished",
+                display_name=f"github.sky.main.{commit}.ppo_atari.{stamp - 60 * hours_ago}",  # after the others
+                config={"compute.gpu_count": 8},
+                summary=regressed,
+                username="ci-bot",
+                job_type="benchmark",
+            )
         for k in range(8):
             add(
                 now - timedelta(hours=10 - k),
