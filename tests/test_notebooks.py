@@ -2,6 +2,7 @@
 pipeline (a refresh in another process while a notebook reads; a reader holding the snapshot for good)."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -230,12 +231,35 @@ def test_helpers_answer_the_common_questions(notebook_warehouse):
     daily = warehouse.daily_fleet(con, start=date(2000, 1, 1))
     assert set(daily.category) == {"all", "push_to_main", "sweep", "regular"}
     sps = warehouse.main_sps(con, "ppo_atari")
-    assert sps.ci_commit.iloc[-1] == "badc0de"  # the regressed run is the newest main commit of its config
+    # the three regressed runs are the newest main commits of their config
+    assert sps.ci_commit.iloc[-3:].tolist() == ["badc0de", "badc0e1", "badc0f2"]
     regressions = warehouse.sps_regressions(con)
-    assert regressions[["ci_config", "first_slow_commit", "slow_runs"]].values.tolist() == [["ppo_atari", "badc0de", 1]]
+    assert regressions[["ci_config", "last_good_commit", "first_slow_commit", "confirming_runs"]].values.tolist() == [
+        ["ppo_atari", sps.ci_commit.iloc[-4], "badc0de", 3]  # last good: the main commit before badc0de
+    ]
+    backtest = warehouse.change_points(con, config="ppo_atari")
+    assert backtest[["first_slow_commit", "detected_commit", "recovered_commit"]].values.tolist() == [
+        ["badc0de", "badc0f2", None]
+    ]
     sweeps = warehouse.sweeps(con)
     # two sweep ids a day for 8 days, plus the runs known only by a ".sweep" name (3 of 15 a day)
     assert len(sweeps) == 2 * 8 + 1
     assert sweeps.set_index("sweep").loc["(no sweep id)", "runs"] == 3 * 8
     alive = warehouse.alive_runs(con)
     assert "stalled0001" in set(alive.run_id)
+
+
+def test_cli_regressions_backtest(notebook_warehouse, capsys):
+    from tests.conftest import cli
+
+    code, out, err = cli(capsys, "regressions", "--warehouse", str(notebook_warehouse), "--config", "ppo_atari")
+    assert code == 0, err
+    (line,) = out.splitlines()
+    # the generator makes the regressed runs 30% slower than ppo_atari's level (3,640 vs 5,200), plus noise
+    assert re.match(r"ppo_atari: -(2[5-9]|3[0-5])\.\d% \([\d,.]+ -> 3,640\.0\) from \w+ to badc0de \(", line), line
+    assert line.endswith("paged at badc0f2 after 3 slow run(s); still slow")
+    tomorrow = (NOW + timedelta(days=1)).date().isoformat()
+    code, out, _ = cli(capsys, "regressions", "--warehouse", str(notebook_warehouse), "--since", tomorrow)
+    assert (code, out) == (0, "No SPS regression found on main.\n")
+    code, _, err = cli(capsys, "regressions", "--warehouse", str(notebook_warehouse), "--since", "soon")
+    assert code == 2 and err == "error: --since must be a day like 2026-06-01 (got 'soon').\n"
