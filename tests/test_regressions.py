@@ -71,13 +71,16 @@ def test_bimodal_hardware_alone_rarely_pages():
     assert 100 * alarms / (50 * 200) <= 0.15
 
 
-def test_a_prefix_reports_exactly_what_a_tick_would_have_seen():
-    values = noisy([1000.0] * 40 + [850.0] * 40 + [1000.0] * 40 + [700.0] * 30)
-    full = find_regressions(values)
-    assert len(full) == 2
+@pytest.mark.parametrize("seed", range(8))
+def test_a_prefix_reports_exactly_what_a_tick_would_have_seen(seed):
+    rng = random.Random(seed)
+    levels = [1000.0] * 40 + [1000.0 * rng.choice([0.95, 0.9, 0.85])] * 40 + [1000.0] * 40 + [700.0] * 30
+    values = noisy(levels, noise=rng.uniform(0.02, 0.06), seed=seed)
+    full = [(r.first_slow, r.detected_at, r.before, r.after) for r in find_regressions(values)]
+    assert full
     for t in range(len(values)):
-        seen = [(r.first_slow, r.detected_at) for r in find_regressions(values[: t + 1])]
-        assert seen == [(r.first_slow, r.detected_at) for r in full if r.detected_at <= t]
+        seen = [(r.first_slow, r.detected_at, r.before, r.after) for r in find_regressions(values[: t + 1])]
+        assert seen == [r for r in full if r[1] <= t]
 
 
 def test_values_that_are_not_finite_and_positive_are_skipped_keeping_indexes():
@@ -87,3 +90,15 @@ def test_values_that_are_not_finite_and_positive_are_skipped_keeping_indexes():
     values[30], values[40] = float("nan"), 0.0
     (regression,) = find_regressions(values)
     assert (regression.last_good, regression.first_slow) == (59, 60)
+
+
+def test_a_low_run_just_before_the_step_does_not_move_the_onset():
+    values = noisy([1000.0] * 60 + [850.0] * 10, seed=5)
+    values[59] = 960.0  # a low last good run (-4% in 3% noise): the CUSUM starts counting there
+    (regression,) = find_regressions(values)
+    assert (regression.last_good, regression.first_slow) == (59, 60)
+
+
+def test_a_small_shift_is_not_worth_a_page_however_significant():
+    values = [1000.0 * (1 + 0.001 * (-1) ** i) for i in range(60)] + [975.0] * 40  # 2.5% in 0.1% noise
+    assert find_regressions(values) == []
