@@ -285,3 +285,21 @@ def test_a_corrupt_warehouse_is_reported_as_corrupt_not_locked(wandb_server, war
     error = failing_day_materialization(instance)
     assert "looks damaged or is not a DuckDB file" in error
     assert "locked" not in error
+
+
+def test_many_older_unfinished_runs_are_refreshed_in_chunks(wandb_server, warehouse_path, instance, monkeypatch):
+    import wandb_assets.defs.wandb_runs.assets as runs_module
+
+    zombies = [
+        make_run_node(f"z{i}", display_name="train-z", state="running", created_at=datetime(2026, 5, 10, 8 + i))
+        for i in range(3)
+    ]
+    server = wandb_server(zombies)
+    assert execute_backfill(instance, date(2026, 5, 10), date(2026, 5, 10)).success
+    monkeypatch.setattr(runs_module, "IDS_PER_REQUEST", 2)
+    server.requests.clear()
+    assert execute_refresh(instance, date(2026, 6, 10), snapshot_at="2026-06-10T12:00:00").success
+    by_id = [
+        json.loads(v["filters"])["name"]["$in"] for op, v in server.requests if op == "Runs" and "name" in v["filters"]
+    ]
+    assert by_id == [["z0", "z1"], ["z2"]]

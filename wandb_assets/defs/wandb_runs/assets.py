@@ -25,6 +25,9 @@ daily_partitions = DailyPartitionsDefinition(
     start_date=pipeline_settings().start_date.isoformat(), timezone="UTC", end_offset=1
 )
 
+#: Older unfinished runs are refreshed by id, this many per request (a filter stays a reasonable size).
+IDS_PER_REQUEST = 500
+
 PREVIEW_SQL = """
 SELECT run_id, name, state, category, strftime(created_at, '%Y-%m-%d %H:%M') AS created_utc,
        round(duration_hours, 2) AS hours, gpu_count
@@ -42,7 +45,7 @@ FROM runs WHERE created_at >= $start AND created_at < $end ORDER BY created_at D
     description=(
         "Every W&B run of the project, one row per run, partitioned by the UTC day it was created. "
         "Materializing a partition (or a range, in one run) re-reads that window from W&B and replaces it; "
-        "runs still unfinished from before the window are refreshed by id in one request."
+        "runs still unfinished from before the window are refreshed by id (500 per request)."
     ),
 )
 def runs(context: AssetExecutionContext, wandb: WandbResource, warehouse: WarehouseResource) -> MaterializeResult:
@@ -57,7 +60,8 @@ def runs(context: AssetExecutionContext, wandb: WandbResource, warehouse: Wareho
     categories: Counter[str] = Counter()
 
     def rows() -> Iterator[dict]:
-        queries = [created_between(start, end)] + ([with_ids(older_unfinished)] if older_unfinished else [])
+        chunks = range(0, len(older_unfinished), IDS_PER_REQUEST)
+        queries = [created_between(start, end)] + [with_ids(older_unfinished[i : i + IDS_PER_REQUEST]) for i in chunks]
         for filters in queries:
             for page in wandb.fetch_run_pages(filters, pipeline):
                 for node in page:
