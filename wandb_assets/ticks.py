@@ -15,7 +15,12 @@ from dagster import DagsterInstance, ExecuteInProcessResult
 
 from wandb_assets.definitions import defs
 from wandb_assets.defs.feed.jobs import FEED_JOB
-from wandb_assets.defs.feed.pipeline_failure import PIPELINE_ALERT_JOB, pipeline_alert_run_config, previous_run_failed
+from wandb_assets.defs.feed.pipeline_failure import (
+    PIPELINE_ALERT_JOB,
+    pipeline_alert_run_config,
+    previous_run_failed,
+    step_failure_sentence,
+)
 from wandb_assets.defs.fleet.jobs import BACKFILL_JOB, REFRESH_JOB, partition_range_tags, plan_tick
 from wandb_assets.defs.report.jobs import REPORT_JOB
 
@@ -34,14 +39,7 @@ def _execute(instance: DagsterInstance, job_name: str, run_config: dict | None =
 
 def failure_message(result: ExecuteInProcessResult) -> str:
     """The innermost error of the first failed step: the sentence a person needs."""
-    for event in result.all_events:
-        if event.is_step_failure and event.step_failure_data and event.step_failure_data.error:
-            error = event.step_failure_data.error
-            while error.cause is not None:
-                error = error.cause
-            text = error.message.strip()
-            return f"step {event.step_key}: {text.splitlines()[-1] if text else error.cls_name}"
-    return f"run {result.run_id} failed; see the Dagster UI for the logs"
+    return step_failure_sentence(result.all_events) or f"run {result.run_id} failed; see the Dagster UI for the logs"
 
 
 def settle_pipeline_alert(instance: DagsterInstance, result: ExecuteInProcessResult) -> None:

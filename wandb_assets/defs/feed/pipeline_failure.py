@@ -74,6 +74,18 @@ def pipeline_alert_job():
     record_pipeline_failure()
 
 
+def step_failure_sentence(events) -> str | None:
+    """The innermost error of the first failed step among ``events``: the sentence a person needs."""
+    for event in events:
+        if event.is_step_failure and event.step_failure_data and event.step_failure_data.error:
+            error = event.step_failure_data.error
+            while error.cause is not None:
+                error = error.cause
+            text = error.message.strip()
+            return f"step {event.step_key}: {text.splitlines()[-1] if text else error.cls_name}"
+    return None
+
+
 def pipeline_alert_run_config(job_name: str, run_id: str, event: str, error: str = "") -> dict:
     config = {"job_name": job_name, "run_id": run_id, "event": event, "error": error[:1000]}
     return {"ops": {"record_pipeline_failure": {"config": config}}}
@@ -101,7 +113,7 @@ def previous_run_failed(instance: DagsterInstance, job_name: str, run_id: str) -
 )
 def pipeline_failure_opens(context: RunFailureSensorContext):
     run = context.dagster_run
-    error = context.failure_event.message or "unknown error"
+    error = step_failure_sentence(context.get_step_failure_events()) or context.failure_event.message or "unknown"
     return RunRequest(
         run_key=f"opened:{run.run_id}", run_config=pipeline_alert_run_config(run.job_name, run.run_id, "opened", error)
     )
