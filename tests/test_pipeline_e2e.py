@@ -303,3 +303,36 @@ def test_many_older_unfinished_runs_are_refreshed_in_chunks(wandb_server, wareho
         json.loads(v["filters"])["name"]["$in"] for op, v in server.requests if op == "Runs" and "name" in v["filters"]
     ]
     assert by_id == [["z0", "z1"], ["z2"]]
+
+
+def test_slow_server_mode_charges_per_page_and_counts_requests_in_flight(wandb_server):
+    """The benchmark's slow server: a fixed cost per Runs request plus a cost per run returned."""
+    import threading
+    import time
+    import urllib.request
+
+    server = wandb_server(dataset())  # 8 runs
+    server.faults.cost_per_request_s, server.faults.cost_per_run_s = 0.3, 0.05
+    query = "query Runs($project: String!, $entity: String!) { project { runs { edges { node { name } } } } }"
+    body = json.dumps(
+        {"query": query, "variables": {"entity": "test-team", "project": "test-project", "perPage": 4}}
+    ).encode()
+
+    def post() -> float:
+        started = time.perf_counter()
+        request = urllib.request.Request(server.url + "/graphql", data=body, method="POST")
+        request.add_header(
+            "Authorization", "Basic " + __import__("base64").b64encode(f"api:{API_KEY}".encode()).decode()
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert len(json.loads(response.read())["data"]["project"]["runs"]["edges"]) == 4
+        return time.perf_counter() - started
+
+    assert post() >= 0.3 + 4 * 0.05
+    assert server.max_in_flight == 1
+    threads = [threading.Thread(target=post) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert (server.max_in_flight, server.in_flight) == (3, 0)

@@ -122,6 +122,10 @@ class Faults:
     """Switches for fault injection. Mutate them on a running server; every request reads them."""
 
     latency_s: float = 0.0
+    #: Slow-server mode for benchmarks: what a real server charges for a ``Runs`` page (a fixed cost per
+    #: request plus a cost per run returned), slept before answering.
+    cost_per_request_s: float = 0.0
+    cost_per_run_s: float = 0.0
     #: HTTP status for injected failures (429, 500, 503...); None disables failures.
     fail_status: int | None = None
     #: How many more matching requests fail; a negative number means every one.
@@ -166,6 +170,10 @@ class LocalWandbServer:
         self.api_key = api_key
         self.faults = Faults()
         self.requests: list[tuple[str, dict]] = []
+        #: Requests being answered right now, and the most there ever were at once (any operation).
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._flight_lock = threading.Lock()
         self._lock = threading.Lock()
         self._records: dict[str, dict[str, Any]] = {}
         self._ordered_cache: dict[tuple[str, str], list[dict]] = {}
@@ -493,6 +501,16 @@ def _handler_for(server: LocalWandbServer) -> type[BaseHTTPRequestHandler]:
             operation = match.group(1) if match else (payload.get("operationName") or "")
             variables = payload.get("variables") or {}
             server.requests.append((operation, variables))
+            with server._flight_lock:
+                server.in_flight += 1
+                server.max_in_flight = max(server.max_in_flight, server.in_flight)
+            try:
+                self._answer(operation, variables, payload)
+            finally:
+                with server._flight_lock:
+                    server.in_flight -= 1
+
+        def _answer(self, operation: str, variables: dict, payload: dict) -> None:
             faults = server.faults
             if faults.latency_s:
                 time.sleep(faults.latency_s)
@@ -501,6 +519,9 @@ def _handler_for(server: LocalWandbServer) -> type[BaseHTTPRequestHandler]:
                 extra = {"Retry-After": f"{faults.retry_after:g}"} if faults.retry_after is not None else {}
                 self._send(status, json.dumps({"errors": [{"message": f"injected {status}"}]}).encode(), extra)
                 return
-            self._send(200, server.answer(operation, variables, payload.get("query") or "").encode())
+            body = server.answer(operation, variables, payload.get("query") or "")
+            if operation == "Runs" and (faults.cost_per_request_s or faults.cost_per_run_s):
+                time.sleep(faults.cost_per_request_s + faults.cost_per_run_s * body.count('{"node":'))
+            self._send(200, body.encode())
 
     return Handler
