@@ -335,4 +335,8 @@ def test_slow_server_mode_charges_per_page_and_counts_requests_in_flight(wandb_s
         thread.start()
     for thread in threads:
         thread.join()
-    assert (server.max_in_flight, server.in_flight) == (3, 0)
+    assert server.max_in_flight == 3
+    deadline = time.monotonic() + 5  # a handler counts itself out just after its answer is sent
+    while server.in_flight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.in_flight == 0
