@@ -21,7 +21,8 @@ Why this shape (see ``benchmarks/regressions.py`` for the measurements):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from statistics import median
 
 #: Runs a regime needs before it is judged (its baseline), and at most this many recent ones make it.
 MIN_BASELINE = 20
@@ -60,13 +61,6 @@ class Regression:
     recovered_at: int | None = None
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    middle = n // 2
-    return ordered[middle] if n % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def _quantile(ordered: list[float], q: float) -> float:
     position = q * (len(ordered) - 1)
     low = math.floor(position)
@@ -76,9 +70,9 @@ def _quantile(ordered: list[float], q: float) -> float:
 
 def _baseline(logs: list[float]) -> tuple[float, float]:
     """(level, spread) of a regime's runs, robust to outliers and aware of two modes."""
-    level = _median(logs)
-    mad = 1.4826 * _median([abs(x - level) for x in logs])
     ordered = sorted(logs)
+    level = median(ordered)
+    mad = 1.4826 * median([abs(x - level) for x in ordered])
     spread_q = (_quantile(ordered, 0.9) - _quantile(ordered, 0.1)) / 2.563
     return level, max(mad, spread_q, MIN_SPREAD)
 
@@ -117,7 +111,7 @@ def find_regressions(values: list[float]) -> list[Regression]:
         if low > THRESHOLD:
             low_start = _split(points, max(regime_start, low_start - ONSET_LOOKBACK), position, level, spread)
             changed_at = low_start
-            after = _median([p[1] for p in points[low_start : position + 1]])
+            after = median([p[1] for p in points[low_start : position + 1]])
             change = math.exp(after - level) - 1
             if change <= -MIN_CHANGE:
                 found.append(
@@ -135,11 +129,11 @@ def find_regressions(values: list[float]) -> list[Regression]:
                 open_drops.append(len(found) - 1)
         elif high > THRESHOLD:
             changed_at = high_start
-            after = _median([p[1] for p in points[high_start : position + 1]])
+            after = median([p[1] for p in points[high_start : position + 1]])
             for k in list(open_drops):  # a rise back to an old level recovers that regression
                 old = found[k]
                 if after >= math.log(old.before) - RECOVERY_SPREADS * math.log(1 + old.noise_pct / 100):
-                    found[k] = _recovered(old, points[high_start][0])
+                    found[k] = replace(old, recovered_at=points[high_start][0])
                     open_drops.remove(k)
         if changed_at is not None:  # re-baseline: the new regime starts where the excursion began
             regime_start, position = changed_at, changed_at
@@ -166,7 +160,3 @@ def _split(points: list[tuple[int, float]], start: int, end: int, level: float, 
         if score > best_score:
             best, best_score = start + k, score
     return best
-
-
-def _recovered(regression: Regression, at: int) -> Regression:
-    return Regression(**{**regression.__dict__, "recovered_at": at})
