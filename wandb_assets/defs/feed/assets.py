@@ -22,9 +22,9 @@ from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResou
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.alerts import RULE_FUNCTIONS, evaluate_rules, sps_regression, success_rate_low
 from wandb_assets.lib.clock import configured_time, utc_now
-from wandb_assets.lib.datadog_feed import deliver_pending, enqueue_snapshots, feed_tags, record_dry_run
+from wandb_assets.lib.datadog_feed import deliver_pending, enqueue_snapshots, record_dry_run
 from wandb_assets.lib.markdown import markdown_table
-from wandb_assets.settings import ConfigError, alert_thresholds, pipeline_settings
+from wandb_assets.settings import ConfigError, alert_thresholds
 
 FLEET_SNAPSHOT = AssetKey("fleet_snapshot")
 FEED = {"group_name": "feed", "owners": ["team:ml-platform"], "deps": [FLEET_SNAPSHOT], "pool": WAREHOUSE_POOL}
@@ -62,8 +62,7 @@ def datadog_feed(
         with warehouse.get_connection() as con:
             enqueue_snapshots(con, now, dry_run=False)
         raise
-    entity, project, _ = datadog.wandb.project_path(pipeline_settings())
-    tags = feed_tags(entity, project, datadog.env)
+    tags = datadog.tags()
     with warehouse.get_connection() as con:
         new = enqueue_snapshots(con, now, dry_run=key is None)
         if key is None:

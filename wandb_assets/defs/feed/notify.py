@@ -9,8 +9,7 @@ from datetime import datetime
 from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource
 from wandb_assets.defs.warehouse.resources import WarehouseResource
 from wandb_assets.lib.alerts import Condition, Transition, drain_outbox, reconcile
-from wandb_assets.lib.datadog_feed import feed_tags
-from wandb_assets.settings import ConfigError, pipeline_settings
+from wandb_assets.settings import ConfigError
 
 
 @dataclass
@@ -59,8 +58,7 @@ class Notifier:
                 if not self._key:
                     return self._key_error or "DD_API_KEY not configured"
                 if tags is None:
-                    entity, project, _ = self.datadog.wandb.project_path(pipeline_settings())
-                    tags = feed_tags(entity, project, self.datadog.env)
+                    tags = self.datadog.tags()
                 title = text.split(":", 2)[-1].strip()[:100]
                 result = self.datadog.send_event(self._key, title, text, event == "resolved", tags)
                 return None if result.accepted else f"Datadog events answered {result.status or result.error}"

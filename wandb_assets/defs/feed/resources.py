@@ -4,8 +4,8 @@ from dagster import ConfigurableResource, ResourceDependency
 
 from wandb_assets.defs.wandb_runs.resources import WandbResource
 from wandb_assets.lib.channels import post_webhook
-from wandb_assets.lib.datadog_feed import SendResult
-from wandb_assets.settings import load_settings
+from wandb_assets.lib.datadog_feed import SendResult, feed_tags
+from wandb_assets.settings import load_settings, pipeline_settings
 
 
 class DatadogResource(ConfigurableResource):
@@ -44,6 +44,11 @@ class DatadogResource(ConfigurableResource):
             return None  # credentials come from the environment, not the secret: no key means dry run
         secret = self.wandb.load_secret(self.wandb.resolved_secret_name(), "DD_API_KEY")
         return (secret.get("DD_API_KEY") or "").strip() or None
+
+    def tags(self) -> list[str]:
+        """The tags of every point and event: the W&B entity and project (checks the W&B key), ``DD_ENV``."""
+        entity, project, _ = self.wandb.project_path(pipeline_settings())
+        return feed_tags(entity, project, self.env)
 
     def _configuration(self, key: str):
         from datadog_api_client import Configuration
