@@ -1,6 +1,7 @@
 """Shared fixtures: an isolated environment, a local W&B server the real client talks to, a Dagster instance."""
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -29,6 +30,7 @@ def fresh_warehouse(monkeypatch):
     path = Path(os.environ["WANDB_ASSETS_DUCKDB"])
     for leftover in (path, path.with_suffix(".duckdb.wal")):
         leftover.unlink(missing_ok=True)
+    shutil.rmtree(path.parent / "staging", ignore_errors=True)
     monkeypatch.setenv("WANDB_ASSETS_HTTP_TIMEOUT", "5")
     monkeypatch.setenv("WANDB_ASSETS_HTTP_RETRIES", "2")
     monkeypatch.setenv("WANDB_ASSETS_RETRY_WAIT_MAX", "0.5")

@@ -11,7 +11,7 @@ from moto.server import ThreadedMotoServer
 
 from tests.conftest import API_KEY, ENTITY, PROJECT
 from tests.test_pipeline_e2e import at
-from wandb_assets.defs.wandb_runs.assets import runs
+from wandb_assets.defs.wandb_runs.assets import runs, staged_runs
 from wandb_assets.defs.wandb_runs.resources import wandb_resource
 from wandb_assets.defs.warehouse.resources import warehouse_resource
 from wandb_assets.localwandb import make_run_node
@@ -84,7 +84,7 @@ def test_key_entity_and_project_come_from_the_secret(
         json.dumps({"WANDB_API_KEY": API_KEY, "WANDB_ENTITY": ENTITY, "WANDB_PROJECT": PROJECT}),
     )
     result = materialize(
-        [runs],
+        [staged_runs, runs],
         partition_key="2026-06-02",
         instance=instance,
         resources={"wandb": wandb_resource(), "warehouse": warehouse_resource()},

@@ -214,8 +214,9 @@ def test_the_sensors_request_the_pool_bound_alert_job(wandb_server, capture, war
     assert request.run_key == f"opened:{failed.run_id}"
     config = request.run_config["ops"]["record_pipeline_failure"]["config"]
     assert (config["job_name"], config["event"]) == ("refresh", "opened")
-    assert config["error"].startswith("step runs: wandb_assets.lib.fetch.WandbFetchError: Fetching W&B runs of")
-    assert query(warehouse_path, "SELECT count(*) FROM alerts") == [(0,)]  # the sensor itself writes nothing
+    assert config["error"].startswith("step staged_runs: wandb_assets.lib.fetch.WandbFetchError: Fetching W&B runs of")
+    # The fetch failed before anything opened the warehouse, and the sensor itself writes nothing.
+    assert not warehouse_path.exists()
     assert _execute(instance, "pipeline_alert", request.run_config).success
     assert query(warehouse_path, "SELECT alert_key, resolved_at FROM alerts") == [("pipeline_failure:refresh", None)]
     (hook,) = capture.bodies("/hook/")

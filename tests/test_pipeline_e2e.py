@@ -8,7 +8,7 @@ import pytest
 from dagster import materialize
 
 from tests.conftest import API_KEY
-from wandb_assets.defs.wandb_runs.assets import runs
+from wandb_assets.defs.wandb_runs.assets import runs, staged_runs
 from wandb_assets.defs.wandb_runs.resources import wandb_resource
 from wandb_assets.defs.warehouse.resources import warehouse_resource
 from wandb_assets.lib.warehouse import query_read_only
@@ -16,6 +16,8 @@ from wandb_assets.localwandb import make_run_node
 from wandb_assets.ticks import execute_backfill, execute_refresh, failure_message
 
 DAY = date(2026, 6, 2)
+#: Fetch, then load: the two assets of the mirror.
+MIRROR = [staged_runs, runs]
 
 
 def at(day: int, hour: int, minute: int = 0) -> datetime:
@@ -94,7 +96,7 @@ def table(path, sql):
 def failing_day_materialization(instance) -> str:
     """Materialize DAY, expect the run to fail, and return the failure's sentence."""
     result = materialize(
-        [runs], partition_key=DAY.isoformat(), resources=resources(), instance=instance, raise_on_error=False
+        MIRROR, partition_key=DAY.isoformat(), resources=resources(), instance=instance, raise_on_error=False
     )
     assert not result.success
     return failure_message(result)
@@ -103,9 +105,10 @@ def failing_day_materialization(instance) -> str:
 ROWS_SQL = "SELECT * EXCLUDE (ingested_at) FROM runs ORDER BY run_id"
 
 
-def test_partition_holds_exactly_that_days_runs(wandb_server, warehouse_path, instance):
+def test_partition_holds_exactly_that_days_runs(wandb_server, warehouse_path, instance, monkeypatch):
+    monkeypatch.setenv("WANDB_ASSETS_FETCH_CONCURRENCY", "1")  # one slice per day: the filter is the whole day
     server = wandb_server(dataset())
-    result = materialize([runs], partition_key=DAY.isoformat(), resources=resources(), instance=instance)
+    result = materialize(MIRROR, partition_key=DAY.isoformat(), resources=resources(), instance=instance)
     assert result.success
     rows = table(
         warehouse_path,
@@ -138,8 +141,9 @@ def test_partition_holds_exactly_that_days_runs(wandb_server, warehouse_path, in
         ("nameless", "regular", "running", 1, None, None, None, "{}"),
         ("lastsec", "sweep", "pending", 1, None, None, None, "{}"),
     ]
-    metadata = result.asset_materializations_for_node("runs")[0].metadata
-    assert metadata["rows_written"].value == 6
+    assert result.asset_materializations_for_node("runs")[0].metadata["rows_written"].value == 6
+    metadata = result.asset_materializations_for_node("staged_runs")[0].metadata
+    assert metadata["runs_fetched"].value == 6
     assert metadata["malformed_runs"].value == 2
     assert metadata["malformed_fields"].value == {"summary": 2}
     assert sorted(metadata["malformed_run_ids"].value) == ["nameless", "sweep-1"]
@@ -154,17 +158,18 @@ def test_partition_holds_exactly_that_days_runs(wandb_server, warehouse_path, in
 
 def test_rematerializing_a_partition_gives_identical_rows(wandb_server, warehouse_path, instance):
     wandb_server(dataset())
-    materialize([runs], partition_key=DAY.isoformat(), resources=resources(), instance=instance)
+    materialize(MIRROR, partition_key=DAY.isoformat(), resources=resources(), instance=instance)
     first = table(warehouse_path, ROWS_SQL)
-    materialize([runs], partition_key=DAY.isoformat(), resources=resources(), instance=instance)
+    materialize(MIRROR, partition_key=DAY.isoformat(), resources=resources(), instance=instance)
     assert table(warehouse_path, ROWS_SQL) == first
     assert len(first) == 6
 
 
 def test_pages_are_followed(wandb_server, warehouse_path, instance, monkeypatch):
     monkeypatch.setenv("WANDB_ASSETS_PAGE_SIZE", "2")
+    monkeypatch.setenv("WANDB_ASSETS_FETCH_CONCURRENCY", "1")
     server = wandb_server(dataset())
-    materialize([runs], partition_key=DAY.isoformat(), resources=resources(), instance=instance)
+    materialize(MIRROR, partition_key=DAY.isoformat(), resources=resources(), instance=instance)
     assert table(warehouse_path, "SELECT count(*) FROM runs") == [(6,)]
     assert server.count("Runs") == 3
 
@@ -214,18 +219,23 @@ def test_tick_builds_tables_and_snapshot(wandb_server, warehouse_path, instance)
     ) == [(2, 2)]
 
 
-def test_429_then_success_recovers(wandb_server, warehouse_path, instance):
+def test_429_then_success_recovers(wandb_server, warehouse_path, instance, monkeypatch):
+    monkeypatch.setenv("WANDB_ASSETS_FETCH_CONCURRENCY", "1")
     server = wandb_server(dataset())
     server.faults.fail_status, server.faults.fail_count, server.faults.retry_after = 429, 2, 1
-    result = materialize([runs], partition_key=DAY.isoformat(), resources=resources(), instance=instance)
+    result = materialize(MIRROR, partition_key=DAY.isoformat(), resources=resources(), instance=instance)
     assert result.success
-    assert server.count("Runs") == 3  # two refused, one answered
+    # wandb-core tries twice (waiting the Retry-After second between), reports the 429; the fetch pauses, retries.
+    assert server.count("Runs") == 3
+    assert result.asset_materializations_for_node("staged_runs")[0].metadata["throttled_responses"].value == 1
     assert table(warehouse_path, "SELECT count(*) FROM runs") == [(6,)]
 
 
-def test_persistent_500_fails_loudly_and_keeps_previous_rows(wandb_server, warehouse_path, instance):
+def test_persistent_500_fails_loudly_and_keeps_previous_rows(wandb_server, warehouse_path, instance, monkeypatch):
+    monkeypatch.setenv("WANDB_ASSETS_FETCH_CONCURRENCY", "1")
+    monkeypatch.setenv("WANDB_ASSETS_PAGE_SIZE", "50")
     server = wandb_server(dataset())
-    materialize([runs], partition_key=DAY.isoformat(), resources=resources(), instance=instance)
+    materialize(MIRROR, partition_key=DAY.isoformat(), resources=resources(), instance=instance)
     before = table(warehouse_path, ROWS_SQL)
     server.upsert_runs([make_run_node("ci-ok", display_name="changed", state="failed", created_at=at(2, 0))])
     server.faults.fail_status, server.faults.fail_count = 500, -1
@@ -233,16 +243,20 @@ def test_persistent_500_fails_loudly_and_keeps_previous_rows(wandb_server, wareh
     assert "Fetching W&B runs of test-team/test-project created 2026-06-02T00:00:00Z..2026-06-03T00:00:00Z" in failure
     assert "500" in failure
     assert API_KEY not in failure
-    assert server.count("Runs") == 1 + 3  # the first materialization, then one try and two retries
+    # The first materialization; then (two attempts each, inside wandb-core) the page at 50, at 25 (the
+    # smallest size), and the two retries at 25.
+    assert server.count("Runs") == 1 + 2 * 4
+    assert "(page size 25)" in failure
     assert table(warehouse_path, ROWS_SQL) == before
     # The next attempt after the outage recovers by itself.
     server.faults.fail_count = 0
-    assert materialize([runs], partition_key=DAY.isoformat(), resources=resources(), instance=instance).success
+    assert materialize(MIRROR, partition_key=DAY.isoformat(), resources=resources(), instance=instance).success
     assert table(warehouse_path, "SELECT name FROM runs WHERE run_id = 'ci-ok'") == [("changed",)]
 
 
-def test_a_zombie_run_caps_the_tick_and_is_refreshed_by_id(wandb_server, warehouse_path, instance):
+def test_a_zombie_run_caps_the_tick_and_is_refreshed_by_id(wandb_server, warehouse_path, instance, monkeypatch):
     """A run left ``running`` for weeks does not make every tick re-read every day since it was created."""
+    monkeypatch.setenv("WANDB_ASSETS_FETCH_CONCURRENCY", "1")  # one slice per day: the filter is the whole day
     zombie = make_run_node("zombie", display_name="train-z", state="running", created_at=datetime(2026, 5, 10, 8))
     fresh = make_run_node("fresh", display_name="train-f", state="finished", created_at=at(9, 8), heartbeat_at=at(9, 9))
     server = wandb_server([zombie, fresh])
@@ -267,14 +281,14 @@ def test_a_zombie_run_caps_the_tick_and_is_refreshed_by_id(wandb_server, warehou
     ) == ("2026-06-03", "2026-06-10")
     filters = [json.loads(v["filters"]) for op, v in server.requests if op == "Runs"]
     assert filters == [
-        {"createdAt": {"$gte": "2026-06-03T00:00:00Z", "$lt": "2026-06-11T00:00:00Z"}},
-        {"name": {"$in": ["zombie"]}},
-    ]
+        {"createdAt": {"$gte": f"2026-06-{d:02d}T00:00:00Z", "$lt": f"2026-06-{d + 1:02d}T00:00:00Z"}}
+        for d in range(3, 11)
+    ] + [{"name": {"$in": ["zombie"]}}]
     assert table(warehouse_path, "SELECT run_id, state FROM runs ORDER BY run_id") == [
         ("fresh", "finished"),
         ("zombie", "crashed"),
     ]
-    metadata = result.asset_materializations_for_node("runs")[0].metadata
+    metadata = result.asset_materializations_for_node("staged_runs")[0].metadata
     assert metadata["older_unfinished_refreshed"].value == 1
 
 
@@ -302,7 +316,7 @@ def test_many_older_unfinished_runs_are_refreshed_in_chunks(wandb_server, wareho
     by_id = [
         json.loads(v["filters"])["name"]["$in"] for op, v in server.requests if op == "Runs" and "name" in v["filters"]
     ]
-    assert by_id == [["z0", "z1"], ["z2"]]
+    assert sorted(by_id) == [["z0", "z1"], ["z2"]]
 
 
 def test_slow_server_mode_charges_per_page_and_counts_requests_in_flight(wandb_server):

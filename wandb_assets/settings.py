@@ -75,7 +75,17 @@ class Settings(BaseSettings):
     WANDB_ASSETS_RETRY_WAIT_MAX: float = _var(
         30.0, "Longest back-off between retries, in seconds (Retry-After wins).", "30", ge=0.1
     )
-    WANDB_ASSETS_PAGE_SIZE: int = _var(1000, "Runs per W&B page.", ge=1)
+    WANDB_ASSETS_PAGE_SIZE: int = _var(
+        1000, "Runs per W&B page to start with; halved (down to 25) for the rest of a fetch when a page fails.", ge=1
+    )
+    WANDB_ASSETS_FETCH_CONCURRENCY: int = _var(
+        4, "Most W&B requests in flight while fetching (1-8); halved on HTTP 429, grown back after.", ge=1, le=8
+    )
+    WANDB_ASSETS_STAGING_DIR: Path | None = _var(
+        None,
+        "Folder of the staged runs files (one NDJSON file per day) the `runs` asset loads.",
+        "`staging/` beside the warehouse",
+    )
     WANDB_ASSETS_LOCK_WAIT: float = _var(
         60.0, "Seconds a writer retries (with back-off) while another process locks the warehouse.", "60", ge=0
     )
@@ -221,6 +231,8 @@ class PipelineSettings:
     page_size: int
     lock_wait_s: float
     unfinished_window_days: int = 7
+    fetch_concurrency: int = 4
+    staging_dir: Path = Path("staging")
 
 
 SecretLoader = Callable[[str], Mapping[str, str]]
@@ -239,6 +251,8 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
         page_size=s.WANDB_ASSETS_PAGE_SIZE,
         lock_wait_s=s.WANDB_ASSETS_LOCK_WAIT,
         unfinished_window_days=s.WANDB_ASSETS_UNFINISHED_WINDOW_DAYS,
+        fetch_concurrency=s.WANDB_ASSETS_FETCH_CONCURRENCY,
+        staging_dir=s.WANDB_ASSETS_STAGING_DIR or s.WANDB_ASSETS_DUCKDB.parent / "staging",
     )
 
 

@@ -1,23 +1,38 @@
-"""Fetch run nodes from W&B through the public API, page by page, with bounded retries.
+"""Fetch run nodes from W&B through the public API: slices of a window fetched concurrently, politely.
 
-One ``wandb.Api`` per process and settings; ``api.flush()`` before each fetch so a poll never reuses the
-client's cached ``Runs`` object. Paging drives the public ``Runs`` paginator ourselves, one GraphQL page
-at a time, and reads the raw nodes: iterating ``for run in runs`` with ``lazy=False`` would raise on a
-single malformed summary and lose the whole page, and it would also build a ``Run`` object (and an
-empty directory) per run that we do not need. Retries of 429/5xx/connection errors happen inside
-``wandb-core`` (exponential back-off, honouring ``Retry-After``), bounded by the settings passed here.
+One ``wandb.Api`` per process and settings, shared by the worker threads (wandb-core serves concurrent
+requests); ``api.flush()`` before each fetch so a poll never reuses the client's cached ``Runs`` object.
+Paging drives the public ``Runs`` paginator ourselves, one GraphQL page at a time, and reads the raw nodes:
+iterating ``for run in runs`` with ``lazy=False`` would raise on a single malformed summary and lose the
+whole page, and it would also build a ``Run`` object (and an empty directory) per run that we do not need.
+
+wandb-core retries a failed request once (honouring ``Retry-After``) and then reports the HTTP status;
+everything else happens here, where the whole fetch can react: a ``Throttle`` (AIMD on requests in flight)
+and a ``PageSize`` (halved when a page cannot be served) shared by every worker. wandb-core does not pass
+response headers up to Python, so ``RateLimit-Remaining`` cannot be seen; the 429 that follows it can.
 """
 
 from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from wandb_assets.lib.errors import ConfigError
+from wandb_assets.lib.progress import FetchProgress
+from wandb_assets.lib.throttle import PageSize, Throttle
+
+#: Page sizes are halved down to this many runs.
+MIN_PAGE_SIZE = 25
+#: Config + summary text per page above which later pages are requested smaller (memory per page in flight).
+PAGE_BYTES_MAX = 64 * 1024 * 1024
+#: How long one page may keep being refused with 429 before the fetch gives up.
+THROTTLE_PATIENCE_S = 600.0
 
 
 class WandbSettings(Protocol):
@@ -76,9 +91,11 @@ def _open_api(wandb_settings: WandbSettings, pipeline: PipelineSettings):
 
     wandb.setup(
         wandb.Settings(
-            x_graphql_retry_max=pipeline.http_retries,
-            x_graphql_retry_wait_min_seconds=min(1.0, pipeline.retry_wait_max_s),
-            x_graphql_retry_wait_max_seconds=pipeline.retry_wait_max_s,
+            # One quick retry inside wandb-core (0 would mean its default of many); the rest is ours.
+            x_graphql_retry_max=1,
+            # wandb-core ignores waits under a second; Retry-After wins up to the maximum.
+            x_graphql_retry_wait_min_seconds=1.0,
+            x_graphql_retry_wait_max_seconds=max(1.0, pipeline.retry_wait_max_s),
             x_graphql_timeout_seconds=pipeline.http_timeout_s,
             silent=True,
         )
@@ -87,7 +104,7 @@ def _open_api(wandb_settings: WandbSettings, pipeline: PipelineSettings):
     if wandb_settings.entity:
         overrides["entity"] = wandb_settings.entity
     # Python waits for wandb-core, which retries underneath: allow for every attempt and its back-off.
-    patience = int((pipeline.http_retries + 1) * (pipeline.http_timeout_s + pipeline.retry_wait_max_s)) + 5
+    patience = int(2 * pipeline.http_timeout_s + max(1.0, pipeline.retry_wait_max_s)) + 5
     where = wandb_settings.base_url or "the default W&B server"
     try:
         return wandb.Api(overrides=overrides, timeout=patience, api_key=wandb_settings.api_key)
@@ -122,40 +139,249 @@ def _describe(filters: dict) -> str:
     return f"by id ({len(ids)} runs)" if ids is not None else str(filters)[:200]
 
 
-def fetch_run_pages(
-    api, entity: str, project: str, filters: dict, per_page: int, secret: str = ""
-) -> Iterator[list[dict]]:
-    """Yield raw run nodes matching ``filters``, oldest first, one list per page."""
-    api.flush()
-    runs = api.runs(f"{entity}/{project}", filters=filters, order="+created_at", per_page=per_page, lazy=False)
-    what = _describe(filters)
+@dataclass(frozen=True)
+class FetchPolicy:
+    """How one fetch treats the server: requests in flight, page sizes, retries."""
 
-    def next_page(page_number: int) -> list[dict] | None:
-        if not runs.more:
-            return None
+    #: Most requests in flight at once (the AIMD limit starts here and never exceeds it).
+    concurrency: int = 4
+    #: Runs per page to start with; halved (down to ``min_page_size``) when a page cannot be served.
+    page_size: int = 1000
+    min_page_size: int = MIN_PAGE_SIZE
+    #: Retries of a page at the smallest size after a 5xx, a timeout or a connection error.
+    retries: int = 4
+    retry_wait_max_s: float = 30.0
+    #: A page whose config and summary text exceed this is "too big": later pages are requested smaller.
+    page_bytes_max: int = PAGE_BYTES_MAX
+    #: How long one page may keep being refused with 429 before the fetch gives up.
+    throttle_patience_s: float = THROTTLE_PATIENCE_S
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One piece of a fetch: a created-at window (part of one UTC ``day``) or a chunk of run ids (no day)."""
+
+    index: int
+    filters: dict
+    day: str | None
+
+
+def plan_slices(start: datetime, end: datetime, concurrency: int) -> list[Slice]:
+    """Split ``[start, end)`` (whole UTC days) into day slices, or into hour-aligned parts of days when there
+    are too few days to keep ``concurrency`` requests busy (at least two slices per worker)."""
+    days = max(1, round((end - start) / timedelta(days=1)))
+    wanted_parts = 1 if concurrency <= 1 else -(-2 * concurrency // days)
+    parts = next(p for p in (1, 2, 3, 4, 6, 8, 12, 24) if p >= min(wanted_parts, 24))
+    step = timedelta(hours=24 // parts)
+    slices: list[Slice] = []
+    moment = start
+    while moment < end:
+        upper = min(moment + step, end)
+        slices.append(Slice(len(slices), created_between(moment, upper), moment.date().isoformat()))
+        moment = upper
+    return slices
+
+
+def id_slices(run_ids: list[str], per_request: int, first_index: int) -> list[Slice]:
+    """Chunks of run ids, ``per_request`` per request (a filter stays a reasonable size)."""
+    chunks = range(0, len(run_ids), per_request)
+    return [Slice(first_index + n, with_ids(run_ids[i : i + per_request]), None) for n, i in enumerate(chunks)]
+
+
+def classify(error: BaseException) -> str:
+    """What a failed request means: ``throttled`` (429), ``too_big`` (5xx or timeout: try a smaller page),
+    ``transient`` (connection trouble: retry) or ``fatal`` (a GraphQL error or 4xx: retrying cannot help).
+
+    wandb-core reports the last HTTP status in the message ("... while retrying: HTTP 429: ...").
+    """
+    text = str(error)
+    if "HTTP 429" in text:
+        return "throttled"
+    if re.search(r"HTTP 5\d\d", text) or any(
+        marker in text.lower() for marker in ("deadline exceeded", "timeout", "did not respond in time")
+    ):
+        return "too_big"
+    if any(marker in text.lower() for marker in ("connection refused", "connection reset", "eof", "no such host")):
+        return "transient"
+    return "fatal"
+
+
+def _page_bytes(nodes: list[dict]) -> int:
+    """The size of what makes a page big: the JSON text of configs and summaries."""
+    return sum(
+        len(value)
+        for node in nodes
+        for value in (node.get("config"), node.get("summaryMetrics"), node.get("systemMetrics"))
+        if isinstance(value, str)
+    )
+
+
+def iter_run_pages(
+    api,
+    entity: str,
+    project: str,
+    filters: dict,
+    policy: FetchPolicy,
+    *,
+    throttle: Throttle | None = None,
+    page_size: PageSize | None = None,
+    secret: str = "",
+    cancelled: threading.Event | None = None,
+) -> Iterator[tuple[list[dict], int]]:
+    """Yield ``(nodes, runs matching filters)`` for each page, oldest first.
+
+    Drives the public ``Runs`` paginator one GraphQL page at a time and reads the raw nodes (see the module
+    docstring). ``throttle`` and ``page_size`` are shared by every slice of one fetch. wandb-core retries a
+    failed request once (honouring ``Retry-After``); what it then reports is handled here: 429 pauses every
+    worker for about as long as the server asked and halves concurrency; a 5xx or a timeout retries the
+    same cursor with half the page size; at the smallest size, up to ``policy.retries`` retries with back-off.
+    """
+    throttle = throttle or Throttle(1)
+    page_size = page_size or PageSize(policy.page_size, policy.min_page_size)
+    path = f"{entity}/{project}"
+    runs = api.runs(path, filters=filters, order="+created_at", per_page=page_size.size, lazy=False)
+    page_number, failures, throttled_since = 0, 0, None
+    while runs.more:
+        if cancelled is not None and cancelled.is_set():
+            return
+        size = page_size.size
+        runs.per_page = size
         runs.update_variables()
-        try:
-            runs._update_response()  # one GraphQL page; the public iterator has no per-page hook
-        except Exception as exc:  # noqa: BLE001
-            detail = _scrub(str(exc), secret).replace("\n", " ")
-            raise WandbFetchError(
-                f"Fetching W&B runs of {entity}/{project} {what} failed on page {page_number} after retries: "
-                f"{detail[:300]}"
-            ) from None
-        project_data = (runs.last_response or {}).get("project")
-        if project_data is None:
-            raise ConfigError(f"W&B project {entity}/{project} was not found: check WANDB_ENTITY and WANDB_PROJECT.")
-        edges = (project_data.get("runs") or {}).get("edges") or []
-        return [edge["node"] for edge in edges] or None
-
-    # Fetch page N+1 in the background while the caller normalises and writes page N.
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wandb-page") as pool:
-        pending = pool.submit(next_page, 1)
-        page_number = 1
-        while (page := pending.result()) is not None:
+        error: BaseException | None = None
+        with throttle.slot():
+            started = time.monotonic()
+            try:
+                runs._update_response()  # one GraphQL page; the public iterator has no per-page hook
+            except Exception as exc:  # noqa: BLE001 - classified below
+                error = exc
+            elapsed = time.monotonic() - started
+        if error is None:
+            throttle.succeeded()
+            failures, throttled_since = 0, None
             page_number += 1
-            pending = pool.submit(next_page, page_number)
-            yield page
+            project_data = (runs.last_response or {}).get("project")
+            if project_data is None:
+                raise ConfigError(f"W&B project {path} was not found: check WANDB_ENTITY and WANDB_PROJECT.")
+            edges = (project_data.get("runs") or {}).get("edges") or []
+            nodes = [edge["node"] for edge in edges]
+            if _page_bytes(nodes) > policy.page_bytes_max:
+                page_size.shrink(size)
+            if nodes or page_number == 1:
+                yield nodes, int(project_data.get("runCount") or 0)
+            continue
+        kind = classify(error)
+        if kind == "throttled":
+            throttled_since = throttled_since or started
+            if time.monotonic() - throttled_since <= policy.throttle_patience_s:
+                # wandb-core already waited once between its two attempts (Retry-After, or its back-off):
+                # that wait is the best estimate of what the server asked for, now for every worker.
+                throttle.throttled(min(max(elapsed, 0.5), policy.retry_wait_max_s))
+                continue
+        elif kind == "too_big" and page_size.shrink(size):
+            continue
+        elif kind != "fatal" and failures < policy.retries:
+            failures += 1
+            time.sleep(min(policy.retry_wait_max_s, 0.25 * 2**failures))
+            continue
+        detail = _scrub(str(error), secret).replace("\n", " ")
+        raise WandbFetchError(
+            f"Fetching W&B runs of {path} {_describe(filters)} failed on page {page_number + 1} "
+            f"(page size {size}) after retries: {detail[:300]}"
+        ) from None
+
+
+def fetch_run_pages(api, entity: str, project: str, filters: dict, policy: FetchPolicy, secret: str = ""):
+    """The nodes matching ``filters``, one list per page (one query, sequential; see ``fetch_slices``)."""
+    api.flush()
+    for nodes, _ in iter_run_pages(api, entity, project, filters, policy, secret=secret):
+        yield nodes
+
+
+@dataclass
+class FetchStats:
+    """What one fetch did, for logs and metadata."""
+
+    slices: int
+    requests: int
+    max_in_flight: int
+    throttled_responses: int
+    concurrency_decreases: int
+    lowest_concurrency: int
+    page_size_initial: int
+    page_size_final: int
+    seconds: float
+
+
+def fetch_slices(
+    api,
+    entity: str,
+    project: str,
+    slices: list[Slice],
+    policy: FetchPolicy,
+    handle_page: Callable[[Slice, list[dict]], None],
+    *,
+    progress: FetchProgress | None = None,
+    report: Callable[[FetchProgress], None] | None = None,
+    report_every_s: float = 0.5,
+    secret: str = "",
+) -> FetchStats:
+    """Fetch every slice, ``policy.concurrency`` requests in flight at most, calling ``handle_page(slice,
+    nodes)`` from the worker threads (each slice's pages in order). ``report(progress)`` runs on this thread
+    every ``report_every_s`` seconds. The first failure cancels the other slices and is raised."""
+    api.flush()
+    started = time.monotonic()
+    throttle = Throttle(policy.concurrency)
+    page_size = PageSize(policy.page_size, policy.min_page_size)
+    cancelled = threading.Event()
+
+    def work(piece: Slice) -> None:
+        for n, (nodes, total) in enumerate(
+            iter_run_pages(
+                api,
+                entity,
+                project,
+                piece.filters,
+                policy,
+                throttle=throttle,
+                page_size=page_size,
+                secret=secret,
+                cancelled=cancelled,
+            )
+        ):
+            if progress is not None:
+                if n == 0:
+                    progress.expect(piece.index, total)
+                progress.add(piece.day, len(nodes))
+            handle_page(piece, nodes)
+        if progress is not None and not cancelled.is_set():
+            progress.slice_done(piece.day)
+
+    workers = max(1, min(policy.concurrency, len(slices)))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wandb-fetch") as pool:
+        pending = {pool.submit(work, piece) for piece in slices}
+        try:
+            while pending:
+                done, pending = wait(pending, timeout=report_every_s, return_when=FIRST_EXCEPTION)
+                for future in done:
+                    future.result()  # raises the first failure
+                if report is not None and progress is not None:
+                    report(progress)
+        except BaseException:
+            cancelled.set()
+            for future in pending:
+                future.cancel()
+            raise
+    return FetchStats(
+        slices=len(slices),
+        requests=throttle.requests,
+        max_in_flight=throttle.max_in_flight,
+        throttled_responses=throttle.throttled_responses,
+        concurrency_decreases=throttle.decreases,
+        lowest_concurrency=throttle.lowest_limit,
+        page_size_initial=page_size.initial,
+        page_size_final=page_size.size,
+        seconds=time.monotonic() - started,
+    )
 
 
 def default_entity(api) -> str:

@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -154,20 +154,26 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def ndjson_lines(rows: Iterable[dict[str, Any]], fetched_at: datetime) -> Iterator[str]:
+    """Normalised ``runs`` rows as NDJSON lines; ``ingested_at`` is when they were read from W&B."""
+    stamp = fetched_at.isoformat(sep=" ")
+    for row in rows:
+        line = {c: _jsonable(row.get(c)) for c in RUNS_COLUMNS if c != "ingested_at"}
+        line["ingested_at"] = stamp
+        yield json.dumps(line) + "\n"
+
+
 def stage_rows(rows: Iterable[dict[str, Any]], folder: str | None = None) -> tuple[str, int]:
     """Write normalised ``runs`` rows to a temporary NDJSON file, outside the warehouse; returns (path, rows).
 
-    Fetching and staging happen with the warehouse closed; ``load_runs_window`` then holds the writer only
-    for one short transaction. The caller removes the file.
+    The caller removes the file. (The pipeline stages through ``lib.staging``, one file per day.)
     """
-    columns = [c for c in RUNS_COLUMNS if c != "ingested_at"]
     fd, path = tempfile.mkstemp(suffix=".ndjson", prefix="wandb_runs_", dir=folder)
     written = 0
     try:
         with os.fdopen(fd, "w") as handle:
-            for row in rows:
-                handle.write(json.dumps({c: _jsonable(row.get(c)) for c in columns}))
-                handle.write("\n")
+            for line in ndjson_lines(rows, datetime.now(UTC).replace(tzinfo=None)):
+                handle.write(line)
                 written += 1
     except BaseException:
         os.unlink(path)
@@ -175,20 +181,35 @@ def stage_rows(rows: Iterable[dict[str, Any]], folder: str | None = None) -> tup
     return path, written
 
 
-def load_runs_window(con, path: str, start: datetime, end: datetime) -> None:
-    """Replace every run created in ``[start, end)``, and any other copy of a staged run id, with the staged
-    rows: one transaction, so a failure leaves the table as it was."""
+_STAGED_SPEC = ", ".join(f"'{c}': '{'VARCHAR' if t == 'JSON' else t}'" for c, t in RUNS_COLUMNS.items())
+_READ_STAGED = (
+    "SELECT * EXCLUDE (config, summary), config::JSON AS config, summary::JSON AS summary "
+    f"FROM read_json($paths, format = 'newline_delimited', columns = {{{_STAGED_SPEC}}})"
+)
+
+
+def load_runs_window(
+    con, paths: str | list[str], start: datetime, end: datetime, refreshed: list[str] | None = None
+) -> int:
+    """Replace every run created in ``[start, end)``, and any other copy of a staged run id, with the rows
+    staged in ``paths``: one transaction, so a failure leaves the table as it was. Returns rows loaded.
+
+    ``refreshed`` holds runs fetched by id (older unfinished runs): each replaces the warehouse's copy only
+    if it was fetched later than that copy was, so reloading an old staged file cannot turn back the clock.
+    """
     ensure_schema(con)
-    columns = {c: t for c, t in RUNS_COLUMNS.items() if c != "ingested_at"}
-    spec = ", ".join(f"'{c}': '{'VARCHAR' if t == 'JSON' else t}'" for c, t in columns.items())
+    paths = [paths] if isinstance(paths, str) else list(paths)
     with transaction(con):
-        con.execute(
-            f"""CREATE OR REPLACE TEMP TABLE incoming_runs AS
-            SELECT * EXCLUDE (config, summary), config::JSON AS config, summary::JSON AS summary,
-                   $ingested_at::TIMESTAMP AS ingested_at
-            FROM read_json($path, format = 'newline_delimited', columns = {{{spec}}})""",
-            {"path": path, "ingested_at": datetime.now(UTC).replace(tzinfo=None)},
-        )
+        con.execute(f"CREATE OR REPLACE TEMP TABLE incoming_runs AS {_READ_STAGED}", {"paths": paths})
+        if refreshed:
+            con.execute(
+                f"""INSERT INTO incoming_runs BY NAME
+                SELECT * FROM ({_READ_STAGED}) AS fetched
+                WHERE run_id NOT IN (SELECT run_id FROM incoming_runs)
+                  AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.run_id = fetched.run_id
+                                  AND runs.ingested_at > fetched.ingested_at)""",
+                {"paths": refreshed},
+            )
         # The window, plus any earlier copy of a fetched run (one whose created_at could not be parsed
         # before, moved, or an unfinished run refreshed by id): a run id appears once in the table.
         con.execute(
@@ -197,7 +218,9 @@ def load_runs_window(con, path: str, start: datetime, end: datetime) -> None:
             {"start": start, "end": end},
         )
         con.execute("INSERT INTO runs BY NAME SELECT * FROM incoming_runs")
+        loaded = con.execute("SELECT count(*) FROM incoming_runs").fetchone()[0]
         con.execute("DROP TABLE incoming_runs")
+    return loaded
 
 
 def replace_runs_window(con, rows: Iterable[dict[str, Any]], start: datetime, end: datetime) -> int:

@@ -1,12 +1,15 @@
-"""The ``runs`` asset: a mirror of the W&B project's runs, partitioned daily by ``createdAt`` (UTC)."""
+"""A mirror of the W&B project's runs, partitioned daily by ``createdAt`` (UTC), in two steps: ``staged_runs``
+fetches (concurrently, with the warehouse closed) into per-day files, ``runs`` loads them in one transaction."""
 
-import os
+import threading
 from collections import Counter
-from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 from dagster import (
     AssetExecutionContext,
+    AssetKey,
     BackfillPolicy,
+    Config,
     DailyPartitionsDefinition,
     MaterializeResult,
     MetadataValue,
@@ -15,10 +18,12 @@ from dagster import (
 
 from wandb_assets.defs.wandb_runs.resources import WandbResource
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
-from wandb_assets.lib.fetch import created_between, with_ids
+from wandb_assets.lib.fetch import Slice, id_slices, plan_slices
 from wandb_assets.lib.markdown import markdown_table
 from wandb_assets.lib.normalize import run_row, to_naive_utc
-from wandb_assets.lib.warehouse import load_runs_window, stage_rows, unfinished_run_ids
+from wandb_assets.lib.progress import FetchProgress, publish
+from wandb_assets.lib.staging import StagedFetch, day_file, refreshed_file
+from wandb_assets.lib.warehouse import load_runs_window, unfinished_run_ids
 from wandb_assets.settings import pipeline_settings
 
 daily_partitions = DailyPartitionsDefinition(
@@ -27,6 +32,8 @@ daily_partitions = DailyPartitionsDefinition(
 
 #: Older unfinished runs are refreshed by id, this many per request (a filter stays a reasonable size).
 IDS_PER_REQUEST = 500
+#: Progress lines in the run's log at most this often (and once at the end).
+PROGRESS_LOG_EVERY_S = 10.0
 
 PREVIEW_SQL = """
 SELECT run_id, name, state, category, strftime(created_at, '%Y-%m-%d %H:%M') AS created_utc,
@@ -35,78 +42,165 @@ FROM runs WHERE created_at >= $start AND created_at < $end ORDER BY created_at D
 """
 
 
+class StagedRunsConfig(Config):
+    """``progress_log_level``: the CLI draws a progress bar in a terminal and asks for "debug" lines."""
+
+    progress_log_level: str = "info"
+
+
+def _window(context: AssetExecutionContext) -> tuple[datetime, datetime, list[str]]:
+    window = context.partition_time_window
+    start, end = to_naive_utc(window.start), to_naive_utc(window.end)
+    days = [(start + timedelta(days=n)).date().isoformat() for n in range(round((end - start) / timedelta(days=1)))]
+    return start, end, days
+
+
 @asset(
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
-    pool=WAREHOUSE_POOL,
     group_name="wandb",
-    kinds={"wandb", "duckdb"},
+    kinds={"wandb", "json"},
     owners=["team:ml-platform"],
     description=(
-        "Every W&B run of the project, one row per run, partitioned by the UTC day it was created. "
-        "Materializing a partition (or a range, in one run) re-reads that window from W&B and replaces it; "
-        "runs still unfinished from before the window are refreshed by id (500 per request)."
+        "The W&B runs created on each UTC day, normalised, as one NDJSON file per day under "
+        "WANDB_ASSETS_STAGING_DIR (plus the older unfinished runs refreshed by id). The days of one run are "
+        "fetched concurrently (WANDB_ASSETS_FETCH_CONCURRENCY requests in flight at most, fewer after a 429); "
+        "files are replaced only when the whole fetch succeeded. Never opens the warehouse for writing."
     ),
 )
-def runs(context: AssetExecutionContext, wandb: WandbResource, warehouse: WarehouseResource) -> MaterializeResult:
+def staged_runs(
+    context: AssetExecutionContext, config: StagedRunsConfig, wandb: WandbResource, warehouse: WarehouseResource
+) -> MaterializeResult:
     pipeline = pipeline_settings()
-    window = context.partition_time_window
-    start, end = to_naive_utc(window.start), to_naive_utc(window.end)
+    start, end, days = _window(context)
     entity, project, app_url = wandb.project_path(pipeline)
-    with warehouse.get_connection() as con:
-        older_unfinished = unfinished_run_ids(con, start)
+    with warehouse.get_read_connection() as con:  # read-only: other readers do not stop it
+        older_unfinished = unfinished_run_ids(con, start) if con is not None else []
+    window_slices = plan_slices(start, end, pipeline.fetch_concurrency)
+    by_id = id_slices(older_unfinished, IDS_PER_REQUEST, len(window_slices))
+    slices = window_slices + by_id
+    parts_per_day = Counter(piece.day for piece in window_slices)
+    progress = FetchProgress(dict(parts_per_day), other_slices=len(by_id))
     anomalies: Counter[str] = Counter()
     malformed: list[str] = []
     categories: Counter[str] = Counter()
+    tally = threading.Lock()
+    staged = StagedFetch(pipeline.staging_dir)
 
-    def rows() -> Iterator[dict]:
-        chunks = range(0, len(older_unfinished), IDS_PER_REQUEST)
-        queries = [created_between(start, end)] + [with_ids(older_unfinished[i : i + IDS_PER_REQUEST]) for i in chunks]
-        for filters in queries:
-            for page in wandb.fetch_run_pages(filters, pipeline):
-                for node in page:
-                    row = run_row(
-                        node,
-                        entity=entity,
-                        project=project,
-                        app_url=app_url,
-                        default_gpus=pipeline.default_gpus_per_run,
-                    )
-                    categories[row["category"]] += 1
-                    if row["anomalies"]:
-                        anomalies.update(row["anomalies"])
-                        malformed.append(row["run_id"])
-                    yield row
+    def handle_page(piece: Slice, nodes: list[dict]) -> None:
+        fetched_at = datetime.now(UTC).replace(tzinfo=None)
+        rows = [
+            run_row(node, entity=entity, project=project, app_url=app_url, default_gpus=pipeline.default_gpus_per_run)
+            for node in nodes
+        ]
+        with tally:
+            for row in rows:
+                categories[row["category"]] += 1
+                if row["anomalies"]:
+                    anomalies.update(row["anomalies"])
+                    malformed.append(row["run_id"])
+        staged.write(piece.index, rows, fetched_at)
 
-    # Fetch and stage with the warehouse closed (a failed fetch writes nothing); hold the writer only to load.
-    staged, written = stage_rows(rows())
+    log = context.log.debug if config.progress_log_level == "debug" else context.log.info
+    last_logged = [0.0]
+
+    def report(current: FetchProgress) -> None:
+        publish(current, finished=False)
+        if current.elapsed() - last_logged[0] >= PROGRESS_LOG_EVERY_S:
+            last_logged[0] = current.elapsed()
+            log(f"Fetch progress: {current.line()}")
+
     try:
-        with warehouse.get_connection() as con:
-            load_runs_window(con, staged, start, end)
-            preview = con.execute(PREVIEW_SQL, {"start": start, "end": end}).fetchall()
-            total = con.execute("SELECT count(*) FROM runs").fetchone()[0]
+        stats = wandb.fetch_slices(slices, pipeline, handle_page, progress, report)
+        targets = {day_file(pipeline.staging_dir, d): [p.index for p in window_slices if p.day == d] for d in days}
+        targets[refreshed_file(pipeline.staging_dir, days[0])] = [p.index for p in by_id]
+        staged_bytes = staged.publish(targets)
     finally:
-        os.unlink(staged)
+        staged.discard()
+    publish(progress, finished=True)
+    fetched = sum(staged.rows.values())
     if malformed:
         context.log.warning(f"{len(malformed)} runs had malformed fields (kept with nulls): {dict(anomalies)}")
     context.log.info(
-        f"Wrote {written} runs created {start:%Y-%m-%d} .. {end:%Y-%m-%d} (exclusive) for {entity}/{project}"
-        + (f", and refreshed {len(older_unfinished)} older unfinished run(s) by id" if older_unfinished else "")
+        f"Fetched {fetched} runs created {start:%Y-%m-%d} .. {end:%Y-%m-%d} (exclusive) for {entity}/{project}"
+        + (f" and {len(older_unfinished)} older unfinished run(s) by id" if older_unfinished else "")
+        + f": {progress.line()}; {stats.requests} requests, at most {stats.max_in_flight} in flight"
+        + (f", {stats.throttled_responses} throttled (429)" if stats.throttled_responses else "")
+        + (f", page size lowered to {stats.page_size_final}" if stats.page_size_final < stats.page_size_initial else "")
     )
+    per_day = [(day, progress.runs_by_day.get(day, 0)) for day in days]
     return MaterializeResult(
         metadata={
-            "rows_written": written,
-            "rows_total": total,
-            "window_start_utc": start.isoformat(),
-            "window_end_utc": end.isoformat(),
+            "runs_fetched": fetched,
+            "days": len(days),
             "older_unfinished_refreshed": len(older_unfinished),
+            "fetch_seconds": round(stats.seconds, 2),
+            "runs_per_second": round(fetched / stats.seconds, 1) if stats.seconds > 0 else 0.0,
+            "requests": stats.requests,
+            "slices": stats.slices,
+            "max_requests_in_flight": stats.max_in_flight,
+            "throttled_responses": stats.throttled_responses,
+            "concurrency_decreases": stats.concurrency_decreases,
+            "lowest_concurrency": stats.lowest_concurrency,
+            "page_size_final": stats.page_size_final,
+            "staged_bytes": staged_bytes,
+            "staging_folder": MetadataValue.path(str(day_file(pipeline.staging_dir, days[0]).parent)),
             "project": f"{entity}/{project}",
             "malformed_runs": len(malformed),
             "malformed_fields": MetadataValue.json(dict(anomalies)),
             "malformed_run_ids": MetadataValue.json(malformed[:50]),
             "by_category": MetadataValue.json(dict(categories)),
+            "runs_per_day": MetadataValue.md(markdown_table(["day (UTC)", "runs"], per_day[-60:])),
+        }
+    )
+
+
+@asset(
+    partitions_def=daily_partitions,
+    backfill_policy=BackfillPolicy.single_run(),
+    deps=[AssetKey("staged_runs")],
+    pool=WAREHOUSE_POOL,
+    group_name="wandb",
+    kinds={"duckdb"},
+    owners=["team:ml-platform"],
+    description=(
+        "Every W&B run of the project, one row per run, partitioned by the UTC day it was created. "
+        "Loads the staged files of its days (and the runs refreshed by id) in one short transaction that "
+        "replaces those days' rows; the writer connection is open only for that load."
+    ),
+)
+def runs(context: AssetExecutionContext, warehouse: WarehouseResource) -> MaterializeResult:
+    pipeline = pipeline_settings()
+    start, end, days = _window(context)
+    files = [day_file(pipeline.staging_dir, day) for day in days]
+    missing = [f.name for f in files if not f.exists()]
+    if missing:
+        raise StagingMissingError(
+            f"No staged runs for {len(missing)} day(s) ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}) "
+            f"in {files[0].parent}: materialize staged_runs for them first (the refresh and backfill jobs do both)."
+        )
+    refreshed = refreshed_file(pipeline.staging_dir, days[0])
+    with warehouse.get_connection() as con:
+        loaded = load_runs_window(
+            con, [str(f) for f in files], start, end, [str(refreshed)] if refreshed.exists() else None
+        )
+        preview = con.execute(PREVIEW_SQL, {"start": start, "end": end}).fetchall()
+        total = con.execute("SELECT count(*) FROM runs").fetchone()[0]
+    held = warehouse.longest_hold_s()
+    context.log.info(f"Loaded {loaded} staged runs of {start:%Y-%m-%d} .. {end:%Y-%m-%d} (exclusive) in {held:.2f} s")
+    return MaterializeResult(
+        metadata={
+            "rows_written": loaded,
+            "rows_total": total,
+            "window_start_utc": start.isoformat(),
+            "window_end_utc": end.isoformat(),
+            "writer_held_s": round(held, 3),
             "preview": MetadataValue.md(
                 markdown_table(["run_id", "name", "state", "category", "created (UTC)", "hours", "gpus"], preview)
             ),
         }
     )
+
+
+class StagingMissingError(RuntimeError):
+    """``runs`` was asked to load days that were never fetched."""

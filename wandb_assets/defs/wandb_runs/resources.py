@@ -1,12 +1,21 @@
 """The W&B resource: settings from the environment or AWS Secrets Manager, and paged run fetching."""
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from dagster import ConfigurableResource, InitResourceContext, ResourceDependency
 from dagster_aws.secretsmanager import SecretsManagerResource
 from pydantic import PrivateAttr
 
-from wandb_assets.lib.fetch import default_entity, fetch_run_pages, get_api
+from wandb_assets.lib.fetch import (
+    FetchPolicy,
+    FetchStats,
+    Slice,
+    default_entity,
+    fetch_run_pages,
+    fetch_slices,
+    get_api,
+)
+from wandb_assets.lib.progress import FetchProgress
 from wandb_assets.settings import (
     ConfigError,
     PipelineSettings,
@@ -63,7 +72,31 @@ class WandbResource(ConfigurableResource):
         settings = self.wandb_settings()
         api = get_api(settings, pipeline)
         entity = settings.entity or default_entity(api)
-        yield from fetch_run_pages(api, entity, settings.project, filters, pipeline.page_size, settings.api_key)
+        yield from fetch_run_pages(api, entity, settings.project, filters, fetch_policy(pipeline), settings.api_key)
+
+    def fetch_slices(
+        self,
+        slices: list[Slice],
+        pipeline: PipelineSettings,
+        handle_page: Callable[[Slice, list[dict]], None],
+        progress: FetchProgress,
+        report: Callable[[FetchProgress], None],
+    ) -> FetchStats:
+        """Fetch the slices concurrently (``lib.fetch.fetch_slices``), ``WANDB_ASSETS_FETCH_CONCURRENCY`` at most."""
+        settings = self.wandb_settings()
+        api = get_api(settings, pipeline)
+        entity = settings.entity or default_entity(api)
+        return fetch_slices(
+            api,
+            entity,
+            settings.project,
+            slices,
+            fetch_policy(pipeline),
+            handle_page,
+            progress=progress,
+            report=report,
+            secret=settings.api_key,
+        )
 
     def project_path(self, pipeline: PipelineSettings) -> tuple[str, str, str]:
         """``(entity, project, app_url)`` for building run URLs; checks the key (and the server) on the way."""
@@ -73,6 +106,15 @@ class WandbResource(ConfigurableResource):
         api = get_api(settings, pipeline)
         entity = settings.entity or default_entity(api)
         return entity, settings.project, app_url(api.settings["base_url"])
+
+
+def fetch_policy(pipeline: PipelineSettings) -> FetchPolicy:
+    return FetchPolicy(
+        concurrency=pipeline.fetch_concurrency,
+        page_size=pipeline.page_size,
+        retries=pipeline.http_retries,
+        retry_wait_max_s=pipeline.retry_wait_max_s,
+    )
 
 
 def wandb_resource() -> WandbResource:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import duckdb
 from dagster_duckdb import DuckDBResource
+from pydantic import PrivateAttr
 
 from wandb_assets.lib.warehouse import ensure_schema
 from wandb_assets.settings import load_settings
@@ -21,8 +22,30 @@ WAREHOUSE_POOL = "warehouse"
 class WarehouseResource(DuckDBResource):
     """Read-write connections to the DuckDB warehouse file."""
 
+    _holds: list = PrivateAttr(default_factory=list)
+
+    def longest_hold_s(self) -> float:
+        """The longest any connection of this resource was held open (what other writers waited at most)."""
+        return max(self._holds, default=0.0)
+
     @contextmanager
     def get_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """The writer connection: waits up to ``WANDB_ASSETS_LOCK_WAIT`` seconds for another process's lock."""
+        with self._connect(read_only=False) as con:
+            ensure_schema(con)
+            yield con
+
+    @contextmanager
+    def get_read_connection(self) -> Iterator[duckdb.DuckDBPyConnection | None]:
+        """A read-only connection (shares the file with other readers), or None when there is no warehouse yet."""
+        if self.database == ":memory:" or not Path(self.database).exists():
+            yield None
+            return
+        with self._connect(read_only=True) as con:
+            yield con
+
+    @contextmanager
+    def _connect(self, read_only: bool) -> Iterator[duckdb.DuckDBPyConnection]:
         if self.database != ":memory:":
             Path(self.database).parent.mkdir(parents=True, exist_ok=True)
         wait_s = load_settings().WANDB_ASSETS_LOCK_WAIT
@@ -31,7 +54,9 @@ class WarehouseResource(DuckDBResource):
         while True:
             try:
                 con = duckdb.connect(
-                    self.database, config={"custom_user_agent": "wandb-assets", **self.connection_config}
+                    self.database,
+                    read_only=read_only,
+                    config={"custom_user_agent": "wandb-assets", **self.connection_config},
                 )
                 break
             except duckdb.IOException as exc:
@@ -49,12 +74,13 @@ class WarehouseResource(DuckDBResource):
                     ) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+        opened = time.monotonic()
         try:
             con.execute("SET TimeZone = 'UTC'")
-            ensure_schema(con)
             yield con
         finally:
             con.close()
+            self._holds.append(time.monotonic() - opened)
 
 
 def is_lock_conflict(exc: Exception) -> bool:

@@ -1,0 +1,80 @@
+"""Staged runs: normalised rows in NDJSON files outside the warehouse, one file per UTC creation day.
+
+A fetch writes each slice to its own part file in a private folder; only when every slice succeeded are
+the parts published, one file per day, each by an atomic rename. A failed fetch therefore leaves every
+day's previous file (and the warehouse, which it never opens for writing) as it was. Loading reads a
+window's files in one transaction (``warehouse.load_runs_window``). Runs refreshed by id (older unfinished
+runs) go to one extra file named after the first day of the fetch that refreshed them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterable
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any
+
+from wandb_assets.lib.warehouse import ndjson_lines
+
+RUNS_FOLDER = "runs"
+
+
+def day_file(staging: Path, day: date | str) -> Path:
+    """The staged runs created on ``day`` (UTC)."""
+    return Path(staging) / RUNS_FOLDER / f"{day}.ndjson"
+
+
+def refreshed_file(staging: Path, first_day: date | str) -> Path:
+    """Older unfinished runs refreshed by id by the fetch whose window starts on ``first_day``."""
+    return Path(staging) / RUNS_FOLDER / f"refreshed-before-{first_day}.ndjson"
+
+
+class StagedFetch:
+    """The private folder of one fetch: a part file per slice, published as per-day files at the end.
+
+    ``write`` may be called from several threads at once, each for its own slice.
+    """
+
+    def __init__(self, staging: Path) -> None:
+        self.folder = Path(staging) / RUNS_FOLDER
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.work = Path(tempfile.mkdtemp(prefix=".fetch-", dir=self.folder))
+        self._lock = threading.Lock()
+        self.rows: dict[int, int] = {}
+
+    def part(self, slice_index: int) -> Path:
+        return self.work / f"part-{slice_index:05d}.ndjson"
+
+    def write(self, slice_index: int, rows: Iterable[dict[str, Any]], fetched_at: datetime) -> int:
+        """Append rows to the slice's part file; returns how many."""
+        written = 0
+        with open(self.part(slice_index), "a") as handle:
+            for line in ndjson_lines(rows, fetched_at):
+                handle.write(line)
+                written += 1
+        with self._lock:
+            self.rows[slice_index] = self.rows.get(slice_index, 0) + written
+        return written
+
+    def publish(self, targets: dict[Path, list[int]]) -> int:
+        """Concatenate each target's part files (in slice order) and rename the result over the target, one
+        file at a time (each rename is atomic). Returns the bytes published."""
+        published = 0
+        for target, slice_indexes in targets.items():
+            temporary = self.work / f"publish-{target.name}"
+            with open(temporary, "wb") as out:
+                for index in slice_indexes:
+                    part = self.part(index)
+                    if part.exists():
+                        with open(part, "rb") as handle:
+                            shutil.copyfileobj(handle, out, 1024 * 1024)
+            published += temporary.stat().st_size
+            os.replace(temporary, target)
+        return published
+
+    def discard(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
