@@ -141,14 +141,40 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         raise ConfigError(f"--end ({last}) is before --start ({first}).")
     instance = _instance()
     _preflight()
+    from wandb_assets.lib.progress import listening
     from wandb_assets.ticks import execute_backfill, settle_pipeline_alert
 
-    result = execute_backfill(instance, first, last)
+    if _is_terminal(sys.stderr):
+        with listening(ProgressBar(sys.stderr)):
+            result = execute_backfill(instance, first, last, progress_lines=False)
+    else:  # a log file or CI: the run's progress log lines instead
+        result = execute_backfill(instance, first, last)
     settle_pipeline_alert(instance, result)
     code = _report(result, f"backfill {first}..{last}")
     if code == 0:
         print(f"Backfilled {first}..{last} into {pipeline_settings().duckdb_path}")
     return code
+
+
+def _is_terminal(stream) -> bool:
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+class ProgressBar:
+    """Draws a fetch's progress on one terminal line (redrawn at most every 0.2 s), then ends the line."""
+
+    def __init__(self, stream, every_s: float = 0.2) -> None:
+        self.stream, self.every_s, self._last = stream, every_s, 0.0
+
+    def __call__(self, progress, finished: bool) -> None:
+        import time
+
+        now = time.monotonic()
+        if not finished and now - self._last < self.every_s:
+            return
+        self._last = now
+        self.stream.write("\r\033[K" + progress.bar() + ("\n" if finished else ""))
+        self.stream.flush()
 
 
 def _dagster_dev() -> int:

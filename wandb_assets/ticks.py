@@ -64,9 +64,14 @@ def execute_refresh(instance: DagsterInstance, today: date, snapshot_at: str = "
     return _execute(instance, REFRESH_JOB, run_config, partition_range_tags(first, last))
 
 
-def execute_backfill(instance: DagsterInstance, first: date, last: date) -> ExecuteInProcessResult:
-    """Re-read ``first..last`` (inclusive) from W&B in one run."""
-    return _execute(instance, BACKFILL_JOB, tags=partition_range_tags(first, last))
+def execute_backfill(
+    instance: DagsterInstance, first: date, last: date, progress_lines: bool = True
+) -> ExecuteInProcessResult:
+    """Re-read ``first..last`` (inclusive) from W&B in one run. ``progress_lines=False``: the fetch's progress
+    lines go to the run's log at DEBUG only (the CLI draws a progress bar instead)."""
+    level = "info" if progress_lines else "debug"
+    run_config = {"ops": {"staged_runs": {"config": {"progress_log_level": level}}}}
+    return _execute(instance, BACKFILL_JOB, run_config, tags=partition_range_tags(first, last))
 
 
 def execute_feed(instance: DagsterInstance, now: str = "") -> ExecuteInProcessResult:

@@ -136,6 +136,9 @@ class Faults:
     retry_after: float | None = None
     #: Operations the failures apply to.
     fail_operations: frozenset[str] = frozenset({"Runs"})
+    #: A ``Runs`` answer longer than this many bytes fails with 500 instead, as a gateway gives up on a page
+    #: too big to serve (summaries with histograms); None serves any size.
+    max_page_bytes: int | None = None
     #: Fraction of runs whose summary is served as a non-object (``"[1, 2]"``), chosen by run id.
     malformed_summary_fraction: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -173,6 +176,8 @@ class LocalWandbServer:
         #: Requests being answered right now, and the most there ever were at once (any operation).
         self.in_flight = 0
         self.max_in_flight = 0
+        #: Runs pages refused for exceeding ``faults.max_page_bytes``.
+        self.oversized_pages = 0
         self._flight_lock = threading.Lock()
         self._lock = threading.Lock()
         self._records: dict[str, dict[str, Any]] = {}
@@ -522,6 +527,10 @@ def _handler_for(server: LocalWandbServer) -> type[BaseHTTPRequestHandler]:
             body = server.answer(operation, variables, payload.get("query") or "")
             if operation == "Runs" and (faults.cost_per_request_s or faults.cost_per_run_s):
                 time.sleep(faults.cost_per_request_s + faults.cost_per_run_s * body.count('{"node":'))
+            if operation == "Runs" and faults.max_page_bytes is not None and len(body) > faults.max_page_bytes:
+                server.oversized_pages += 1
+                self._send(500, json.dumps({"errors": [{"message": "response too large"}]}).encode())
+                return
             self._send(200, body.encode())
 
     return Handler

@@ -1,0 +1,368 @@
+"""Ingestion at the limit: concurrent fetch, politeness under 429s, pages that fit, fetch and load apart.
+
+The pure parts (throttle, page size, slicing, progress) are tested directly; the rest drives real backfills
+through the real wandb client against the local server, which counts requests in flight.
+"""
+
+import subprocess
+import sys
+import threading
+import time
+from datetime import date, datetime
+from pathlib import Path
+
+import pytest
+from dagster import DagsterEventType
+
+from tests.conftest import API_KEY
+from wandb_assets.lib.fetch import classify, created_between, plan_slices
+from wandb_assets.lib.progress import FetchProgress
+from wandb_assets.lib.throttle import PageSize, Throttle
+from wandb_assets.lib.warehouse import query_read_only
+from wandb_assets.localwandb import make_run_node
+from wandb_assets.ticks import execute_backfill, failure_message
+
+ROWS_SQL = "SELECT * FROM runs ORDER BY run_id"
+
+
+def fleet(days: int, per_day: int, summary_bytes: int = 0, name: str = "train") -> list[dict]:
+    """``per_day`` finished runs on each of the ``days`` days from 2026-06-01, spread over the day."""
+    padding = {"histogram": "x" * summary_bytes} if summary_bytes else {}
+    return [
+        make_run_node(
+            f"r{day:02d}-{n:03d}",
+            display_name=f"{name}-{n}",
+            state="finished",
+            created_at=datetime(2026, 6, day, (n * 24) // per_day, n % 60),
+            heartbeat_at=datetime(2026, 6, day, 23, 59),
+            summary={"loss": n, "_step": 10, **padding},
+        )
+        for day in range(1, days + 1)
+        for n in range(per_day)
+    ]
+
+
+def staged_metadata(result) -> dict:
+    return {k: v.value for k, v in result.asset_materializations_for_node("staged_runs")[0].metadata.items()}
+
+
+def staged_files(warehouse_path: Path) -> dict[str, bytes]:
+    folder = warehouse_path.parent / "staging" / "runs"
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+# ---------------------------------------------------------------------------------------------- pure parts
+
+
+def test_throttle_never_lets_more_than_the_limit_in_flight():
+    throttle = Throttle(3)
+    inside, peak, lock = [0], [0], threading.Lock()
+
+    def request() -> None:
+        with throttle.slot():
+            with lock:
+                inside[0] += 1
+                peak[0] = max(peak[0], inside[0])
+            time.sleep(0.02)
+            with lock:
+                inside[0] -= 1
+
+    threads = [threading.Thread(target=request) for _ in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert (peak[0], throttle.max_in_flight, throttle.requests) == (3, 3, 12)
+
+
+def test_throttle_halves_once_per_burst_pauses_and_grows_back():
+    now = [100.0]
+    throttle = Throttle(8, clock=lambda: now[0])
+    throttle.throttled(2.0)
+    throttle.throttled(2.0)  # sent before the pause began: the same signal
+    assert (throttle.allowed(), throttle.decreases, throttle.throttled_responses) == (4, 1, 2)
+    now[0] = 102.5
+    throttle.throttled(1.0)
+    assert (throttle.allowed(), throttle.lowest_limit) == (2, 2)
+    throttle.succeeded()
+    throttle.succeeded()  # +1/limit each: 2 -> 2.5 -> 2.9
+    assert throttle.allowed() == 2
+    throttle.succeeded()  # -> 3.24: about one more per round of `limit` requests
+    assert throttle.allowed() == 3
+    for _ in range(50):
+        throttle.succeeded()
+    assert throttle.allowed() == 8  # never above the configured maximum
+
+
+def test_throttle_pause_holds_every_worker_for_the_wait():
+    throttle = Throttle(4)
+    throttle.throttled(0.3)
+    started = time.monotonic()
+    with throttle.slot():
+        waited = time.monotonic() - started
+    assert 0.25 <= waited < 1.0
+
+
+def test_page_size_halves_to_the_floor_once_per_failed_size():
+    size = PageSize(1000, 25)
+    assert size.shrink(1000) and size.size == 500
+    assert size.shrink(1000) and size.size == 500  # a second worker failing at 1000 changes nothing
+    for expected in (250, 125, 62, 31, 25):
+        assert size.shrink(size.size) and size.size == expected
+    assert not size.shrink(25)
+    assert (size.size, size.shrinks) == (25, 6)
+
+
+def test_plan_slices_days_or_parts_of_days():
+    start, end = datetime(2026, 6, 1), datetime(2026, 6, 3)
+    assert [s.filters for s in plan_slices(start, end, 1)] == [
+        created_between(datetime(2026, 6, 1), datetime(2026, 6, 2)),
+        created_between(datetime(2026, 6, 2), datetime(2026, 6, 3)),
+    ]
+    # two days, four workers: eight slices of six hours keep every worker busy twice
+    four = plan_slices(start, end, 4)
+    assert [s.filters["createdAt"]["$gte"][11:16] for s in four] == ["00:00", "06:00", "12:00", "18:00"] * 2
+    assert [s.day for s in four] == ["2026-06-01"] * 4 + ["2026-06-02"] * 4
+    assert [s.index for s in four] == list(range(8))
+    assert len(plan_slices(datetime(2026, 4, 1), datetime(2026, 6, 1), 8)) == 61  # many days: one slice a day
+    assert len(plan_slices(start, datetime(2026, 6, 2), 8)) == 24  # one day, eight workers: hours
+
+
+@pytest.mark.parametrize(
+    ("message", "kind"),
+    [
+        ("POST http://h/graphql giving up after 2 attempt(s)\nwhile retrying: HTTP 429: slow down", "throttled"),
+        ("POST http://h/graphql giving up after 2 attempt(s)\nwhile retrying: HTTP 502: bad gateway", "too_big"),
+        ("Post http://h/graphql: context deadline exceeded (Client.Timeout exceeded)", "too_big"),
+        ("Failed to execute API request: the service process is busy and did not respond in time.", "too_big"),
+        ("Post http://h/graphql: dial tcp 127.0.0.1:9: connect: connection refused", "transient"),
+        ("input: Cannot query field 'foo'", "fatal"),
+        ("POST http://h/graphql giving up after 1 attempt(s)\nwhile retrying: HTTP 400: bad filter", "fatal"),
+    ],
+)
+def test_classify_what_wandb_core_reports(message, kind):
+    assert classify(RuntimeError(message)) == kind
+
+
+def test_progress_line_counts_days_rate_and_eta():
+    now = [0.0]
+    progress = FetchProgress({"2026-06-01": 2, "2026-06-02": 1, "2026-06-03": 1}, clock=lambda: now[0])
+    assert progress.line() == "fetched 0 runs; 0/3 days done; 0 runs/s; ETA unknown"
+    progress.expect(0, 300)
+    progress.add("2026-06-01", 300)
+    progress.slice_done("2026-06-01")
+    progress.expect(1, 100)
+    progress.add("2026-06-01", 100)
+    progress.slice_done("2026-06-01")
+    now[0] = 2.0
+    # 400 runs in 2 s; the two slices reported 400, so the two unstarted ones are expected to hold 400 more
+    assert progress.estimated_total() == 800
+    assert progress.line() == "fetched 400 runs; 1/3 days done; 200 runs/s; ETA 2 s"
+    assert progress.bar(width=6) == "[##....] " + progress.line()
+
+
+# ------------------------------------------------------------------------------------------- end to end
+
+
+def test_requests_in_flight_never_exceed_the_configured_concurrency(
+    wandb_server, warehouse_path, instance, monkeypatch
+):
+    monkeypatch.setenv("WANDB_ASSETS_FETCH_CONCURRENCY", "3")
+    server = wandb_server(fleet(days=6, per_day=5))
+    server.faults.cost_per_request_s = 0.3  # slow enough that the workers overlap
+    result = execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 6))
+    assert result.success, failure_message(result)
+    assert server.max_in_flight == 3
+    metadata = staged_metadata(result)
+    assert (metadata["max_requests_in_flight"], metadata["requests"], metadata["slices"]) == (3, 6, 6)
+    assert metadata["runs_fetched"] == 30
+    assert query_read_only(str(warehouse_path), "SELECT count(*), count(DISTINCT run_id) FROM runs") == [(30, 30)]
+
+
+def test_a_429_storm_slows_the_fetch_down_and_every_run_is_stored_once(
+    wandb_server, warehouse_path, instance, monkeypatch
+):
+    monkeypatch.setenv("WANDB_ASSETS_FETCH_CONCURRENCY", "4")
+    server = wandb_server(fleet(days=8, per_day=6))
+    server.faults.cost_per_request_s = 0.05
+    server.faults.fail_status, server.faults.fail_count, server.faults.retry_after = 429, 10, 0.3
+    result = execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 8))
+    assert result.success, failure_message(result)
+    metadata = staged_metadata(result)
+    assert metadata["throttled_responses"] >= 1
+    assert metadata["concurrency_decreases"] >= 1 and metadata["lowest_concurrency"] < 4
+    assert server.count("Runs") == 8 + 10  # one page per day answered, ten refused
+    assert query_read_only(str(warehouse_path), "SELECT count(*), count(DISTINCT run_id) FROM runs") == [(48, 48)]
+
+
+def test_an_oversized_page_is_split_and_the_size_that_worked_is_kept(
+    wandb_server, warehouse_path, instance, monkeypatch
+):
+    monkeypatch.setenv("WANDB_ASSETS_FETCH_CONCURRENCY", "1")  # one slice per day, in order
+    monkeypatch.setenv("WANDB_ASSETS_PAGE_SIZE", "200")
+    server = wandb_server(fleet(days=2, per_day=60, summary_bytes=1500))
+    server.faults.max_page_bytes = 60_000  # about 35 runs: 200, 100 and 50 are refused, 25 fits
+    result = execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 2))
+    assert result.success, failure_message(result)
+    assert staged_metadata(result)["page_size_final"] == 25
+    # Day one: three refused sizes (two attempts each inside wandb-core), then 3 pages of 25; day two starts
+    # at 25 and is never refused.
+    assert server.oversized_pages == 3 * 2
+    assert server.count("Runs") == 3 * 2 + 3 + 3
+    assert query_read_only(str(warehouse_path), "SELECT count(*), count(DISTINCT run_id) FROM runs") == [(120, 120)]
+
+
+def test_a_fetch_failing_half_way_through_a_range_leaves_every_day_as_it_was(
+    wandb_server, warehouse_path, instance, monkeypatch
+):
+    monkeypatch.setenv("WANDB_ASSETS_FETCH_CONCURRENCY", "2")
+    monkeypatch.setenv("WANDB_ASSETS_PAGE_SIZE", "50")
+    server = wandb_server(fleet(days=4, per_day=5))
+    assert execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 4)).success
+    rows_before = query_read_only(str(warehouse_path), ROWS_SQL)
+    files_before = staged_files(warehouse_path)
+    assert len(rows_before) == 20 and len(files_before) == 5  # four days + the (empty) by-id file
+    server.upsert_runs(fleet(days=4, per_day=5, name="renamed"))
+    server.faults.fail_status, server.faults.fail_count, server.faults.fail_after = 500, -1, 2
+    result = execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 4))
+    assert not result.success
+    assert failure_message(result).startswith("step staged_runs: wandb_assets.lib.fetch.WandbFetchError")
+    assert query_read_only(str(warehouse_path), ROWS_SQL) == rows_before
+    assert staged_files(warehouse_path) == files_before  # two days were fetched, none was published
+    server.faults.fail_status = None
+    assert execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 4)).success
+    assert query_read_only(str(warehouse_path), "SELECT count(*) FROM runs WHERE name LIKE 'renamed-%'") == [(20,)]
+
+
+HOLD_READER = """
+import sys, time, duckdb
+con = duckdb.connect(sys.argv[1], read_only=True)
+print("open", flush=True)
+time.sleep(float(sys.argv[2]))
+con.close()
+print(f"closed {time.time()}", flush=True)
+"""
+
+
+def _hold_warehouse(path: Path, seconds: float) -> subprocess.Popen:
+    reader = subprocess.Popen(
+        [sys.executable, "-c", HOLD_READER, str(path), str(seconds)], stdout=subprocess.PIPE, text=True
+    )
+    assert reader.stdout.readline().strip() == "open"
+    return reader
+
+
+def _step_ends(instance, run_id: str) -> dict[str, float]:
+    return {
+        entry.step_key: entry.timestamp
+        for entry in instance.all_logs(run_id, of_type={DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE})
+    }
+
+
+def test_a_reader_holding_the_warehouse_does_not_stop_the_fetch_and_the_load_waits_for_it(
+    wandb_server, warehouse_path, instance, monkeypatch
+):
+    """While an analyst's read-only connection is open (another process), the fetch runs (it only reads,
+    read-only) and the load waits for the lock, up to WANDB_ASSETS_LOCK_WAIT, then writes."""
+    server = wandb_server(fleet(days=2, per_day=5))
+    assert execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 2)).success
+    server.upsert_runs(fleet(days=2, per_day=5, name="renamed"))
+    server.faults.cost_per_request_s = 0.3
+    reader = _hold_warehouse(warehouse_path, 3.0)
+    result = execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 2))
+    closed_at = float(reader.stdout.readline().split()[1])
+    reader.wait()
+    assert result.success, failure_message(result)
+    ends = _step_ends(instance, result.run_id)
+    assert ends["staged_runs"] < closed_at < ends["runs"]  # fetched while the reader held it; loaded after
+    assert query_read_only(str(warehouse_path), "SELECT count(*) FROM runs WHERE name LIKE 'renamed-%'") == [(10,)]
+
+
+def test_a_reader_holding_the_warehouse_longer_than_the_lock_wait_fails_only_the_load(
+    wandb_server, warehouse_path, instance, monkeypatch
+):
+    server = wandb_server(fleet(days=2, per_day=5))
+    assert execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 2)).success
+    rows_before = query_read_only(str(warehouse_path), ROWS_SQL)
+    server.upsert_runs(fleet(days=2, per_day=5, name="renamed"))
+    monkeypatch.setenv("WANDB_ASSETS_LOCK_WAIT", "1")
+    reader = _hold_warehouse(warehouse_path, 5.0)
+    try:
+        result = execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 2))
+    finally:
+        reader.wait()
+    assert not result.success
+    message = failure_message(result)
+    assert message.startswith("step runs: RuntimeError: The warehouse ") and "is locked by another process" in message
+    assert "staged_runs" in _step_ends(instance, result.run_id)  # the fetch itself succeeded
+    assert b"renamed-0" in staged_files(warehouse_path)["2026-06-01.ndjson"]
+    assert query_read_only(str(warehouse_path), ROWS_SQL) == rows_before
+    assert API_KEY not in message
+
+
+def test_loading_a_day_that_was_never_fetched_says_what_to_do(wandb_server, warehouse_path, instance):
+    from dagster import materialize
+
+    from wandb_assets.defs.warehouse.resources import warehouse_resource
+    from wandb_assets.defs.wandb_runs.assets import runs
+
+    result = materialize(
+        [runs],
+        partition_key="2026-06-01",
+        resources={"warehouse": warehouse_resource()},
+        instance=instance,
+        raise_on_error=False,
+    )
+    assert not result.success
+    assert "No staged runs for 1 day(s) (2026-06-01.ndjson)" in failure_message(result)
+    assert "materialize staged_runs for them first" in failure_message(result)
+
+
+def test_cli_backfill_draws_a_progress_bar_on_a_terminal(wandb_server, dagster_home, capsys, monkeypatch):
+    import wandb_assets.cli as cli_module
+    import wandb_assets.defs.wandb_runs.assets as runs_module
+    from tests.conftest import cli
+
+    wandb_server(fleet(days=3, per_day=4))
+    monkeypatch.setattr(cli_module, "_is_terminal", lambda stream: True)
+    monkeypatch.setattr(runs_module, "PROGRESS_LOG_EVERY_S", 0.0)
+    code, _, err = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-03")
+    assert code == 0, err
+    assert "\r\x1b[K[" + "#" * 30 + "] fetched 12 runs; 3/3 days done; " in err
+    assert "Fetch progress" not in err  # the run's progress lines went to its log at DEBUG, not to the terminal
+
+
+def test_cli_backfill_logs_progress_lines_when_not_on_a_terminal(wandb_server, dagster_home, capsys, monkeypatch):
+    import wandb_assets.defs.wandb_runs.assets as runs_module
+    from tests.conftest import cli
+
+    wandb_server(fleet(days=3, per_day=4))
+    monkeypatch.setattr(runs_module, "PROGRESS_LOG_EVERY_S", 0.0)  # a line at every report, not every 10 s
+    code, _, err = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-03")
+    assert code == 0, err
+    assert "\r" not in err
+    assert "staged_runs - Fetch progress: fetched " in err
+    assert "Fetched 12 runs created 2026-06-01 .. 2026-06-04 (exclusive) for test-team/test-project: " in err
+    assert "fetched 12 runs; 3/3 days done; " in err
+
+
+def test_runs_refreshed_by_id_never_replace_a_copy_fetched_later(memory_con, tmp_path):
+    """Reloading an old staged file cannot turn back the clock on an older unfinished run."""
+    from wandb_assets.lib.warehouse import load_runs_window, ndjson_lines
+
+    def staged(name: str, state: str, fetched_at: datetime) -> str:
+        path = tmp_path / name
+        row = {"run_id": "old-run", "state": state, "created_at": datetime(2026, 5, 1), "anomalies": []}
+        path.write_text("".join(ndjson_lines([row], fetched_at)))
+        return str(path)
+
+    empty = tmp_path / "empty.ndjson"
+    empty.write_text("")
+    window = (datetime(2026, 6, 1), datetime(2026, 6, 2))
+    load_runs_window(memory_con, [str(empty)], *window, [staged("a", "finished", datetime(2026, 6, 1, 12))])
+    load_runs_window(memory_con, [str(empty)], *window, [staged("b", "running", datetime(2026, 6, 1, 9))])
+    assert memory_con.execute("SELECT state, ingested_at FROM runs").fetchall() == [
+        ("finished", datetime(2026, 6, 1, 12))
+    ]
+    load_runs_window(memory_con, [str(empty)], *window, [staged("c", "crashed", datetime(2026, 6, 1, 13))])
+    assert memory_con.execute("SELECT state FROM runs").fetchall() == [("crashed",)]
