@@ -303,8 +303,8 @@ def test_a_reader_holding_the_warehouse_longer_than_the_lock_wait_fails_only_the
 def test_loading_a_day_that_was_never_fetched_says_what_to_do(wandb_server, warehouse_path, instance):
     from dagster import materialize
 
-    from wandb_assets.defs.warehouse.resources import warehouse_resource
     from wandb_assets.defs.wandb_runs.assets import runs
+    from wandb_assets.defs.warehouse.resources import warehouse_resource
 
     result = materialize(
         [runs],
