@@ -1,14 +1,19 @@
-"""Ingestion benchmark: 30,000 runs over 60 days from the local W&B server, in one run of this script.
+"""Ingestion benchmark: 30,000 runs over 60 days, against an instant and a slow local W&B server, side by side.
 
-Phases, each in its own process so that its peak RSS is its own:
-  (a) floor   - the wandb client alone: ``api.runs(..., lazy=False, per_page=1000)``, touching nothing;
-  (b) ours    - the full backfill job into a fresh DuckDB file (fetch, normalise, write, derived tables);
-  (c) naive   - the old cron collector: default ``lazy=True``, ``per_page=50``, reading each run's summary;
-  tick        - one whole tick over that history, in process: the refresh job (yesterday + today + days with
-                unfinished runs, derived tables, fleet snapshot) then the feed job (Datadog dry run,
-                alerts, warehouse snapshot for notebooks).
-Prints runs/s, the ratios (b)/(a) and (c)/(b), and peak RSS. Usage: ``uv run python benchmarks/bench_ingest.py``
-(``--runs-per-day`` / ``--days`` to change the size).
+The slow server charges what a real one does per ``Runs`` page: a fixed cost per request plus a cost per run
+returned (default 0.25 s + 2 ms per run), and counts requests in flight. For each server:
+  (a) floor       - the wandb client alone, sequential: ``api.runs(..., lazy=False, per_page=1000)``, iterated;
+  (b) ours, cli   - ``wandb-assets backfill`` as a whole process (imports, Dagster instance, configuration
+                    check, fetch, load, fleet tables, analysts' snapshot): wall time of the process;
+  (b) ours, in process - ``execute_backfill`` of the same range, imports excluded;
+  (c) naive       - the old cron collector: default ``lazy=True``, ``per_page=50``, reading each run's summary.
+Each phase runs in its own process (peak RSS is its own). Reported per phase: seconds, runs/s, peak RSS, the
+most requests the server saw in flight, total requests, and for (b) the longest time any warehouse writer
+connection was held open. Then a scale run (``--scale``): 100,000 runs over 120 days, our backfill in process,
+the warehouse's size, and one whole tick (refresh + feed) in process on top of that history.
+
+Usage: ``uv run python benchmarks/bench_ingest.py`` (``--only instant|slow``, ``--no-scale``, ``--days``,
+``--runs-per-day``, ``--cost-per-request``, ``--cost-per-run``).
 """
 
 from __future__ import annotations
@@ -17,14 +22,40 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 ENTITY, PROJECT = "bench-team", "bench-project"
 KEY = "local-" + "b" * 40
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _record_writer_holds() -> list[float]:
+    """Time every read-write warehouse connection in this process (benchmark instrumentation only)."""
+    from contextlib import contextmanager
+
+    from wandb_assets.defs.warehouse.resources import WarehouseResource
+
+    holds: list[float] = []
+    original = WarehouseResource._connect
+
+    @contextmanager
+    def timed(self, read_only: bool):
+        with original(self, read_only) as con:
+            opened = time.perf_counter()
+            try:
+                yield con
+            finally:
+                if not read_only:
+                    holds.append(time.perf_counter() - opened)
+
+    WarehouseResource._connect = timed
+    return holds
 
 
 def _phase(name: str, days: int) -> dict:
@@ -33,8 +64,7 @@ def _phase(name: str, days: int) -> dict:
     warnings.filterwarnings("ignore")
     now = datetime.fromisoformat(os.environ["BENCH_NOW"])
     first = (now - timedelta(days=days)).date()
-    count = 0
-    # Imports are process start-up, paid once per process whatever the volume: timed separately.
+    count, holds = 0, []
     imports_started = time.perf_counter()
     if name in ("floor", "naive"):
         import wandb
@@ -42,13 +72,14 @@ def _phase(name: str, days: int) -> dict:
         from dagster import DagsterInstance
 
         from wandb_assets.ticks import execute_backfill, run_tick
+
+        holds = _record_writer_holds()
     import_seconds = time.perf_counter() - imports_started
     started = time.perf_counter()
     if name in ("floor", "naive"):
-        api = wandb.Api(timeout=60)
+        api = wandb.Api(timeout=120)
         if name == "floor":
-            iterator = api.runs(f"{ENTITY}/{PROJECT}", order="+created_at", per_page=1000, lazy=False)
-            for _ in iterator:
+            for _ in api.runs(f"{ENTITY}/{PROJECT}", order="+created_at", per_page=1000, lazy=False):
                 count += 1
         else:
             for run in api.runs(f"{ENTITY}/{PROJECT}"):
@@ -59,8 +90,7 @@ def _phase(name: str, days: int) -> dict:
         if name == "ours":
             result = execute_backfill(instance, first, now.date())
         else:
-            results = run_tick(instance, now.date())  # refresh, then the feed job: a whole tick
-            result = results[-1]
+            result = run_tick(instance, now.date())[-1]  # refresh, then the feed job: a whole tick
         assert result.success, f"{name} failed"
         import duckdb
 
@@ -69,79 +99,194 @@ def _phase(name: str, days: int) -> dict:
         con.close()
     seconds = time.perf_counter() - started
     return {
-        "phase": name,
         "runs": count,
         "seconds": seconds,
         "import_seconds": import_seconds,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "writer_held_max_s": max(holds, default=None),
     }
+
+
+def _run_child(command: list[str], env: dict) -> tuple[str, float, float]:
+    """Run a process; returns (stdout, wall seconds, its peak RSS in MiB)."""
+    out = tempfile.TemporaryFile(mode="w+")
+    err = tempfile.TemporaryFile(mode="w+")
+    started = time.perf_counter()
+    child = subprocess.Popen(command, env=env, stdout=out, stderr=err, text=True)
+    _, status, usage = os.wait4(child.pid, 0)
+    seconds = time.perf_counter() - started
+    child.returncode = os.waitstatus_to_exitcode(status)
+    out.seek(0)
+    err.seek(0)
+    if child.returncode != 0:
+        sys.exit(f"{' '.join(command[-4:])} failed:\n{err.read()[-3000:]}")
+    return out.read(), seconds, usage.ru_maxrss / 1024
+
+
+def _measure(server, label: str, command: list[str], env: dict, parse_json: bool = True) -> dict:
+    server.requests.clear()
+    server.max_in_flight = 0
+    stdout, wall, rss = _run_child(command, env)
+    result = json.loads(stdout.strip().splitlines()[-1]) if parse_json else {"seconds": wall, "runs": None}
+    result.update(
+        label=label,
+        wall_seconds=wall,
+        peak_rss_mib=rss,
+        max_in_flight=server.max_in_flight,
+        requests=server.count("Runs") + server.count("Run"),
+    )
+    return result
+
+
+def _environment(server, workdir: Path, now: datetime, days: int) -> dict:
+    env = {
+        **os.environ,
+        "WANDB_BASE_URL": server.url,
+        "WANDB_API_KEY": KEY,
+        "WANDB_ENTITY": ENTITY,
+        "WANDB_PROJECT": PROJECT,
+        "WANDB_DIR": str(workdir / "wandb"),
+        "WANDB_SILENT": "true",
+        "BENCH_NOW": now.isoformat(),
+        "WANDB_ASSETS_DUCKDB": str(workdir / "bench.duckdb"),
+        "WANDB_ASSETS_START_DATE": (now - timedelta(days=days)).date().isoformat(),
+        "DAGSTER_HOME": str(workdir / "dagster-home"),
+    }
+    (workdir / "wandb").mkdir(parents=True, exist_ok=True)
+    (workdir / "dagster-home").mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "dagster.yaml", workdir / "dagster-home" / "dagster.yaml")
+    return env
+
+
+def _fresh_warehouse(workdir: Path) -> None:
+    for leftover in ("bench.duckdb", "bench.duckdb.wal", "bench.snapshot.duckdb", "staging"):
+        path = workdir / leftover
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def bench_server(
+    mode: str, nodes: list[dict], now: datetime, days: int, cost: tuple[float, float], skip_naive: bool = False
+) -> list[dict]:
+    from wandb_assets.localwandb import LocalWandbServer
+
+    workdir = Path(tempfile.mkdtemp(prefix=f"wandb-assets-bench-{mode}-"))
+    me = [sys.executable, __file__, "--days", str(days), "--phase"]
+    results = []
+    with LocalWandbServer(nodes, entity=ENTITY, project=PROJECT) as server:
+        if mode == "slow":
+            server.faults.cost_per_request_s, server.faults.cost_per_run_s = cost
+        env = _environment(server, workdir, now, days)
+        first = (now - timedelta(days=days)).date().isoformat()
+        results.append(_measure(server, "(a) floor: wandb client alone", [*me, "floor"], env))
+        _fresh_warehouse(workdir)
+        cli = [sys.executable, "-m", "wandb_assets.cli", "backfill", "--start", first, "--end", now.date().isoformat()]
+        whole = _measure(server, "(b) ours: `wandb-assets backfill`", cli, env, parse_json=False)
+        whole["runs"] = len(nodes)
+        results.append(whole)
+        _fresh_warehouse(workdir)
+        results.append(_measure(server, "(b) ours: backfill in process", [*me, "ours"], env))
+        if not skip_naive:
+            results.append(_measure(server, "(c) old collector: lazy, per_page=50", [*me, "naive"], env))
+    shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+def bench_scale(now: datetime, days: int, runs_per_day: int) -> dict:
+    from wandb_assets.localwandb import LocalWandbServer
+    from wandb_assets.localwandb.synthetic import generate_fleet
+
+    nodes = generate_fleet(now, days=days, runs_per_day=runs_per_day)
+    workdir = Path(tempfile.mkdtemp(prefix="wandb-assets-bench-scale-"))
+    me = [sys.executable, __file__, "--days", str(days), "--phase"]
+    with LocalWandbServer(nodes, entity=ENTITY, project=PROJECT) as server:
+        env = _environment(server, workdir, now, days)
+        backfill = _measure(server, "scale: backfill in process", [*me, "ours"], env)
+        size = sum(p.stat().st_size for p in workdir.glob("bench*.duckdb"))
+        staged = sum(p.stat().st_size for p in (workdir / "staging").rglob("*.ndjson"))
+        tick = _measure(server, "scale: one tick (refresh + feed) in process", [*me, "tick"], env)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return {
+        "runs": len(nodes),
+        "days": days,
+        "backfill": backfill,
+        "tick": tick,
+        "warehouse_bytes": size,
+        "staged_bytes": staged,
+    }
+
+
+def _print_table(mode: str, results: list[dict], cost: tuple[float, float]) -> None:
+    what = "instant" if mode == "instant" else f"slow: {cost[0]:g} s per request + {cost[1] * 1000:g} ms per run"
+    print(f"\n{results[0]['runs']:,} runs, {what}")
+    print("| phase | seconds | runs/s | whole process | peak RSS | max in flight | requests | writer held (max) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        seconds = r["seconds"]
+        held = f"{r['writer_held_max_s']:.2f} s" if r.get("writer_held_max_s") is not None else ""
+        print(
+            f"| {r['label']} | {seconds:.2f} | {r['runs'] / seconds:,.0f} | {r['wall_seconds']:.2f} "
+            f"| {r['peak_rss_mib']:.0f} MiB "
+            f"| {r['max_in_flight']} | {r['requests']:,} | {held} |"
+        )
+    a, b_cli, b_in = (r["seconds"] for r in results[:3])
+    c = results[3]["seconds"] if len(results) > 3 else float("nan")
+    target = "<= 0.4" if mode == "slow" else "<= 1.2"
+    print(
+        f"(b)/(a) = {b_in / a:.2f} in process, {b_cli / a:.2f} whole process (target {target});"
+        f" (c)/(b) = {c / b_in:.2f}"
+    )
+    held = results[2]["writer_held_max_s"]
+    print(
+        f"writer held at most {held:.2f} s for {results[2]['runs']:,} runs = {held / results[2]['runs'] * 10_000:.2f} s"
+        " per 10,000 runs (target < 2)"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--days", type=int, default=60)
     parser.add_argument("--runs-per-day", type=int, default=500)
+    parser.add_argument("--cost-per-request", type=float, default=0.25)
+    parser.add_argument("--cost-per-run", type=float, default=0.002)
+    parser.add_argument("--only", choices=("instant", "slow"))
+    parser.add_argument("--no-scale", action="store_true")
+    parser.add_argument("--no-naive", action="store_true", help="skip (c), the slowest phase")
+    parser.add_argument("--scale-days", type=int, default=120)
+    parser.add_argument("--scale-runs-per-day", type=int, default=834)
     parser.add_argument("--phase", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase:
         print(json.dumps(_phase(args.phase, args.days)))
         return
 
-    from wandb_assets.localwandb import LocalWandbServer
     from wandb_assets.localwandb.synthetic import generate_fleet
 
     now = datetime.now(UTC).replace(tzinfo=None, microsecond=0)
     nodes = generate_fleet(now, days=args.days, runs_per_day=args.runs_per_day)
-    workdir = tempfile.mkdtemp(prefix="wandb-assets-bench-")
-    with LocalWandbServer(nodes, entity=ENTITY, project=PROJECT) as server:
-        env = {
-            **os.environ,
-            "WANDB_BASE_URL": server.url,
-            "WANDB_API_KEY": KEY,
-            "WANDB_ENTITY": ENTITY,
-            "WANDB_PROJECT": PROJECT,
-            "WANDB_DIR": workdir,
-            "WANDB_SILENT": "true",
-            "BENCH_NOW": now.isoformat(),
-            "WANDB_ASSETS_DUCKDB": os.path.join(workdir, "bench.duckdb"),
-            "WANDB_ASSETS_START_DATE": (now - timedelta(days=args.days)).date().isoformat(),
-        }
-        env.pop("DAGSTER_HOME", None)
-        results = {}
-        for phase in ("floor", "ours", "naive", "tick"):
-            done = subprocess.run(
-                [sys.executable, __file__, "--phase", phase, "--days", str(args.days)],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if done.returncode != 0:
-                sys.exit(f"phase {phase} failed:\n{done.stderr[-3000:]}")
-            results[phase] = json.loads(done.stdout.strip().splitlines()[-1])
-    print(f"{len(nodes):,} runs over {args.days} days, local W&B server, {os.cpu_count()} cores")
-    print(f"{'phase':<40} {'runs':>7} {'seconds':>8} {'runs/s':>9} {'peak RSS':>10} {'imports':>8}")
-    labels = {
-        "floor": "(a) wandb client alone, lazy=False",
-        "ours": "(b) our backfill into DuckDB",
-        "naive": "(c) naive collector, lazy, per_page=50",
-        "tick": "one tick (in process)",
-    }
-    for phase, r in results.items():
+    cost = (args.cost_per_request, args.cost_per_run)
+    print(f"{os.cpu_count()} cores; fetch concurrency {os.environ.get('WANDB_ASSETS_FETCH_CONCURRENCY', '4')}")
+    for mode in ("instant", "slow"):
+        if args.only in (None, mode):
+            _print_table(mode, bench_server(mode, nodes, now, args.days, cost, args.no_naive), cost)
+    if not args.no_scale:
+        scale = bench_scale(now, args.scale_days, args.scale_runs_per_day)
+        b, t = scale["backfill"], scale["tick"]
+        print(f"\nscale: {scale['runs']:,} runs over {scale['days']} days, instant server")
         print(
-            f"{labels[phase]:<40} {r['runs']:>7,} {r['seconds']:>8.2f} {r['runs'] / r['seconds']:>9,.0f} "
-            f"{r['peak_rss_mib']:>7.0f} MiB {r['import_seconds']:>7.2f}s"
+            f"backfill in process {b['seconds']:.2f} s ({b['runs'] / b['seconds']:,.0f} runs/s), peak RSS "
+            f"{b['peak_rss_mib']:.0f} MiB (target < 1536), writer held at most {b['writer_held_max_s']:.2f} s"
         )
-    a, b, c = (results[p]["seconds"] for p in ("floor", "ours", "naive"))
-    print(f"(b)/(a) = {b / a:.2f}  (target <= 1.5)")
-    print(f"(c)/(b) = {c / b:.2f}  (target >= 4)")
-    print(f"peak RSS of (b) = {results['ours']['peak_rss_mib']:.0f} MiB  (target < 1024)")
-    tick = results["tick"]
-    print(
-        f"tick = {tick['seconds']:.2f} s, {tick['seconds'] + tick['import_seconds']:.2f} s with imports"
-        "  (target well under 10 s)"
-    )
-    print("seconds exclude imports (the 'imports' column): they are per process, not per run")
+        print(
+            f"warehouse {scale['warehouse_bytes'] / 2**20:.0f} MiB (with its notebook snapshot), staged files "
+            f"{scale['staged_bytes'] / 2**20:.0f} MiB"
+        )
+        print(
+            f"one tick on top: {t['seconds']:.2f} s in process (target < 10), {t['wall_seconds']:.2f} s with "
+            f"process start and imports, peak RSS {t['peak_rss_mib']:.0f} MiB"
+        )
 
 
 if __name__ == "__main__":

@@ -366,3 +366,29 @@ def test_runs_refreshed_by_id_never_replace_a_copy_fetched_later(memory_con, tmp
     ]
     load_runs_window(memory_con, [str(empty)], *window, [staged("c", "crashed", datetime(2026, 6, 1, 13))])
     assert memory_con.execute("SELECT state FROM runs").fetchall() == [("crashed",)]
+
+
+def test_local_server_index_selects_exactly_what_a_full_scan_does():
+    """The local server narrows createdAt ranges and id lists by index (as a real server would); the answer
+    must equal a scan of every run, including bounds that fall exactly on a run's creation time."""
+    import json
+
+    from wandb_assets.localwandb import LocalWandbServer
+    from wandb_assets.localwandb.filters import matches, sort_runs
+
+    nodes = fleet(days=3, per_day=10) + [make_run_node("undated", display_name="u", state="running", created_at=None)]
+    server = LocalWandbServer(nodes)
+    queries = [
+        created_between(datetime(2026, 6, 1, 2, 1), datetime(2026, 6, 2, 12)),  # starts on r01-001's time
+        {"createdAt": {"$gt": "2026-06-01T02:01:00Z", "$lte": "2026-06-02T12:05:00Z"}},
+        {"createdAt": {"$gte": "2026-06-03T00:00:00Z"}},
+        {"name": {"$in": ["r02-003", "nope", "r01-000", "r02-003"]}},
+        {"createdAt": {"$gte": "2026-06-01T00:00:00Z"}, "state": "finished"},
+    ]
+    for filters in queries:
+        every = sort_runs([r for r in server._records.values() if matches(r, filters)], "+created_at")
+        indexed = server._select(json.dumps(filters), "+created_at")
+        assert [r["node"]["name"] for r in indexed] == [r["node"]["name"] for r in every], filters
+    # runs are created at 00:00, 02:01, 04:02, 07:03, 09:04, 12:05, ... each day
+    assert len(server._select(json.dumps(queries[0]), "+created_at")) == 9 + 5
+    assert len(server._select(json.dumps(queries[1]), "+created_at")) == 8 + 6

@@ -10,6 +10,7 @@ client is not stalled by Nagle + delayed ACK.
 from __future__ import annotations
 
 import base64
+import bisect
 import hashlib
 import json
 import re
@@ -182,6 +183,8 @@ class LocalWandbServer:
         self._lock = threading.Lock()
         self._records: dict[str, dict[str, Any]] = {}
         self._ordered_cache: dict[tuple[str, str], list[dict]] = {}
+        #: createdAt -> records, sorted (built on first use, dropped when runs change)
+        self._created_index: tuple[list, list[dict]] | None = None
         #: artifact collection -> versions (oldest first); each a dict with id, type, files, metadata, aliases
         self.artifacts: dict[str, list[dict[str, Any]]] = {}
         self.downloads: list[str] = []
@@ -219,6 +222,7 @@ class LocalWandbServer:
             for node in nodes:
                 self._add(node)
             self._ordered_cache.clear()
+            self._created_index = None
 
     def set_malformed_summary_fraction(self, fraction: float) -> None:
         with self._lock:
@@ -232,10 +236,32 @@ class LocalWandbServer:
             cached = self._ordered_cache.get(key)
             if cached is None:
                 filters = json.loads(filters_json or "{}") or {}
-                selected = [r for r in self._records.values() if matches(r, filters)]
+                selected = [r for r in self._candidates(filters) if matches(r, filters)]
                 cached = sort_runs(selected, order)
                 self._ordered_cache[key] = cached
             return cached
+
+    def _candidates(self, filters: dict) -> list[dict]:
+        """The records a filter can match, narrowed as a real server's indexes would (a ``createdAt`` range,
+        a list of run ids); ``matches`` still decides. Without this, every sliced request would cost the
+        local server a scan of the whole project, which a real server does not pay."""
+        names = (filters.get("name") or {}).get("$in") if isinstance(filters.get("name"), dict) else None
+        if names is not None:
+            return [self._records[n] for n in dict.fromkeys(names) if n in self._records]
+        created = filters.get("createdAt")
+        bounds = {op: parse_timestamp(v) for op, v in created.items()} if isinstance(created, dict) else {}
+        if not bounds or set(bounds) - {"$gte", "$gt", "$lt", "$lte"} or None in bounds.values():
+            return list(self._records.values())
+        if self._created_index is None:
+            dated = [r for r in self._records.values() if r["_times"]["createdAt"] is not None]
+            dated.sort(key=lambda r: r["_times"]["createdAt"])
+            self._created_index = ([r["_times"]["createdAt"] for r in dated], dated)
+        times, dated = self._created_index
+        low = min((v for op, v in bounds.items() if op in ("$gte", "$gt")), default=None)
+        high = max((v for op, v in bounds.items() if op in ("$lt", "$lte")), default=None)
+        start = bisect.bisect_left(times, low) if low is not None else 0
+        end = bisect.bisect_right(times, high) if high is not None else len(times)
+        return dated[start:end]
 
     def add_artifact(
         self,
