@@ -71,9 +71,11 @@ class Settings(BaseSettings):
         date.fromisoformat(DEFAULT_START_DATE), "First day (UTC) of the daily `runs` partitions."
     )
     WANDB_ASSETS_HTTP_TIMEOUT: float = _var(60.0, "Seconds one W&B request may take before it is retried.", "60", ge=1)
-    WANDB_ASSETS_HTTP_RETRIES: int = _var(4, "Retries of a W&B request after 429, 5xx or a connection error.", ge=0)
+    WANDB_ASSETS_HTTP_RETRIES: int = _var(
+        4, "Retries of a page at the smallest page size after a 5xx, a timeout or a connection error.", ge=0
+    )
     WANDB_ASSETS_RETRY_WAIT_MAX: float = _var(
-        30.0, "Longest back-off between retries, in seconds (Retry-After wins).", "30", ge=0.1
+        30.0, "Longest back-off between retries, and longest pause after a 429 (Retry-After up to it).", "30", ge=0.1
     )
     WANDB_ASSETS_PAGE_SIZE: int = _var(
         1000, "Runs per W&B page to start with; halved (down to 25) for the rest of a fetch when a page fails.", ge=1
