@@ -1,0 +1,193 @@
+"""The Dagster instance on a real PostgreSQL (deploy/postgres/dagster.yaml): the CLI's tick and backfill, the
+run-failure bookkeeping and the daemon's sensor ticks all land in PostgreSQL, none in SQLite.
+
+A PostgreSQL 15 server is started for this module from the machine's binaries (``initdb`` as the
+``postgres`` user into a temporary folder, ``pg_ctl`` on a free loopback port) and stopped at the end.
+"""
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, cli
+from tests.test_pipeline_e2e import dataset
+
+PASSWORD = "pg-" + "s" * 20
+SENSORS = ("after_fleet_snapshot", "pipeline_failure_opens", "pipeline_failure_resolves")
+
+
+def _pg_bin() -> Path:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not found:
+        pytest.fail("PostgreSQL is not installed (/usr/lib/postgresql/*/bin/initdb): .ci/run installs it")
+    return Path(found[-1]).parent
+
+
+def _as_postgres(command: list[str]) -> list[str]:
+    """initdb and pg_ctl refuse to run as root: run them as the ``postgres`` user when we are root."""
+    return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    import psycopg2
+
+    bin_dir = _pg_bin()
+    root = Path(tempfile.mkdtemp(prefix="wandb-assets-pg-"))
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres", "postgres")
+    data, port = root / "data", _free_port()
+    run = dict(check=True, capture_output=True, text=True)
+    subprocess.run(
+        _as_postgres(
+            [
+                str(bin_dir / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                "postgres",
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+                "-E",
+                "UTF8",
+            ]
+        ),
+        **run,
+    )
+    options = f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root}"
+    subprocess.run(
+        _as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"]),
+        **run,
+    )
+    try:
+        local = psycopg2.connect(host=str(root), port=port, user="postgres", dbname="postgres")
+        local.autocommit = True
+        with local.cursor() as cursor:
+            cursor.execute("ALTER USER postgres PASSWORD %s", (PASSWORD,))
+            cursor.execute("CREATE DATABASE dagster")
+        local.close()
+        yield {"host": "127.0.0.1", "port": port, "user": "postgres", "password": PASSWORD, "db": "dagster"}
+    finally:
+        subprocess.run(_as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "stop"]), **run)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_home(postgres, tmp_path, monkeypatch):
+    """DAGSTER_HOME holding deploy/postgres/dagster.yaml, the DAGSTER_PG_* variables set, a fresh database."""
+    import psycopg2
+
+    admin = psycopg2.connect(
+        host=postgres["host"], port=postgres["port"], user="postgres", password=PASSWORD, dbname="postgres"
+    )
+    admin.autocommit = True
+    with admin.cursor() as cursor:
+        cursor.execute("DROP DATABASE IF EXISTS dagster WITH (FORCE)")
+        cursor.execute("CREATE DATABASE dagster")
+    admin.close()
+    shutil.copy(REPO / "deploy" / "postgres" / "dagster.yaml", tmp_path / "dagster.yaml")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    for name, key in (("HOST", "host"), ("PORT", "port"), ("USERNAME", "user"), ("PASSWORD", "password"), ("DB", "db")):
+        monkeypatch.setenv(f"DAGSTER_PG_{name}", str(postgres[key]))
+    return tmp_path
+
+
+def _pg_query(postgres: dict, sql: str) -> list[tuple]:
+    import psycopg2
+
+    con = psycopg2.connect(
+        host=postgres["host"], port=postgres["port"], user="postgres", password=PASSWORD, dbname=postgres["db"]
+    )
+    try:
+        with con.cursor() as cursor:
+            cursor.execute(sql)
+            return cursor.fetchall()
+    finally:
+        con.close()
+
+
+def test_cli_backfill_tick_and_failure_alert_are_recorded_in_postgres(
+    postgres, pg_home, wandb_server, warehouse_path, capsys
+):
+    server = wandb_server(dataset())
+    code, out, err = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-03")
+    assert code == 0, err
+    code, out, err = cli(capsys, "refresh", "--quiet")
+    assert code == 0, err
+    # A failed backfill: the run fails (exit 1) and the pipeline_failure alert job runs, both recorded.
+    server.faults.fail_status, server.faults.fail_count, server.faults.fail_after = 500, -1, 1
+    code, _, err = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-01")
+    assert code == 1
+    jobs = _pg_query(postgres, "SELECT pipeline_name, status FROM runs ORDER BY create_timestamp")
+    assert jobs == [
+        ("backfill", "SUCCESS"),
+        ("refresh", "SUCCESS"),
+        ("feed", "SUCCESS"),
+        ("backfill", "FAILURE"),
+        ("pipeline_alert", "SUCCESS"),
+    ]
+    materialized = {
+        row[0]
+        for row in _pg_query(
+            postgres, "SELECT DISTINCT asset_key FROM event_logs WHERE dagster_event_type = 'ASSET_MATERIALIZATION'"
+        )
+    }
+    assert {'["staged_runs"]', '["runs"]', '["fleet_snapshot"]', '["datadog_feed"]'} <= materialized
+    # The warehouse pool's single slot is PostgreSQL's too.
+    assert _pg_query(postgres, "SELECT concurrency_key, count(*) FROM concurrency_slots GROUP BY 1") == [
+        ("warehouse", 1)
+    ]
+    assert not list(pg_home.rglob("*.db"))  # nothing went to SQLite
+    assert PASSWORD not in out + err
+
+
+def test_the_daemon_keeps_sensor_ticks_and_cursors_in_postgres(postgres, pg_home, wandb_server, capsys):
+    """A real ``dagster-daemon`` against the PostgreSQL instance: the run-failure sensor sees a failed CLI run
+    and its ticks and cursor are stored in PostgreSQL."""
+    server = wandb_server(dataset())
+    server.faults.fail_status, server.faults.fail_count, server.faults.fail_after = 500, -1, 1
+    workspace = pg_home / "workspace.yaml"
+    workspace.write_text(
+        f"load_from:\n  - python_module:\n      module_name: wandb_assets.definitions\n"
+        f"      working_directory: {REPO}\n"
+    )
+    daemon = subprocess.Popen(
+        [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(workspace)],
+        cwd=pg_home,
+        env=os.environ.copy(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        code, _, _ = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-01")
+        assert code == 1
+        deadline = time.monotonic() + 150
+        sensors: set[str] = set()
+        while time.monotonic() < deadline:
+            bodies = _pg_query(postgres, "SELECT tick_body FROM job_ticks WHERE type = 'SENSOR'")
+            sensors = {name for (body,) in bodies for name in SENSORS if f'"{name}"' in body}
+            if sensors == set(SENSORS):
+                break
+            time.sleep(3)
+        assert sensors == set(SENSORS), f"sensor ticks in PostgreSQL: {sorted(sensors)}"
+        # the run-status sensors keep their cursor (the last run they saw) in PostgreSQL
+        cursors = _pg_query(postgres, "SELECT instigator_body FROM instigators WHERE instigator_type = 'SENSOR'")
+        assert sum('"cursor"' in body and "pipeline_failure_opens" in body for (body,) in cursors) == 1
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=30)
