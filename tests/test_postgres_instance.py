@@ -191,3 +191,46 @@ def test_the_daemon_keeps_sensor_ticks_and_cursors_in_postgres(postgres, pg_home
     finally:
         daemon.terminate()
         daemon.wait(timeout=30)
+
+
+def test_the_images_code_server_serves_the_definitions_to_the_deploy_workspace(postgres, pg_home):
+    """The Dockerfile's entry point, run here without Docker (no engine on this machine) on a loopback port,
+    serves the code location that deploy/workspace.yaml (host and port pointed at it) loads and validates."""
+    import json
+    import re
+
+    import yaml
+
+    dockerfile = (REPO / "Dockerfile").read_text()
+    entry_point = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", dockerfile, re.M).group(1))
+    assert entry_point[:3] == ["dagster", "code-server", "start"]
+    port = _free_port()
+    workspace = yaml.safe_load((REPO / "deploy" / "workspace.yaml").read_text())
+    workspace["load_from"][0]["grpc_server"].update(host="127.0.0.1", port=port)
+    local_workspace = pg_home / "workspace.yaml"
+    local_workspace.write_text(yaml.safe_dump(workspace))
+    bin_dir = Path(sys.executable).parent
+    server = subprocess.Popen(
+        [str(bin_dir / entry_point[0]), *entry_point[1:], "-h", "127.0.0.1", "-p", str(port)],
+        cwd=REPO,
+        env=os.environ.copy(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline, done = time.monotonic() + 90, None
+        while time.monotonic() < deadline:
+            done = subprocess.run(
+                [str(bin_dir / "dagster"), "definitions", "validate", "-w", str(local_workspace)],
+                env=os.environ.copy(),
+                capture_output=True,
+                text=True,
+            )
+            if done.returncode == 0:
+                break
+            time.sleep(2)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "Validation successful for code location wandb_assets" in done.stderr + done.stdout
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

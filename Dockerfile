@@ -1,0 +1,33 @@
+# The user-code image: the wandb_assets code location served over gRPC (`dagster code-server start`), for the
+# official dagster/dagster Helm chart (deploy/helm/values.yaml) or any grpc_server workspace
+# (deploy/workspace.yaml). Runs launched by the K8sRunLauncher use the same image.
+FROM python:3.11-slim-bookworm
+
+ENV UV_NO_PROGRESS=1 \
+    UV_COMPILE_BYTECODE=1 \
+    UV_LINK_MODE=copy \
+    PATH=/opt/wandb-assets/.venv/bin:$PATH \
+    DAGSTER_HOME=/opt/dagster/home \
+    WANDB_DIR=/tmp/wandb \
+    WANDB_ASSETS_DUCKDB=/data/warehouse.duckdb
+
+RUN pip install --no-cache-dir "uv>=0.5,<1"
+
+WORKDIR /opt/wandb-assets
+# Dependencies first, from the lockfile only: this layer is rebuilt only when the lockfile changes.
+COPY pyproject.toml uv.lock ./
+RUN uv sync --locked --no-dev --no-install-project
+COPY README.md ./
+COPY wandb_assets ./wandb_assets
+RUN uv sync --locked --no-dev
+
+# The instance config (PostgreSQL storage from the DAGSTER_PG_* variables) and a non-root user.
+COPY deploy/postgres/dagster.yaml /opt/dagster/home/dagster.yaml
+RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin dagster \
+    && mkdir -p /data /tmp/wandb \
+    && chown -R dagster:dagster /opt/dagster /data /tmp/wandb
+USER 10001
+
+EXPOSE 4000
+ENTRYPOINT ["dagster", "code-server", "start", "-m", "wandb_assets.definitions"]
+CMD ["-h", "0.0.0.0", "-p", "4000"]
