@@ -268,7 +268,7 @@ def test_a_reader_holding_the_warehouse_does_not_stop_the_fetch_and_the_load_wai
     assert execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 2)).success
     server.upsert_runs(fleet(days=2, per_day=5, name="renamed"))
     server.faults.cost_per_request_s = 0.3
-    reader = _hold_warehouse(warehouse_path, 3.0)
+    reader = _hold_warehouse(warehouse_path, 6.0)
     result = execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 2))
     closed_at = float(reader.stdout.readline().split()[1])
     reader.wait()
@@ -286,7 +286,7 @@ def test_a_reader_holding_the_warehouse_longer_than_the_lock_wait_fails_only_the
     rows_before = query_read_only(str(warehouse_path), ROWS_SQL)
     server.upsert_runs(fleet(days=2, per_day=5, name="renamed"))
     monkeypatch.setenv("WANDB_ASSETS_LOCK_WAIT", "1")
-    reader = _hold_warehouse(warehouse_path, 5.0)
+    reader = _hold_warehouse(warehouse_path, 8.0)
     try:
         result = execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 2))
     finally:
