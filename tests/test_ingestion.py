@@ -392,3 +392,20 @@ def test_local_server_index_selects_exactly_what_a_full_scan_does():
     # runs are created at 00:00, 02:01, 04:02, 07:03, 09:04, 12:05, ... each day
     assert len(server._select(json.dumps(queries[0]), "+created_at")) == 9 + 5
     assert len(server._select(json.dumps(queries[1]), "+created_at")) == 8 + 6
+
+
+def test_writer_hold_is_measured_per_writer_connection(warehouse_path):
+    """Each step reports how long its own writer connection was open: not an earlier, longer one of the same
+    run (one resource serves every step), and not a read-only connection."""
+    from wandb_assets.defs.warehouse.resources import warehouse_resource
+
+    warehouse = warehouse_resource()
+    with warehouse.get_connection():
+        time.sleep(0.3)
+    assert 0.3 <= warehouse.last_writer_hold_s() < 1.0
+    with warehouse.get_connection():
+        pass
+    assert warehouse.last_writer_hold_s() < 0.3  # the second step's own, shorter connection
+    with warehouse.get_read_connection():
+        time.sleep(0.3)
+    assert warehouse.last_writer_hold_s() < 0.3  # a reader is not a writer

@@ -38,7 +38,7 @@ def derived_table_asset(
             columns = [d[0] for d in cursor.description]
             preview = markdown_table(columns, cursor.fetchall())
         covered = f"{first} .. {last} (UTC, by {time_column})" if first else "empty"
-        metadata = {"rows": rows, "covers": covered, "writer_held_s": round(warehouse.longest_hold_s(), 3)}
+        metadata = {"rows": rows, "covers": covered, "writer_held_s": round(warehouse.last_writer_hold_s(), 3)}
         return MaterializeResult(metadata={**metadata, "preview": MetadataValue.md(preview)})
 
     return _derived

@@ -186,7 +186,7 @@ def runs(context: AssetExecutionContext, warehouse: WarehouseResource) -> Materi
         )
         preview = con.execute(PREVIEW_SQL, {"start": start, "end": end}).fetchall()
         total = con.execute("SELECT count(*) FROM runs").fetchone()[0]
-    held = warehouse.longest_hold_s()
+    held = warehouse.last_writer_hold_s()
     context.log.info(f"Loaded {loaded} staged runs of {start:%Y-%m-%d} .. {end:%Y-%m-%d} (exclusive) in {held:.2f} s")
     return MaterializeResult(
         metadata={

@@ -22,11 +22,14 @@ WAREHOUSE_POOL = "warehouse"
 class WarehouseResource(DuckDBResource):
     """Read-write connections to the DuckDB warehouse file."""
 
-    _holds: list = PrivateAttr(default_factory=list)
+    _last_writer_hold_s: float = PrivateAttr(default=0.0)
 
-    def longest_hold_s(self) -> float:
-        """The longest any connection of this resource was held open (what other writers waited at most)."""
-        return max(self._holds, default=0.0)
+    def last_writer_hold_s(self) -> float:
+        """How long the last writer connection stayed open: what another writer would have waited at most.
+
+        Per connection, not per resource: one resource serves every step of a run, and each step reports its own.
+        """
+        return self._last_writer_hold_s
 
     @contextmanager
     def get_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -80,7 +83,8 @@ class WarehouseResource(DuckDBResource):
             yield con
         finally:
             con.close()
-            self._holds.append(time.monotonic() - opened)
+            if not read_only:
+                self._last_writer_hold_s = time.monotonic() - opened
 
 
 def is_lock_conflict(exc: Exception) -> bool:
