@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import threading
 from collections.abc import Iterable
 from datetime import date, datetime
 from pathlib import Path
@@ -36,29 +35,21 @@ def refreshed_file(staging: Path, first_day: date | str) -> Path:
 class StagedFetch:
     """The private folder of one fetch: a part file per slice, published as per-day files at the end.
 
-    ``write`` may be called from several threads at once, each for its own slice.
+    ``write`` may be called from several threads at once, each for its own slice (its own file).
     """
 
     def __init__(self, staging: Path) -> None:
         self.folder = Path(staging) / RUNS_FOLDER
         self.folder.mkdir(parents=True, exist_ok=True)
         self.work = Path(tempfile.mkdtemp(prefix=".fetch-", dir=self.folder))
-        self._lock = threading.Lock()
-        self.rows: dict[int, int] = {}
 
     def part(self, slice_index: int) -> Path:
         return self.work / f"part-{slice_index:05d}.ndjson"
 
-    def write(self, slice_index: int, rows: Iterable[dict[str, Any]], fetched_at: datetime) -> int:
-        """Append rows to the slice's part file; returns how many."""
-        written = 0
+    def write(self, slice_index: int, rows: Iterable[dict[str, Any]], fetched_at: datetime) -> None:
+        """Append rows to the slice's part file."""
         with open(self.part(slice_index), "a") as handle:
-            for line in ndjson_lines(rows, fetched_at):
-                handle.write(line)
-                written += 1
-        with self._lock:
-            self.rows[slice_index] = self.rows.get(slice_index, 0) + written
-        return written
+            handle.writelines(ndjson_lines(rows, fetched_at))
 
     def publish(self, targets: dict[Path, list[int]]) -> int:
         """Concatenate each target's part files (in slice order) and rename the result over the target, one

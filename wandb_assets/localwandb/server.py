@@ -245,7 +245,8 @@ class LocalWandbServer:
         """The records a filter can match, narrowed as a real server's indexes would (a ``createdAt`` range,
         a list of run ids); ``matches`` still decides. Without this, every sliced request would cost the
         local server a scan of the whole project, which a real server does not pay."""
-        names = (filters.get("name") or {}).get("$in") if isinstance(filters.get("name"), dict) else None
+        name = filters.get("name")
+        names = name.get("$in") if isinstance(name, dict) else None
         if names is not None:
             return [self._records[n] for n in dict.fromkeys(names) if n in self._records]
         created = filters.get("createdAt")

@@ -118,7 +118,7 @@ def staged_runs(
     finally:
         staged.discard()
     publish(progress, finished=True)
-    fetched = sum(staged.rows.values())
+    fetched = progress.runs
     if malformed:
         context.log.warning(f"{len(malformed)} runs had malformed fields (kept with nulls): {dict(anomalies)}")
     context.log.info(

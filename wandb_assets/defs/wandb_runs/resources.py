@@ -67,11 +67,15 @@ class WandbResource(ConfigurableResource):
     def wandb_settings(self) -> WandbSettings:
         return resolve_wandb_settings(None, self.load_secret, self.resolved_secret_name())
 
-    def fetch_run_pages(self, filters: dict, pipeline: PipelineSettings) -> Iterator[list[dict]]:
-        """Raw run nodes matching ``filters`` (see ``lib.fetch.created_between`` / ``with_ids``), a page at a time."""
+    def _client(self, pipeline: PipelineSettings) -> tuple[WandbSettings, object, str]:
+        """``(settings, this process's wandb.Api, entity)``: the key and entity resolved once per call."""
         settings = self.wandb_settings()
         api = get_api(settings, pipeline)
-        entity = settings.entity or default_entity(api)
+        return settings, api, settings.entity or default_entity(api)
+
+    def fetch_run_pages(self, filters: dict, pipeline: PipelineSettings) -> Iterator[list[dict]]:
+        """Raw run nodes matching ``filters`` (see ``lib.fetch.created_between`` / ``with_ids``), a page at a time."""
+        settings, api, entity = self._client(pipeline)
         yield from fetch_run_pages(api, entity, settings.project, filters, fetch_policy(pipeline), settings.api_key)
 
     def fetch_slices(
@@ -83,9 +87,7 @@ class WandbResource(ConfigurableResource):
         report: Callable[[FetchProgress], None],
     ) -> FetchStats:
         """Fetch the slices concurrently (``lib.fetch.fetch_slices``), ``WANDB_ASSETS_FETCH_CONCURRENCY`` at most."""
-        settings = self.wandb_settings()
-        api = get_api(settings, pipeline)
-        entity = settings.entity or default_entity(api)
+        settings, api, entity = self._client(pipeline)
         return fetch_slices(
             api,
             entity,
@@ -102,9 +104,7 @@ class WandbResource(ConfigurableResource):
         """``(entity, project, app_url)`` for building run URLs; checks the key (and the server) on the way."""
         from wandb.util import app_url
 
-        settings = self.wandb_settings()
-        api = get_api(settings, pipeline)
-        entity = settings.entity or default_entity(api)
+        settings, api, entity = self._client(pipeline)
         return entity, settings.project, app_url(api.settings["base_url"])
 
 
