@@ -64,7 +64,7 @@ def test_malformed_pipeline_settings(name, value, message):
 
 def test_pipeline_defaults():
     settings = pipeline_settings({})
-    assert (str(settings.duckdb_path), settings.default_gpus_per_run, settings.page_size) == (
+    assert (str(settings.warehouse), settings.default_gpus_per_run, settings.page_size) == (
         "data/warehouse.duckdb",
         1,
         1000,

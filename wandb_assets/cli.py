@@ -81,15 +81,19 @@ def _report(result, what: str) -> int:
     return 1
 
 
-def _print_gauges(duckdb_path: Path) -> None:
+def _print_gauges() -> None:
     from wandb_assets.lib.gauges import GAUGE_NAMES
-    from wandb_assets.lib.warehouse import query_read_only
+    from wandb_assets.warehouse import reading
 
-    rows = query_read_only(
-        str(duckdb_path),
-        "SELECT snapshot_at, metric, value FROM fleet_metrics "
-        "WHERE snapshot_at = (SELECT max(snapshot_at) FROM fleet_metrics)",
-    )
+    with reading() as con:
+        rows = (
+            con.execute(
+                "SELECT snapshot_at, metric, value FROM fleet_metrics "
+                "WHERE snapshot_at = (SELECT max(snapshot_at) FROM fleet_metrics)"
+            ).fetchall()
+            if con
+            else []
+        )
     if not rows:
         print("No fleet snapshot yet.")
         return
@@ -101,20 +105,24 @@ def _print_gauges(duckdb_path: Path) -> None:
         print(f"  {name:<{width}}  {'NULL' if value is None else f'{value:,.2f}':>12}")
 
 
-def _print_alerts(duckdb_path: Path) -> None:
-    from wandb_assets.lib.warehouse import query_read_only
+def _print_alerts() -> None:
+    from wandb_assets.warehouse import reading
 
-    rows = query_read_only(
-        str(duckdb_path),
-        "SELECT severity, rule, subject, message FROM alerts WHERE resolved_at IS NULL ORDER BY opened_at, alert_key",
-    )
+    with reading() as con:
+        rows = (
+            con.execute(
+                "SELECT severity, rule, subject, message FROM alerts WHERE resolved_at IS NULL "
+                "ORDER BY opened_at, alert_key"
+            ).fetchall()
+            if con
+            else []
+        )
     print(f"\nOpen alerts: {len(rows)}")
     for severity, rule, subject, message in rows:
         print(f"  [{severity}] {rule} ({subject}): {message}")
 
 
 def _tick(today: date, quiet: bool = False) -> int:
-    from wandb_assets.settings import pipeline_settings
 
     instance = _instance()
     _preflight()
@@ -123,8 +131,8 @@ def _tick(today: date, quiet: bool = False) -> int:
     results = run_tick(instance, today)
     code = _report(results[-1], "refresh" if len(results) == 1 else "feed")
     if code == 0 and not quiet:
-        _print_gauges(pipeline_settings().duckdb_path)
-        _print_alerts(pipeline_settings().duckdb_path)
+        _print_gauges()
+        _print_alerts()
     return code
 
 
@@ -152,7 +160,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     settle_pipeline_alert(instance, result)
     code = _report(result, f"backfill {first}..{last}")
     if code == 0:
-        print(f"Backfilled {first}..{last} into {pipeline_settings().duckdb_path}")
+        print(f"Backfilled {first}..{last} into {pipeline_settings().warehouse}")
     return code
 
 
@@ -192,20 +200,22 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from wandb_assets.lib.lake import is_lake
     from wandb_assets.localwandb import LocalWandbServer
     from wandb_assets.localwandb.synthetic import generate_fleet
+    from wandb_assets.settings import pipeline_settings
 
     now = datetime.now(UTC).replace(tzinfo=None, microsecond=0)
     nodes = generate_fleet(now, days=args.days, runs_per_day=args.runs_per_day)
     server = LocalWandbServer(nodes, entity=DEMO_ENTITY, project=DEMO_PROJECT).start()
-    duckdb_path = Path(os.environ.get("WANDB_ASSETS_DUCKDB") or DEMO_DUCKDB)
+    warehouse = os.environ.get("WANDB_ASSETS_DUCKDB") or DEMO_DUCKDB
     first = (now - timedelta(days=args.days)).date()
     os.environ.update(
         WANDB_BASE_URL=server.url,
         WANDB_API_KEY=DEMO_KEY,
         WANDB_ENTITY=DEMO_ENTITY,
         WANDB_PROJECT=DEMO_PROJECT,
-        WANDB_ASSETS_DUCKDB=str(duckdb_path),
+        WANDB_ASSETS_DUCKDB=str(warehouse),
         WANDB_ASSETS_START_DATE=first.isoformat(),
     )
     print(
@@ -221,7 +231,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         code = _tick(now.date())
     if code:
         return code
-    print(f"\nWarehouse: {duckdb_path.resolve()}")
+    print(f"\nWarehouse: {pipeline_settings().warehouse if is_lake(warehouse) else Path(warehouse).resolve()}")
     if args.ui:
         return _dagster_dev()
     server.stop()

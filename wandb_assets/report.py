@@ -27,7 +27,9 @@ from pathlib import Path
 from wandb_assets.lib.clock import utc_now
 from wandb_assets.lib.downsample import downsample
 from wandb_assets.lib.gauges import GAUGE_NAMES
-from wandb_assets.lib.sql import SPS_SQL_STATES, Connect
+from wandb_assets.lib.lake import Lake, is_lake
+from wandb_assets.lib.lake import attach as attach_lake
+from wandb_assets.lib.sql import SPS_SQL_STATES, Connect, sql_string
 from wandb_assets.lib.warehouse import ensure_schema, row_counts
 
 REPORT_RUN_ID = "fleet-report"
@@ -79,17 +81,21 @@ def warehouse_artifact_due(con, project: str, run_id: str, today: date) -> bool:
     return last is None or last.date() < today
 
 
-def reduced_copy(snapshot_file: str | os.PathLike, target: str | os.PathLike, raw: bool) -> dict[str, int]:
+def reduced_copy(snapshot_file: str | os.PathLike | Lake, target: str | os.PathLike, raw: bool) -> dict[str, int]:
     """A fresh DuckDB file with every table of the snapshot (same schema, comments and views), without the
     runs' ``config``/``summary`` JSON unless ``raw``. Built anew rather than by deleting, so no freed page
-    of the file still holds the dropped data. Returns the row counts."""
+    of the file still holds the dropped data. Returns the row counts. ``snapshot_file`` may be a DuckLake
+    (attached read-only: its latest committed snapshot)."""
     import duckdb
 
     con = duckdb.connect(str(target))
     try:
         con.execute("SET TimeZone = 'UTC'")
         ensure_schema(con)
-        con.execute("ATTACH $path AS source (READ_ONLY)", {"path": str(snapshot_file)})
+        if isinstance(snapshot_file, Lake):
+            attach_lake(con, snapshot_file, "source", read_only=True)
+        else:
+            con.execute(f"ATTACH {sql_string(str(snapshot_file))} AS source (READ_ONLY)")
         tables = [
             r[0]
             for r in con.execute(
@@ -113,8 +119,8 @@ def sps_series(con) -> dict[str, list[tuple]]:
     """Per CI config on main: (ended_unix, sps, commit, alerted) rows, downsampled to PLOT_POINTS."""
     rows = con.execute(
         "SELECT s.ci_config, epoch(s.ended_at)::BIGINT, s.sps_overview_sps, s.ci_commit, "
-        "EXISTS (SELECT 1 FROM alerts a WHERE a.rule = 'sps_regression' AND a.details->>'ci_config' = s.ci_config "
-        "        AND a.details->>'run_id' = s.run_id) "
+        "EXISTS (SELECT 1 FROM alerts a WHERE a.rule = 'sps_regression' AND (a.details->>'ci_config') = s.ci_config "
+        "        AND (a.details->>'run_id') = s.run_id) "
         "FROM push_to_main_sps s WHERE s.ci_branch = 'main' AND s.sps_overview_sps IS NOT NULL "
         f"AND s.ended_at IS NOT NULL AND s.state IN ({SPS_SQL_STATES}) ORDER BY s.ci_config, s.ended_at"
     ).fetchall()
@@ -325,7 +331,7 @@ def _log_warehouse(run, snapshot_file, snapshot_at: datetime, policy: ArtifactPo
     """Log a reduced copy of the warehouse snapshot as ``fleet-warehouse`` with a TTL; returns name:alias."""
     import wandb
 
-    if not snapshot_file or not Path(snapshot_file).exists():
+    if not snapshot_file or not (is_lake(snapshot_file) or Path(snapshot_file).exists()):
         return ""
     alias = f"snapshot-{_unix(snapshot_at)}"
     with tempfile.TemporaryDirectory() as folder:

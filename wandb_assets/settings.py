@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from wandb_assets.lib.alerts import AlertThresholds
 from wandb_assets.lib.errors import ConfigError
+from wandb_assets.lib.lake import Lake, S3Options, is_lake, parse_catalog
 
 __all__ = ["ConfigError", "Settings", "load_settings", "pipeline_settings", "resolve_wandb_settings"]
 
@@ -62,9 +63,23 @@ class Settings(BaseSettings):
     AWS_ENDPOINT_URL: str | None = _var(
         None, "Secrets Manager endpoint override (boto3's own variable).", "AWS default"
     )
-    AWS_REGION: str = _var("us-east-1", "Region of the secret.")
-    WANDB_ASSETS_DUCKDB: Path = _var(
-        Path(DEFAULT_DUCKDB_PATH), "Path of the DuckDB warehouse file; folders are created."
+    AWS_REGION: str = _var("us-east-1", "Region of the secret, and of the DuckLake's S3 bucket.")
+    WANDB_ASSETS_DUCKDB: str = _var(
+        DEFAULT_DUCKDB_PATH,
+        "The warehouse: a DuckDB file (folders are created), or a DuckLake "
+        "`ducklake:postgres:<libpq conninfo>` (password in `PGPASSWORD`, never in the conninfo).",
+    )
+    WANDB_ASSETS_DUCKLAKE_DATA_PATH: str | None = _var(
+        None,
+        "DuckLake mode: where the lake's Parquet files go, a folder or `s3://bucket/prefix/` (writers need it; "
+        "readers find it in the catalog).",
+        "(none)",
+    )
+    AWS_ACCESS_KEY_ID: str | None = _var(None, "DuckLake on S3: access key id (boto3 reads it too).", "(none)")
+    AWS_SECRET_ACCESS_KEY: SecretStr | None = _var(None, "DuckLake on S3: secret access key.", "(none)")
+    AWS_SESSION_TOKEN: SecretStr | None = _var(None, "DuckLake on S3: session token of temporary keys.", "(none)")
+    AWS_ENDPOINT_URL_S3: str | None = _var(
+        None, "DuckLake on S3: endpoint override (MinIO, a proxy); else `AWS_ENDPOINT_URL`.", "AWS default"
     )
     WANDB_ASSETS_DEFAULT_GPUS_PER_RUN: int = _var(1, "GPU count assumed for a run that records none.", ge=0)
     WANDB_ASSETS_START_DATE: date = _var(
@@ -224,7 +239,7 @@ class WandbSettings:
 class PipelineSettings:
     """Settings of the warehouse side."""
 
-    duckdb_path: Path
+    warehouse: Path | Lake
     default_gpus_per_run: int
     start_date: date
     http_timeout_s: float
@@ -244,7 +259,7 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
     """The warehouse-side settings; ``ConfigError`` for a malformed value."""
     s = load_settings(environ)
     return PipelineSettings(
-        duckdb_path=s.WANDB_ASSETS_DUCKDB,
+        warehouse=warehouse_location(s),
         default_gpus_per_run=s.WANDB_ASSETS_DEFAULT_GPUS_PER_RUN,
         start_date=s.WANDB_ASSETS_START_DATE,
         http_timeout_s=s.WANDB_ASSETS_HTTP_TIMEOUT,
@@ -254,8 +269,40 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
         lock_wait_s=s.WANDB_ASSETS_LOCK_WAIT,
         unfinished_window_days=s.WANDB_ASSETS_UNFINISHED_WINDOW_DAYS,
         fetch_concurrency=s.WANDB_ASSETS_FETCH_CONCURRENCY,
-        staging_dir=s.WANDB_ASSETS_STAGING_DIR or s.WANDB_ASSETS_DUCKDB.parent / "staging",
+        staging_dir=s.WANDB_ASSETS_STAGING_DIR or _default_staging_dir(s),
     )
+
+
+def _default_staging_dir(s: Settings) -> Path:
+    if is_lake(s.WANDB_ASSETS_DUCKDB):
+        return Path(DEFAULT_DUCKDB_PATH).parent / "staging"
+    return Path(s.WANDB_ASSETS_DUCKDB).parent / "staging"
+
+
+def warehouse_location(s: Settings | None = None, value: str | None = None) -> Path | Lake:
+    """The warehouse file, or the DuckLake (catalog, data path, S3 options) named by ``WANDB_ASSETS_DUCKDB``
+    (or by ``value``, e.g. a resource's ``database``)."""
+    s = s or load_settings()
+    value = value or s.WANDB_ASSETS_DUCKDB
+    if not is_lake(value):
+        return Path(value)
+    try:
+        catalog = parse_catalog(value)
+    except ValueError as exc:
+        raise ConfigError(f"WANDB_ASSETS_DUCKDB: {exc}.") from None
+    data_path = s.WANDB_ASSETS_DUCKLAKE_DATA_PATH
+    s3 = None
+    if data_path and data_path.startswith("s3://"):
+        s3 = S3Options(
+            key_id=s.AWS_ACCESS_KEY_ID,
+            secret=_secret_text(s.AWS_SECRET_ACCESS_KEY),
+            session_token=_secret_text(s.AWS_SESSION_TOKEN),
+            region=s.AWS_REGION,
+            endpoint_url=s.AWS_ENDPOINT_URL_S3 or s.AWS_ENDPOINT_URL,
+        )
+    elif data_path:
+        data_path = str(Path(data_path).resolve()) + "/"
+    return Lake(catalog=catalog, data_path=data_path, s3=s3)
 
 
 def alert_thresholds(environ: Mapping[str, str] | None = None) -> AlertThresholds:

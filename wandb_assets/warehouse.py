@@ -6,6 +6,9 @@ an atomic rename. Notebooks open the snapshot: a connection held open for hours 
 lets one process write a file, and even a read-only reader of the *same* file blocks writers), and a
 reader never sees a half-written state. Nothing here imports Dagster.
 
+In DuckLake mode (``WANDB_ASSETS_DUCKDB=ducklake:postgres:...``) there is no copy: ``open_snapshot()``
+attaches the lake read-only. A lake reader sees committed snapshots only and never blocks a writer.
+
     from wandb_assets import warehouse
     con = warehouse.open_snapshot()
     warehouse.daily_fleet(con).tail()
@@ -14,23 +17,81 @@ reader never sees a half-written state. Nothing here imports Dagster.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import date, datetime
 from pathlib import Path
 
 import duckdb
 
+from wandb_assets.lib import lake
+from wandb_assets.lib.lake import Lake
 from wandb_assets.lib.normalize import parse_timestamp, to_naive_utc
 from wandb_assets.lib.snapshot import publish_snapshot, snapshot_file
+from wandb_assets.lib.sql import sql_string
+from wandb_assets.settings import pipeline_settings, warehouse_location
 
-__all__ = ["open_snapshot", "publish_snapshot", "snapshot_path"]
-from wandb_assets.settings import pipeline_settings
+__all__ = ["connect", "open_snapshot", "publish_snapshot", "reading", "snapshot_path"]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+#: What DuckDB says when a file was written by a newer DuckDB than this one.
+_NEWER_FILE = "created with an newer version"
+
+
+def file_open_error(path: str | os.PathLike, exc: Exception) -> str | None:
+    """The one sentence for a warehouse file this DuckDB cannot read because a newer DuckDB wrote it."""
+    text = str(exc)
+    if _NEWER_FILE in text or ("version number" in text and "can only read" in text):
+        return (
+            f"The warehouse {path} was written by a newer DuckDB than this one ({duckdb.__version__}, pinned for the "
+            "DuckLake extensions): move it away and rebuild it with `uv run wandb-assets backfill`."
+        )
+    return None
+
+
+def connect(location: str | os.PathLike | Lake | None = None, read_only: bool = True) -> duckdb.DuckDBPyConnection:
+    """A connection to the warehouse (default ``WANDB_ASSETS_DUCKDB``): the file, or the lake attached."""
+    if location is None:
+        location = pipeline_settings().warehouse
+    elif not isinstance(location, Lake) and lake.is_lake(location):
+        location = warehouse_location(value=str(location))
+    if isinstance(location, Lake):
+        return lake.connect(location, read_only=read_only)
+    try:
+        con = duckdb.connect(str(location), read_only=read_only)
+    except duckdb.IOException as exc:
+        sentence = file_open_error(location, exc)
+        if sentence:
+            raise RuntimeError(sentence) from None
+        raise
+    con.execute("SET TimeZone = 'UTC'")
+    return con
+
+
+@contextmanager
+def reading(location: str | os.PathLike | Lake | None = None) -> Iterator[duckdb.DuckDBPyConnection | None]:
+    """A short read-only connection to the warehouse itself, closed afterwards; None while there is none."""
+    location = pipeline_settings().warehouse if location is None else location
+    if not lake.is_lake(location) and not Path(location).exists():
+        yield None
+        return
+    try:
+        con = connect(location, read_only=True)
+    except lake.LakeMissingError:
+        yield None
+        return
+    try:
+        yield con
+    finally:
+        con.close()
 
 
 def snapshot_path(warehouse_path: str | os.PathLike | None = None) -> Path:
     """Where the snapshot of a warehouse lives: ``x.duckdb`` -> ``x.snapshot.duckdb``, same folder."""
-    path = Path(warehouse_path) if warehouse_path else pipeline_settings().duckdb_path
+    path = Path(warehouse_path) if warehouse_path else pipeline_settings().warehouse
+    if isinstance(path, Lake):
+        raise ValueError("a DuckLake warehouse has no snapshot file: open_snapshot() attaches the lake")
     if not path.is_absolute() and not path.parent.exists() and (PROJECT_ROOT / path).parent.exists():
         path = PROJECT_ROOT / path  # a notebook's kernel runs in notebooks/: resolve against the project
     return snapshot_file(path)
@@ -38,7 +99,12 @@ def snapshot_path(warehouse_path: str | os.PathLike | None = None) -> Path:
 
 def open_snapshot(path: str | os.PathLike | None = None, exact: bool = False) -> duckdb.DuckDBPyConnection:
     """A read-only connection to the latest snapshot (``path`` is the warehouse or the snapshot file;
-    ``exact=True`` opens ``path`` itself, e.g. a file ``wandb-assets fetch-warehouse`` downloaded)."""
+    ``exact=True`` opens ``path`` itself, e.g. a file ``wandb-assets fetch-warehouse`` downloaded).
+
+    In DuckLake mode (``path`` or ``WANDB_ASSETS_DUCKDB`` a ``ducklake:`` string) the lake itself, read-only."""
+    location = warehouse_location(value=str(path)) if path else pipeline_settings().warehouse
+    if isinstance(location, Lake):
+        return lake.connect(location, read_only=True)
     if path and (exact or str(path).endswith(".snapshot.duckdb")):
         target = Path(path)
     else:
@@ -51,7 +117,14 @@ def open_snapshot(path: str | os.PathLike | None = None, exact: bool = False) ->
     # A private in-memory database that attaches the file: duckdb.connect(path) would hand back a cached
     # instance of an earlier snapshot while any connection to it is still open in this process.
     con = duckdb.connect(":memory:")
-    con.execute("ATTACH $path AS warehouse (READ_ONLY)", {"path": str(target)})
+    try:
+        con.execute(f"ATTACH {sql_string(str(target))} AS warehouse (READ_ONLY)")
+    except duckdb.IOException as exc:
+        con.close()
+        sentence = file_open_error(target, exc)
+        if sentence:
+            raise RuntimeError(sentence) from None
+        raise
     con.execute("USE warehouse")
     con.execute("SET TimeZone = 'UTC'")
     return con

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from wandb_assets.lib.gauges import compute_gauges
+from wandb_assets.lib.lake import retry_on_conflict
 from wandb_assets.lib.regressions import find_regressions
 from wandb_assets.lib.sql import ALIVE_SQL, ENDED_SQL, FAILED_SQL, RATED_SQL, SPS_SQL_STATES, Connect, transaction
 
@@ -24,9 +25,8 @@ CREATE TABLE IF NOT EXISTS alerts (
     alert_key VARCHAR, rule VARCHAR, subject VARCHAR, severity VARCHAR, message VARCHAR, details JSON,
     opened_at TIMESTAMP, last_seen_at TIMESTAMP, resolved_at TIMESTAMP
 );
-CREATE SEQUENCE IF NOT EXISTS alert_notification_ids;
 CREATE TABLE IF NOT EXISTS alert_notifications (
-    id BIGINT DEFAULT nextval('alert_notification_ids'), alert_key VARCHAR, event VARCHAR, channel VARCHAR,
+    id BIGINT, alert_key VARCHAR, event VARCHAR, channel VARCHAR,
     text VARCHAR, status VARCHAR, attempts INTEGER, last_error VARCHAR, created_at TIMESTAMP, sent_at TIMESTAMP
 );
 CREATE TABLE IF NOT EXISTS run_progress (run_id VARCHAR, observed_at TIMESTAMP, step DOUBLE);
@@ -333,6 +333,7 @@ class Transition:
     condition: Condition
 
 
+@retry_on_conflict
 def reconcile(
     con, conditions: list[Condition], evaluated: set[str], now: datetime, channels: list[str]
 ) -> list[Transition]:
@@ -390,8 +391,10 @@ def reconcile(
         for transition in transitions:
             for channel in channels:
                 con.execute(
-                    "INSERT INTO alert_notifications (alert_key, event, channel, text, status, attempts, created_at) "
-                    "VALUES ($key, $event, $channel, $text, 'pending', 0, $now)",
+                    "INSERT INTO alert_notifications "
+                    "(id, alert_key, event, channel, text, status, attempts, created_at) "
+                    "SELECT coalesce(max(id), 0) + 1, $key, $event, $channel, $text, 'pending', 0, $now "
+                    "FROM alert_notifications",
                     {
                         "key": transition.condition.key,
                         "event": transition.event,
@@ -438,7 +441,14 @@ def drain_outbox(connect: Connect, deliver: Deliver, now: datetime) -> tuple[int
         outcomes.append((notification_id, error))
         if error is not None:
             failed[channel] = error
-    with connect() as con, transaction(con):
+    with connect() as con:
+        _record_outcomes(con, outcomes, now)
+    return sum(error is None for _, error in outcomes), failed
+
+
+@retry_on_conflict
+def _record_outcomes(con, outcomes: list[tuple[int, str | None]], now: datetime) -> None:
+    with transaction(con):
         for notification_id, error in outcomes:
             con.execute(
                 "UPDATE alert_notifications SET attempts = attempts + 1, last_error = coalesce($error, last_error), "
@@ -446,4 +456,3 @@ def drain_outbox(connect: Connect, deliver: Deliver, now: datetime) -> tuple[int
                 "sent_at = CASE WHEN $error IS NULL THEN $now END WHERE id = $id",
                 {"now": now, "id": notification_id, "error": None if error is None else error[:500]},
             )
-    return sum(error is None for _, error in outcomes), failed

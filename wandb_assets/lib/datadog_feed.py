@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from wandb_assets.lib.sql import Connect
+from wandb_assets.lib.lake import retry_on_conflict
+from wandb_assets.lib.sql import Connect, transaction
 
 MAX_POINT_AGE = timedelta(hours=1)
 GAUGE_TYPE = 3  # MetricIntakeType.GAUGE in Datadog's v2 API
@@ -99,27 +100,34 @@ def enqueue_snapshots(con, now: datetime, dry_run: bool) -> list[datetime]:
     read can never be sent either: they become ``dry_run`` too and are returned with the new ones.
     """
     con.execute(LEDGER_SQL)
+    return _enqueue(con, now, dry_run)
+
+
+@retry_on_conflict
+def _enqueue(con, now: datetime, dry_run: bool) -> list[datetime]:
     stranded = []
-    if dry_run:
-        stranded = [
+    with transaction(con):
+        if dry_run:  # (no UPDATE ... RETURNING: DuckLake does not support it)
+            stranded = [
+                r[0]
+                for r in con.execute(
+                    "SELECT snapshot_at FROM datadog_deliveries WHERE status = 'pending' ORDER BY snapshot_at"
+                ).fetchall()
+            ]
+            con.execute("UPDATE datadog_deliveries SET status = 'dry_run' WHERE status = 'pending'")
+        new = [
             r[0]
             for r in con.execute(
-                "UPDATE datadog_deliveries SET status = 'dry_run' WHERE status = 'pending' RETURNING snapshot_at"
+                "SELECT DISTINCT m.snapshot_at FROM fleet_metrics m WHERE NOT EXISTS "
+                "(SELECT 1 FROM datadog_deliveries d WHERE d.snapshot_at = m.snapshot_at) ORDER BY m.snapshot_at"
             ).fetchall()
         ]
-    new = [
-        r[0]
-        for r in con.execute(
-            "SELECT DISTINCT m.snapshot_at FROM fleet_metrics m WHERE NOT EXISTS "
-            "(SELECT 1 FROM datadog_deliveries d WHERE d.snapshot_at = m.snapshot_at) ORDER BY m.snapshot_at"
-        ).fetchall()
-    ]
-    if new:  # DuckDB refuses executemany with no parameter sets
-        con.executemany(
-            "INSERT INTO datadog_deliveries VALUES (?, ?, 0, NULL, NULL, ?)",
-            [(t, "dry_run" if dry_run else "pending", now) for t in new],
-        )
-    return sorted(stranded) + new
+        if new:  # DuckDB refuses executemany with no parameter sets
+            con.executemany(
+                "INSERT INTO datadog_deliveries VALUES (?, ?, 0, NULL, NULL, ?)",
+                [(t, "dry_run" if dry_run else "pending", now) for t in new],
+            )
+    return stranded + new
 
 
 def _mark(con, snapshot_at: datetime, status: str, error: str | None, now: datetime, attempted: bool) -> None:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from wandb_assets.lib.sql import sql_string
+
 _SPS = {
     "sps_overview_steps_per_second": "summary `overview/steps_per_second`, steps/s (NULL if absent or not finite)",
     "sps_overview_epoch_steps_per_second": "summary `overview/epoch_steps_per_second`, steps/s",
@@ -235,16 +237,19 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
 }
 
 
-def comment_statements() -> list[str]:
-    """``COMMENT ON`` statements for every table, view and column."""
+def comment_statements(lake: bool = False) -> list[str]:
+    """``COMMENT ON`` statements for every table, view and column.
 
-    def quote(text: str) -> str:
-        return "'" + text.replace("'", "''") + "'"
-
+    ``lake``: DuckLake takes no comments on view columns, so a view's comment lists its columns instead.
+    """
     statements = []
     for name, (kind, description, columns) in SCHEMA_DOCS.items():
-        statements.append(f"COMMENT ON {kind.upper()} {name} IS {quote(description)}")
-        statements += [f'COMMENT ON COLUMN {name}."{col}" IS {quote(text)}' for col, text in columns.items()]
+        if lake and kind == "view":
+            described = "; ".join(f"{col}: {text}" for col, text in columns.items())
+            statements.append(f"COMMENT ON VIEW {name} IS {sql_string(f'{description} Columns: {described}')}")
+            continue
+        statements.append(f"COMMENT ON {kind.upper()} {name} IS {sql_string(description)}")
+        statements += [f'COMMENT ON COLUMN {name}."{col}" IS {sql_string(text)}' for col, text in columns.items()]
     return statements
 
 
@@ -256,7 +261,8 @@ def render_markdown() -> str:
         "Generated from `wandb_assets/lib/schema_docs.py` (`python -m wandb_assets.lib.schema_docs`); the same",
         "text is stored as DuckDB `COMMENT`s, so `duckdb_columns()` and `duckdb_tables()` show it too.",
         "All times are UTC. Analysts read the snapshot `<warehouse>.snapshot.duckdb` "
-        "(`wandb_assets.warehouse.open_snapshot()`).",
+        "(`wandb_assets.warehouse.open_snapshot()`), or in DuckLake mode the lake itself. A DuckLake takes no "
+        "comments on view columns: there a view's comment lists its columns.",
         "",
     ]
     for name, (kind, description, columns) in SCHEMA_DOCS.items():

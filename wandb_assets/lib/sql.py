@@ -15,6 +15,11 @@ from wandb_assets.lib.normalize import (
 )
 
 
+def sql_string(text: str) -> str:
+    """``text`` as a SQL string literal, for the statements that take no parameters (ATTACH, COMMENT)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 def sql_list(states: tuple[str, ...]) -> str:
     """``'a', 'b'``: a state set ready for ``state IN (...)`` (our own constants, never user input)."""
     return ", ".join(f"'{state}'" for state in states)

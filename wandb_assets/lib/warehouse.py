@@ -18,6 +18,7 @@ from typing import Any
 from wandb_assets.lib.alerts import ALERT_SQL
 from wandb_assets.lib.datadog_feed import LEDGER_SQL
 from wandb_assets.lib.gauges import compute_gauges
+from wandb_assets.lib.lake import in_lake, retry_on_conflict
 from wandb_assets.lib.normalize import SPS_KEYS
 from wandb_assets.lib.sql import ALIVE_SQL, ENDED_SQL, FAILED_SQL, NOW_UTC_SQL, busy_until_sql, transaction
 
@@ -121,7 +122,8 @@ def _schema_version() -> str:
 
 def ensure_schema(con) -> None:
     """Create every table and view, with their comments; cheap when the schema is already current."""
-    version = _schema_version()
+    lake = in_lake(con)
+    version = _schema_version() + ("-lake" if lake else "")
     con.execute("CREATE TABLE IF NOT EXISTS warehouse_meta (key VARCHAR, value VARCHAR)")
     current = con.execute("SELECT value FROM warehouse_meta WHERE key = 'schema_version'").fetchone()
     if current and current[0] == version:
@@ -142,7 +144,7 @@ def ensure_schema(con) -> None:
     con.execute(LEDGER_SQL)
     con.execute(ALERT_SQL)
     con.execute(VIEWS_SQL)
-    for statement in comment_statements():
+    for statement in comment_statements(lake):
         con.execute(statement)
     con.execute("DELETE FROM warehouse_meta WHERE key = 'schema_version'")
     con.execute("INSERT INTO warehouse_meta VALUES ('schema_version', $v)", {"v": version})
@@ -189,6 +191,7 @@ _READ_STAGED = (
 )
 
 
+@retry_on_conflict
 def load_runs_window(
     con, paths: str | list[str], start: datetime, end: datetime, refreshed: list[str] | None = None
 ) -> int:
@@ -234,6 +237,7 @@ def replace_runs_window(con, rows: Iterable[dict[str, Any]], start: datetime, en
     return written
 
 
+@retry_on_conflict
 def _replace_table(con, table: str, select_sql: str, params: dict | None = None) -> int:
     """Replace a whole derived table with the result of ``select_sql`` in one transaction."""
     with transaction(con):
@@ -291,6 +295,7 @@ def rebuild_gpu_hours(con, now: datetime) -> int:
     return _replace_table(con, "gpu_hours", GPU_HOURS_SQL, {"now": now})
 
 
+@retry_on_conflict
 def record_snapshot(con, snapshot_at: datetime) -> dict[str, float | None]:
     """Compute the gauges at ``snapshot_at`` and store them as one ``fleet_metrics`` snapshot."""
     ensure_schema(con)
@@ -315,9 +320,21 @@ def refresh_days(
     return max(first, first_partition), today
 
 
+def has_table(con, name: str) -> bool:
+    """Whether the current database has table ``name`` (a new lake's catalog starts empty)."""
+    return bool(
+        con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE table_name = $name AND database_name = current_database()",
+            {"name": name},
+        ).fetchone()[0]
+    )
+
+
 def unfinished_run_ids(con, before: datetime) -> list[str]:
     """Runs the warehouse still holds as alive that were created before ``before``: a tick whose window does
     not reach back to them refreshes them by id instead."""
+    if not has_table(con, "runs"):
+        return []
     return [
         r[0]
         for r in con.execute(
@@ -325,17 +342,6 @@ def unfinished_run_ids(con, before: datetime) -> list[str]:
             {"before": before},
         ).fetchall()
     ]
-
-
-def query_read_only(path: str, sql: str, params: dict | None = None) -> list[tuple]:
-    """Run one query through a short-lived read-only connection (closed even when the query fails)."""
-    import duckdb
-
-    con = duckdb.connect(path, read_only=True)
-    try:
-        return con.execute(sql, params or {}).fetchall()
-    finally:
-        con.close()
 
 
 #: Tables whose row counts describe a warehouse copy (snapshot asset metadata, report artifact metadata).
@@ -347,15 +353,12 @@ def row_counts(con) -> dict[str, int]:
     return {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in COUNTED_TABLES}
 
 
-def read_oldest_unfinished_day(path: str) -> date | None:
+def read_oldest_unfinished_day(con) -> date | None:
     """Creation day of the oldest run the warehouse still holds as running, pending or preempting.
 
-    Read through short read-only connections; None when there is no warehouse (or no such run) yet.
+    ``con`` is a read-only connection, or None when there is no warehouse yet; None when there is no such run.
     """
-    if not os.path.exists(path):
+    if con is None or not has_table(con, "runs"):
         return None
-    has_runs = query_read_only(path, "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'runs'")[0][0]
-    if not has_runs:
-        return None
-    oldest = query_read_only(path, f"SELECT min(created_at) FROM runs WHERE state IN ({ALIVE_SQL})")[0][0]
+    oldest = con.execute(f"SELECT min(created_at) FROM runs WHERE state IN ({ALIVE_SQL})").fetchone()[0]
     return oldest.date() if oldest else None

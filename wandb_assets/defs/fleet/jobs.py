@@ -8,6 +8,7 @@ from dagster import AssetSelection, define_asset_job, in_process_executor
 
 from wandb_assets.lib.warehouse import read_oldest_unfinished_day, refresh_days
 from wandb_assets.settings import pipeline_settings
+from wandb_assets.warehouse import reading
 
 REFRESH_JOB = "refresh"
 BACKFILL_JOB = "backfill"
@@ -46,7 +47,8 @@ def plan_tick(today: date) -> tuple[date, date, str]:
     """The partition range of a tick, and a sentence explaining it."""
     settings = pipeline_settings()
     try:
-        oldest = read_oldest_unfinished_day(str(settings.duckdb_path.resolve()))
+        with reading(settings.warehouse) as con:
+            oldest = read_oldest_unfinished_day(con)
     except Exception as exc:  # noqa: BLE001 - a locked or unreadable warehouse must not stop the tick
         first = max(today - timedelta(days=FALLBACK_LOOKBACK_DAYS), settings.start_date)
         return first, today, f"warehouse unreadable ({type(exc).__name__}); re-reading {FALLBACK_LOOKBACK_DAYS} days"

@@ -39,7 +39,7 @@ def publish(warehouse: WarehouseResource, wandb: WandbResource, log, force_artif
     )
     result = publish_report(
         warehouse.get_connection,
-        snapshot_file(warehouse.database),
+        warehouse.lake or snapshot_file(warehouse.database),
         project,
         entity,
         run_id,

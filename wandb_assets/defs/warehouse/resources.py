@@ -4,15 +4,19 @@ keep DuckDB's file lock until garbage collection)."""
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import duckdb
 from dagster_duckdb import DuckDBResource
 from pydantic import PrivateAttr
 
+from wandb_assets.lib.errors import ConfigError
+from wandb_assets.lib.lake import Lake, LakeMissingError, is_lake
+from wandb_assets.lib.lake import connect as lake_connect
 from wandb_assets.lib.warehouse import ensure_schema
-from wandb_assets.settings import load_settings
+from wandb_assets.settings import load_settings, warehouse_location
+from wandb_assets.warehouse import file_open_error
 
 #: Every asset that writes the warehouse runs in this Dagster concurrency pool; `dagster.yaml` limits pools
 #: to one slot, so a backfill and a tick never fight over DuckDB's single-writer file lock.
@@ -38,17 +42,39 @@ class WarehouseResource(DuckDBResource):
             ensure_schema(con)
             yield con
 
+    @property
+    def lake(self) -> Lake | None:
+        """The DuckLake this resource writes (``database`` is ``ducklake:postgres:...``), else None."""
+        if not is_lake(self.database):
+            return None
+        return warehouse_location(value=self.database)
+
     @contextmanager
     def get_read_connection(self) -> Iterator[duckdb.DuckDBPyConnection | None]:
         """A read-only connection (shares the file with other readers), or None when there is no warehouse yet."""
-        if self.database == ":memory:" or not Path(self.database).exists():
+        if self.lake is None and (self.database == ":memory:" or not Path(self.database).exists()):
             yield None
             return
-        with self._connect(read_only=True) as con:
+        with ExitStack() as stack:
+            try:
+                con = stack.enter_context(self._connect(read_only=True))
+            except LakeMissingError:  # a new lake: nothing written yet
+                con = None
             yield con
 
     @contextmanager
     def _connect(self, read_only: bool) -> Iterator[duckdb.DuckDBPyConnection]:
+        lake = self.lake
+        if lake is not None:
+            if not read_only and lake.data_path is None:
+                raise ConfigError(
+                    "WANDB_ASSETS_DUCKLAKE_DATA_PATH is not set: name the folder or s3:// prefix of the lake's files."
+                )
+            # No file lock to wait for: DuckLake commits optimistically; writers are serialised by the pool and
+            # a lost commit is retried (lib.lake.retry_on_conflict).
+            with self._held(lake_connect(lake, read_only=read_only), read_only) as con:
+                yield con
+            return
         if self.database != ":memory:":
             Path(self.database).parent.mkdir(parents=True, exist_ok=True)
         wait_s = load_settings().WANDB_ASSETS_LOCK_WAIT
@@ -64,6 +90,9 @@ class WarehouseResource(DuckDBResource):
                 break
             except duckdb.IOException as exc:
                 first_line = str(exc).splitlines()[0]
+                newer = file_open_error(self.database, exc)
+                if newer:
+                    raise RuntimeError(newer) from None
                 if not is_lock_conflict(exc):
                     raise RuntimeError(
                         f"The warehouse {self.database} could not be opened; it looks damaged or is not a DuckDB "
@@ -77,9 +106,15 @@ class WarehouseResource(DuckDBResource):
                     ) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+        con.execute("SET TimeZone = 'UTC'")
+        with self._held(con, read_only) as held:
+            yield held
+
+    @contextmanager
+    def _held(self, con: duckdb.DuckDBPyConnection, read_only: bool) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Yield ``con``, close it whatever happens, and time how long a writer held it."""
         opened = time.monotonic()
         try:
-            con.execute("SET TimeZone = 'UTC'")
             yield con
         finally:
             con.close()
@@ -93,5 +128,6 @@ def is_lock_conflict(exc: Exception) -> bool:
 
 
 def warehouse_resource() -> WarehouseResource:
-    """The warehouse at ``WANDB_ASSETS_DUCKDB``, as an absolute path."""
-    return WarehouseResource(database=str(load_settings().WANDB_ASSETS_DUCKDB.resolve()))
+    """The warehouse at ``WANDB_ASSETS_DUCKDB``: an absolute file path, or the DuckLake attach string."""
+    location = warehouse_location()
+    return WarehouseResource(database=str(location if isinstance(location, Lake) else location.resolve()))
