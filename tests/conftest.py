@@ -1,7 +1,10 @@
 """Shared fixtures: an isolated environment, a local W&B server the real client talks to, a Dagster instance."""
 
+import glob
 import os
 import shutil
+import socket
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -101,3 +104,72 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
     code = main(list(args))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+# --- PostgreSQL (the Dagster instance on PostgreSQL, the DuckLake catalog) ---
+
+PG_PASSWORD = "pg-" + "s" * 20
+
+
+def _pg_bin() -> Path:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not found:
+        pytest.fail("PostgreSQL is not installed (/usr/lib/postgresql/*/bin/initdb): .ci/run installs it")
+    return Path(found[-1]).parent
+
+
+def _as_postgres(command: list[str]) -> list[str]:
+    """initdb and pg_ctl refuse to run as root: run them as the ``postgres`` user when we are root."""
+    return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL 15 server for the session: ``initdb`` as the ``postgres`` user into a temporary folder,
+    ``pg_ctl`` on a free loopback port (password auth over TCP), stopped at the end."""
+    import psycopg2
+
+    bin_dir = _pg_bin()
+    root = Path(tempfile.mkdtemp(prefix="wandb-assets-pg-"))
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres", "postgres")
+    data, port = root / "data", free_port()
+    run = dict(check=True, capture_output=True, text=True)
+    subprocess.run(
+        _as_postgres(
+            [
+                str(bin_dir / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                "postgres",
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+                "-E",
+                "UTF8",
+            ]
+        ),
+        **run,
+    )
+    options = f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root}"
+    subprocess.run(
+        _as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"]),
+        **run,
+    )
+    try:
+        local = psycopg2.connect(host=str(root), port=port, user="postgres", dbname="postgres")
+        local.autocommit = True
+        with local.cursor() as cursor:
+            cursor.execute("ALTER USER postgres PASSWORD %s", (PG_PASSWORD,))
+            cursor.execute("CREATE DATABASE dagster")
+        local.close()
+        yield {"host": "127.0.0.1", "port": port, "user": "postgres", "password": PG_PASSWORD, "db": "dagster"}
+    finally:
+        subprocess.run(_as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "stop"]), **run)
+        shutil.rmtree(root, ignore_errors=True)

@@ -15,9 +15,9 @@ from tests.conftest import API_KEY, cli
 from tests.test_pipeline_e2e import at, dataset
 from wandb_assets.definitions import defs
 from wandb_assets.defs.fleet.schedules import every_15_minutes
-from wandb_assets.lib.warehouse import query_read_only
 from wandb_assets.localwandb import make_run_node
 from wandb_assets.ticks import execute_backfill
+from wandb_assets.warehouse import query_read_only
 
 #: With one request in flight (one slice per day): backfill: check + 3 days; refresh (today is months after
 #: the data): check + the 8 days it may reach back for unfinished runs + the older unfinished runs by id.

@@ -10,9 +10,9 @@ from tests.conftest import API_KEY
 from tests.test_pipeline_e2e import at
 from wandb_assets.definitions import defs
 from wandb_assets.defs.feed.sensors import after_fleet_snapshot
-from wandb_assets.lib.warehouse import query_read_only
 from wandb_assets.localwandb import make_run_node
 from wandb_assets.ticks import run_tick
+from wandb_assets.warehouse import query_read_only
 
 DD_KEY = "ddkey" + "9" * 27
 TODAY = date(2026, 6, 2)

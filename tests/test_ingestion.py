@@ -18,9 +18,9 @@ from tests.conftest import API_KEY
 from wandb_assets.lib.fetch import classify, created_between, plan_slices
 from wandb_assets.lib.progress import FetchProgress
 from wandb_assets.lib.throttle import PageSize, Throttle
-from wandb_assets.lib.warehouse import query_read_only
 from wandb_assets.localwandb import make_run_node
 from wandb_assets.ticks import execute_backfill, failure_message
+from wandb_assets.warehouse import query_read_only
 
 ROWS_SQL = "SELECT * FROM runs ORDER BY run_id"
 

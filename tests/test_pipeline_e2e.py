@@ -11,9 +11,9 @@ from tests.conftest import API_KEY
 from wandb_assets.defs.wandb_runs.assets import runs, staged_runs
 from wandb_assets.defs.wandb_runs.resources import wandb_resource
 from wandb_assets.defs.warehouse.resources import warehouse_resource
-from wandb_assets.lib.warehouse import query_read_only
 from wandb_assets.localwandb import make_run_node
 from wandb_assets.ticks import execute_backfill, execute_refresh, failure_message
+from wandb_assets.warehouse import query_read_only
 
 DAY = date(2026, 6, 2)
 #: Fetch, then load: the two assets of the mirror.

@@ -5,85 +5,20 @@ A PostgreSQL 15 server is started for this module from the machine's binaries (`
 ``postgres`` user into a temporary folder, ``pg_ctl`` on a free loopback port) and stopped at the end.
 """
 
-import glob
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli
+from tests.conftest import PG_PASSWORD as PASSWORD
+from tests.conftest import REPO, cli, free_port
 from tests.test_pipeline_e2e import dataset
 
-PASSWORD = "pg-" + "s" * 20
 SENSORS = ("after_fleet_snapshot", "pipeline_failure_opens", "pipeline_failure_resolves")
-
-
-def _pg_bin() -> Path:
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    if not found:
-        pytest.fail("PostgreSQL is not installed (/usr/lib/postgresql/*/bin/initdb): .ci/run installs it")
-    return Path(found[-1]).parent
-
-
-def _as_postgres(command: list[str]) -> list[str]:
-    """initdb and pg_ctl refuse to run as root: run them as the ``postgres`` user when we are root."""
-    return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def postgres():
-    import psycopg2
-
-    bin_dir = _pg_bin()
-    root = Path(tempfile.mkdtemp(prefix="wandb-assets-pg-"))
-    if os.geteuid() == 0:
-        shutil.chown(root, "postgres", "postgres")
-    data, port = root / "data", _free_port()
-    run = dict(check=True, capture_output=True, text=True)
-    subprocess.run(
-        _as_postgres(
-            [
-                str(bin_dir / "initdb"),
-                "-D",
-                str(data),
-                "-U",
-                "postgres",
-                "--auth-local=trust",
-                "--auth-host=scram-sha-256",
-                "-E",
-                "UTF8",
-            ]
-        ),
-        **run,
-    )
-    options = f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root}"
-    subprocess.run(
-        _as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"]),
-        **run,
-    )
-    try:
-        local = psycopg2.connect(host=str(root), port=port, user="postgres", dbname="postgres")
-        local.autocommit = True
-        with local.cursor() as cursor:
-            cursor.execute("ALTER USER postgres PASSWORD %s", (PASSWORD,))
-            cursor.execute("CREATE DATABASE dagster")
-        local.close()
-        yield {"host": "127.0.0.1", "port": port, "user": "postgres", "password": PASSWORD, "db": "dagster"}
-    finally:
-        subprocess.run(_as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "stop"]), **run)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
@@ -207,7 +142,7 @@ def test_the_images_code_server_serves_the_definitions_to_the_deploy_workspace(p
     dockerfile = (REPO / "Dockerfile").read_text()
     entry_point = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", dockerfile, re.M).group(1))
     assert entry_point[:3] == ["dagster", "code-server", "start"]
-    port = _free_port()
+    port = free_port()
     workspace = yaml.safe_load((REPO / "deploy" / "workspace.yaml").read_text())
     workspace["load_from"][0]["grpc_server"].update(host="127.0.0.1", port=port)
     local_workspace = pg_home / "workspace.yaml"

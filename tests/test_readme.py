@@ -11,7 +11,7 @@ README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
 def test_configuration_table_is_the_one_generated_from_the_settings():
     assert readme_table() in README, "regenerate the README table from wandb_assets.settings.readme_table()"
-    rows = re.findall(r"^\| `([A-Z_]+)` \| ([^|]+) \| ([^|]+) \|$", README, flags=re.M)
+    rows = re.findall(r"^\| `([A-Z0-9_]+)` \| ([^|]+) \| ([^|]+) \|$", README, flags=re.M)
     assert [(name, default.strip()) for name, default, _ in rows] == [(k, v[0]) for k, v in ENV_VARS.items()]
     assert ("WANDB_ASSETS_ALERT_STALL_HEARTBEAT_MINUTES", "30.0") in [(n, d.strip()) for n, d, _ in rows]
 

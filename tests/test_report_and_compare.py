@@ -13,8 +13,8 @@ from tests.test_feed_e2e import ci_runs
 from wandb_assets.compare import UnknownRunsError, compare_runs
 from wandb_assets.lib.downsample import downsample
 from wandb_assets.lib.wandb_records import find_run_files, read_run
-from wandb_assets.lib.warehouse import query_read_only
 from wandb_assets.ticks import run_tick
+from wandb_assets.warehouse import query_read_only
 
 TODAY = datetime(2026, 6, 2).date()
 

@@ -31,7 +31,7 @@ from wandb_assets.lib.snapshot import publish_snapshot, snapshot_file
 from wandb_assets.lib.sql import sql_string
 from wandb_assets.settings import pipeline_settings, warehouse_location
 
-__all__ = ["connect", "open_snapshot", "publish_snapshot", "reading", "snapshot_path"]
+__all__ = ["connect", "open_snapshot", "publish_snapshot", "query_read_only", "reading", "snapshot_path"]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,6 +85,14 @@ def reading(location: str | os.PathLike | Lake | None = None) -> Iterator[duckdb
         yield con
     finally:
         con.close()
+
+
+def query_read_only(location: str | os.PathLike | Lake | None, sql: str, params: dict | None = None) -> list[tuple]:
+    """One query through a short read-only connection to the warehouse itself (closed even when it fails)."""
+    with reading(location) as con:
+        if con is None:
+            raise FileNotFoundError(f"No warehouse at {location}")
+        return con.execute(sql, params or {}).fetchall()
 
 
 def snapshot_path(warehouse_path: str | os.PathLike | None = None) -> Path:

@@ -15,7 +15,7 @@ import re
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -42,8 +42,8 @@ class S3Options:
     """Object storage for the lake's files: the standard ``AWS_*`` settings, passed in (never read here)."""
 
     key_id: str | None = None
-    secret: str | None = None
-    session_token: str | None = None
+    secret: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
     region: str = "us-east-1"
     endpoint_url: str | None = None  # e.g. http://127.0.0.1:9000 (MinIO, moto); None = AWS
 

@@ -124,7 +124,8 @@ class WarehouseResource(DuckDBResource):
 
 def is_lock_conflict(exc: Exception) -> bool:
     """DuckDB's answer when another process holds the file ("Could not set lock on file ... Conflicting lock")."""
-    return "lock" in str(exc).lower()
+    text = str(exc).lower()
+    return "could not set lock" in text or "conflicting lock" in text
 
 
 def warehouse_resource() -> WarehouseResource:
