@@ -172,3 +172,113 @@ def test_the_images_code_server_serves_the_definitions_to_the_deploy_workspace(p
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_a_schedule_tick_is_evaluated_and_recorded_in_postgres(postgres, pg_home, wandb_server):
+    """The daemon's scheduler step (``launch_scheduled_runs``, what ``dagster-daemon`` calls every few seconds)
+    run for the next quarter hour against the PostgreSQL instance: the tick and the refresh run it queues are
+    stored there. (A real daemon would have to wait for the quarter hour.)"""
+    import logging
+    from datetime import UTC, datetime, timedelta
+
+    from dagster import DagsterInstance
+    from dagster._core.test_utils import create_test_daemon_workspace_context
+    from dagster._core.workspace.load_target import ModuleTarget
+    from dagster._scheduler.scheduler import launch_scheduled_runs
+
+    wandb_server(dataset())
+    now = datetime.now(UTC)
+    quarter = now.replace(minute=now.minute - now.minute % 15, second=0, microsecond=0) + timedelta(minutes=15)
+    target = ModuleTarget(
+        module_name="wandb_assets.definitions",
+        attribute=None,
+        working_directory=str(REPO),
+        location_name="wandb_assets",
+    )
+    with DagsterInstance.get() as instance, create_test_daemon_workspace_context(target, instance) as context:
+        log = logging.getLogger("scheduler-test")
+        list(launch_scheduled_runs(context, log, now, {}))  # registers the running schedule; nothing due yet
+        list(launch_scheduled_runs(context, log, quarter + timedelta(seconds=5), {}))
+    ticks = _pg_query(postgres, "SELECT type, status, timestamp FROM job_ticks WHERE type = 'SCHEDULE'")
+    assert [(kind, status) for kind, status, _ in ticks] == [("SCHEDULE", "SUCCESS")]
+    assert ticks[0][2].replace(tzinfo=UTC) == quarter
+    runs = _pg_query(postgres, "SELECT pipeline_name FROM runs")
+    assert runs == [("refresh",)]
+    tags = dict(_pg_query(postgres, "SELECT key, value FROM run_tags WHERE key LIKE 'dagster/%'"))
+    assert tags["dagster/schedule_name"] == "every_15_minutes"
+    yesterday = (quarter - timedelta(days=1)).date().isoformat()
+    assert (tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]) == (
+        yesterday,
+        quarter.date().isoformat(),
+    )
+
+
+def test_the_helm_values_deploy_what_was_verified_here():
+    """deploy/helm/values.yaml cannot be rendered here (no helm): check its decisions and that every variable it
+    sets is one the code reads."""
+    import yaml
+
+    from wandb_assets.settings import ENV_VARS
+
+    values = yaml.safe_load((REPO / "deploy" / "helm" / "values.yaml").read_text())
+    assert values["postgresql"]["enabled"] is False and values["global"]["postgresqlSecretName"]
+    assert values["runLauncher"]["type"] == "K8sRunLauncher"
+    daemon = values["dagsterDaemon"]
+    assert (daemon["replicaCount"], daemon["runCoordinator"]["type"]) == (1, "QueuedRunCoordinator")
+    assert daemon["runMonitoring"]["freeSlotsAfterRunEndSeconds"] == 60
+    assert values["additionalInstanceConfig"]["concurrency"]["pools"]["default_limit"] == 1
+    (deployment,) = values["dagster-user-deployments"]["deployments"]
+    assert deployment["codeServerArgs"] == ["-m", "wandb_assets.definitions"]
+    env = {item["name"]: item["value"] for item in deployment["env"]}
+    assert {"DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USERNAME", "DAGSTER_PG_DB"} <= env.keys()
+    assert env["WANDB_ASSETS_DUCKDB"].startswith("ducklake:postgres:") and "password" not in env["WANDB_ASSETS_DUCKDB"]
+    unknown = {name for name in env if not name.startswith("DAGSTER_PG_") and name not in ENV_VARS}
+    assert unknown == set()
+    assert deployment["includeConfigInLaunchedRuns"]["enabled"] is True
+
+
+def _docker_daemon_reachable() -> bool:
+    docker = shutil.which("docker")
+    if docker is None:
+        return False
+    return subprocess.run([docker, "info"], capture_output=True, timeout=30).returncode == 0
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(not _docker_daemon_reachable(), reason="no reachable Docker daemon (docker info failed)")
+def test_the_image_builds_and_its_code_server_serves_the_workspace(postgres, pg_home):
+    """Build the Dockerfile and run one code server from the image (host network) against the test PostgreSQL,
+    then validate deploy/workspace.yaml pointed at it. Runs wherever `docker info` succeeds."""
+    import yaml
+
+    tag = f"wandb-assets-test:{os.getpid()}"
+    subprocess.run(["docker", "build", "-t", tag, str(REPO)], check=True, capture_output=True, timeout=1800)
+    port = free_port()
+    env = [f"--env={name}={os.environ[name]}" for name in os.environ if name.startswith("DAGSTER_PG_")]
+    container = subprocess.run(
+        ["docker", "run", "-d", "--rm", "--network=host", *env, tag, "-h", "127.0.0.1", "-p", str(port)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    try:
+        workspace = yaml.safe_load((REPO / "deploy" / "workspace.yaml").read_text())
+        workspace["load_from"][0]["grpc_server"].update(host="127.0.0.1", port=port)
+        (pg_home / "workspace.yaml").write_text(yaml.safe_dump(workspace))
+        dagster = str(Path(sys.executable).parent / "dagster")
+        deadline, done = time.monotonic() + 180, None
+        while time.monotonic() < deadline:
+            done = subprocess.run(
+                [dagster, "definitions", "validate", "-w", str(pg_home / "workspace.yaml")],
+                capture_output=True,
+                text=True,
+            )
+            if done.returncode == 0:
+                break
+            time.sleep(3)
+        assert done is not None and done.returncode == 0, done.stderr[-2000:]
+        user = subprocess.run(["docker", "exec", container, "id", "-u"], capture_output=True, text=True).stdout
+        assert user.strip() == "10001"
+    finally:
+        subprocess.run(["docker", "rm", "-f", container], capture_output=True)
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)

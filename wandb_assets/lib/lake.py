@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import random
 import re
 import tempfile
@@ -96,7 +97,7 @@ def extension_directory() -> str:
     """A DuckDB extension directory whose entries are the pinned wheels' extension files."""
     version = duckdb.__version__
     platform = duckdb.execute("PRAGMA platform").fetchone()[0]
-    root = Path(tempfile.gettempdir()) / f"wandb-assets-duckdb-extensions-{version}"
+    root = Path(tempfile.gettempdir()) / f"wandb-assets-duckdb-extensions-{version}-{os.getuid()}"
     folder = root / f"v{version}" / platform
     folder.mkdir(parents=True, exist_ok=True)
     for package, name in _EXTENSIONS.items():
