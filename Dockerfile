@@ -1,7 +1,10 @@
 # The user-code image: the wandb_assets code location served over gRPC (`dagster code-server start`), for the
 # official dagster/dagster Helm chart (deploy/helm/values.yaml) or any grpc_server workspace
 # (deploy/workspace.yaml). Runs launched by the K8sRunLauncher use the same image.
-FROM python:3.11-slim-bookworm
+# BASE_IMAGE: any Debian bookworm image with Python 3.11 and pip; where no registry is reachable,
+# deploy/docker/debian-python-base.sh makes one from the Debian mirror.
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
 
 ENV UV_NO_PROGRESS=1 \
     UV_COMPILE_BYTECODE=1 \

@@ -17,10 +17,12 @@ from pathlib import Path
 
 import boto3
 import duckdb
+import pandas
 import pytest
 from moto.server import ThreadedMotoServer
 
 from tests.conftest import PG_PASSWORD, REPO
+from wandb_assets import warehouse
 from wandb_assets.lib import lake
 from wandb_assets.lib.errors import ConfigError
 from wandb_assets.lib.lake import Lake, is_conflict, parse_catalog, redact, retry_on_conflict
@@ -28,6 +30,7 @@ from wandb_assets.lib.schema_docs import comment_statements
 from wandb_assets.localwandb import LocalWandbServer
 from wandb_assets.localwandb.synthetic import generate_fleet
 from wandb_assets.settings import load_settings, warehouse_location
+from wandb_assets.warehouse import open_snapshot
 
 NOW = datetime(2026, 6, 10, 12, 0)
 FIRST, LAST = "2026-06-06", "2026-06-10"
@@ -155,12 +158,23 @@ def test_a_backfill_and_ticks_on_the_lake_give_what_file_mode_gives(lake_env, tm
     assert [p.name for p in tmp_path.rglob("*.duckdb")] == ["w.duckdb", "w.snapshot.duckdb"]  # file mode's only
     # The analysts' door: open_snapshot() attaches the lake read-only; writing through it is refused.
     con = _open_snapshot_in(lake_env)
+    file_con = open_snapshot(tmp_path / "file" / "w.duckdb")
     try:
         assert con.execute("SELECT count(*) FROM fleet_metrics").fetchone()[0] == 40
         with pytest.raises(duckdb.Error, match="read-only"):
             con.execute("DELETE FROM fleet_metrics")
+        # The notebook helpers answer the same on both.
+        for helper in (warehouse.daily_fleet, warehouse.main_sps, warehouse.sps_regressions, warehouse.ci_runs):
+            lake_frame, file_frame = helper(con), helper(file_con)
+            assert len(file_frame) > 0, helper.__name__
+            if helper is warehouse.daily_fleet:  # GPU-hours of still-running runs count up to the wall clock
+                lake_frame, file_frame = (f.drop(columns=["gpu_runs", "gpu_hours"]) for f in (lake_frame, file_frame))
+            if "run_id" in file_frame:
+                lake_frame, file_frame = (f.sort_values("run_id", ignore_index=True) for f in (lake_frame, file_frame))
+            pandas.testing.assert_frame_equal(lake_frame, file_frame, check_exact=False, rtol=1e-12)
     finally:
         con.close()
+        file_con.close()
 
 
 def _open_snapshot_in(env: dict[str, str]):
