@@ -300,3 +300,39 @@ def test_the_image_builds_and_its_code_server_serves_the_workspace(postgres, pg_
     finally:
         subprocess.run(["docker", "rm", "-f", container], capture_output=True)
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
+
+
+def test_the_ui_on_the_postgres_instance_shows_the_cli_runs(postgres, pg_home, wandb_server, capsys):
+    """`wandb-assets ui` with DAGSTER_HOME on the PostgreSQL instance (started from another folder): its GraphQL
+    API lists the backfill the CLI just ran, read from PostgreSQL."""
+    import json
+    import urllib.request
+
+    wandb_server(dataset())
+    code, _, err = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-03")
+    assert code == 0, err
+    port = free_port()
+    ui = subprocess.Popen(
+        [sys.executable, "-m", "wandb_assets.cli", "ui", "--port", str(port)],
+        cwd=pg_home,
+        env=os.environ.copy(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    query = json.dumps({"query": "{ runsOrError { ... on Runs { results { jobName status } } } }"}).encode()
+    try:
+        deadline, runs = time.monotonic() + 180, None
+        while time.monotonic() < deadline and runs is None:
+            try:
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/graphql", data=query, headers={"Content-Type": "application/json"}
+                )
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    runs = json.load(response)["data"]["runsOrError"]["results"]
+            except OSError:
+                time.sleep(2)
+        assert runs == [{"jobName": "backfill", "status": "SUCCESS"}]
+    finally:
+        os.killpg(ui.pid, 15)
+        ui.wait(timeout=60)

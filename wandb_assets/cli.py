@@ -185,10 +185,11 @@ class ProgressBar:
         self.stream.flush()
 
 
-def _dagster_dev() -> int:
+def _dagster_dev(port: int = 3000) -> int:
     os.environ.setdefault("DAGSTER_HOME", str(Path.cwd()))
-    command = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", "3000"]
-    print("Dagster UI: http://127.0.0.1:3000 (Ctrl-C to stop)", flush=True)
+    workspace = Path(__file__).resolve().parent.parent / "workspace.yaml"
+    command = [sys.executable, "-m", "dagster", "dev", "-w", str(workspace), "-h", "127.0.0.1", "-p", str(port)]
+    print(f"Dagster UI: http://127.0.0.1:{port} (Ctrl-C to stop)", flush=True)
     try:
         return subprocess.call(command)
     except KeyboardInterrupt:
@@ -196,7 +197,7 @@ def _dagster_dev() -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    return _dagster_dev()
+    return _dagster_dev(args.port)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -352,6 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--dest", default="data/fetched", help="folder to download into")
     fetch.set_defaults(func=cmd_fetch_warehouse)
     ui = sub.add_parser("ui", help="open the Dagster UI (dagster dev) on this repository's instance")
+    ui.add_argument("--port", type=int, default=3000, help="port on 127.0.0.1 (default 3000)")
     ui.set_defaults(func=cmd_ui)
     return parser
 
