@@ -396,7 +396,7 @@ def test_lake_comments_fold_view_columns_into_the_view_comment():
 
 
 def test_a_warehouse_file_from_a_newer_duckdb_fails_with_one_sentence(tmp_path, monkeypatch):
-    """A file DuckDB 2.0.0 wrote (tests/data: one table, made with the duckdb 2.0.0 wheel) cannot be opened by
+    """A file DuckDB 2.0.0 wrote (tests/fixtures: one table, made with the duckdb 2.0.0 wheel) cannot be opened by
     the pinned 1.5.5; the error names the fix instead of DuckDB's storage-version text."""
     import gzip
     import shutil
@@ -405,7 +405,8 @@ def test_a_warehouse_file_from_a_newer_duckdb_fails_with_one_sentence(tmp_path, 
     from wandb_assets.warehouse import open_snapshot
 
     path = tmp_path / "newer.duckdb"
-    with gzip.open(REPO / "tests" / "data" / "written-by-duckdb-2.0.0.duckdb.gz") as source, open(path, "wb") as out:
+    fixture = REPO / "tests" / "fixtures" / "written-by-duckdb-2.0.0.duckdb.gz"
+    with gzip.open(fixture) as source, open(path, "wb") as out:
         shutil.copyfileobj(source, out)
     resource = WarehouseResource(database=str(path))
     with pytest.raises(RuntimeError) as error, resource.get_connection():
