@@ -234,3 +234,32 @@ def test_the_sensors_request_the_pool_bound_alert_job(wandb_server, capture, war
     ]
     again = execute_refresh(instance, TODAY, snapshot_at=SNAPSHOT)
     assert pipeline_failure_resolves(sensor_context(again, DagsterEventType.RUN_SUCCESS)) is None
+
+
+@pytest.mark.parametrize("mode", ["live", "dry_run"])
+def test_a_sensor_launched_feed_after_a_tick_that_sent_everything_succeeds_and_sends_nothing(
+    mode, wandb_server, capture, warehouse_path, instance, monkeypatch
+):
+    """What `demo --ui` does: the CLI tick already ran the feed; the daemon's after_fleet_snapshot sensor then
+    launches the feed again for the same snapshot. Nothing is left to send: the run succeeds and sends nothing."""
+    from wandb_assets.ticks import _execute
+
+    if mode == "dry_run":
+        monkeypatch.delenv("DD_API_KEY")
+    wandb_server(ci_runs(failed=3))
+    assert [r.success for r in run_tick(instance, TODAY, snapshot_at=SNAPSHOT, now=NOW)] == [True, True]
+    sent = (len(capture.bodies("/api/v2/series")), len(capture.bodies("/hook/")), len(capture.bodies("/api/v1/events")))
+    assert sent == ((1, 1, 1) if mode == "live" else (0, 1, 0))
+    context = build_sensor_context(instance=instance, definitions=defs)
+    (request,) = [r for r in after_fleet_snapshot(context) or [] if isinstance(r, RunRequest)]
+    feed = _execute(instance, after_fleet_snapshot.job_name, request.run_config)
+    assert feed.success
+    assert (
+        len(capture.bodies("/api/v2/series")),
+        len(capture.bodies("/hook/")),
+        len(capture.bodies("/api/v1/events")),
+    ) == sent
+    metadata = feed.asset_materializations_for_node("datadog_feed")[0].metadata
+    assert (metadata["delivered_now"].value, metadata["pending"].value) == (0, 0)
+    status = "delivered" if mode == "live" else "dry_run"
+    assert query(warehouse_path, "SELECT status, count(*) FROM datadog_deliveries GROUP BY 1") == [(status, 1)]
