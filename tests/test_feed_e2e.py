@@ -99,6 +99,22 @@ def test_tick_pushes_the_snapshot_and_raises_the_alert_once(wandb_server, captur
         if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION
     }
     assert checks == {"success_rate_low_check": False, "sps_regression_check": True}
+    # Each result says what was found, pass or fail (the finding, not the pass condition), and lists findings.
+    found = {
+        e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data
+        for e in results[0].all_events
+        if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION
+    }
+    assert found["success_rate_low_check"].description == (
+        "Push-to-main success rate is 50.0% over the last 24 h (6 runs finished, failed or crashed; threshold 80%)."
+    )
+    (finding,) = found["success_rate_low_check"].metadata["findings"].records
+    assert finding.data["subject"] == "push_to_main" and finding.data["severity"] == "warning"
+    assert found["sps_regression_check"].description == (
+        "No unrecovered overview/sps regression in 1 CI config(s) on main (3 runs with a value, up to "
+        "2026-06-02 12:15 UTC)."
+    )
+    assert found["sps_regression_check"].metadata["findings"].records == []
     text = all_messages(instance)
     assert DD_KEY not in text and API_KEY not in text and "secret" not in text
 
@@ -181,6 +197,16 @@ def test_datadog_down_does_not_fail_the_tick(wandb_server, capture, warehouse_pa
     assert query(warehouse_path, "SELECT status, attempts FROM datadog_deliveries") == [("pending", 1)]
     feed_metadata = results[1].asset_materializations_for_node("datadog_feed")[0].metadata
     assert feed_metadata["problem"].value.startswith("Datadog intake unavailable (HTTP 503")
+    (passed,) = [
+        e.asset_check_evaluation_data
+        for e in results[0].all_events
+        if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION
+        and e.asset_check_evaluation_data.check_name == "success_rate_low_check"
+    ]
+    assert passed.passed and passed.description == (
+        "Push-to-main success rate 100.0% over the 24 h before 2026-06-02 12:00 UTC (6 runs finished, failed or "
+        "crashed): at or above the 80% threshold."
+    )
 
 
 def test_backfills_never_push(wandb_server, capture, instance):

@@ -143,3 +143,23 @@ def test_record_snapshot_appends_a_time_series_and_replaces_same_instant(con):
     assert rows == [(T, 20), (datetime(2026, 6, 10, 12, 15), 20)]
     nulls = con.execute("SELECT count(*) FROM fleet_metrics WHERE value IS NULL AND snapshot_at = $t", {"t": T})
     assert nulls.fetchone()[0] == 2  # epoch_steps_per_second and timing_per_epoch.sps
+
+
+def test_gauges_are_shown_rounded_with_their_unit():
+    from wandb_assets.lib.gauges import GAUGE_NAMES, format_gauge, gauge_unit, rounded_gauge
+
+    units = {name: gauge_unit(name) for name in GAUGE_NAMES}
+    assert units["wandb.runs.active"] == units["wandb.sweep.runs_total_24h"] == "runs"
+    assert units["wandb.push_to_main.success_rate_pct"] == "%"
+    assert units["wandb.training.avg_duration_hours"] == "hours"
+    assert units["wandb.training.total_gpu_hours_24h"] == "GPU-hours"
+    assert (
+        units["wandb.push_to_main.overview.steps_per_second"] == units["wandb.push_to_main.overview.sps"] == "steps/s"
+    )
+    assert sorted(set(units.values())) == ["%", "GPU-hours", "hours", "runs", "steps/s"]
+    assert rounded_gauge("wandb.runs.active", 24.0) == 24 and isinstance(rounded_gauge("wandb.runs.active", 24.0), int)
+    assert rounded_gauge("wandb.push_to_main.success_rate_pct", 74.683544303) == 74.68
+    assert rounded_gauge("wandb.push_to_main.success_rate_pct", None) is None
+    assert format_gauge("wandb.runs.active", 24.0) == "24"
+    assert format_gauge("wandb.training.total_gpu_hours_24h", 2166.3944) == "2,166.39"
+    assert format_gauge("wandb.push_to_main.overview.sps", None) == "NULL"

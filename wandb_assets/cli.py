@@ -82,7 +82,7 @@ def _report(result, what: str) -> int:
 
 
 def _print_gauges() -> None:
-    from wandb_assets.lib.gauges import GAUGE_NAMES
+    from wandb_assets.lib.gauges import GAUGE_NAMES, format_gauge, gauge_unit
     from wandb_assets.warehouse import reading
 
     with reading() as con:
@@ -101,8 +101,7 @@ def _print_gauges() -> None:
     print(f"Fleet gauges at {rows[0][0]:%Y-%m-%d %H:%M:%S} UTC (window: the 24 hours before)")
     width = max(map(len, GAUGE_NAMES))
     for name in GAUGE_NAMES:
-        value = values.get(name)
-        print(f"  {name:<{width}}  {'NULL' if value is None else f'{value:,.2f}':>12}")
+        print(f"  {name:<{width}}  {format_gauge(name, values.get(name)):>12}  {gauge_unit(name)}")
 
 
 def _print_alerts() -> None:

@@ -71,18 +71,50 @@ def _rows(con, sql: str, params: dict) -> list[dict]:
     return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
-def success_rate_low(con, at: datetime, th: AlertThresholds) -> list[Condition]:
-    """Push-to-main success rate below the threshold, over at least ``success_rate_min_runs`` *rated* runs.
-
-    The minimum counts the runs the rate is computed from (finished + failed + crashed), so killed or
-    preempted runs cannot make one failure look like a rate over many runs.
-    """
+def _push_to_main_rate(con, at: datetime) -> tuple[float | None, int]:
+    """The push-to-main success rate at ``at`` and how many rated runs (finished, failed, crashed) it covers."""
     rate = compute_gauges(con, at)["wandb.push_to_main.success_rate_pct"]
     rated = con.execute(
         f"SELECT count(*) FROM runs WHERE category = 'push_to_main' AND state IN ({RATED_SQL}) "
         "AND ended_at > $t - INTERVAL 24 HOUR AND ended_at <= $t AND created_at <= $t",
         {"t": at},
     ).fetchone()[0]
+    return rate, rated
+
+
+def success_rate_summary(con, at: datetime, th: AlertThresholds) -> str:
+    """What the success-rate check found when it did not fire, as one sentence."""
+    rate, rated = _push_to_main_rate(con, at)
+    if rate is None:
+        return f"No push-to-main run finished, failed or crashed in the 24 h before {at:%Y-%m-%d %H:%M} UTC."
+    verdict = (
+        f"too few to judge (minimum {th.success_rate_min_runs})"
+        if rated < th.success_rate_min_runs
+        else f"at or above the {th.success_rate_min_pct:g}% threshold"
+    )
+    return (
+        f"Push-to-main success rate {rate:.1f}% over the 24 h before {at:%Y-%m-%d %H:%M} UTC "
+        f"({rated} runs finished, failed or crashed): {verdict}."
+    )
+
+
+def sps_regression_summary(con, at: datetime, th: AlertThresholds) -> str:
+    """What the SPS-regression check found when it did not fire, as one sentence."""
+    series = main_series(con, at, th.sps_metric)
+    runs = sum(len(r) for r in series.values())
+    return (
+        f"No unrecovered {th.sps_metric} regression in {len(series)} CI config(s) on main "
+        f"({runs} runs with a value, up to {at:%Y-%m-%d %H:%M} UTC)."
+    )
+
+
+def success_rate_low(con, at: datetime, th: AlertThresholds) -> list[Condition]:
+    """Push-to-main success rate below the threshold, over at least ``success_rate_min_runs`` *rated* runs.
+
+    The minimum counts the runs the rate is computed from (finished + failed + crashed), so killed or
+    preempted runs cannot make one failure look like a rate over many runs.
+    """
+    rate, rated = _push_to_main_rate(con, at)
     if rate is None or rated < th.success_rate_min_runs or rate >= th.success_rate_min_pct:
         return []
     return [

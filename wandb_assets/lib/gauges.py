@@ -155,3 +155,31 @@ def compute_gauges(con, snapshot_at: datetime) -> dict[str, float | None]:
     """Evaluate the 20 gauges against the ``runs`` table of a DuckDB connection."""
     values = con.execute(gauge_query(), {"snapshot_at": snapshot_at}).fetchone()
     return dict(zip(GAUGE_NAMES, values, strict=True))
+
+
+def gauge_unit(name: str) -> str:
+    """What a gauge counts, from its name: runs, %, hours, GPU-hours or steps/s."""
+    if name.endswith("_pct"):
+        return "%"
+    if "gpu_hours" in name:
+        return "GPU-hours"
+    if name.endswith("_hours"):
+        return "hours"
+    if name.endswith(("sps", "steps_per_second")):
+        return "steps/s"
+    return "runs"
+
+
+def rounded_gauge(name: str, value: float | None) -> float | int | None:
+    """A gauge as people read it: counts as whole numbers, everything else to two decimals."""
+    if value is None:
+        return None
+    return int(round(value)) if gauge_unit(name) == "runs" else round(float(value), 2)
+
+
+def format_gauge(name: str, value: float | None) -> str:
+    """``24``, ``74.68``, ``2,166.39`` or ``NULL``: the CLI's and the tables' text for a value."""
+    shown = rounded_gauge(name, value)
+    if shown is None:
+        return "NULL"
+    return f"{shown:,}" if isinstance(shown, int) else f"{shown:,.2f}"

@@ -13,6 +13,9 @@ from dagster import (
     Config,
     MaterializeResult,
     MetadataValue,
+    TableColumn,
+    TableRecord,
+    TableSchema,
     asset,
     asset_check,
 )
@@ -20,7 +23,14 @@ from dagster import (
 from wandb_assets.defs.feed.notify import Notifier
 from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
-from wandb_assets.lib.alerts import RULE_FUNCTIONS, evaluate_rules, sps_regression, success_rate_low
+from wandb_assets.lib.alerts import (
+    RULE_FUNCTIONS,
+    evaluate_rules,
+    sps_regression,
+    sps_regression_summary,
+    success_rate_low,
+    success_rate_summary,
+)
 from wandb_assets.lib.clock import configured_time, utc_now
 from wandb_assets.lib.datadog_feed import deliver_pending, enqueue_snapshots, record_dry_run
 from wandb_assets.lib.markdown import markdown_table
@@ -129,7 +139,17 @@ def fleet_alerts(
     )
 
 
-def _check(rule, description: str):
+#: The findings table of a check's result: one row per alert condition found.
+FINDINGS_SCHEMA = TableSchema(
+    columns=[
+        TableColumn("subject", "string"),
+        TableColumn("severity", "string"),
+        TableColumn("finding", "string"),
+    ]
+)
+
+
+def _check(rule, summary, description: str):
     @asset_check(
         asset=FLEET_SNAPSHOT,
         name=f"{rule.__name__}_check",
@@ -138,19 +158,33 @@ def _check(rule, description: str):
         pool=WAREHOUSE_POOL,
     )
     def _snapshot_check(warehouse: WarehouseResource) -> AssetCheckResult:
+        thresholds = alert_thresholds()
         with warehouse.get_connection() as con:
             at = latest_snapshot_at(con)
-            conditions = rule(con, at, alert_thresholds()) if at else []
+            conditions = rule(con, at, thresholds) if at else []
+            found = "No fleet snapshot yet." if at is None else summary(con, at, thresholds)
+        if conditions:  # the result's description is what was found, pass or fail
+            found = conditions[0].message + (f" (and {len(conditions) - 1} more)" if len(conditions) > 1 else "")
+        rows = [TableRecord({"subject": c.subject, "severity": c.severity, "finding": c.message}) for c in conditions]
         return AssetCheckResult(
             passed=not conditions,
             severity=AssetCheckSeverity.WARN,
-            metadata={"findings": MetadataValue.md("\n".join(f"- {c.message}" for c in conditions) or "none")},
+            description=found,
+            metadata={
+                "snapshot_at_utc": at.isoformat() if at else "",
+                "findings": MetadataValue.table(rows, schema=FINDINGS_SCHEMA),
+                "found": found,
+            },
         )
 
     return _snapshot_check
 
 
-success_rate_low_check = _check(success_rate_low, "Push-to-main success rate is not below its threshold.")
+success_rate_low_check = _check(
+    success_rate_low, success_rate_summary, "Push-to-main success rate is not below its threshold."
+)
 sps_regression_check = _check(
-    sps_regression, "No CI config on main has an unrecovered SPS regression (WANDB_ASSETS_SPS_METRIC, commit order)."
+    sps_regression,
+    sps_regression_summary,
+    "No CI config on main has an unrecovered SPS regression (WANDB_ASSETS_SPS_METRIC, commit order).",
 )

@@ -2,11 +2,22 @@
 
 from collections.abc import Callable
 
-from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, Config, MaterializeResult, MetadataValue, asset
+from dagster import (
+    AssetExecutionContext,
+    AssetKey,
+    AssetsDefinition,
+    Config,
+    MaterializeResult,
+    MetadataValue,
+    TableColumn,
+    TableRecord,
+    TableSchema,
+    asset,
+)
 
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.clock import configured_time, utc_now
-from wandb_assets.lib.gauges import GAUGES
+from wandb_assets.lib.gauges import GAUGES, gauge_unit, rounded_gauge
 from wandb_assets.lib.markdown import markdown_table
 from wandb_assets.lib.warehouse import (
     rebuild_gpu_hours,
@@ -75,6 +86,20 @@ class SnapshotConfig(Config):
     snapshot_at: str = ""
 
 
+#: The gauges table of each snapshot's metadata: typed columns, values rounded as people read them.
+GAUGES_TABLE_SCHEMA = TableSchema(
+    columns=[
+        TableColumn("metric", "string", description="Datadog / warehouse name"),
+        TableColumn("value", "float", description="rounded: counts whole, the rest to 2 decimals"),
+        TableColumn("unit", "string"),
+    ]
+)
+
+
+def _number(value: float | int) -> MetadataValue:
+    return MetadataValue.int(value) if isinstance(value, int) else MetadataValue.float(value)
+
+
 @asset(
     description="Appends one snapshot of the 20 fleet gauges to fleet_metrics (snapshot_at, metric, value).",
     group_name="fleet",
@@ -92,14 +117,17 @@ def fleet_snapshot(
         snapshots = con.execute("SELECT count(DISTINCT snapshot_at) FROM fleet_metrics").fetchone()[0]
     defined = sum(v is not None for v in gauges.values())
     context.log.info(f"Fleet snapshot at {snapshot_at.isoformat()}Z: {defined}/{len(gauges)} gauges defined")
-    table = markdown_table(["metric", "value"], [(g.name, gauges[g.name]) for g in GAUGES])
+    records = [
+        TableRecord({"metric": g.name, "value": rounded_gauge(g.name, gauges[g.name]), "unit": gauge_unit(g.name)})
+        for g in GAUGES
+    ]
     return MaterializeResult(
         metadata={
             "snapshot_at_utc": snapshot_at.isoformat(),
             "window": f"({snapshot_at.isoformat()} - 24h, {snapshot_at.isoformat()}]",
             "gauges_defined": defined,
             "snapshots_total": snapshots,
-            "gauges": MetadataValue.md(table),
-            **{g.name: MetadataValue.float(float(gauges[g.name])) for g in GAUGES if gauges[g.name] is not None},
+            "gauges": MetadataValue.table(records, schema=GAUGES_TABLE_SCHEMA),
+            **{g.name: _number(rounded_gauge(g.name, gauges[g.name])) for g in GAUGES if gauges[g.name] is not None},
         }
     )
