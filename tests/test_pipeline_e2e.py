@@ -216,7 +216,7 @@ def test_tick_builds_tables_and_snapshot(wandb_server, warehouse_path, instance)
     # The UI's view: a typed table, values rounded (the warehouse keeps full precision), units named.
     metadata = result.asset_materializations_for_node("fleet_snapshot")[0].metadata
     rows = {r.data["metric"]: (r.data["value"], r.data["unit"]) for r in metadata["gauges"].records}
-    assert [c.name for c in metadata["gauges"].schema.columns] == ["metric", "value", "unit"]
+    assert [c.name for c in metadata["gauges"].schema.columns] == ["value", "unit", "metric"]
     assert rows["wandb.runs.active"] == (1, "runs") and isinstance(rows["wandb.runs.active"][0], int)
     assert rows["wandb.push_to_main.success_rate_pct"] == (33.33, "%")
     assert rows["wandb.push_to_main.overview.sps"] == (90.0, "steps/s")

@@ -233,7 +233,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return code
     print(f"\nWarehouse: {pipeline_settings().warehouse if is_lake(warehouse) else Path(warehouse).resolve()}")
     if args.ui:
-        return _dagster_dev()
+        return _dagster_dev(args.port)
     server.stop()
     print("Browse the same data in the Dagster UI: uv run wandb-assets demo --ui  (then http://127.0.0.1:3000)")
     return 0
@@ -328,6 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--days", type=int, default=30)
     demo.add_argument("--runs-per-day", type=int, default=150)
     demo.add_argument("--ui", action="store_true", help="then open the Dagster UI on the same data")
+    demo.add_argument("--port", type=int, default=3000, help="the UI's port on 127.0.0.1 (with --ui; default 3000)")
     demo.set_defaults(func=cmd_demo)
     refresh = sub.add_parser("refresh", help="do exactly what one 15-minute tick does, in this process")
     refresh.add_argument("--quiet", action="store_true", help="do not print the gauges")

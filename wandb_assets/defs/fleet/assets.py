@@ -89,9 +89,10 @@ class SnapshotConfig(Config):
 #: The gauges table of each snapshot's metadata: typed columns, values rounded as people read them.
 GAUGES_TABLE_SCHEMA = TableSchema(
     columns=[
-        TableColumn("metric", "string", description="Datadog / warehouse name"),
+        # value first: the UI gives a nested table little width, and the value must stay visible at 1440 px
         TableColumn("value", "float", description="rounded: counts whole, the rest to 2 decimals"),
         TableColumn("unit", "string"),
+        TableColumn("metric", "string", description="Datadog / warehouse name"),
     ]
 )
 

@@ -1,0 +1,246 @@
+"""The Dagster UI as a user meets it, in a real browser: Playwright driving Debian's Chromium
+(``/usr/bin/chromium``; never a downloaded browser) against ``wandb-assets demo --ui`` on a free port.
+
+Screenshots of every step are saved under ``test-artifacts/browser/`` (git-ignored); on a failure the page
+as it was is saved there too.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, free_port
+from wandb_assets.defs.fleet.jobs import RANGE_END_TAG, RANGE_START_TAG
+from wandb_assets.warehouse import open_snapshot
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = REPO / "test-artifacts" / "browser"
+WIDTH = 1440
+
+
+def _gql(base: str, query: str, variables: dict | None = None) -> dict:
+    body = json.dumps({"query": query, "variables": variables or {}}).encode()
+    request = urllib.request.Request(f"{base}/graphql", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)["data"]
+
+
+RUNS = "{ runsOrError { ... on Runs { results { runId jobName status tags { key value } } } } }"
+
+
+def _runs(base: str) -> list[dict]:
+    runs = _gql(base, RUNS)["runsOrError"]["results"]
+    for run in runs:
+        run["tags"] = {t["key"]: t["value"] for t in run["tags"]}
+    return runs
+
+
+def _wait(condition, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(2)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def demo_ui(tmp_path_factory):
+    """`wandb-assets demo --ui` (5 days) in its own instance folder; yields the UI's base URL and the folder."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (.ci/run does)")
+    home = tmp_path_factory.mktemp("demo-ui")
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "DAGSTER_", "DD_"))}
+    env.update(
+        DAGSTER_HOME=str(home),
+        WANDB_ASSETS_DUCKDB=str(home / "demo.duckdb"),
+        WANDB_DIR=str(home),
+        WANDB_SILENT="true",
+    )
+    log = open(home / "demo.log", "w")
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "wandb_assets.cli", "demo", "--ui", "--days", "5", "--port", str(port)],
+        cwd=home,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def answering():
+            try:
+                return _runs(base) is not None
+            except OSError:
+                return False
+
+        _wait(answering, 240, "the demo's UI")
+        # The daemon's after_fleet_snapshot sensor launches the feed once for the demo's snapshot: let it finish.
+        _wait(
+            lambda: any(
+                r["tags"].get("dagster/sensor_name") == "after_fleet_snapshot" and r["status"] in ("SUCCESS", "FAILURE")
+                for r in _runs(base)
+            ),
+            150,
+            "the sensor-launched feed run",
+        )
+        yield base, home
+    finally:
+        os.killpg(demo.pid, 15)
+        try:
+            demo.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(demo.pid, 9)
+        log.close()
+
+
+@pytest.fixture
+def page(request):
+    """A 1440 px wide tab of Debian's Chromium (launched with the machine's binary, no browser download)."""
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+        )
+        tab = browser.new_page(viewport={"width": WIDTH, "height": 900})
+        yield tab
+        browser.close()
+
+
+def test_a_user_backfills_a_range_from_the_ui_and_reads_a_gauge(demo_ui, page):
+    try:
+        _backfill_a_range_and_read_a_gauge(demo_ui, page)
+    except BaseException:
+        page.screenshot(path=str(ARTIFACTS / "FAILED-backfill-and-gauge.png"))
+        raise
+
+
+def _backfill_a_range_and_read_a_gauge(demo_ui, page) -> None:
+    base, home = demo_ui
+    today = datetime.now(UTC).date()
+    first, last = today - timedelta(days=3), today - timedelta(days=1)
+
+    # The asset graph (Lineage): the four groups; the fleet group's graph shows its assets and their neighbours.
+    page.goto(f"{base}/asset-groups")
+    for group in ("wandb", "fleet", "feed", "warehouse"):
+        page.get_by_text(group, exact=True).first.wait_for(timeout=60_000)
+    page.screenshot(path=str(ARTIFACTS / "1-asset-graph.png"))
+    page.goto(f"{base}/locations/wandb_assets.definitions/asset-groups/fleet")
+    for name in ("fleet_snapshot", "push_to_main_sps", "success_rates", "gpu_hours", "runs", "fleet_alerts"):
+        page.get_by_text(name, exact=True).first.wait_for(timeout=60_000)
+    page.screenshot(path=str(ARTIFACTS / "1-fleet-group-graph.png"))
+
+    # A partition range of `runs`, launched from the asset's partitions page: one backfill, one run.
+    before = {r["runId"] for r in _runs(base)}
+    page.goto(f"{base}/assets/runs?view=partitions")
+    page.get_by_role("button", name="Materialize…").click()
+    dialog = page.get_by_role("dialog")
+    selection = dialog.locator("input[type=text]")
+    selection.click()
+    selection.fill(f"[{first}...{last}]")
+    selection.press("Enter")
+    dialog.get_by_text("3 partitions").wait_for(timeout=30_000)
+    page.screenshot(path=str(ARTIFACTS / "2-launch-range.png"))
+    dialog.get_by_role("button", name="Launch backfill").click()
+    finished = _wait(
+        lambda: [r for r in _runs(base) if r["runId"] not in before and r["status"] in ("SUCCESS", "FAILURE")],
+        240,
+        "the backfill's run",
+    )
+    (run,) = finished
+    assert run["status"] == "SUCCESS"
+    assert (run["tags"][RANGE_START_TAG], run["tags"][RANGE_END_TAG]) == (
+        str(first),
+        str(last),
+    )
+    assert len([r for r in _runs(base) if r["runId"] not in before]) == 1  # the whole range in a single run
+
+    # The gauges on fleet_snapshot's page at 1440 px: the value cell is on screen, not under the side panel.
+    page.goto(f"{base}/assets/fleet_snapshot")
+    # The gauges table's row (value, unit, metric), not the numeric entry of the same name below it.
+    row = page.get_by_role("row", name=re.compile(r"^\S+ runs wandb\.runs\.active$"))
+    row.wait_for(timeout=60_000)
+    value_cell = row.locator("td").first
+    value_cell.scroll_into_view_if_needed()
+    box = value_cell.bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= WIDTH, box
+    on_top = page.evaluate(
+        "([x, y]) => document.elementFromPoint(x, y)?.closest('td')?.innerText",
+        [box["x"] + box["width"] / 2, box["y"] + box["height"] / 2],
+    )
+    shown = value_cell.inner_text().strip()
+    assert on_top is not None and on_top.strip() == shown
+    snapshot_row = page.locator("tr").filter(has=page.get_by_text("snapshot_at_utc", exact=True)).first
+    snapshot_at = snapshot_row.locator("td").last.inner_text().strip()
+    page.screenshot(path=str(ARTIFACTS / "3-fleet-snapshot-1440.png"))
+    con = open_snapshot(home / "demo.duckdb")
+    try:
+        (stored,) = con.execute(
+            "SELECT value FROM fleet_metrics WHERE metric = 'wandb.runs.active' AND snapshot_at = $t::TIMESTAMP",
+            {"t": snapshot_at},
+        ).fetchone()
+    finally:
+        con.close()
+    assert shown == str(int(stored))
+
+    # Nothing failed: not the demo's runs, not the sensor's feed, not the backfill.
+    failed = [(r["jobName"], r["runId"]) for r in _runs(base) if r["status"] == "FAILURE"]
+    assert failed == []
+
+
+LAUNCH_BACKFILL = """mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {
+  __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }"""
+
+
+def test_a_ui_backfill_of_runs_with_the_fleet_group_is_two_runs_in_order(demo_ui):
+    """What the README promises for "select `runs` and the `fleet` group, Materialize, a range": the request the
+    UI's launch dialog sends. Dagster's asset backfill never puts daily-partitioned and unpartitioned assets in one
+    run, so it is one run for `staged_runs` + `runs` over the whole range, then one for the four fleet assets."""
+    base, _home = demo_ui
+    today = datetime.now(UTC).date()
+    days = [str(today - timedelta(days=n)) for n in (3, 2, 1)]
+    fleet = ["fleet_snapshot", "gpu_hours", "push_to_main_sps", "success_rates"]
+    params = {
+        "assetSelection": [{"path": [key]} for key in ["staged_runs", "runs", *fleet]],
+        "partitionNames": days,
+        "fromFailure": False,
+    }
+    launched = _gql(base, LAUNCH_BACKFILL, {"params": params})["launchPartitionBackfill"]
+    assert launched["__typename"] == "LaunchBackfillSuccess", launched
+    backfill = launched["backfillId"]
+
+    def its_runs() -> list[dict]:
+        return [r for r in _runs(base) if r["tags"].get("dagster/backfill") == backfill]
+
+    def finished() -> list[dict] | None:
+        runs = its_runs()
+        return runs if len(runs) == 2 and all(r["status"] in ("SUCCESS", "FAILURE") for r in runs) else None
+
+    done = _wait(finished, 300, "the backfill's two runs")
+    query = "query($id: ID!) { runOrError(runId: $id) { ... on Run { assetSelection { path } startTime } } }"
+    shapes = []
+    for run in done:
+        data = _gql(base, query, {"id": run["runId"]})["runOrError"]
+        keys = sorted(a["path"][0] for a in data["assetSelection"])
+        tags = run["tags"]
+        shapes.append((data["startTime"], keys, run["status"], tags.get(RANGE_START_TAG), tags.get(RANGE_END_TAG)))
+    shapes.sort()
+    assert [s[1:] for s in shapes] == [
+        (["runs", "staged_runs"], "SUCCESS", days[0], days[-1]),
+        (fleet, "SUCCESS", None, None),
+    ]
