@@ -71,7 +71,8 @@ def demo_ui(tmp_path_factory):
     )
     log = open(home / "demo.log", "w")
     demo = subprocess.Popen(
-        [sys.executable, "-m", "wandb_assets.cli", "demo", "--ui", "--days", "5", "--port", str(port)],
+        [sys.executable, "-m", "wandb_assets.cli", "demo", "--ui", "--days", "5", "--port", str(port)]
+        + ["--wandb-port", str(free_port())],
         cwd=home,
         env=env,
         stdout=log,
@@ -198,6 +199,19 @@ def _backfill_a_range_and_read_a_gauge(demo_ui, page) -> None:
         con.close()
     assert shown == str(int(stored))
 
+    # An alert's run link opens the run's page on the demo's W&B server (up as long as the UI).
+    con = open_snapshot(home / "demo.duckdb")
+    try:
+        (url,) = con.execute("SELECT url FROM runs WHERE run_id = 'stalled0001'").fetchone()
+        (message,) = con.execute("SELECT message FROM alerts WHERE alert_key = 'stalled_run:stalled0001'").fetchone()
+    finally:
+        con.close()
+    assert f"({url})" in message
+    page.goto(url)
+    assert page.title() == "demo-team/fleet-demo/stalled0001"
+    assert page.get_by_role("cell", name="train-llama-stuck", exact=True).is_visible()
+    page.screenshot(path=str(ARTIFACTS / "4-alert-run-link.png"))
+
     # Nothing failed: not the demo's runs, not the sensor's feed, not the backfill.
     failed = [(r["jobName"], r["runId"]) for r in _runs(base) if r["status"] == "FAILURE"]
     assert failed == []
@@ -244,3 +258,13 @@ def test_a_ui_backfill_of_runs_with_the_fleet_group_is_two_runs_in_order(demo_ui
         (["runs", "staged_runs"], "SUCCESS", days[0], days[-1]),
         (fleet, "SUCCESS", None, None),
     ]
+
+
+def test_the_demo_terminal_shows_only_our_lines_and_real_warnings(demo_ui):
+    """After the demo, a sensor-launched feed run and two UI backfills: the terminal has none of Dagster's step
+    events (DEBUG), no daemon chatter (a "sensor skipped" line every 30 s), no beta/supersession notices."""
+    _base, home = demo_ui
+    text = (home / "demo.log").read_text()
+    for noise in ("DEBUG", "SensorDaemon", "skipped", "BetaWarning", "SupersessionWarning", "nanobind", "Traceback"):
+        assert noise not in text, noise
+    assert "Fleet snapshot at" in text and "Dagster UI: http://127.0.0.1:" in text

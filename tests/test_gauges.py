@@ -5,8 +5,9 @@ from datetime import datetime
 import pytest
 
 from tests.fleet import fleet_row, load
+from wandb_assets.lib.datadog_feed import enqueue_snapshots
 from wandb_assets.lib.gauges import GAUGE_NAMES, compute_gauges
-from wandb_assets.lib.warehouse import record_snapshot
+from wandb_assets.lib.warehouse import record_snapshot, replay_snapshots
 
 T = datetime(2026, 6, 10, 12, 0)  # snapshot; W = (06-09 12:00, 06-10 12:00]
 
@@ -163,3 +164,43 @@ def test_gauges_are_shown_rounded_with_their_unit():
     assert format_gauge("wandb.runs.active", 24.0) == "24"
     assert format_gauge("wandb.training.total_gpu_hours_24h", 2166.3944) == "2,166.39"
     assert format_gauge("wandb.push_to_main.overview.sps", None) == "NULL"
+
+
+def test_a_replayed_snapshot_sees_the_runs_as_they_were_then(con):
+    # At M = 06-10 09:00 (W = (06-09 09:00, 06-10 09:00]):
+    # a: created 06-10 02:00, finished 06-10 11:00 -> still running at M: active 1, 7 h x 2 GPUs = 14 GPU-h.
+    # b: created 06-10 03:00, failed 06-10 05:00 -> failed in W, 2 h x 1 GPU = 2 GPU-h; avg duration 2 h.
+    # c: created 06-10 10:00 -> did not exist at M.
+    load(
+        con,
+        [
+            fleet_row("a", "finished", "regular", d(10, 2), d(10, 11), gpus=2),
+            fleet_row("b", "failed", "regular", d(10, 3), d(10, 5)),
+            fleet_row("c", "finished", "regular", d(10, 10), d(10, 11)),
+        ],
+    )
+    moment = d(10, 9)
+    replayed = compute_gauges(con, moment, as_of=True)
+    assert (
+        replayed["wandb.runs.active"],
+        replayed["wandb.runs.completed_24h"],
+        replayed["wandb.runs.failed_24h"],
+        replayed["wandb.runs.total_recent"],
+        replayed["wandb.training.total_gpu_hours_24h"],
+        replayed["wandb.training.avg_duration_hours"],
+    ) == (1, 0, 1, 2, 16, 2)
+    # Today's rows read plainly at M: a is finished (ended after M, so neither active nor in W).
+    assert compute_gauges(con, moment)["wandb.runs.active"] == 0
+    # replay_snapshots stores them and marks them in the Datadog ledger so the feed never sends them.
+    now = d(10, 12)
+    assert replay_snapshots(con, [moment, d(10, 10)], now) == 2
+    assert replay_snapshots(con, [moment, d(10, 10)], now) == 2  # again: replaced, not doubled
+    assert con.execute("SELECT snapshot_at, count(*) FROM fleet_metrics GROUP BY 1 ORDER BY 1").fetchall() == [
+        (moment, 20),
+        (d(10, 10), 20),
+    ]
+    assert con.execute("SELECT snapshot_at, status FROM datadog_deliveries ORDER BY 1").fetchall() == [
+        (moment, "replayed"),
+        (d(10, 10), "replayed"),
+    ]
+    assert enqueue_snapshots(con, now, dry_run=True) == []

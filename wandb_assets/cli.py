@@ -23,6 +23,8 @@ from pathlib import Path
 DEMO_ENTITY, DEMO_PROJECT = "demo-team", "fleet-demo"
 DEMO_KEY = "local-" + "d" * 40
 DEMO_DUCKDB = "data/demo.duckdb"
+#: The demo's W&B server port: fixed, so the run URLs stored in the warehouse stay valid from one demo to the next.
+DEMO_WANDB_PORT = 8765
 
 
 def _quiet() -> None:
@@ -184,10 +186,35 @@ class ProgressBar:
         self.stream.flush()
 
 
-def _dagster_dev(port: int = 3000) -> int:
+#: Starts of warning messages `wandb-assets ui` hides (PYTHONWARNINGS matches a message's beginning).
+QUIET_WARNINGS = ("Function `dev_command` is superseded", "Class `SecretsManagerResource` is currently in beta")
+
+
+def _dagster_dev(port: int = 3000, verbose: bool = False) -> int:
+    """``dagster dev`` on this repository's workspace. Quiet by default: the daemon's and webserver's INFO
+    lines (a "sensor skipped" line every 30 s) are hidden; runs print their own INFO lines and warnings (the
+    instance's ``python_logs.python_log_level``)."""
     os.environ.setdefault("DAGSTER_HOME", str(Path.cwd()))
     workspace = Path(__file__).resolve().parent.parent / "workspace.yaml"
-    command = [sys.executable, "-m", "dagster", "dev", "-w", str(workspace), "-h", "127.0.0.1", "-p", str(port)]
+    # Inherited by the daemon, the code server and every run worker: two notices nobody can act on (dagster-aws
+    # is pinned with dagster; `dg dev` would only wrap this same command in `uv run`).
+    os.environ["PYTHONWARNINGS"] = ",".join(
+        filter(None, [os.environ.get("PYTHONWARNINGS"), *(f"ignore:{text}" for text in QUIET_WARNINGS)])
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "dagster",
+        "dev",
+        "-w",
+        str(workspace),
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "--log-level",
+        "info" if verbose else "warning",
+    ]
     print(f"Dagster UI: http://127.0.0.1:{port} (Ctrl-C to stop)", flush=True)
     try:
         return subprocess.call(command)
@@ -196,7 +223,23 @@ def _dagster_dev(port: int = 3000) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    return _dagster_dev(args.port)
+    return _dagster_dev(args.port, args.verbose)
+
+
+def _replay_history(now: datetime, hours: int) -> int:
+    """Hourly snapshots over the last ``hours`` (never before the first day), as the runs looked then: a new
+    warehouse otherwise has one snapshot and every chart of the gauges over time is a dot."""
+    from wandb_assets.lib.warehouse import replay_snapshots
+    from wandb_assets.settings import pipeline_settings
+    from wandb_assets.warehouse import connect
+
+    last_hour = now.replace(minute=0, second=0)
+    moments = [last_hour - timedelta(hours=k) for k in range(hours, 0, -1) if last_hour - timedelta(hours=k) < now]
+    con = connect(pipeline_settings().warehouse, read_only=False)
+    try:
+        return replay_snapshots(con, moments, now)
+    finally:
+        con.close()
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -207,7 +250,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     now = datetime.now(UTC).replace(tzinfo=None, microsecond=0)
     nodes = generate_fleet(now, days=args.days, runs_per_day=args.runs_per_day)
-    server = LocalWandbServer(nodes, entity=DEMO_ENTITY, project=DEMO_PROJECT).start()
+    try:  # a fixed port: the run links stored in the warehouse (and in the alerts) stay the same every demo
+        server = LocalWandbServer(nodes, entity=DEMO_ENTITY, project=DEMO_PROJECT, port=args.wandb_port).start()
+    except OSError:
+        server = LocalWandbServer(nodes, entity=DEMO_ENTITY, project=DEMO_PROJECT).start()
+        print(f"Port {args.wandb_port} is taken: the demo's W&B server uses {server.url} instead.")
     warehouse = os.environ.get("WANDB_ASSETS_DUCKDB") or DEMO_DUCKDB
     first = (now - timedelta(days=args.days)).date()
     os.environ.update(
@@ -226,6 +273,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     print(f"Backfilling {first}..{now.date()} in one run ...", flush=True)
     code = _report(execute_backfill(_instance(), first, now.date()), "backfill")
+    if code == 0 and args.history_hours > 0:
+        replayed = _replay_history(now, args.history_hours)
+        print(f"Replayed {replayed} hourly fleet snapshots (the last {args.history_hours} h) for the charts.")
     if code == 0:
         print("Running one tick (refresh, then the Datadog feed and the alerts) ...", flush=True)
         code = _tick(now.date())
@@ -233,9 +283,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return code
     print(f"\nWarehouse: {pipeline_settings().warehouse if is_lake(warehouse) else Path(warehouse).resolve()}")
     if args.ui:
-        return _dagster_dev(args.port)
+        print(f"Run links (the runs table, the alerts) open on the demo's W&B server {server.url} while this runs.")
+        return _dagster_dev(args.port, args.verbose)
     server.stop()
-    print("Browse the same data in the Dagster UI: uv run wandb-assets demo --ui  (then http://127.0.0.1:3000)")
+    print(
+        "Browse the same data in the Dagster UI: uv run wandb-assets demo --ui  (then http://127.0.0.1:3000); "
+        f"the run links open on {server.url} while it runs."
+    )
     return 0
 
 
@@ -328,7 +382,20 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--days", type=int, default=30)
     demo.add_argument("--runs-per-day", type=int, default=150)
     demo.add_argument("--ui", action="store_true", help="then open the Dagster UI on the same data")
+    demo.add_argument(
+        "--history-hours",
+        type=int,
+        default=72,
+        help="replay this many hourly fleet snapshots before the tick, for the charts (default 72; 0: none)",
+    )
+    demo.add_argument(
+        "--wandb-port",
+        type=int,
+        default=DEMO_WANDB_PORT,
+        help=f"the local W&B server's port (default {DEMO_WANDB_PORT})",
+    )
     demo.add_argument("--port", type=int, default=3000, help="the UI's port on 127.0.0.1 (with --ui; default 3000)")
+    demo.add_argument("--verbose", action="store_true", help="with --ui: also print the daemon's INFO lines")
     demo.set_defaults(func=cmd_demo)
     refresh = sub.add_parser("refresh", help="do exactly what one 15-minute tick does, in this process")
     refresh.add_argument("--quiet", action="store_true", help="do not print the gauges")
@@ -354,6 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.set_defaults(func=cmd_fetch_warehouse)
     ui = sub.add_parser("ui", help="open the Dagster UI (dagster dev) on this repository's instance")
     ui.add_argument("--port", type=int, default=3000, help="port on 127.0.0.1 (default 3000)")
+    ui.add_argument("--verbose", action="store_true", help="also print the daemon's and webserver's INFO lines")
     ui.set_defaults(func=cmd_ui)
     return parser
 

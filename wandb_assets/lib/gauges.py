@@ -130,7 +130,7 @@ classified AS (
         state IN ({ended})
             AND ended_at > w.t0 AND ended_at <= w.t1 AS ended_in_w,
         {busy_until} AS busy_until
-    FROM runs, w
+    FROM {runs} AS runs, w
     WHERE created_at <= w.t1
 ),
 flagged AS (
@@ -145,15 +145,28 @@ SELECT {columns} FROM flagged
 """
 
 
-def gauge_query() -> str:
-    """The SQL that evaluates every gauge at ``$snapshot_at`` (a naive UTC timestamp)."""
+#: ``runs`` as they looked at ``$snapshot_at``, reconstructed from today's rows for a replayed history: a run
+#: that ended after that moment was still running then (no end, heartbeat at most that moment). What cannot
+#: be reconstructed (a run pending then, running later) stays as it is now.
+RUNS_AS_OF_SQL = """(SELECT * REPLACE (
+    CASE WHEN ended_at > $snapshot_at THEN 'running' ELSE state END AS state,
+    CASE WHEN ended_at > $snapshot_at THEN NULL ELSE ended_at END AS ended_at,
+    least(heartbeat_at, $snapshot_at::TIMESTAMP) AS heartbeat_at
+) FROM runs)"""
+
+
+def gauge_query(as_of: bool = False) -> str:
+    """The SQL that evaluates every gauge at ``$snapshot_at`` (a naive UTC timestamp); ``as_of``: over
+    ``RUNS_AS_OF_SQL`` (a replayed past snapshot) instead of the ``runs`` table."""
     columns = ",\n    ".join(f'({g.sql})::DOUBLE AS "{g.name}"' for g in GAUGES)
-    return _GAUGE_SQL.format(columns=columns, ended=ENDED_SQL, busy_until=busy_until_sql("w.t1"))
+    runs = RUNS_AS_OF_SQL if as_of else "runs"
+    return _GAUGE_SQL.format(columns=columns, ended=ENDED_SQL, busy_until=busy_until_sql("w.t1"), runs=runs)
 
 
-def compute_gauges(con, snapshot_at: datetime) -> dict[str, float | None]:
-    """Evaluate the 20 gauges against the ``runs`` table of a DuckDB connection."""
-    values = con.execute(gauge_query(), {"snapshot_at": snapshot_at}).fetchone()
+def compute_gauges(con, snapshot_at: datetime, as_of: bool = False) -> dict[str, float | None]:
+    """Evaluate the 20 gauges against the ``runs`` table of a DuckDB connection (``as_of``: as the runs
+    looked at ``snapshot_at``, see ``RUNS_AS_OF_SQL``)."""
+    values = con.execute(gauge_query(as_of), {"snapshot_at": snapshot_at}).fetchone()
     return dict(zip(GAUGE_NAMES, values, strict=True))
 
 

@@ -108,7 +108,8 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
         "which Datadog stores once per timestamp).",
         {
             "snapshot_at": "the snapshot, UTC",
-            "status": "pending, delivered, expired, rejected or dry_run",
+            "status": "pending, delivered, expired, rejected, dry_run, or replayed (a past snapshot the demo "
+            "replayed: never sent)",
             "attempts": "submissions tried, count",
             "last_error": "last failure, one line (never the key)",
             "delivered_at": "when Datadog accepted it, UTC",

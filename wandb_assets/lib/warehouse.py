@@ -309,6 +309,26 @@ def record_snapshot(con, snapshot_at: datetime) -> dict[str, float | None]:
     return gauges
 
 
+@retry_on_conflict
+def replay_snapshots(con, moments: list[datetime], now: datetime) -> int:
+    """Store a past snapshot at each of ``moments`` from the runs as they looked then (``RUNS_AS_OF_SQL``), so
+    a new warehouse (the demo) has a history to chart. They are entered in the Datadog ledger as ``replayed``:
+    the feed never sends them (a gauge from the past would land at the wrong time). Returns how many."""
+    ensure_schema(con)
+    con.execute(LEDGER_SQL)
+    rows = [(at, name, value) for at in moments for name, value in compute_gauges(con, at, as_of=True).items()]
+    with transaction(con):
+        for at in moments:
+            con.execute("DELETE FROM fleet_metrics WHERE snapshot_at = $t", {"t": at})
+            con.execute("DELETE FROM datadog_deliveries WHERE snapshot_at = $t", {"t": at})
+        if rows:  # DuckDB refuses executemany with no parameter sets
+            con.executemany("INSERT INTO fleet_metrics (snapshot_at, metric, value) VALUES (?, ?, ?)", rows)
+            con.executemany(
+                "INSERT INTO datadog_deliveries VALUES (?, 'replayed', 0, NULL, NULL, ?)", [(at, now) for at in moments]
+            )
+    return len(moments)
+
+
 def refresh_days(
     oldest_unfinished: date | None, today: date, first_partition: date, max_days: int = 7
 ) -> tuple[date, date]:

@@ -18,8 +18,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from html import escape
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import unquote
 
 from wandb_assets.lib.normalize import decode_json_object, parse_timestamp, to_naive_utc
 from wandb_assets.localwandb.filters import matches, sort_runs
@@ -396,6 +398,38 @@ class LocalWandbServer:
             )
         return None
 
+    def run_page(self, path: str) -> bytes | None:
+        """A plain HTML page for ``/<entity>/<project>/runs/<id>``: the run URLs the warehouse stores (and the
+        alerts link to) open while the server runs. Name, state, times, tags, config and summary."""
+        parts = [unquote(p) for p in path.strip("/").split("/")]
+        if len(parts) != 4 or parts[:2] != [self.entity, self.project] or parts[2] != "runs":
+            return None
+        record = self._records.get(parts[3])
+        if record is None:
+            return None
+        node = record["node"]
+        rows = "".join(
+            f"<tr><th>{escape(label)}</th><td>{escape(str(node.get(key) or ''))}</td></tr>"
+            for label, key in (
+                ("display name", "displayName"),
+                ("state", "state"),
+                ("created", "createdAt"),
+                ("heartbeat", "heartbeatAt"),
+                ("sweep", "sweepName"),
+                ("tags", "tags"),
+            )
+        )
+        blocks = "".join(
+            f"<h2>{title}</h2><pre>{escape(json.dumps(values, indent=2, sort_keys=True, default=str))}</pre>"
+            for title, values in (("config", record["_config"]), ("summary", record["_summary"]))
+        )
+        title = escape(f"{self.entity}/{self.project}/{parts[3]}")
+        return (
+            f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title></head><body>"
+            f"<h1>{title}</h1><p>Served by the wandb-assets demo's local W&amp;B server.</p>"
+            f"<table>{rows}</table>{blocks}</body></html>"
+        ).encode()
+
     def artifact_file(self, path: str) -> bytes | None:
         """The bytes behind ``/artifact-files/<id>/<name>`` (or the manifest)."""
         _, _, rest = path.partition("/artifact-files/")
@@ -511,7 +545,12 @@ def _handler_for(server: LocalWandbServer) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
 
         def do_GET(self) -> None:  # noqa: N802 - http.server naming
-            data = server.artifact_file(self.path.split("?")[0])
+            path = self.path.split("?")[0]
+            page = server.run_page(path)
+            if page is not None:
+                self._send(200, page, {"Content-Type": "text/html; charset=utf-8"})
+                return
+            data = server.artifact_file(path)
             if data is None:
                 self._send(404, b'{"error": "not found"}')
             else:

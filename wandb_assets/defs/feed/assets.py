@@ -98,6 +98,10 @@ def datadog_feed(
     )
 
 
+#: The `open` table of fleet_alerts' metadata (the full message is here; the log line is one short line).
+OPEN_ALERT_COLUMNS = ["rule", "subject", "severity", "opened (UTC)", "message"]
+
+
 @asset(
     description="Alert lifecycle (alerts, alert_notifications): rules evaluated at the latest snapshot; "
     "an alert notifies when it opens and when it resolves, through an outbox that survives channel outages "
@@ -122,7 +126,7 @@ def fleet_alerts(
     sent, _ = notifier.send(now)
     with warehouse.get_connection() as con:
         open_rows = con.execute(
-            "SELECT rule, subject, severity, strftime(opened_at, '%Y-%m-%d %H:%M') FROM alerts "
+            "SELECT rule, subject, severity, strftime(opened_at, '%Y-%m-%d %H:%M'), message FROM alerts "
             "WHERE resolved_at IS NULL ORDER BY opened_at"
         ).fetchall()
         waiting = con.execute("SELECT count(*) FROM alert_notifications WHERE status = 'pending'").fetchone()[0]
@@ -134,7 +138,7 @@ def fleet_alerts(
             "resolved": len([t for t in transitions if t.event == "resolved"]),
             "notifications_sent": sent,
             "notifications_waiting": waiting,
-            "open": MetadataValue.md(markdown_table(["rule", "subject", "severity", "opened (UTC)"], open_rows)),
+            "open": MetadataValue.md(markdown_table(OPEN_ALERT_COLUMNS, open_rows)),
         }
     )
 

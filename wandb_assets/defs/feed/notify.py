@@ -42,7 +42,8 @@ class Notifier:
         transitions = reconcile(con, conditions, evaluated, now, self.channel_names())
         for transition in transitions:
             condition = transition.condition
-            line = f"Alert {transition.event}: {condition.rule} ({condition.subject}): {condition.message}"
+            # One short line: the message goes out through the channels and into the asset's `open` table.
+            line = f"Alert {transition.event}: {condition.rule} ({condition.subject}), {condition.severity}"
             (self.log.warning if transition.event == "opened" else self.log.info)(line)
         return transitions
 
