@@ -173,3 +173,26 @@ def postgres():
     finally:
         subprocess.run(_as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "stop"]), **run)
         shutil.rmtree(root, ignore_errors=True)
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def require_chromium() -> None:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (.ci/run does)")
+
+
+@pytest.fixture
+def chromium():
+    """A 1440 x 900 tab of Debian's Chromium, driven by Playwright (the machine's binary: never a downloaded
+    browser)."""
+    from playwright.sync_api import sync_playwright
+
+    require_chromium()
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+        )
+        yield browser.new_page(viewport={"width": 1440, "height": 900})
+        browser.close()

@@ -14,15 +14,13 @@ import sys
 import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, free_port, require_chromium
 from wandb_assets.defs.fleet.jobs import RANGE_END_TAG, RANGE_START_TAG
 from wandb_assets.warehouse import open_snapshot
 
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = REPO / "test-artifacts" / "browser"
 WIDTH = 1440
 
@@ -57,8 +55,7 @@ def _wait(condition, timeout_s: float, what: str):
 @pytest.fixture(scope="module")
 def demo_ui(tmp_path_factory):
     """`wandb-assets demo --ui` (5 days) in its own instance folder; yields the UI's base URL and the folder."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (.ci/run does)")
+    require_chromium()
     home = tmp_path_factory.mktemp("demo-ui")
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     port = free_port()
@@ -109,18 +106,9 @@ def demo_ui(tmp_path_factory):
 
 
 @pytest.fixture
-def page(request):
-    """A 1440 px wide tab of Debian's Chromium (launched with the machine's binary, no browser download)."""
-    from playwright.sync_api import sync_playwright
-
+def page(chromium):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-        )
-        tab = browser.new_page(viewport={"width": WIDTH, "height": 900})
-        yield tab
-        browser.close()
+    return chromium
 
 
 def test_a_user_backfills_a_range_from_the_ui_and_reads_a_gauge(demo_ui, page):

@@ -11,20 +11,23 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import duckdb
+import nbconvert
 import nbformat
 import papermill
 import pytest
 from dagster import instance_for_test
 
 from tests.conftest import API_KEY, ENTITY, PROJECT
+from wandb_assets.lib.warehouse import replay_snapshots
 from wandb_assets.localwandb import LocalWandbServer
 from wandb_assets.localwandb.synthetic import generate_fleet
 from wandb_assets.ticks import execute_backfill, run_tick
-from wandb_assets.warehouse import open_snapshot, snapshot_path
+from wandb_assets.warehouse import connect, open_snapshot, snapshot_path
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 CHARTS = {"fleet_overview": 3, "push_to_main_throughput": 2, "sweeps": 1}
+ARTIFACTS = REPO / "test-artifacts" / "notebooks"
 NOW = datetime.now(UTC).replace(tzinfo=None, microsecond=0)
 
 
@@ -43,7 +46,14 @@ def point_at(monkeypatch, server: LocalWandbServer) -> None:
 
 
 def build_warehouse(instance) -> None:
+    """A backfill, 48 replayed hourly snapshots (what the demo does, so the gauges chart has a history), a tick."""
     assert execute_backfill(instance, (NOW - timedelta(days=8)).date(), NOW.date()).success
+    last_hour = NOW.replace(minute=0, second=0)
+    con = connect(os.environ["WANDB_ASSETS_DUCKDB"], read_only=False)
+    try:
+        replay_snapshots(con, [last_hour - timedelta(hours=k) for k in range(48, 0, -1)], NOW)
+    finally:
+        con.close()
     assert all(r.success for r in run_tick(instance, NOW.date()))
 
 
@@ -113,12 +123,37 @@ def test_notebook_is_committed_without_outputs_and_has_parameters(path):
     assert any("warehouse.open_snapshot(warehouse_path)" in cell.source for cell in code)
 
 
+def alt_texts(notebook: nbformat.NotebookNode) -> list[str]:
+    return [
+        output.get("metadata", {}).get("image/png", {}).get("alt", "")
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.outputs
+        if "image/png" in output.get("data", {})
+    ]
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_headless_and_draws_its_charts(path, notebook_warehouse, tmp_path):
+def test_notebook_runs_headless_and_draws_its_charts(path, notebook_warehouse, tmp_path, chromium):
+    """Executed against the synthetic warehouse, exported to HTML and opened in Chromium: every chart is an image
+    with alt text, drawn (not broken), and the page is saved as a screenshot under test-artifacts/notebooks/."""
     executed = execute(path, notebook_warehouse, tmp_path / path.name)
     assert images(executed) == CHARTS[path.stem]
     errors = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert errors == []
+    alts = alt_texts(executed)
+    assert all(len(alt) > 60 for alt in alts), alts
+    html, _ = nbconvert.HTMLExporter(template_name="classic").from_notebook_node(executed)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page_file = ARTIFACTS / f"{path.stem}.html"
+    page_file.write_text(html)
+    chromium.goto(page_file.as_uri())
+    shown = chromium.eval_on_selector_all(
+        "img", "imgs => imgs.map(i => ({alt: i.alt, width: i.naturalWidth, height: i.naturalHeight}))"
+    )
+    chromium.screenshot(path=str(ARTIFACTS / f"{path.stem}.png"), full_page=True)
+    assert [i["alt"] for i in shown] == alts
+    assert all(i["width"] > 500 and i["height"] > 200 for i in shown), shown
 
 
 WRITER = """
@@ -263,3 +298,18 @@ def test_cli_regressions_backtest(notebook_warehouse, capsys):
     assert (code, out) == (0, "No SPS regression found on main.\n")
     code, _, err = cli(capsys, "regressions", "--warehouse", str(notebook_warehouse), "--since", "soon")
     assert code == 2 and err == "error: --since must be a day like 2026-06-01 (got 'soon').\n"
+
+
+def test_partial_days_are_a_late_first_day_and_the_day_of_the_latest_snapshot(memory_con):
+    from tests.fleet import fleet_row, load
+    from wandb_assets.lib.warehouse import record_snapshot
+    from wandb_assets.warehouse import partial_days
+
+    load(memory_con, [fleet_row("a", "finished", "regular", datetime(2026, 6, 9, 13, 30), datetime(2026, 6, 9, 15))])
+    record_snapshot(memory_con, datetime(2026, 6, 11, 8, 15))
+    assert partial_days(memory_con) == {date(2026, 6, 9): "data starts 13:30 UTC", date(2026, 6, 11): "until 08:15 UTC"}
+    # A first run at 00:40 starts a whole day; a snapshot on that same day is still "so far".
+    load(memory_con, [fleet_row("b", "finished", "regular", datetime(2026, 6, 11, 0, 40), datetime(2026, 6, 11, 1))])
+    assert partial_days(memory_con) == {date(2026, 6, 11): "until 08:15 UTC"}
+    load(memory_con, [fleet_row("c", "finished", "regular", datetime(2026, 6, 11, 6, 0), datetime(2026, 6, 11, 7))])
+    assert partial_days(memory_con) == {date(2026, 6, 11): "data starts 06:00 UTC, until 08:15 UTC"}

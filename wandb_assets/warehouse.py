@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from pathlib import Path
 
 import duckdb
@@ -262,3 +262,23 @@ def sweeps(con, start=None, end=None):
 def alive_runs(con):
     """Runs alive now, oldest first (the ``alive_runs`` view)."""
     return con.execute("SELECT * FROM alive_runs ORDER BY created_at").df()
+
+
+#: The first day counts as partial when its first run was created this long after midnight (UTC).
+PARTIAL_FIRST_DAY_AFTER = timedelta(hours=1)
+
+
+def partial_days(con) -> dict[date, str]:
+    """Days whose daily numbers cover only part of the day, with why: the first day when the data starts later
+    than 01:00 UTC (a backfill from the middle of a day), and the day of the latest snapshot (so far). Charts
+    grey them out so that they do not read as drops."""
+    first, latest = con.execute(
+        "SELECT min(created_at), coalesce((SELECT max(snapshot_at) FROM fleet_metrics), max(heartbeat_at)) FROM runs"
+    ).fetchone()
+    partial: dict[date, str] = {}
+    if first is not None and first - datetime.combine(first.date(), datetime.min.time()) > PARTIAL_FIRST_DAY_AFTER:
+        partial[first.date()] = f"data starts {first:%H:%M} UTC"
+    if latest is not None:
+        so_far = f"until {latest:%H:%M} UTC"
+        partial[latest.date()] = f"{partial[latest.date()]}, {so_far}" if latest.date() in partial else so_far
+    return partial

@@ -1,0 +1,143 @@
+"""The notebooks' charts: one function per chart, so every notebook draws them the same way and a test can draw
+them too. Each chart has a title, axis labels with units, a legend outside the plotted area (it hides no
+data), marks what is not a whole day, and is shown as a PNG with alt text saying what it shows.
+
+Nothing here imports Dagster; it needs matplotlib and IPython (the notebook extras).
+"""
+
+from __future__ import annotations
+
+import io
+from datetime import date
+
+import matplotlib.dates as mdates
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+#: Grey band over a day whose numbers cover only part of it.
+PARTIAL_STYLE = {"color": "0.85", "alpha": 0.6, "zorder": 0, "linewidth": 0}
+
+
+def show(fig: Figure, alt: str):
+    """Display ``fig`` as a PNG whose alt text is ``alt`` (kept in the notebook and in its HTML export),
+    and close it. Returns the ``IPython.display.Image``."""
+    from IPython.display import Image, display
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    image = Image(data=buffer.getvalue(), format="png", alt=alt)
+    display(image)
+    return image
+
+
+def _legend_outside(ax: Axes, title: str | None = None) -> None:
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False, title=title)
+
+
+def _mark_partial_days(ax: Axes, days: list[date], partial: dict[date, str], bars: bool = False) -> list[str]:
+    """Grey out partial days (``bars``: categorical x positions) and return the notes for the alt text."""
+    notes: list[str] = []
+    for day, reason in sorted(partial.items()):
+        if day not in days:
+            continue
+        label = "partial day" if not notes else None  # one legend entry for all bands
+        if bars:
+            position = days.index(day)
+            ax.axvspan(position - 0.5, position + 0.5, label=label, **PARTIAL_STYLE)
+        else:
+            middle = pd.Timestamp(day)
+            ax.axvspan(middle - pd.Timedelta(hours=12), middle + pd.Timedelta(hours=12), label=label, **PARTIAL_STYLE)
+        notes.append(f"{day} is partial ({reason})")
+    return notes
+
+
+def gauges_over_time(gauges: pd.DataFrame, thresholds: dict[str, float]) -> str:
+    """Three panels of the fleet gauges per snapshot: runs, success rates (with the alert threshold) and
+    GPU-hours. ``gauges``: ``warehouse.gauges_over_time``. Returns the alt text."""
+    fig, axes = plt.subplots(3, 1, figsize=(11, 9), sharex=True)
+    runs = gauges.reindex(columns=["wandb.runs.active", "wandb.runs.completed_24h", "wandb.runs.failed_24h"])
+    runs.rename(columns=lambda c: c.removeprefix("wandb.runs.")).plot(ax=axes[0], marker=".")
+    axes[0].set(title="Runs: alive now, and ended in the 24 h before each snapshot", ylabel="runs")
+    rates = gauges.reindex(columns=["wandb.push_to_main.success_rate_pct", "wandb.sweep.success_rate_pct"])
+    rates.rename(columns=lambda c: c.split(".")[1]).plot(ax=axes[1], marker=".")
+    minimum = thresholds["success_rate_min_pct"]
+    axes[1].axhline(minimum, color="red", linestyle="--", linewidth=1, label=f"push-to-main alert below {minimum:g}%")
+    axes[1].set(title="Success rate over the 24 h before each snapshot", ylabel="success rate, %", ylim=(0, 105))
+    gauges.reindex(columns=["wandb.training.total_gpu_hours_24h"]).rename(columns=lambda c: "all runs").plot(
+        ax=axes[2], marker="."
+    )
+    axes[2].set(title="GPU-hours used in the 24 h before each snapshot", ylabel="GPU-hours", xlabel="snapshot (UTC)")
+    for ax in axes:
+        _legend_outside(ax)
+    fig.tight_layout()
+    span = f"{len(gauges)} snapshots from {_when(gauges.index.min())} to {_when(gauges.index.max())} UTC"
+    alt = (
+        f"Fleet gauges over time, {span}. Runs alive, completed and failed in each 24 h window; push-to-main and "
+        f"sweep success rates against the {minimum:g}% push-to-main alert line; GPU-hours per 24 h window."
+    )
+    if len(gauges):
+        last = gauges.iloc[-1]
+        alt += f" Latest: {last.get('wandb.runs.active', float('nan')):.0f} runs alive, push-to-main success " + (
+            f"{last.get('wandb.push_to_main.success_rate_pct', float('nan')):.1f}%."
+        )
+    show(fig, alt)
+    return alt
+
+
+def daily_success_rate(daily: pd.DataFrame, partial: dict[date, str], thresholds: dict[str, float]) -> str:
+    """Daily success rate per category with the alert threshold; partial days greyed. ``daily``:
+    ``warehouse.daily_fleet``. Returns the alt text."""
+    rate = daily.pivot(index="day", columns="category", values="success_rate_pct").sort_index()
+    rate.index = pd.to_datetime(rate.index)
+    fig, ax = plt.subplots(figsize=(11, 4))
+    for category in rate.columns:  # matplotlib's dates, not pandas' period axis: the bands land on the days
+        ax.plot(rate.index, rate[category], marker=".", label=category)
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d"))
+    minimum = thresholds["success_rate_min_pct"]
+    ax.axhline(minimum, color="red", linestyle="--", linewidth=1, label=f"push-to-main alert below {minimum:g}%")
+    notes = _mark_partial_days(ax, [d.date() for d in rate.index], partial)
+    ax.set(
+        title="Daily success rate by category: finished / (finished + failed + crashed)",
+        ylabel="success rate, %",
+        xlabel="day of the run's end (UTC)",
+        ylim=(0, 105),
+    )
+    lowest = rate.get("all", pd.Series(dtype=float)).dropna()
+    alt = f"Daily success rate per category over {len(rate)} days, with the {minimum:g}% push-to-main alert line."
+    if len(lowest):
+        alt += f" All runs: lowest {lowest.min():.1f}% on {lowest.idxmin().date()}, last {lowest.iloc[-1]:.1f}%."
+    return _finish_daily(fig, ax, alt, notes)
+
+
+def daily_gpu_hours(daily: pd.DataFrame, partial: dict[date, str]) -> str:
+    """GPU-hours per day stacked by category; partial days greyed. Returns the alt text."""
+    gpu = (
+        daily[daily.category != "all"].pivot(index="day", columns="category", values="gpu_hours").fillna(0).sort_index()
+    )
+    days = [pd.Timestamp(d).date() for d in gpu.index]
+    fig, ax = plt.subplots(figsize=(11, 4))
+    gpu.plot(kind="bar", stacked=True, ax=ax, width=0.85)
+    notes = _mark_partial_days(ax, days, partial, bars=True)
+    ax.set_xticks(range(len(days)), [d.strftime("%m-%d") for d in days], rotation=90)
+    ax.set(title="GPU-hours per day by category", ylabel="GPU-hours", xlabel="day (UTC)")
+    totals = gpu.sum(axis=1)
+    alt = f"GPU-hours per day over {len(days)} days, stacked by category ({', '.join(gpu.columns)})."
+    if len(totals):
+        alt += f" Busiest day {pd.Timestamp(totals.idxmax()).date()} with {totals.max():,.0f} GPU-hours."
+    return _finish_daily(fig, ax, alt, notes)
+
+
+def _finish_daily(fig: Figure, ax: Axes, alt: str, notes: list[str]) -> str:
+    """Legend outside, the partial-day notes appended to the alt text, shown; returns the alt text."""
+    _legend_outside(ax, "category")
+    fig.tight_layout()
+    alt += "".join(f" {note}." for note in notes)
+    show(fig, alt)
+    return alt
+
+
+def _when(moment) -> str:
+    return "none" if pd.isna(moment) else pd.Timestamp(moment).strftime("%Y-%m-%d %H:%M")
