@@ -63,6 +63,7 @@ def test_definitions_contents():
         "fleet_alerts",
         "warehouse_snapshot",
         "fleet_report",
+        "offline_runs",
     }
     schedule = defs.get_schedule_def("every_15_minutes")
     assert schedule.cron_schedule == "*/15 * * * *"
@@ -72,9 +73,10 @@ def test_definitions_contents():
         "after_fleet_snapshot",
         "pipeline_failure_opens",
         "pipeline_failure_resolves",
+        "offline_run_logs",
     }
     assert all(s.default_status.value == "RUNNING" for s in defs.sensors)
-    assert {j.name for j in defs.jobs} == {"refresh", "backfill", "feed", "pipeline_alert", "report"}
+    assert {j.name for j in defs.jobs} == {"refresh", "backfill", "feed", "pipeline_alert", "report", "offline"}
 
 
 def test_no_module_imports_the_definitions_back():

@@ -141,6 +141,35 @@ def cmd_refresh(args: argparse.Namespace) -> int:
     return _tick(datetime.now(UTC).date(), args.quiet)
 
 
+def cmd_ingest_offline(args: argparse.Namespace) -> int:
+    from wandb_assets.settings import ConfigError
+
+    missing = [p for p in args.paths if not Path(p).exists()]
+    if missing:
+        raise ConfigError(f"{missing[0]} does not exist: give .wandb files, run directories or folders to scan.")
+    instance = _instance()
+    from wandb_assets.ticks import execute_feed, execute_offline, settle_pipeline_alert
+
+    result = execute_offline(instance, [str(Path(p).resolve()) for p in args.paths])
+    settle_pipeline_alert(instance, result)
+    code = _report(result, "ingest-offline")
+    if code:
+        return code
+    meta = {k: v.value for k, v in result.asset_materializations_for_node("offline_runs")[0].metadata.items()}
+    print(
+        f"Offline logs: {meta['logs_found']} found, {meta['logs_read']} read, {meta['logs_unchanged']} unchanged; "
+        f"{meta['runs_loaded']} runs loaded, {meta['runs_kept_mirrored']} kept as mirrored (W&B has them); "
+        f"{meta['logs_damaged']} damaged" + (f" {meta['damage_by_kind']}" if meta["logs_damaged"] else "")
+    )
+    feed = execute_feed(instance)
+    settle_pipeline_alert(instance, feed)
+    code = _report(feed, "feed")
+    if code == 0 and not args.quiet:
+        _print_gauges()
+        _print_alerts()
+    return code
+
+
 def cmd_backfill(args: argparse.Namespace) -> int:
     from wandb_assets.settings import ConfigError, pipeline_settings
 
@@ -400,6 +429,12 @@ def build_parser() -> argparse.ArgumentParser:
     refresh = sub.add_parser("refresh", help="do exactly what one 15-minute tick does, in this process")
     refresh.add_argument("--quiet", action="store_true", help="do not print the gauges")
     refresh.set_defaults(func=cmd_refresh)
+    offline = sub.add_parser(
+        "ingest-offline", help="read offline .wandb run logs (files, run directories, folders) into the warehouse"
+    )
+    offline.add_argument("paths", nargs="+", metavar="PATH")
+    offline.add_argument("--quiet", action="store_true", help="do not print the gauges")
+    offline.set_defaults(func=cmd_ingest_offline)
     backfill = sub.add_parser("backfill", help="re-read a range of UTC days from W&B in one run")
     backfill.add_argument("--start", required=True, help="first day, YYYY-MM-DD")
     backfill.add_argument("--end", help="last day, YYYY-MM-DD (default: today)")

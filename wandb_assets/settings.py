@@ -82,6 +82,12 @@ class Settings(BaseSettings):
         None, "DuckLake on S3: endpoint override (MinIO, a proxy); else `AWS_ENDPOINT_URL`.", "AWS default"
     )
     WANDB_ASSETS_DEFAULT_GPUS_PER_RUN: int = _var(1, "GPU count assumed for a run that records none.", ge=0)
+    WANDB_ASSETS_OFFLINE_DIRS: str = _var(
+        "",
+        "Folders (separated by `:`) searched recursively for offline `.wandb` run logs by the `offline_runs` "
+        "asset and its sensor; empty: no offline ingestion.",
+        "(none)",
+    )
     WANDB_ASSETS_START_DATE: date = _var(
         date.fromisoformat(DEFAULT_START_DATE), "First day (UTC) of the daily `runs` partitions."
     )
@@ -250,6 +256,7 @@ class PipelineSettings:
     unfinished_window_days: int = 7
     fetch_concurrency: int = 4
     staging_dir: Path = Path("staging")
+    offline_dirs: tuple[str, ...] = ()
 
 
 SecretLoader = Callable[[str], Mapping[str, str]]
@@ -270,6 +277,7 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
         unfinished_window_days=s.WANDB_ASSETS_UNFINISHED_WINDOW_DAYS,
         fetch_concurrency=s.WANDB_ASSETS_FETCH_CONCURRENCY,
         staging_dir=s.WANDB_ASSETS_STAGING_DIR or _default_staging_dir(s),
+        offline_dirs=tuple(d for d in s.WANDB_ASSETS_OFFLINE_DIRS.split(os.pathsep) if d.strip()),
     )
 
 

@@ -23,6 +23,7 @@ from wandb_assets.defs.feed.pipeline_failure import (
 )
 from wandb_assets.defs.fleet.jobs import BACKFILL_JOB, REFRESH_JOB, partition_range_tags, plan_tick
 from wandb_assets.defs.report.jobs import REPORT_JOB
+from wandb_assets.defs.wandb_runs.offline import OFFLINE_JOB
 
 log = logging.getLogger("wandb_assets")
 
@@ -72,6 +73,11 @@ def execute_backfill(
     level = "info" if progress_lines else "debug"
     run_config = {"ops": {"staged_runs": {"config": {"progress_log_level": level}}}}
     return _execute(instance, BACKFILL_JOB, run_config, tags=partition_range_tags(first, last))
+
+
+def execute_offline(instance: DagsterInstance, paths: list[str]) -> ExecuteInProcessResult:
+    """Offline logs under ``paths`` into ``runs``, then the fleet tables and a snapshot (the ``offline`` job)."""
+    return _execute(instance, OFFLINE_JOB, {"ops": {"offline_runs": {"config": {"paths": paths}}}})
 
 
 def execute_feed(instance: DagsterInstance, now: str = "") -> ExecuteInProcessResult:

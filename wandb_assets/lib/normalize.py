@@ -222,6 +222,8 @@ def run_row(node: dict, *, entity: str, project: str, app_url: str, default_gpus
         "config": to_json(config),
         "summary": to_json(summary),
         "anomalies": anomalies,
+        "source": "wandb",
+        "log_path": None,
     }
     for key, column in SPS_KEYS.items():
         value = summary.get(key)

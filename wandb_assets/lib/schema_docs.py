@@ -55,6 +55,9 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "anomalies": "fields that were malformed and stored as NULL or {} (summary, config, created_at, "
             "gpu_count), and SPS columns whose value was NaN or infinite",
             "ingested_at": "when this row was written, UTC",
+            "source": "wandb (mirrored from the W&B API; authoritative) or offline (read from a .wandb log by "
+            "`wandb-assets ingest-offline` / the offline_runs asset; replaced by the mirrored copy once synced)",
+            "log_path": "the offline .wandb log an offline row was read from (NULL for mirrored rows)",
         },
     ),
     "push_to_main_sps": (
@@ -114,6 +117,24 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "last_error": "last failure, one line (never the key)",
             "delivered_at": "when Datadog accepted it, UTC",
             "enqueued_at": "when it entered the ledger, UTC",
+        },
+    ),
+    "offline_log_files": (
+        "table",
+        "Every offline .wandb log read by `wandb-assets ingest-offline` or the offline_runs asset: a log whose "
+        "size and modification time are unchanged is not read again.",
+        {
+            "path": "absolute path of the .wandb file",
+            "size": "file size when read, bytes",
+            "mtime_ns": "file modification time when read, nanoseconds since the epoch",
+            "run_id": "the run id the log records (empty when the log has no run record)",
+            "records": "records read, count",
+            "history_rows": "history records read (only their final values are kept), count",
+            "damage": "JSON list of damaged stretches: kind (corrupt, truncated, bad_header, unparsable, "
+            "unreadable), byte offset, detail; [] for an intact log",
+            "loaded": "loaded, kept mirrored (W&B already has the run: the mirrored row stays), or why not "
+            "(no run record)",
+            "read_at": "when it was read, UTC",
         },
     ),
     "alerts": (

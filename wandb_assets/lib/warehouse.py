@@ -57,7 +57,12 @@ RUNS_COLUMNS: dict[str, str] = {
     "summary": "JSON",
     "anomalies": "VARCHAR[]",
     "ingested_at": "TIMESTAMP",
+    "source": "VARCHAR",
+    "log_path": "VARCHAR",
 }
+
+#: Where a row came from: mirrored from the W&B API (authoritative) or read from an offline ``.wandb`` log.
+SOURCE_WANDB, SOURCE_OFFLINE = "wandb", "offline"
 
 #: A run id is never missing (W&B always sends one); the constraint also makes a bad load fail at the INSERT.
 _NOT_NULL = {"run_id": " NOT NULL"}
@@ -143,6 +148,7 @@ def ensure_schema(con) -> None:
     con.execute("ALTER TABLE report_publications ADD COLUMN IF NOT EXISTS artifact VARCHAR")
     con.execute(LEDGER_SQL)
     con.execute(ALERT_SQL)
+    con.execute(OFFLINE_FILES_SQL)
     con.execute(VIEWS_SQL)
     for statement in comment_statements(lake):
         con.execute(statement)
@@ -216,15 +222,85 @@ def load_runs_window(
             )
         # The window, plus any earlier copy of a fetched run (one whose created_at could not be parsed
         # before, moved, or an unfinished run refreshed by id): a run id appears once in the table.
+        # Offline copies in the window stay (W&B does not know them), unless W&B now sends the same run id.
         con.execute(
-            "DELETE FROM runs WHERE (created_at >= $start AND created_at < $end) "
+            "DELETE FROM runs WHERE (created_at >= $start AND created_at < $end "
+            f"AND coalesce(source, '{SOURCE_WANDB}') <> '{SOURCE_OFFLINE}') "
             "OR run_id IN (SELECT run_id FROM incoming_runs)",
             {"start": start, "end": end},
         )
-        con.execute("INSERT INTO runs BY NAME SELECT * FROM incoming_runs")
+        con.execute(
+            f"INSERT INTO runs BY NAME SELECT * REPLACE (coalesce(source, '{SOURCE_WANDB}') AS source) "
+            "FROM incoming_runs"
+        )
         loaded = con.execute("SELECT count(*) FROM incoming_runs").fetchone()[0]
         con.execute("DROP TABLE incoming_runs")
     return loaded
+
+
+OFFLINE_FILES_SQL = """
+CREATE TABLE IF NOT EXISTS offline_log_files (
+    path VARCHAR, size BIGINT, mtime_ns BIGINT, run_id VARCHAR, records INTEGER, history_rows INTEGER,
+    damage JSON, loaded VARCHAR, read_at TIMESTAMP
+);
+"""
+
+
+def read_offline_file_states(con) -> dict[str, tuple[int, int]]:
+    """``{path: (size, mtime_ns)}`` of every offline log already read (an unchanged log is not read again)."""
+    ensure_schema(con)
+    rows = con.execute("SELECT path, size, mtime_ns FROM offline_log_files").fetchall()
+    return {path: (size, mtime_ns) for path, size, mtime_ns in rows}
+
+
+@retry_on_conflict
+def load_offline_runs(con, staged_path: str | None, files: list[dict[str, Any]], now: datetime) -> dict[str, int]:
+    """Load offline runs staged in ``staged_path`` (NDJSON ``runs`` rows) and record the ``files`` read, in one
+    transaction. A run W&B already mirrored keeps its mirrored row (authoritative); an earlier offline copy of
+    the same run id is replaced. Returns counts: ``loaded``, ``kept_mirrored``."""
+    ensure_schema(con)
+    with transaction(con):
+        if staged_path:
+            con.execute(f"CREATE OR REPLACE TEMP TABLE incoming_runs AS {_READ_STAGED}", {"paths": [staged_path]})
+        else:
+            con.execute("CREATE OR REPLACE TEMP TABLE incoming_runs AS SELECT * FROM runs LIMIT 0")
+        mirrored = {
+            r[0]
+            for r in con.execute(
+                "SELECT run_id FROM runs WHERE run_id IN (SELECT run_id FROM incoming_runs) "
+                f"AND coalesce(source, '{SOURCE_WANDB}') <> '{SOURCE_OFFLINE}'"
+            ).fetchall()
+        }
+        con.execute(
+            f"DELETE FROM runs WHERE source = '{SOURCE_OFFLINE}' AND run_id IN (SELECT run_id FROM incoming_runs)"
+        )
+        con.execute(
+            f"INSERT INTO runs BY NAME SELECT * REPLACE ('{SOURCE_OFFLINE}' AS source) FROM incoming_runs "
+            "WHERE run_id NOT IN (SELECT run_id FROM runs)"
+        )
+        loaded = con.execute("SELECT count(*) FROM incoming_runs").fetchone()[0] - len(mirrored)
+        con.execute("DROP TABLE incoming_runs")
+        for entry in files:
+            con.execute("DELETE FROM offline_log_files WHERE path = $path", {"path": entry["path"]})
+        if files:  # DuckDB refuses executemany with no parameter sets
+            con.executemany(
+                "INSERT INTO offline_log_files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        f["path"],
+                        f["size"],
+                        f["mtime_ns"],
+                        f["run_id"],
+                        f["records"],
+                        f["history_rows"],
+                        json.dumps(f["damage"]),
+                        "kept mirrored" if f["run_id"] in mirrored else f["loaded"],
+                        now,
+                    )
+                    for f in files
+                ],
+            )
+    return {"loaded": loaded, "kept_mirrored": len(mirrored)}
 
 
 def replace_runs_window(con, rows: Iterable[dict[str, Any]], start: datetime, end: datetime) -> int:

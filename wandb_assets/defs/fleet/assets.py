@@ -30,7 +30,7 @@ COMMON = {
     "group_name": "fleet",
     "kinds": {"duckdb"},
     "owners": ["team:ml-platform"],
-    "deps": [AssetKey("runs")],
+    "deps": [AssetKey("runs"), AssetKey("offline_runs")],
     "pool": WAREHOUSE_POOL,
 }
 

@@ -1,0 +1,315 @@
+"""Offline W&B run logs into the warehouse: logs written by the installed wandb (and one in the older Python
+client's format) read back exactly; damaged logs keep what precedes the damage; idempotence; the mirrored copy
+wins; the Dagster job, its metadata and the sensor."""
+
+import json
+import math
+import shutil
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import duckdb
+import pytest
+from dagster import build_sensor_context
+
+from tests.fleet import fleet_row
+from tests.offline_logs import legacy_log_bytes, legacy_records, log_of, write_offline_run
+from wandb_assets.lib.offline_runs import find_run_logs, offline_node, read_changed_logs, read_offline_run
+from wandb_assets.lib.warehouse import replace_runs_window
+
+STALL = timedelta(minutes=30)
+ROWS = {"ci": 400, "failed": 5, "sweep": 3, "killed": 2000}
+
+
+@pytest.fixture(scope="module")
+def offline_tree(tmp_path_factory):
+    """Four offline runs written by the installed wandb, and when (UTC) they were written."""
+    root = tmp_path_factory.mktemp("offline")
+    before = datetime.now(UTC).replace(tzinfo=None)
+    for scenario, rows in ROWS.items():
+        write_offline_run(root, scenario, rows)
+    time.sleep(1)  # the killed run's wandb-core finishes writing what it had
+    return root, before, datetime.now(UTC).replace(tzinfo=None)
+
+
+def rows_by_id(report) -> dict:
+    return {row["run_id"]: row for row in report.rows}
+
+
+def test_offline_runs_are_read_back_exactly(offline_tree):
+    root, before, after = offline_tree
+    report = read_changed_logs([root], {}, now=after + timedelta(hours=1), stall=STALL, default_gpus=1)
+    assert report.found == 4 and report.unchanged == 0 and report.missing == []
+    rows = rows_by_id(report)
+    assert sorted(rows) == ["ci0001", "fail0001", "kill0001", "sweep0001"]
+
+    ci = rows["ci0001"]
+    assert (ci["state"], ci["category"], ci["name"]) == (
+        "finished",
+        "push_to_main",
+        "github.sky.main.abc1234.ppo_atari.20261120T101010",
+    )
+    assert (ci["ci_branch"], ci["ci_commit"], ci["ci_config"], ci["ci_timestamp"]) == (
+        "main",
+        "abc1234",
+        "ppo_atari",
+        datetime(2026, 11, 20, 10, 10, 10),
+    )
+    # The five SPS keys: the last of 400 rows (i = 399).
+    assert [ci[c] for c in ("sps_overview_steps_per_second", "sps_overview_epoch_steps_per_second")] == [1399, 2399]
+    assert [ci[c] for c in ("sps_overview_sps", "sps_timing_cumulative_sps", "sps_timing_per_epoch_sps")] == [
+        3399,
+        4399,
+        5399,
+    ]
+    assert (ci["gpu_count"], ci["gpu_type"], ci["tags"], ci["group_name"], ci["job_type"]) == (
+        8,
+        "H100",
+        ["ci", "main"],
+        "g1",
+        "bench",
+    )
+    assert (ci["source"], ci["url"], ci["log_path"]) == ("offline", None, str(log_of(root, "ci0001").resolve()))
+    assert ci["cli_version"] == "0.31.0" and ci["summary_step"] == 399 and ci["anomalies"] == []
+    config = json.loads(ci["config"])
+    assert config == {
+        "lr": 0.001,
+        "compute": {"gpu_count": 8, "gpu_type": "H100"},
+        "nested": {"a": {"b": [1, 2]}},
+        "unicode": "h\u00e9llo \u2713",
+        "inf": math.inf,
+    }
+    summary = json.loads(ci["summary"])
+    assert summary["loss"] == 0.0  # the summary write, not the history's 1/400
+    assert summary["eval"] == {"acc": 3.99}  # a nested history key, its last value
+    assert (summary["best"], summary["neg_inf"], summary["emoji"], summary["_step"]) == (
+        42.5,
+        -math.inf,
+        "\u2713 \u00fcn\u00ef",
+        399,
+    )
+    assert summary["nan"] is None  # wandb-core writes a NaN summary value as null
+    assert before <= ci["created_at"] <= ci["heartbeat_at"] == ci["ended_at"] <= after
+    assert 0 <= ci["duration_hours"] < 0.1
+
+    assert (rows["fail0001"]["state"], rows["fail0001"]["category"]) == ("failed", "regular")
+    assert json.loads(rows["fail0001"]["summary"])["loss"] == 4.0
+    sweep = rows["sweep0001"]
+    assert (sweep["state"], sweep["category"], sweep["sweep_id"]) == ("finished", "sweep", "sw123abc")
+    killed = rows["kill0001"]
+    assert (killed["state"], killed["ended_at"]) == ("crashed", killed["heartbeat_at"])  # no exit, log > 30 min old
+    assert json.loads(killed["config"]) == {"lr": 0.5}
+    step = json.loads(killed["summary"])["_step"]
+    assert json.loads(killed["summary"])["loss"] == step and 0 <= step <= 1999
+    # The same killed log seen a minute after its last record: still running.
+    run = read_offline_run(log_of(root, "kill0001"))
+    # SIGKILL can land while wandb-core is writing: the log may end mid-record (kept up to there) or not.
+    assert run.exit_code is None and [d.kind for d in run.damage] in ([], ["truncated"])
+    assert offline_node(run, run.last_record_at + timedelta(minutes=1), STALL)["state"] == "running"
+
+
+def test_a_log_cut_mid_write_keeps_every_record_before_the_cut(offline_tree, tmp_path):
+    root, _, _ = offline_tree
+    data = log_of(root, "ci0001").read_bytes()
+    cut = tmp_path / "run-ci0001.wandb"
+    cut.write_bytes(data[: int(len(data) * 0.6)])
+    run = read_offline_run(cut)
+    assert [d.kind for d in run.damage] == ["truncated"]
+    assert (run.run_id, run.exit_code) == ("ci0001", None)
+    assert run.config["compute"] == {"gpu_count": 8, "gpu_type": "H100"}
+    step = run.summary["_step"]
+    assert 0 < step < 399
+    assert (run.summary["overview/sps"], run.summary["timing_per_epoch/sps"]) == (3000 + step, 5000 + step)
+
+
+def test_a_corrupt_block_is_skipped_and_the_rest_of_the_log_is_kept(offline_tree, tmp_path):
+    root, _, _ = offline_tree
+    data = bytearray(log_of(root, "ci0001").read_bytes())
+    assert len(data) > 3 * 32768  # the damage is in the second block, the exit record in a later one
+    data[32768 + 200] ^= 0xFF
+    damaged = tmp_path / "run-ci0001.wandb"
+    damaged.write_bytes(bytes(data))
+    run = read_offline_run(damaged)
+    assert [d.kind for d in run.damage] == ["corrupt"]
+    assert 32768 <= run.damage[0].offset < 2 * 32768
+    assert run.exit_code == 0 and run.summary["_step"] == 399 and run.summary["overview/sps"] == 3399
+    intact = read_offline_run(log_of(root, "ci0001"))
+    assert 0 < intact.records - run.records < 32768 // 50  # one block's worth of records lost, no more
+
+
+def test_what_is_not_a_log_is_counted_not_loaded(tmp_path):
+    (tmp_path / "run-bogus.wandb").write_bytes(b"not a wandb log at all")
+    report = read_changed_logs([tmp_path], {}, now=datetime(2026, 1, 1), stall=STALL, default_gpus=1)
+    assert report.rows == []
+    (entry,) = report.files
+    assert (entry["loaded"], [d["kind"] for d in entry["damage"]]) == ("no run record", ["bad_header"])
+    assert report.damage_counts() == {"bad_header": 1}
+
+
+@pytest.mark.parametrize("header", [True, False], ids=["0.10-0.16 Python client", "0.10 pre-release, no header"])
+def test_a_log_in_the_older_python_clients_format(tmp_path, header):
+    start = 1_700_000_000
+    path = tmp_path / "run-legacy01.wandb"
+    path.write_bytes(legacy_log_bytes(legacy_records(300, start), header=header))
+    assert path.stat().st_size > 2 * 32768  # block padding and a record split over blocks are exercised
+    report = read_changed_logs([tmp_path], {}, now=datetime(2030, 1, 1), stall=STALL, default_gpus=1)
+    (row,) = report.rows
+    assert report.files[0]["damage"] == []
+    assert (row["run_id"], row["name"], row["state"], row["gpu_count"], row["cli_version"]) == (
+        "legacy01",
+        "legacy-run",
+        "finished",
+        2,
+        "0.10.33",
+    )
+    assert (row["tags"], row["group_name"], row["job_type"]) == (["old"], "grp", "train")
+    summary = json.loads(row["summary"])
+    # The summary record wins for loss/_step; the history's last row fills _timestamp, _runtime and big.
+    assert {k: v for k, v in summary.items() if k != "big"} == {
+        "loss": 0.5,
+        "accuracy": 0.9,
+        "_step": 299,
+        "_timestamp": start + 299,
+        "_runtime": 299,
+    }
+    assert summary["big"] == "x" * 40000
+    created = datetime(2023, 11, 14, 22, 13, 20)  # 1_700_000_000 s
+    assert (row["created_at"], row["heartbeat_at"]) == (created, created + timedelta(seconds=305))  # exit runtime
+
+
+def test_finding_logs_in_files_run_directories_and_trees(offline_tree, tmp_path):
+    root, _, _ = offline_tree
+    ci_log = log_of(root, "ci0001")
+    files, missing = find_run_logs([ci_log, ci_log.parent, root, tmp_path / "nope"])
+    assert sorted(f.name for f in files) == [f"run-{i}.wandb" for i in ("ci0001", "fail0001", "kill0001", "sweep0001")]
+    assert len(set(files)) == 4  # the file, its directory and the tree name it once
+    assert missing == [str(tmp_path / "nope")]
+
+
+# -- the warehouse, the Dagster job, the CLI and the sensor --------------------------------------------------
+
+
+@pytest.fixture
+def offline_env(monkeypatch, tmp_path, offline_tree):
+    root, _, _ = offline_tree
+    tree = tmp_path / "tree"
+    shutil.copytree(root, tree, symlinks=True)  # wandb/latest-run is a symlink to the last run
+    monkeypatch.setenv("WANDB_ASSETS_OFFLINE_DIRS", str(tree))
+    return tree
+
+
+def table(con, sql: str) -> list[tuple]:
+    return con.execute(sql).fetchall()
+
+
+def test_the_offline_job_loads_runs_once_and_the_mirrored_copy_wins(offline_env, instance, warehouse_path):
+    from wandb_assets.ticks import execute_offline
+
+    result = execute_offline(instance, [])
+    assert result.success
+    meta = {k: v.value for k, v in result.asset_materializations_for_node("offline_runs")[0].metadata.items()}
+    assert (meta["logs_found"], meta["logs_read"], meta["runs_loaded"]) == (4, 4, 4)
+    # Only the SIGKILLed run's log may be damaged (cut mid-record, when the kill beat wandb-core's flush).
+    assert {Path(r.data["path"]).name for r in meta["damage"].records} <= {"run-kill0001.wandb"}
+    con = duckdb.connect(str(warehouse_path), read_only=True)
+    runs_sql = "SELECT * EXCLUDE (ingested_at) FROM runs ORDER BY run_id"
+    first = table(con, runs_sql)
+    stamps = table(con, "SELECT run_id, ingested_at FROM runs ORDER BY run_id")
+    assert table(con, "SELECT run_id, source, state FROM runs ORDER BY run_id") == [
+        ("ci0001", "offline", "finished"),
+        ("fail0001", "offline", "failed"),
+        ("kill0001", "offline", "running"),  # its log ended seconds ago: within the 30-minute stall threshold
+        ("sweep0001", "offline", "finished"),
+    ]
+    assert table(con, "SELECT run_id, sps_overview_sps FROM push_to_main_sps") == [("ci0001", 3399.0)]
+    assert table(con, "SELECT count(DISTINCT snapshot_at) FROM fleet_metrics") == [(1,)]
+    con.close()
+
+    # Again: nothing read, nothing written.
+    again = execute_offline(instance, [])
+    meta = {k: v.value for k, v in again.asset_materializations_for_node("offline_runs")[0].metadata.items()}
+    assert (meta["logs_read"], meta["logs_unchanged"], meta["runs_loaded"]) == (0, 4, 0)
+    con = duckdb.connect(str(warehouse_path), read_only=True)
+    assert table(con, runs_sql) == first
+    assert table(con, "SELECT run_id, ingested_at FROM runs ORDER BY run_id") == stamps
+    con.close()
+
+    # W&B mirrors fail0001 (finished there) and a tick reloads the window holding all four offline runs.
+    con = duckdb.connect(str(warehouse_path))
+    created = table(con, "SELECT created_at FROM runs WHERE run_id = 'fail0001'")[0][0]
+    mirrored = fleet_row("fail0001", "finished", "regular", created, created + timedelta(minutes=5))
+    replace_runs_window(con, [mirrored], created - timedelta(days=1), created + timedelta(days=1))
+    assert table(con, "SELECT run_id, source, state FROM runs ORDER BY run_id") == [
+        ("ci0001", "offline", "finished"),
+        ("fail0001", "wandb", "finished"),
+        ("kill0001", "offline", "running"),
+        ("sweep0001", "offline", "finished"),
+    ]
+    con.close()
+
+    # The offline log of fail0001 grows: it is read again, but the mirrored row stays.
+    log = next(offline_env.rglob("run-fail0001.wandb"))
+    with log.open("ab") as handle:
+        handle.write(b"\x00" * 10)
+    grown = execute_offline(instance, [])
+    meta = {k: v.value for k, v in grown.asset_materializations_for_node("offline_runs")[0].metadata.items()}
+    assert (meta["logs_read"], meta["runs_loaded"], meta["runs_kept_mirrored"]) == (1, 0, 1)
+    con = duckdb.connect(str(warehouse_path), read_only=True)
+    assert table(con, "SELECT source, state FROM runs WHERE run_id = 'fail0001'") == [("wandb", "finished")]
+    assert table(con, f"SELECT loaded FROM offline_log_files WHERE path = '{log.resolve()}'") == [("kept mirrored",)]
+    con.close()
+
+
+def test_damage_is_counted_in_the_metadata_and_never_stops_the_other_runs(offline_env, instance, warehouse_path):
+    from wandb_assets.ticks import execute_offline
+
+    log = next(offline_env.rglob("run-ci0001.wandb"))
+    log.write_bytes(log.read_bytes()[: int(log.stat().st_size * 0.6)])
+    (offline_env / "junk").mkdir()
+    (offline_env / "junk" / "run-junk.wandb").write_bytes(b"junk")
+    result = execute_offline(instance, [])
+    assert result.success
+    meta = {k: v.value for k, v in result.asset_materializations_for_node("offline_runs")[0].metadata.items()}
+    found = sorted((r["kind"], Path(r["path"]).name) for r in (rec.data for rec in meta["damage"].records))
+    found = [entry for entry in found if entry[1] != "run-kill0001.wandb"]  # (see the test above)
+    assert (meta["logs_found"], meta["runs_loaded"]) == (5, 4)
+    assert found == [("bad_header", "run-junk.wandb"), ("truncated", "run-ci0001.wandb")]
+    con = duckdb.connect(str(warehouse_path), read_only=True)
+    assert table(con, "SELECT state, list_contains(anomalies, 'log_damaged') FROM runs WHERE run_id = 'ci0001'") == [
+        ("running", True)  # no exit record, last record seconds ago
+    ]
+    con.close()
+
+
+def test_the_sensor_launches_on_new_or_grown_logs_only(offline_env, instance):
+    from wandb_assets.defs.wandb_runs.offline import offline_run_logs
+
+    context = build_sensor_context(instance=instance)
+    first = offline_run_logs(context)
+    assert first.__class__.__name__ == "RunRequest" and first.tags["wandb_assets/offline_logs_changed"] == "4"
+    context = build_sensor_context(instance=instance, cursor=context.cursor)
+    assert offline_run_logs(context).__class__.__name__ == "SkipReason"
+    log = next(offline_env.rglob("run-sweep0001.wandb"))
+    with log.open("ab") as handle:
+        handle.write(b"\x00")
+    context = build_sensor_context(instance=instance, cursor=context.cursor)
+    grown = offline_run_logs(context)
+    assert grown.__class__.__name__ == "RunRequest" and grown.tags["wandb_assets/offline_logs_changed"] == "1"
+    assert grown.run_key != first.run_key
+
+
+def test_ingest_offline_with_a_missing_path_exits_2_with_one_sentence(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "wandb_assets.cli", "ingest-offline", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"error: {tmp_path / 'nope'} does not exist: give .wandb files, run directories or folders to scan."
+    )
