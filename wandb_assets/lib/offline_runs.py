@@ -13,9 +13,10 @@ Damage never aborts a run: a chunk whose CRC does not match, or whose header is 
 of its 32 KiB block (reading resumes at the next block, as LevelDB's reader does); a file cut mid-record
 keeps every record before the cut. Both are counted in ``OfflineRun.damage``.
 
-Speed: a 10,000-step run is ~30,000 records. Records are framed in one pass, typed by their first bytes,
-and the history and summary records are each parsed as one merged protobuf (concatenated protobufs parse as
-their merge, so the repeated items come out in order), then folded last-wins.
+Speed: a 10,000-step run written by wandb-core is ~30,000 records (each history row is followed by a summary
+update mirroring it). Records are framed in one pass, then all of them are parsed in one C-level call as a
+single message whose fields are ``Record``'s oneof members (see ``_log_view``), and the history and summary
+items are folded last-wins.
 
 Nothing here imports Dagster or reads the environment.
 """
@@ -36,8 +37,6 @@ BLOCK = 32 * 1024
 HEADER = b":W&B" + struct.pack("<HB", 0xBEE1, 0)
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 _SEEDS = {kind: zlib.crc32(bytes([kind])) for kind in (FULL, FIRST, MIDDLE, LAST)}
-#: ``Record`` oneof field numbers (wandb_internal.proto; stable since 0.10).
-HISTORY, SUMMARY = 2, 3
 #: File name of a run's log inside its run directory.
 LOG_GLOB = "*.wandb"
 
@@ -74,7 +73,7 @@ class OfflineRun:
     config: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     records: int = 0
-    history_rows: int = 0
+    history_items: int = 0
     damage: list[Damage] = field(default_factory=list)
 
 
@@ -106,8 +105,9 @@ def file_states(files: Iterable[Path]) -> dict[str, tuple[int, int]]:
     return states
 
 
-def read_frames(data: bytes) -> tuple[list[bytes], list[Damage]]:
-    """The record payloads of a ``.wandb`` file's bytes, in order, and the damage met on the way."""
+def read_frames(data: bytes) -> tuple[list[memoryview], list[Damage]]:
+    """The record payloads (views into ``data``) of a ``.wandb`` file's bytes, in order, and the damage met on
+    the way."""
     damage: list[Damage] = []
     start = len(HEADER)
     if not data.startswith(HEADER[:4]):
@@ -120,6 +120,7 @@ def read_frames(data: bytes) -> tuple[list[bytes], list[Damage]]:
     append = payloads.append
     unpack, crc32, seeds = struct.unpack_from, zlib.crc32, _SEEDS
     offset, size, pending, pending_at = start, len(data), None, 0
+    view = memoryview(data)
     while offset + 7 <= size:
         room = BLOCK - offset % BLOCK
         if room < 7:  # block trailer
@@ -139,7 +140,7 @@ def read_frames(data: bytes) -> tuple[list[bytes], list[Damage]]:
             damage.append(Damage("truncated", offset, f"file ends {end - size} bytes into a record"))
             pending = None
             break
-        chunk = data[offset + 7 : end]
+        chunk = view[offset + 7 : end]  # no copy: the one join in _parse_log copies each payload once
         if crc32(chunk, seeds[kind]) != checksum:
             damage.append(Damage("corrupt", offset, "CRC mismatch; the rest of the block was skipped"))
             offset += room
@@ -175,45 +176,6 @@ def _valid_chunk_at(data: bytes, offset: int) -> bool:
     return kind in _SEEDS and len(chunk) == length and zlib.crc32(chunk, _SEEDS[kind]) == checksum
 
 
-#: ``Record`` fields outside its ``record_type`` oneof: num, control, uuid, _info.
-_NOT_ONEOF = frozenset((1, 16, 19, 200))
-
-
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    value, shift = 0, 0
-    while i < len(data):
-        byte = data[i]
-        value |= (byte & 0x7F) << shift
-        i += 1
-        if not byte & 0x80:
-            break
-        shift += 7
-    return value, i
-
-
-def _record_type(payload: bytes) -> int:
-    """The field number of a serialised ``Record``'s oneof, read from its tags (the fields around the oneof,
-    such as ``num`` and ``_info``, are skipped; writers order them differently). 0 if there is none."""
-    i, size = 0, len(payload)
-    while i < size:
-        tag, i = _varint(payload, i)
-        number, wire = tag >> 3, tag & 7
-        if number not in _NOT_ONEOF:
-            return number
-        if wire == 0:
-            _, i = _varint(payload, i)
-        elif wire == 2:
-            length, i = _varint(payload, i)
-            i += length
-        elif wire == 1:
-            i += 8
-        elif wire == 5:
-            i += 4
-        else:
-            return 0
-    return 0
-
-
 def _decode(value_json: str) -> Any:
     try:
         return json.loads(value_json) if value_json else None
@@ -244,12 +206,61 @@ def _remove(target: dict, path: tuple[str, ...]) -> None:
         target.pop(path[-1], None)
 
 
-def _fold(items) -> dict[tuple[str, ...], str]:
-    """Last value (raw JSON) per key path, over repeated ``update``/``item`` messages in log order."""
-    folded: dict[tuple[str, ...], str] = {}
+def _fold(items) -> dict[str | tuple[str, ...], str]:
+    """Last value (raw JSON) per key, over repeated ``update``/``item`` messages in log order. A key is the
+    string itself (``key`` or a one-part ``nested_key``: W&B treats them alike) or the tuple of its parts."""
+    folded: dict[str | tuple[str, ...], str] = {}
     for item in items:
-        folded[(item.key,) if item.key else tuple(item.nested_key)] = item.value_json
+        key = item.key
+        if not key:
+            parts = item.nested_key
+            key = parts[0] if len(parts) == 1 else tuple(parts)
+        folded[key] = item.value_json
     return folded
+
+
+def _log_view():
+    """A message type that parses a whole log's record payloads, concatenated, in one C-level call.
+
+    Concatenated protobufs parse as their merge, but ``Record``'s oneof would keep only the last kind, so this
+    type declares the members it needs as plain fields: ``history`` and ``summary`` merge (their items append
+    in log order), the others are repeated (one entry per record, in order). Their types are wandb's own."""
+    global _VIEW
+    if _VIEW is None:
+        from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+        from wandb.proto import wandb_internal_pb2
+
+        field = descriptor_pb2.FieldDescriptorProto
+        proto = descriptor_pb2.FileDescriptorProto(
+            name="wandb_assets/offline_log_view.proto",
+            package="wandb_assets_offline",
+            syntax="proto3",
+            dependency=[wandb_internal_pb2.DESCRIPTOR.name],
+        )
+        view = proto.message_type.add(name="LogView")
+        optional, repeated = field.LABEL_OPTIONAL, field.LABEL_REPEATED
+        for name, number, label, type_name in (
+            ("history", 2, optional, "HistoryRecord"),
+            ("summary", 3, optional, "SummaryRecord"),
+            ("config", 5, repeated, "ConfigRecord"),
+            ("stats", 7, repeated, "StatsRecord"),
+            ("telemetry", 11, repeated, "TelemetryRecord"),
+            ("run", 17, repeated, "RunRecord"),
+            ("exit", 18, repeated, "RunExitRecord"),
+        ):
+            view.field.add(
+                name=name, number=number, type=field.TYPE_MESSAGE, label=label, type_name=f".wandb_internal.{type_name}"
+            )
+        pool = descriptor_pool.Default()
+        try:
+            pool.FindFileByName(proto.name)
+        except KeyError:
+            pool.Add(proto)
+        _VIEW = message_factory.GetMessageClass(pool.FindMessageTypeByName("wandb_assets_offline.LogView"))
+    return _VIEW
+
+
+_VIEW = None
 
 
 def _time(seconds: float | None) -> datetime | None:
@@ -264,9 +275,6 @@ def _time(seconds: float | None) -> datetime | None:
 def read_offline_run(path: str | os.PathLike) -> OfflineRun:
     """Read one ``.wandb`` file: the run's identity, config, final summary, exit and times. Never raises on a
     damaged log (see ``read_frames``); an unreadable file is a ``Damage`` too."""
-    from google.protobuf.message import DecodeError
-    from wandb.proto import wandb_internal_pb2 as pb
-
     run = OfflineRun(path=str(path))
     try:
         data = Path(path).read_bytes()
@@ -275,87 +283,62 @@ def read_offline_run(path: str | os.PathLike) -> OfflineRun:
         return run
     payloads, run.damage = read_frames(data)
     run.records = len(payloads)
-    history: list[bytes] = []
-    summary: list[bytes] = []
-    others: list[tuple[int, bytes]] = []
-    for index, payload in enumerate(payloads):
-        kind = _record_type(payload)
-        (history if kind == HISTORY else summary if kind == SUMMARY else others).append(
-            payload if kind in (HISTORY, SUMMARY) else (index, payload)  # type: ignore[arg-type]
-        )
-    run.history_rows = len(history)
+    full = _parse_log(payloads, run)
 
-    config: dict[tuple[str, ...], Any] = {}
-    removed_summary: list[tuple[int, tuple[str, ...]]] = []
+    config: dict[str | tuple[str, ...], Any] = {}
     times: list[float] = []
-    start_seconds: float | None = None
     runtimes: list[float] = []
-    for _index, payload in others:
-        try:
-            record = pb.Record.FromString(payload)
-        except DecodeError:
-            run.damage.append(Damage("unparsable", 0, "a record that is not a protobuf"))
-            continue
-        kind = record.WhichOneof("record_type")
-        if kind == "run":
-            r = record.run
-            run.run_id = r.run_id or run.run_id
-            run.entity, run.project = r.entity or run.entity, r.project or run.project
-            run.display_name = r.display_name or run.display_name
-            run.tags = list(r.tags) or run.tags
-            run.group, run.job_type = r.run_group or run.group, r.job_type or run.job_type
-            run.sweep_id, run.host = r.sweep_id or run.sweep_id, r.host or run.host
-            if r.HasField("start_time"):
-                start_seconds = r.start_time.seconds + r.start_time.nanos / 1e9
-            for item in r.config.update:
-                config[_path(item)] = _decode(item.value_json)
-            for item in r.config.remove:
-                config.pop(_path(item), None)
-        elif kind == "config":
-            for item in record.config.update:
-                config[_path(item)] = _decode(item.value_json)
-            for item in record.config.remove:
-                config.pop(_path(item), None)
-        elif kind == "exit":
-            run.exit_code = record.exit.exit_code
-            runtimes.append(record.exit.runtime)
-        elif kind == "telemetry" and record.telemetry.cli_version:
-            run.cli_version = record.telemetry.cli_version
-        elif kind == "stats" and record.stats.HasField("timestamp"):
-            times.append(record.stats.timestamp.seconds + record.stats.timestamp.nanos / 1e9)
+    start_seconds: float | None = None
+    for r in full.run:
+        run.run_id = r.run_id or run.run_id
+        run.entity, run.project = r.entity or run.entity, r.project or run.project
+        run.display_name = r.display_name or run.display_name
+        run.tags = list(r.tags) or run.tags
+        run.group, run.job_type = r.run_group or run.group, r.job_type or run.job_type
+        run.sweep_id, run.host = r.sweep_id or run.sweep_id, r.host or run.host
+        if r.HasField("start_time"):
+            start_seconds = r.start_time.seconds + r.start_time.nanos / 1e9
+        config.update(_fold(r.config.update))
+        for key in _fold(r.config.remove):
+            config.pop(key, None)
+    for c in full.config:
+        config.update(_fold(c.update))
+        for key in _fold(c.remove):
+            config.pop(key, None)
+    for e in full.exit:
+        run.exit_code = e.exit_code
+        runtimes.append(e.runtime)
+    for t in full.telemetry:
+        run.cli_version = t.cli_version or run.cli_version
+    for s in full.stats:
+        if s.HasField("timestamp"):
+            times.append(s.timestamp.seconds + s.timestamp.nanos / 1e9)
 
     # Summary records win (last write per key); history's last values fill the keys they lack. Summary
-    # ``remove`` entries are rare: they are applied after the fold, which is exact unless a key was
-    # removed and then written again.
-    merged_summary = _parse_merged(pb, summary, run)
-    summary_values = _fold(merged_summary.summary.update) if merged_summary else {}
-    if merged_summary:
-        removed_summary = [(0, _path(item)) for item in merged_summary.summary.remove]
-    merged_history = _parse_merged(pb, history, run)
-    history_values = _fold(merged_history.history.item) if merged_history else {}
+    # ``remove`` entries are rare and applied after the fold (exact unless a key was removed, then rewritten).
+    run.history_items = len(full.history.item)
+    summary_values = _fold(full.summary.update)
+    history_values = _fold(full.history.item)
     final: dict[str, Any] = {}
-    for key_path, raw in history_values.items():
-        if key_path not in summary_values:
-            _set(final, key_path, _decode(raw))
-    for key_path, raw in summary_values.items():
-        _set(final, key_path, _decode(raw))
-    for _, key_path in removed_summary:
-        _remove(final, key_path)
+    for key, raw in history_values.items():
+        if key not in summary_values:
+            _set(final, _as_path(key), _decode(raw))
+    for key, raw in summary_values.items():
+        _set(final, _as_path(key), _decode(raw))
+    for key in _fold(full.summary.remove):
+        _remove(final, _as_path(key))
     run.summary = final
-    for key_path, value in sorted(config.items()):
-        _set(run.config, key_path, value)
+    for key, raw in sorted(config.items(), key=lambda kv: _as_path(kv[0])):
+        _set(run.config, _as_path(key), _decode(raw))
 
     run.created_at = _time(start_seconds)
     for values in (history_values, summary_values):
-        for key in (("_timestamp",),):
-            if key in values:
-                stamp = _decode(values[key])
-                if isinstance(stamp, (int, float)):
-                    times.append(float(stamp))
-        if ("_runtime",) in values:
-            runtime = _decode(values[("_runtime",)])
-            if isinstance(runtime, (int, float)):
-                runtimes.append(float(runtime))
+        stamp = _decode(values.get("_timestamp", ""))
+        if isinstance(stamp, (int, float)):
+            times.append(float(stamp))
+        runtime = _decode(values.get("_runtime", ""))
+        if isinstance(runtime, (int, float)):
+            runtimes.append(float(runtime))
     if start_seconds is not None:
         times += [start_seconds + r for r in runtimes if r == r]
     last = max((t for t in times if t == t), default=None)
@@ -363,21 +346,24 @@ def read_offline_run(path: str | os.PathLike) -> OfflineRun:
     return run
 
 
-def _parse_merged(pb, payloads: list[bytes], run: OfflineRun):
-    """One ``Record`` holding every item of ``payloads`` in order (a record that fails alone is dropped)."""
+def _as_path(key: str | tuple[str, ...]) -> tuple[str, ...]:
+    return key if isinstance(key, tuple) else (key,)
+
+
+def _parse_log(payloads: list[bytes], run: OfflineRun):
+    """The whole log in one parse; a payload that is not a protobuf is dropped alone (and counted)."""
     from google.protobuf.message import DecodeError
 
-    if not payloads:
-        return None
+    view = _log_view()
     try:
-        return pb.Record.FromString(b"".join(payloads))
+        return view.FromString(b"".join(payloads))
     except DecodeError:
-        merged = pb.Record()
+        merged = view()
         for payload in payloads:
             try:
                 merged.MergeFromString(payload)
             except DecodeError:
-                run.damage.append(Damage("unparsable", 0, "a history or summary record that is not a protobuf"))
+                run.damage.append(Damage("unparsable", 0, "a record that is not a protobuf"))
         return merged
 
 
@@ -476,7 +462,7 @@ def read_changed_logs(
             "mtime_ns": mtime_ns,
             "run_id": run.run_id,
             "records": run.records,
-            "history_rows": run.history_rows,
+            "history_items": run.history_items,
             "damage": [{"kind": d.kind, "offset": d.offset, "detail": d.detail} for d in run.damage],
             "loaded": "loaded" if run.run_id else "no run record",
         }

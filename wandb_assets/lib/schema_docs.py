@@ -129,7 +129,7 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "mtime_ns": "file modification time when read, nanoseconds since the epoch",
             "run_id": "the run id the log records (empty when the log has no run record)",
             "records": "records read, count",
-            "history_rows": "history records read (only their final values are kept), count",
+            "history_items": "history values read (only the last value of each key is kept), count",
             "damage": "JSON list of damaged stretches: kind (corrupt, truncated, bad_header, unparsable, "
             "unreadable), byte offset, detail; [] for an intact log",
             "loaded": "loaded, kept mirrored (W&B already has the run: the mirrored row stays), or why not "

@@ -240,7 +240,7 @@ def load_runs_window(
 
 OFFLINE_FILES_SQL = """
 CREATE TABLE IF NOT EXISTS offline_log_files (
-    path VARCHAR, size BIGINT, mtime_ns BIGINT, run_id VARCHAR, records INTEGER, history_rows INTEGER,
+    path VARCHAR, size BIGINT, mtime_ns BIGINT, run_id VARCHAR, records INTEGER, history_items BIGINT,
     damage JSON, loaded VARCHAR, read_at TIMESTAMP
 );
 """
@@ -292,7 +292,7 @@ def load_offline_runs(con, staged_path: str | None, files: list[dict[str, Any]],
                         f["mtime_ns"],
                         f["run_id"],
                         f["records"],
-                        f["history_rows"],
+                        f["history_items"],
                         json.dumps(f["damage"]),
                         "kept mirrored" if f["run_id"] in mirrored else f["loaded"],
                         now,
