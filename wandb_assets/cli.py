@@ -148,7 +148,7 @@ def cmd_ingest_offline(args: argparse.Namespace) -> int:
     if missing:
         raise ConfigError(f"{missing[0]} does not exist: give .wandb files, run directories or folders to scan.")
     instance = _instance()
-    from wandb_assets.ticks import execute_feed, execute_offline, settle_pipeline_alert
+    from wandb_assets.ticks import execute_offline, settle_pipeline_alert
 
     result = execute_offline(instance, [str(Path(p).resolve()) for p in args.paths])
     settle_pipeline_alert(instance, result)
@@ -161,13 +161,9 @@ def cmd_ingest_offline(args: argparse.Namespace) -> int:
         f"{meta['runs_loaded']} runs loaded, {meta['runs_kept_mirrored']} kept as mirrored (W&B has them); "
         f"{meta['logs_damaged']} damaged" + (f" {meta['damage_by_kind']}" if meta["logs_damaged"] else "")
     )
-    feed = execute_feed(instance)
-    settle_pipeline_alert(instance, feed)
-    code = _report(feed, "feed")
-    if code == 0 and not args.quiet:
+    if not args.quiet:
         _print_gauges()
-        _print_alerts()
-    return code
+    return 0
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
