@@ -313,3 +313,29 @@ def test_ingest_offline_with_a_missing_path_exits_2_with_one_sentence(tmp_path):
     assert result.stderr.strip() == (
         f"error: {tmp_path / 'nope'} does not exist: give .wandb files, run directories or folders to scan."
     )
+
+
+def test_an_air_gapped_tick_feeds_datadog_without_reaching_wandb(offline_env, instance, monkeypatch):
+    """No W&B key, W&B unreachable: the offline job and the feed still run, and the points carry the entity and
+    project from WANDB_ENTITY / WANDB_PROJECT."""
+    from tests.capture import CaptureServer
+    from tests.conftest import free_port
+    from wandb_assets.ticks import execute_feed, execute_offline
+
+    for name in ("WANDB_API_KEY", "WANDB_ASSETS_SLACK_WEBHOOK_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    monkeypatch.setenv("WANDB_ENTITY", "air-team")
+    monkeypatch.setenv("WANDB_PROJECT", "air-project")
+    capture = CaptureServer()
+    try:
+        monkeypatch.setenv("DD_API_KEY", "0123456789abcdef0123456789abcdef")
+        monkeypatch.setenv("WANDB_ASSETS_DATADOG_URL", capture.url)
+        assert execute_offline(instance, []).success
+        assert execute_feed(instance).success
+        (series,) = capture.bodies("/api/v2/series")
+    finally:
+        capture.stop()
+    by_name = {s["metric"]: s for s in series["series"]}
+    assert by_name["wandb.push_to_main.overview.sps"]["points"][0]["value"] == 3399.0
+    assert by_name["wandb.runs.failed_24h"]["tags"] == ["source:wandb-assets", "entity:air-team", "project:air-project"]

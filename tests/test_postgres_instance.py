@@ -123,9 +123,9 @@ def test_the_daemon_keeps_sensor_ticks_and_cursors_in_postgres(postgres, pg_home
         # the run-status sensors keep their cursor (the last run they saw) in PostgreSQL
         cursors = _pg_query(postgres, "SELECT instigator_body FROM instigators WHERE instigator_type = 'SENSOR'")
         assert sum('"cursor"' in body and "pipeline_failure_opens" in body for (body,) in cursors) == 1
-        # the daemon registered the schedule's state there too (its ticks come at the quarter hour)
+        # the daemon registered the schedule's and the four sensors' states there too (ticks come at the quarter hour)
         states = _pg_query(postgres, "SELECT instigator_type, count(*) FROM instigators GROUP BY 1 ORDER BY 1")
-        assert states == [("SCHEDULE", 1), ("SENSOR", 3)]
+        assert states == [("SCHEDULE", 1), ("SENSOR", 4)]
     finally:
         daemon.terminate()
         daemon.wait(timeout=30)

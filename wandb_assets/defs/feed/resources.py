@@ -46,7 +46,12 @@ class DatadogResource(ConfigurableResource):
         return (secret.get("DD_API_KEY") or "").strip() or None
 
     def tags(self) -> list[str]:
-        """The tags of every point and event: the W&B entity and project (checks the W&B key), ``DD_ENV``."""
+        """The tags of every point and event: the W&B entity and project, ``DD_ENV``. With ``WANDB_ENTITY`` and
+        ``WANDB_PROJECT`` both set no W&B request is made (an air-gapped cluster cannot make one); else the key's
+        default entity is looked up (which checks the key)."""
+        settings = load_settings()
+        if settings.WANDB_ENTITY and settings.WANDB_PROJECT:
+            return feed_tags(settings.WANDB_ENTITY, settings.WANDB_PROJECT, self.env)
         entity, project, _ = self.wandb.project_path(pipeline_settings())
         return feed_tags(entity, project, self.env)
 
