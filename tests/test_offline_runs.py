@@ -339,3 +339,47 @@ def test_an_air_gapped_tick_feeds_datadog_without_reaching_wandb(offline_env, in
     by_name = {s["metric"]: s for s in series["series"]}
     assert by_name["wandb.push_to_main.overview.sps"]["points"][0]["value"] == 3399.0
     assert by_name["wandb.runs.failed_24h"]["tags"] == ["source:wandb-assets", "entity:air-team", "project:air-project"]
+
+
+@pytest.mark.parametrize(
+    ("fixture", "version"),
+    [
+        ("wandb-0.10.33-offline-run-old01033.wandb.gz", "0.10.33"),
+        ("wandb-0.15.12-offline-run-old01512.wandb.gz", "0.15.12"),
+    ],
+)
+def test_logs_written_by_old_wandb_releases_themselves(fixture, version, tmp_path):
+    """Real logs from wandb 0.10.33 and 0.15.12 (tests/fixtures/README.md has the script that wrote them)."""
+    import gzip
+
+    from tests.conftest import REPO
+
+    path = tmp_path / fixture.removesuffix(".gz")
+    path.write_bytes(gzip.decompress((REPO / "tests" / "fixtures" / fixture).read_bytes()))
+    report = read_changed_logs([tmp_path], {}, now=datetime(2030, 1, 1), stall=STALL, default_gpus=1)
+    (row,) = report.rows
+    assert report.files[0]["damage"] == []
+    assert (row["run_id"], row["state"], row["category"], row["cli_version"]) == (
+        "old" + version.replace(".", "").rjust(5, "0"),
+        "finished",
+        "push_to_main",
+        version,
+    )
+    assert (row["ci_commit"], row["tags"], row["group_name"], row["job_type"], row["gpu_count"]) == (
+        "def5678",
+        ["legacy"],
+        "g",
+        "bench",
+        4,
+    )
+    assert (row["sps_overview_sps"], row["sps_timing_cumulative_sps"], row["summary_step"]) == (399.0, 499.0, 299)
+    assert json.loads(row["config"]) == {"compute": {"gpu_count": 4}, "lr": 0.01, "nested": {"a": 1}}
+    summary = json.loads(row["summary"])
+    assert {k: summary[k] for k in ("loss", "eval", "best", "inf", "_step")} == {
+        "loss": 1.0 / 300,
+        "eval": {"acc": 299 / 300},
+        "best": 7.5,
+        "inf": math.inf,
+        "_step": 299,
+    }
+    assert datetime(2026, 11, 23, 6, 48) <= row["created_at"] <= row["heartbeat_at"] < datetime(2026, 11, 23, 6, 49)
