@@ -24,6 +24,7 @@ if scenario == "ci":
                 "unicode": "h\u00e9llo \u2713", "inf": math.inf},
         **common,
     )
+    run.log({"first_only": 1})  # a key logged once, at the start: its value must survive the whole log
     for i in range(rows):
         run.log({"overview/steps_per_second": 1000 + i, "overview/epoch_steps_per_second": 2000 + i,
                  "overview/sps": 3000 + i, "timing_cumulative/sps": 4000 + i, "timing_per_epoch/sps": 5000 + i,

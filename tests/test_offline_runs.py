@@ -19,7 +19,7 @@ from wandb_assets.lib.offline_runs import find_run_logs, offline_node, read_chan
 from wandb_assets.lib.warehouse import replace_runs_window
 
 STALL = timedelta(minutes=30)
-ROWS = {"ci": 400, "failed": 5, "sweep": 3, "killed": 2000}
+ROWS = {"ci": 600, "failed": 5, "sweep": 3, "killed": 2000}
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +56,12 @@ def test_offline_runs_are_read_back_exactly(offline_tree):
         "ppo_atari",
         datetime(2026, 11, 20, 10, 10, 10),
     )
-    # The five SPS keys: the last of 400 rows (i = 399).
-    assert [ci[c] for c in ("sps_overview_steps_per_second", "sps_overview_epoch_steps_per_second")] == [1399, 2399]
+    # The five SPS keys: the last of 600 rows (i = 599).
+    assert [ci[c] for c in ("sps_overview_steps_per_second", "sps_overview_epoch_steps_per_second")] == [1599, 2599]
     assert [ci[c] for c in ("sps_overview_sps", "sps_timing_cumulative_sps", "sps_timing_per_epoch_sps")] == [
-        3399,
-        4399,
-        5399,
+        3599,
+        4599,
+        5599,
     ]
     assert (ci["gpu_count"], ci["gpu_type"], ci["tags"], ci["group_name"], ci["job_type"]) == (
         8,
@@ -71,7 +71,7 @@ def test_offline_runs_are_read_back_exactly(offline_tree):
         "bench",
     )
     assert (ci["source"], ci["url"], ci["log_path"]) == ("offline", None, str(log_of(root, "ci0001").resolve()))
-    assert ci["cli_version"] == "0.31.0" and ci["summary_step"] == 399 and ci["anomalies"] == []
+    assert ci["cli_version"] == "0.31.0" and ci["summary_step"] == 600 and ci["anomalies"] == []
     config = json.loads(ci["config"])
     assert config == {
         "lr": 0.001,
@@ -81,13 +81,14 @@ def test_offline_runs_are_read_back_exactly(offline_tree):
         "inf": math.inf,
     }
     summary = json.loads(ci["summary"])
-    assert summary["loss"] == 0.0  # the summary write, not the history's 1/400
-    assert summary["eval"] == {"acc": 3.99}  # a nested history key, its last value
+    assert summary["loss"] == 0.0  # the summary write, not the history's 1/600
+    assert summary["first_only"] == 1  # logged once, first: ~10,000 items earlier
+    assert summary["eval"] == {"acc": 5.99}  # a nested history key, its last value
     assert (summary["best"], summary["neg_inf"], summary["emoji"], summary["_step"]) == (
         42.5,
         -math.inf,
         "\u2713 \u00fcn\u00ef",
-        399,
+        600,
     )
     assert summary["nan"] is None  # wandb-core writes a NaN summary value as null
     assert before <= ci["created_at"] <= ci["heartbeat_at"] == ci["ended_at"] <= after
@@ -118,9 +119,10 @@ def test_a_log_cut_mid_write_keeps_every_record_before_the_cut(offline_tree, tmp
     assert [d.kind for d in run.damage] == ["truncated"]
     assert (run.run_id, run.exit_code) == ("ci0001", None)
     assert run.config["compute"] == {"gpu_count": 8, "gpu_type": "H100"}
-    step = run.summary["_step"]
-    assert 0 < step < 399
-    assert (run.summary["overview/sps"], run.summary["timing_per_epoch/sps"]) == (3000 + step, 5000 + step)
+    step = run.summary["_step"]  # row i of the loop is step i + 1 (step 0 logged first_only)
+    assert 1 < step < 600
+    assert (run.summary["overview/sps"], run.summary["timing_per_epoch/sps"]) == (2999 + step, 4999 + step)
+    assert run.summary["first_only"] == 1
 
 
 def test_a_corrupt_block_is_skipped_and_the_rest_of_the_log_is_kept(offline_tree, tmp_path):
@@ -133,7 +135,7 @@ def test_a_corrupt_block_is_skipped_and_the_rest_of_the_log_is_kept(offline_tree
     run = read_offline_run(damaged)
     assert [d.kind for d in run.damage] == ["corrupt"]
     assert 32768 <= run.damage[0].offset < 2 * 32768
-    assert run.exit_code == 0 and run.summary["_step"] == 399 and run.summary["overview/sps"] == 3399
+    assert run.exit_code == 0 and run.summary["_step"] == 600 and run.summary["overview/sps"] == 3599
     intact = read_offline_run(log_of(root, "ci0001"))
     assert 0 < intact.records - run.records < 32768 // 50  # one block's worth of records lost, no more
 
@@ -222,7 +224,7 @@ def test_the_offline_job_loads_runs_once_and_the_mirrored_copy_wins(offline_env,
         ("kill0001", "offline", "running"),  # its log ended seconds ago: within the 30-minute stall threshold
         ("sweep0001", "offline", "finished"),
     ]
-    assert table(con, "SELECT run_id, sps_overview_sps FROM push_to_main_sps") == [("ci0001", 3399.0)]
+    assert table(con, "SELECT run_id, sps_overview_sps FROM push_to_main_sps") == [("ci0001", 3599.0)]
     assert table(con, "SELECT count(DISTINCT snapshot_at) FROM fleet_metrics") == [(1,)]
     con.close()
 
@@ -337,7 +339,7 @@ def test_an_air_gapped_tick_feeds_datadog_without_reaching_wandb(offline_env, in
     finally:
         capture.stop()
     by_name = {s["metric"]: s for s in series["series"]}
-    assert by_name["wandb.push_to_main.overview.sps"]["points"][0]["value"] == 3399.0
+    assert by_name["wandb.push_to_main.overview.sps"]["points"][0]["value"] == 3599.0
     assert by_name["wandb.runs.failed_24h"]["tags"] == ["source:wandb-assets", "entity:air-team", "project:air-project"]
 
 
@@ -383,3 +385,18 @@ def test_logs_written_by_old_wandb_releases_themselves(fixture, version, tmp_pat
         "_step": 299,
     }
     assert datetime(2026, 11, 23, 6, 48) <= row["created_at"] <= row["heartbeat_at"] < datetime(2026, 11, 23, 6, 49)
+
+
+def test_the_tail_shortcut_gives_the_full_folds_answer(offline_tree):
+    """A 2,000-row log (8,000 history items): folding the last TAIL_ITEMS items, proven by counting key
+    encodings, gives exactly what folding every item gives."""
+    from wandb_assets.lib import offline_runs
+
+    root, _, _ = offline_tree
+    payloads, _ = offline_runs.read_frames(log_of(root, "kill0001").read_bytes())
+    joined = b"".join(payloads)
+    view = offline_runs._log_view().FromString(joined)
+    assert len(view.history.item) > offline_runs.TAIL_ITEMS
+    summary, history, shortcut = offline_runs.fold_last_values(view.summary.update, view.history.item, joined)
+    assert shortcut
+    assert (summary, history) == (offline_runs._fold(view.summary.update), offline_runs._fold(view.history.item))

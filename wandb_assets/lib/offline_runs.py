@@ -219,6 +219,64 @@ def _fold(items) -> dict[str | tuple[str, ...], str]:
     return folded
 
 
+#: Fold only this many of the last history or summary items when that provably gives every key's last value.
+TAIL_ITEMS = 4096
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _key_encodings(key: str | tuple[str, ...]) -> list[bytes]:
+    """How an item's key is serialised: ``nested_key`` parts (field 2), and for one part also ``key`` (field 1)."""
+    parts = [p.encode() for p in _as_path(key)]
+    nested = b"".join(b"\x12" + _varint_bytes(len(p)) + p for p in parts)
+    return [nested, b"\x0a" + _varint_bytes(len(parts[0])) + parts[0]] if len(parts) == 1 else [nested]
+
+
+def _exactly_once(encodings: list[bytes], haystack: bytes, items: int) -> bool:
+    """Whether ``encodings`` occur, all together, exactly ``items`` times in ``haystack`` (none inside another)."""
+    if any(a != b and a in b for a in encodings for b in encodings):
+        return False
+    return sum(haystack.count(e) for e in encodings) == items
+
+
+def fold_last_values(summary_items, history_items, joined: bytes, parts=None) -> tuple[dict, dict, bool]:
+    """Every key's last value over the summary and over the history items (repeated item fields of the parsed
+    log, ``joined`` the log's concatenated record payloads), and whether the shortcut held.
+
+    The shortcut folds only the last ``TAIL_ITEMS`` items of each, then proves that no earlier item has another
+    key: each item's bytes hold its key's encoding exactly once, and JSON values never contain the 0x0A/0x12
+    bytes that start one, so if the tails' key encodings occur, all together, exactly once per item in the whole
+    log, every item's key is among them (any other occurrence, e.g. a config key of the same name, only makes
+    the count larger: then each part is checked on its own serialisation, ``parts``, and else fully folded). A
+    10,000-row wandb-core log has ~140,000 items; the shortcut folds ~8,000."""
+    folds = []
+    for items in (summary_items, history_items):
+        count = len(items)
+        folds.append(_fold(items[count - TAIL_ITEMS :]) if count > TAIL_ITEMS else _fold(items))
+    if len(summary_items) <= TAIL_ITEMS and len(history_items) <= TAIL_ITEMS:
+        return folds[0], folds[1], False
+    keys = set(folds[0]) | set(folds[1])
+    encodings = [e for key in keys for e in _key_encodings(key)]
+    if _exactly_once(encodings, joined, len(summary_items) + len(history_items)):
+        return folds[0], folds[1], True
+    for index, items in enumerate((summary_items, history_items)):
+        if len(items) > TAIL_ITEMS:
+            own = [e for key in folds[index] for e in _key_encodings(key)]
+            if not (parts and _exactly_once(own, parts[index](), len(items))):
+                folds[index] = _fold(items)
+    return folds[0], folds[1], False
+
+
 def _log_view():
     """A message type that parses a whole log's record payloads, concatenated, in one C-level call.
 
@@ -283,7 +341,8 @@ def read_offline_run(path: str | os.PathLike) -> OfflineRun:
         return run
     payloads, run.damage = read_frames(data)
     run.records = len(payloads)
-    full = _parse_log(payloads, run)
+    joined = b"".join(payloads)
+    full = _parse_log(joined, payloads, run)
 
     config: dict[str | tuple[str, ...], Any] = {}
     times: list[float] = []
@@ -317,8 +376,12 @@ def read_offline_run(path: str | os.PathLike) -> OfflineRun:
     # Summary records win (last write per key); history's last values fill the keys they lack. Summary
     # ``remove`` entries are rare and applied after the fold (exact unless a key was removed, then rewritten).
     run.history_items = len(full.history.item)
-    summary_values = _fold(full.summary.update)
-    history_values = _fold(full.history.item)
+    summary_values, history_values, _ = fold_last_values(
+        full.summary.update,
+        full.history.item,
+        joined,
+        (full.summary.SerializeToString, full.history.SerializeToString),
+    )
     final: dict[str, Any] = {}
     for key, raw in history_values.items():
         if key not in summary_values:
@@ -350,13 +413,14 @@ def _as_path(key: str | tuple[str, ...]) -> tuple[str, ...]:
     return key if isinstance(key, tuple) else (key,)
 
 
-def _parse_log(payloads: list[bytes], run: OfflineRun):
-    """The whole log in one parse; a payload that is not a protobuf is dropped alone (and counted)."""
+def _parse_log(joined: bytes, payloads: list, run: OfflineRun):
+    """The whole log (``joined``: its payloads concatenated) in one parse; a payload that is not a protobuf is
+    dropped alone (and counted)."""
     from google.protobuf.message import DecodeError
 
     view = _log_view()
     try:
-        return view.FromString(b"".join(payloads))
+        return view.FromString(joined)
     except DecodeError:
         merged = view()
         for payload in payloads:
