@@ -83,19 +83,21 @@ def _report(result, what: str) -> int:
     return 1
 
 
-def _print_gauges() -> None:
-    from wandb_assets.lib.gauges import GAUGE_NAMES, format_gauge, gauge_unit
+def _warehouse_rows(sql: str) -> list[tuple]:
+    """One query on the warehouse through a short read-only connection; no rows while there is no warehouse."""
     from wandb_assets.warehouse import reading
 
     with reading() as con:
-        rows = (
-            con.execute(
-                "SELECT snapshot_at, metric, value FROM fleet_metrics "
-                "WHERE snapshot_at = (SELECT max(snapshot_at) FROM fleet_metrics)"
-            ).fetchall()
-            if con
-            else []
-        )
+        return con.execute(sql).fetchall() if con else []
+
+
+def _print_gauges() -> None:
+    from wandb_assets.lib.gauges import GAUGE_NAMES, format_gauge, gauge_unit
+
+    rows = _warehouse_rows(
+        "SELECT snapshot_at, metric, value FROM fleet_metrics "
+        "WHERE snapshot_at = (SELECT max(snapshot_at) FROM fleet_metrics)"
+    )
     if not rows:
         print("No fleet snapshot yet.")
         return
@@ -107,24 +109,15 @@ def _print_gauges() -> None:
 
 
 def _print_alerts() -> None:
-    from wandb_assets.warehouse import reading
-
-    with reading() as con:
-        rows = (
-            con.execute(
-                "SELECT severity, rule, subject, message FROM alerts WHERE resolved_at IS NULL "
-                "ORDER BY opened_at, alert_key"
-            ).fetchall()
-            if con
-            else []
-        )
+    rows = _warehouse_rows(
+        "SELECT severity, rule, subject, message FROM alerts WHERE resolved_at IS NULL ORDER BY opened_at, alert_key"
+    )
     print(f"\nOpen alerts: {len(rows)}")
     for severity, rule, subject, message in rows:
         print(f"  [{severity}] {rule} ({subject}): {message}")
 
 
 def _tick(today: date, quiet: bool = False) -> int:
-
     instance = _instance()
     _preflight()
     from wandb_assets.ticks import run_tick
@@ -252,14 +245,14 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def _replay_history(now: datetime, hours: int) -> int:
-    """Hourly snapshots over the last ``hours`` (never before the first day), as the runs looked then: a new
-    warehouse otherwise has one snapshot and every chart of the gauges over time is a dot."""
+    """Hourly snapshots over the ``hours`` before the current hour, as the runs looked then: a new warehouse
+    otherwise has one snapshot and every chart of the gauges over time is a dot."""
     from wandb_assets.lib.warehouse import replay_snapshots
     from wandb_assets.settings import pipeline_settings
     from wandb_assets.warehouse import connect
 
     last_hour = now.replace(minute=0, second=0)
-    moments = [last_hour - timedelta(hours=k) for k in range(hours, 0, -1) if last_hour - timedelta(hours=k) < now]
+    moments = [last_hour - timedelta(hours=k) for k in range(hours, 0, -1)]
     con = connect(pipeline_settings().warehouse, read_only=False)
     try:
         return replay_snapshots(con, moments, now)

@@ -21,9 +21,8 @@ from wandb_assets.defs.feed.pipeline_failure import (
     previous_run_failed,
     step_failure_sentence,
 )
-from wandb_assets.defs.fleet.jobs import BACKFILL_JOB, REFRESH_JOB, partition_range_tags, plan_tick
+from wandb_assets.defs.fleet.jobs import BACKFILL_JOB, OFFLINE_JOB, REFRESH_JOB, partition_range_tags, plan_tick
 from wandb_assets.defs.report.jobs import REPORT_JOB
-from wandb_assets.defs.wandb_runs.offline import OFFLINE_JOB
 
 log = logging.getLogger("wandb_assets")
 

@@ -65,7 +65,6 @@ class OfflineRun:
     group: str = ""
     job_type: str = ""
     sweep_id: str = ""
-    host: str = ""
     cli_version: str = ""
     created_at: datetime | None = None
     last_record_at: datetime | None = None
@@ -181,10 +180,6 @@ def _decode(value_json: str) -> Any:
         return json.loads(value_json) if value_json else None
     except ValueError:
         return value_json  # not JSON: kept as the text it is
-
-
-def _path(item) -> tuple[str, ...]:
-    return (item.key,) if item.key else tuple(item.nested_key)
 
 
 def _set(target: dict, path: tuple[str, ...], value: Any) -> None:
@@ -354,7 +349,7 @@ def read_offline_run(path: str | os.PathLike) -> OfflineRun:
         run.display_name = r.display_name or run.display_name
         run.tags = list(r.tags) or run.tags
         run.group, run.job_type = r.run_group or run.group, r.job_type or run.job_type
-        run.sweep_id, run.host = r.sweep_id or run.sweep_id, r.host or run.host
+        run.sweep_id = r.sweep_id or run.sweep_id
         if r.HasField("start_time"):
             start_seconds = r.start_time.seconds + r.start_time.nanos / 1e9
         config.update(_fold(r.config.update))
@@ -486,10 +481,6 @@ class IngestReport:
         return counts
 
 
-def _read_one(path: str) -> OfflineRun:
-    return read_offline_run(path)
-
-
 def read_changed_logs(
     paths: Iterable[str | os.PathLike],
     known: dict[str, tuple[int, int]],
@@ -514,7 +505,7 @@ def read_changed_logs(
         from multiprocessing import get_context
 
         with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-            runs = list(pool.map(_read_one, changed, chunksize=8))
+            runs = list(pool.map(read_offline_run, changed, chunksize=8))
     else:
         runs = [read_offline_run(p) for p in changed]
     best: dict[str, tuple[datetime, dict[str, Any]]] = {}

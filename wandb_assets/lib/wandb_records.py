@@ -1,24 +1,17 @@
-"""Read a ``.wandb`` transaction log (what ``wandb.init`` writes, online or offline) back into Python.
-
-Format: a 7-byte header (``:W&B``, 0xBEE1 little-endian, version 0), then a LevelDB-style log of 32 KiB
-blocks whose chunks carry a 7-byte header (CRC-32 seeded with the chunk type, length, type FULL=1 /
-FIRST=2 / MIDDLE=3 / LAST=4); the payloads are ``wandb_internal_pb2.Record`` protobufs, which the wandb
-package still ships. A truncated tail (a killed process) is tolerated.
+"""Read a ``.wandb`` transaction log (what ``wandb.init`` writes, online or offline) back into Python, record by
+record (the tests' view of what a run logged). The framing is ``offline_runs.read_frames``: a truncated tail
+(a killed process) is tolerated.
 """
 
 from __future__ import annotations
 
 import json
-import struct
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-BLOCK = 32 * 1024
-HEADER = b":W&B" + struct.pack("<HB", 0xBEE1, 0)
-FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+from wandb_assets.lib.offline_runs import HEADER, read_frames
 
 
 def iter_records(path: str | Path) -> Iterator[Any]:
@@ -28,28 +21,11 @@ def iter_records(path: str | Path) -> Iterator[Any]:
     data = Path(path).read_bytes()
     if not data.startswith(HEADER):
         raise ValueError(f"{path} is not a .wandb file (bad header)")
-    offset, pending = len(HEADER), b""
-    while offset + 7 <= len(data):
-        room = BLOCK - offset % BLOCK
-        if room < 7:  # block trailer: zero padding
-            offset += room
-            continue
-        checksum, length, kind = struct.unpack("<IHB", data[offset : offset + 7])
-        chunk = data[offset + 7 : offset + 7 + length]
-        if len(chunk) < length or kind not in (FULL, FIRST, MIDDLE, LAST):
-            return  # truncated tail
-        if zlib.crc32(chunk, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF != checksum:
-            return
-        offset += 7 + length
-        if kind in (FULL, FIRST):
-            pending = chunk
-        else:
-            pending += chunk
-        if kind in (FULL, LAST):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
-            yield record
-            pending = b""
+    payloads, _ = read_frames(data)
+    for payload in payloads:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(payload)
+        yield record
 
 
 def _value(item) -> Any:

@@ -280,8 +280,8 @@ def load_offline_runs(con, staged_path: str | None, files: list[dict[str, Any]],
         )
         loaded = con.execute("SELECT count(*) FROM incoming_runs").fetchone()[0] - len(mirrored)
         con.execute("DROP TABLE incoming_runs")
-        for entry in files:
-            con.execute("DELETE FROM offline_log_files WHERE path = $path", {"path": entry["path"]})
+        paths = [f["path"] for f in files]
+        con.execute("DELETE FROM offline_log_files WHERE path IN (SELECT unnest($paths::VARCHAR[]))", {"paths": paths})
         if files:  # DuckDB refuses executemany with no parameter sets
             con.executemany(
                 "INSERT INTO offline_log_files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -390,13 +390,13 @@ def replay_snapshots(con, moments: list[datetime], now: datetime) -> int:
     """Store a past snapshot at each of ``moments`` from the runs as they looked then (``RUNS_AS_OF_SQL``), so
     a new warehouse (the demo) has a history to chart. They are entered in the Datadog ledger as ``replayed``:
     the feed never sends them (a gauge from the past would land at the wrong time). Returns how many."""
-    ensure_schema(con)
-    con.execute(LEDGER_SQL)
+    ensure_schema(con)  # (the Datadog ledger is part of the schema)
     rows = [(at, name, value) for at in moments for name, value in compute_gauges(con, at, as_of=True).items()]
     with transaction(con):
-        for at in moments:
-            con.execute("DELETE FROM fleet_metrics WHERE snapshot_at = $t", {"t": at})
-            con.execute("DELETE FROM datadog_deliveries WHERE snapshot_at = $t", {"t": at})
+        for table in ("fleet_metrics", "datadog_deliveries"):
+            con.execute(
+                f"DELETE FROM {table} WHERE snapshot_at IN (SELECT unnest($moments::TIMESTAMP[]))", {"moments": moments}
+            )
         if rows:  # DuckDB refuses executemany with no parameter sets
             con.executemany("INSERT INTO fleet_metrics (snapshot_at, metric, value) VALUES (?, ?, ?)", rows)
             con.executemany(

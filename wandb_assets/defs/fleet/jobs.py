@@ -12,6 +12,7 @@ from wandb_assets.warehouse import reading
 
 REFRESH_JOB = "refresh"
 BACKFILL_JOB = "backfill"
+OFFLINE_JOB = "offline"
 #: Run monitoring fails a tick that runs longer than this instead of letting it hang.
 TICK_MAX_RUNTIME_S = 900
 #: When the warehouse cannot be read to plan a tick, re-read this many days to be safe.
@@ -35,6 +36,13 @@ backfill_job = define_asset_job(
     executor_def=in_process_executor,
     description="Re-read a range of days from W&B in one run, rebuild the fleet tables (no fleet snapshot), "
     "publish the analysts' warehouse snapshot.",
+)
+
+offline_job = define_asset_job(
+    OFFLINE_JOB,
+    selection=AssetSelection.keys("offline_runs") | DERIVED | AssetSelection.keys("fleet_snapshot"),
+    executor_def=in_process_executor,
+    description="Offline run logs into `runs`, then the fleet tables and a snapshot (a tick after its fetch).",
 )
 
 

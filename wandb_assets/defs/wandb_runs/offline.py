@@ -1,5 +1,6 @@
-"""Offline W&B run logs into ``runs``: the ``offline_runs`` asset, the ``offline`` job (logs, then the fleet
-tables and a snapshot, like a tick) and the sensor that launches it when a log appears or grows."""
+"""Offline W&B run logs into ``runs``: the ``offline_runs`` asset, and the sensor that launches the ``offline``
+job (``defs/fleet/jobs.py``: the logs, then the fleet tables and a snapshot, like a tick) when a log appears or
+grows."""
 
 import hashlib
 import json
@@ -8,7 +9,6 @@ from datetime import UTC, datetime, timedelta
 
 from dagster import (
     AssetExecutionContext,
-    AssetSelection,
     Config,
     DefaultSensorStatus,
     MaterializeResult,
@@ -20,17 +20,15 @@ from dagster import (
     TableRecord,
     TableSchema,
     asset,
-    define_asset_job,
-    in_process_executor,
     sensor,
 )
 
+from wandb_assets.defs.fleet.jobs import offline_job
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.offline_runs import file_states, find_run_logs, read_changed_logs
 from wandb_assets.lib.warehouse import load_offline_runs, read_offline_file_states, stage_rows
 from wandb_assets.settings import alert_thresholds, pipeline_settings
 
-OFFLINE_JOB = "offline"
 #: How often the sensor looks at the folders (a stat per log; no file is read).
 SENSOR_INTERVAL_S = 60
 
@@ -116,14 +114,6 @@ def offline_runs(
             "missing_paths": ", ".join(report.missing),
         }
     )
-
-
-offline_job = define_asset_job(
-    OFFLINE_JOB,
-    selection=AssetSelection.keys("offline_runs", "push_to_main_sps", "success_rates", "gpu_hours", "fleet_snapshot"),
-    executor_def=in_process_executor,
-    description="Offline run logs into `runs`, then the fleet tables and a snapshot (a tick after its fetch).",
-)
 
 
 @sensor(
