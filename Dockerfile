@@ -20,9 +20,16 @@ WORKDIR /opt/wandb-assets
 # Dependencies first, from the lockfile only: this layer is rebuilt only when the lockfile changes.
 COPY pyproject.toml uv.lock ./
 RUN uv sync --locked --no-dev --no-install-project
-COPY README.md ./
+COPY README.md setup.py ./
 COPY wandb_assets ./wandb_assets
-RUN uv sync --locked --no-dev
+# The project, with its native .wandb reader (setup.py builds wandb_assets/lib/_wandb_log.c): a C compiler for
+# the build only, removed in the same layer; the build fails here if the reader was not built.
+RUN apt-get update -qq \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null \
+    && uv sync --locked --no-dev \
+    && .venv/bin/python -c "from wandb_assets.lib.offline_runs import reader; assert reader() == 'native'" \
+    && apt-get purge -y -qq --auto-remove gcc libc6-dev >/dev/null \
+    && rm -rf /var/lib/apt/lists/*
 
 # The instance config (PostgreSQL storage from the DAGSTER_PG_* variables) and a non-root user.
 COPY deploy/postgres/dagster.yaml /opt/dagster/home/dagster.yaml

@@ -4,11 +4,12 @@ in the same run (every record parsed on its own, the way ``lib/wandb_records`` r
     uv run python benchmarks/bench_offline.py [--runs 1000] [--rows 10000] [--workers 2] [--baseline-sample 20]
 
 One real log is written by the installed wandb (``WANDB_MODE=offline``): per row the five SPS keys, ``loss``
-and a nested ``eval/acc``; ``wandb-core`` adds a summary update per row, so ~30,000 records, ~3.9 MB. It is
+and a nested ``eval/acc``; ``wandb-core`` adds a summary update per row, so ~30,000 records, ~6.8 MB. It is
 copied ``--runs`` times with a different run id (the run record's chunk re-checksummed), so every copy is a
 valid log of its own run. Then, timed: (a) the baseline per log on a sample; (b) our reader per log, one
-process; (c) the whole ingest of every log as ``offline_runs`` does it (find, read with ``--workers``
-processes, stage, one transaction into a fresh DuckDB file).
+process, native (the C extension) and Python (what an install without a C compiler uses); (c) the whole
+ingest of every log as ``offline_runs`` does it (find, read with ``--workers`` processes, stage, one
+transaction into a fresh DuckDB file).
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ def main() -> int:
     parser.add_argument("--baseline-sample", type=int, default=20)
     args = parser.parse_args()
 
+    from wandb_assets.lib import offline_runs
     from wandb_assets.lib.offline_runs import read_changed_logs, read_offline_run
     from wandb_assets.lib.warehouse import load_offline_runs, stage_rows
     from wandb_assets.warehouse import connect
@@ -132,7 +134,17 @@ def main() -> int:
             assert got.summary["overview/sps"] == float(want["overview/sps"]) == 3000.0 + args.rows - 1
             assert got.summary["eval"]["acc"] == float(want["eval.acc"])
         print(f"(a) baseline, every record parsed alone: {baseline * 1000:.0f} ms per log ({len(sample)} logs)")
-        print(f"(b) ours, one process: {per_log * 1000:.0f} ms per log; (b)/(a) = {per_log / baseline:.2f}")
+        native, offline_runs._native = offline_runs._native, None
+        t0 = time.perf_counter()
+        in_python = [read_offline_run(p) for p in sample]
+        python_per_log = (time.perf_counter() - t0) / len(sample)
+        offline_runs._native = native
+        assert [r.summary for r in in_python] == [r.summary for r in ours]
+        print(
+            f"(b) ours, one process, {offline_runs.reader()} reader: {per_log * 1000:.1f} ms per log; (b)/(a) = "
+            f"{per_log / baseline:.3f}; the Python reader: {python_per_log * 1000:.0f} ms per log, "
+            f"{python_per_log / baseline:.2f}"
+        )
 
         warehouse = root / "bench.duckdb"
         now = datetime.now(UTC).replace(tzinfo=None)

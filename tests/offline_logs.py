@@ -47,6 +47,12 @@ elif scenario == "sweep":
     for i in range(rows):
         run.log({"loss": float(i)})
     run.finish()
+elif scenario == "early":
+    run = wandb.init(id="early0001", name="train-early", **common)
+    run.log({"train": {"loss": 5.0}})  # once, first; its nested key's last part is the later key "loss"
+    for i in range(rows):
+        run.log({"loss": 1.0 / (i + 1)})
+    run.finish()
 elif scenario == "killed":
     run = wandb.init(id="kill0001", name="train-killed", config={"lr": 0.5}, **common)
     for i in range(rows):
@@ -80,6 +86,32 @@ def log_of(wandb_dir: Path, run_id: str) -> Path:
 # classes, setting only the fields those clients set.
 
 BLOCK, HEADER_LEN = 32768, 7
+
+
+def full_chunks(data: bytes) -> list[tuple[int, int]]:
+    """(offset, payload length) of every FULL chunk of an undamaged log, in order."""
+    chunks, offset = [], HEADER_LEN
+    while offset + HEADER_LEN <= len(data):
+        room = BLOCK - offset % BLOCK
+        if room < HEADER_LEN:
+            offset += room
+            continue
+        _, length, kind = struct.unpack_from("<IHB", data, offset)
+        if kind == 1:
+            chunks.append((offset, length))
+        offset += HEADER_LEN + length
+    return chunks
+
+
+def with_payload_byte(data: bytes, chunk: tuple[int, int], index: int, value: int) -> bytes:
+    """``data`` with byte ``index`` of a FULL chunk's payload set to ``value`` and the chunk's CRC made valid
+    again: damage the framing cannot see, only the record's parse."""
+    offset, length = chunk
+    out = bytearray(data)
+    out[offset + HEADER_LEN + index] = value
+    payload = bytes(out[offset + HEADER_LEN : offset + HEADER_LEN + length])
+    struct.pack_into("<I", out, offset, zlib.crc32(payload, zlib.crc32(b"\x01")) & 0xFFFFFFFF)
+    return bytes(out)
 
 
 def legacy_log_bytes(records: list, header: bool = True) -> bytes:

@@ -275,7 +275,7 @@ def test_damage_is_counted_in_the_metadata_and_never_stops_the_other_runs(offlin
     meta = {k: v.value for k, v in result.asset_materializations_for_node("offline_runs")[0].metadata.items()}
     found = sorted((r["kind"], Path(r["path"]).name) for r in (rec.data for rec in meta["damage"].records))
     found = [entry for entry in found if entry[1] != "run-kill0001.wandb"]  # (see the test above)
-    assert (meta["logs_found"], meta["runs_loaded"]) == (5, 4)
+    assert (meta["logs_found"], meta["runs_loaded"], meta["reader"]) == (5, 4, "native")
     assert found == [("bad_header", "run-junk.wandb"), ("truncated", "run-ci0001.wandb")]
     con = duckdb.connect(str(warehouse_path), read_only=True)
     assert table(con, "SELECT state, list_contains(anomalies, 'log_damaged') FROM runs WHERE run_id = 'ci0001'") == [
@@ -387,16 +387,82 @@ def test_logs_written_by_old_wandb_releases_themselves(fixture, version, tmp_pat
     assert datetime(2026, 11, 23, 6, 48) <= row["created_at"] <= row["heartbeat_at"] < datetime(2026, 11, 23, 6, 49)
 
 
-def test_the_tail_shortcut_gives_the_full_folds_answer(offline_tree):
-    """A 2,000-row log (8,000 history items): folding the last TAIL_ITEMS items, proven by counting key
-    encodings, gives exactly what folding every item gives."""
+def test_a_key_logged_once_first_survives_a_later_key_its_nested_key_contains(tmp_path):
+    """``train.loss`` is logged once, then ``loss`` 3,000 times (12,000 history items): the final summary has
+    both. (The reader before the native one folded only the last 4,096 items after counting key encodings;
+    ``train``/``loss`` contains ``loss``'s encoding, so the count came out even and ``train`` was lost.)"""
+    write_offline_run(tmp_path, "early", 3000)
+    run = read_offline_run(log_of(tmp_path, "early0001"))
+    assert run.history_items == 4 * 3001  # train.loss, then loss; with _step, _runtime, _timestamp every row
+    assert {k: run.summary[k] for k in ("train", "loss", "_step")} == {
+        "train": {"loss": 5.0},
+        "loss": 1 / 3000,
+        "_step": 3000,
+    }
+
+
+def _read_both(path: Path, monkeypatch) -> tuple[str, str]:
+    """The run read by the native reader and by the Python one, as comparable text (NaN-safe, order kept)."""
+    from dataclasses import asdict
+
     from wandb_assets.lib import offline_runs
 
+    native = json.dumps(asdict(read_offline_run(path)), default=str)
+    with monkeypatch.context() as patch:
+        patch.setattr(offline_runs, "_native", None)
+        python = json.dumps(asdict(read_offline_run(path)), default=str)
+    return native, python
+
+
+def test_the_native_reader_is_built_and_in_use():
+    """CI builds it (setup.py); a silent fallback to the Python reader would make the benchmark's numbers false."""
+    from wandb_assets.lib import offline_runs
+
+    assert offline_runs.reader() == "native"
+
+
+def test_the_native_and_python_readers_agree_on_every_log_and_every_damage(offline_tree, tmp_path, monkeypatch):
+    """The same run, field for field (damage list included), from both readers: every test log, the old
+    releases' logs, the older format with and without a header, and per log 40 damaged copies (cut at random
+    points, random bytes flipped, junk appended, a block zeroed) plus parse-level damage behind a valid CRC
+    (a key made invalid UTF-8, a length made impossible)."""
+    import gzip
+    import random
+
+    from tests.conftest import REPO
+    from tests.offline_logs import full_chunks, with_payload_byte
+
     root, _, _ = offline_tree
-    payloads, _ = offline_runs.read_frames(log_of(root, "kill0001").read_bytes())
-    joined = b"".join(payloads)
-    view = offline_runs._log_view().FromString(joined)
-    assert len(view.history.item) > offline_runs.TAIL_ITEMS
-    summary, history, shortcut = offline_runs.fold_last_values(view.summary.update, view.history.item, joined)
-    assert shortcut
-    assert (summary, history) == (offline_runs._fold(view.summary.update), offline_runs._fold(view.history.item))
+    logs = {run_id: log_of(root, run_id).read_bytes() for run_id in ("ci0001", "fail0001", "sweep0001", "kill0001")}
+    for fixture in sorted((REPO / "tests" / "fixtures").glob("*.wandb.gz")):
+        logs[fixture.name] = gzip.decompress(fixture.read_bytes())
+    for header in (True, False):
+        logs[f"legacy-{header}"] = legacy_log_bytes(legacy_records(300, 1795900000), header=header)
+    rng = random.Random(13)
+    compared, kinds = 0, set()
+    for name, data in logs.items():
+        copies = [data, data + b"junk after the end", data[: len(data) // 2] + bytes(32768) + data[len(data) // 2 :]]
+        copies += [data[: rng.randrange(1, len(data))] for _ in range(15)]
+        for _ in range(15):
+            flipped = bytearray(data)
+            for _ in range(rng.randrange(1, 4)):
+                flipped[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+            copies.append(bytes(flipped))
+        chunks = (
+            [c for c in full_chunks(data) if b"loss" in data[c[0] + 7 : c[0] + 7 + c[1]]]
+            if name != "legacy-False"
+            else []
+        )
+        for chunk in chunks[:: max(1, len(chunks) // 3)][:3]:
+            at = data.index(b"loss", chunk[0] + 7) - chunk[0] - 7
+            copies.append(with_payload_byte(data, chunk, at, 0xFF))  # not UTF-8: the record is unparsable
+            copies.append(with_payload_byte(data, chunk, at - 1, 0x7F))  # a length running past the record
+        for index, copy in enumerate(copies):
+            path = tmp_path / f"{name}-{index}.wandb"
+            path.write_bytes(copy)
+            native, python = _read_both(path, monkeypatch)
+            assert native == python, (name, index)
+            kinds |= {d["kind"] for d in json.loads(native)["damage"]}
+            compared += 1
+    assert compared > 300
+    assert kinds == {"corrupt", "truncated", "unparsable", "bad_header"}

@@ -13,10 +13,13 @@ Damage never aborts a run: a chunk whose CRC does not match, or whose header is 
 of its 32 KiB block (reading resumes at the next block, as LevelDB's reader does); a file cut mid-record
 keeps every record before the cut. Both are counted in ``OfflineRun.damage``.
 
-Speed: a 10,000-step run written by wandb-core is ~30,000 records (each history row is followed by a summary
-update mirroring it). Records are framed in one pass, then all of them are parsed in one C-level call as a
-single message whose fields are ``Record``'s oneof members (see ``_log_view``), and the history and summary
-items are folded last-wins.
+Speed: a 10,000-step run written by wandb-core is ~30,000 records and ~220,000 history/summary items (each
+history row is followed by a summary update mirroring it), and only each key's last value is kept. The native
+reader (``_wandb_log.c``, built by setup.py) frames, checks CRCs and folds every item in one C pass, ~20 ms a
+log; protobuf parses only the few other records. Without a C compiler the Python reader does the same (frame
+in a loop, one C-level protobuf parse of every record, fold in Python) in ~190 ms; ``reader()`` says which is
+in use, and tests/test_offline_runs.py checks both give the same run from every test log and hundreds of
+damaged copies.
 
 Nothing here imports Dagster or reads the environment.
 """
@@ -104,21 +107,45 @@ def file_states(files: Iterable[Path]) -> dict[str, tuple[int, int]]:
     return states
 
 
-def read_frames(data: bytes) -> tuple[list[memoryview], list[Damage]]:
-    """The record payloads (views into ``data``) of a ``.wandb`` file's bytes, in order, and the damage met on
-    the way."""
-    damage: list[Damage] = []
-    start = len(HEADER)
+#: Framing damage, by the code both readers use (``_wandb_log.c`` returns codes): kind and detail text.
+FRAMING_DAMAGE = {
+    1: ("corrupt", "impossible chunk header (type {a}, length {b})"),
+    2: ("truncated", "file ends {a} bytes into a record"),
+    3: ("corrupt", "CRC mismatch; the rest of the block was skipped"),
+    4: ("corrupt", "a record missing its last chunk"),
+    5: ("truncated", "file ends inside a record split over blocks"),
+    6: ("truncated", "{a} stray bytes after the last record"),
+}
+IMPOSSIBLE, CUT, CRC, ORPHAN, CUT_SPLIT, STRAY = range(1, 7)
+UNPARSABLE = "a record that is not a protobuf"
+
+
+def _damage(code: int, offset: int, a: int = 0, b: int = 0) -> Damage:
+    kind, text = FRAMING_DAMAGE[code]
+    return Damage(kind, offset, text.format(a=a, b=b))
+
+
+def _start(data: bytes) -> tuple[int | None, list[Damage]]:
+    """Where the records start (after the file header), or None for a file that is not a ``.wandb`` log."""
     if not data.startswith(HEADER[:4]):
         if not _valid_chunk_at(data, 0):
-            return [], [Damage("bad_header", 0, "not a .wandb file (no :W&B header, no valid first record)")]
-        start = 0  # the earliest 0.10 pre-releases wrote no file header: the log starts at byte 0
-    elif data[4:7] != HEADER[4:7]:
-        damage.append(Damage("bad_header", 4, f"unknown header magic/version {data[4:7].hex()}; read anyway"))
-    payloads: list[bytes] = []
+            return None, [Damage("bad_header", 0, "not a .wandb file (no :W&B header, no valid first record)")]
+        return 0, []  # the earliest 0.10 pre-releases wrote no file header: the log starts at byte 0
+    if data[4:7] != HEADER[4:7]:
+        return len(HEADER), [Damage("bad_header", 4, f"unknown header magic/version {data[4:7].hex()}; read anyway")]
+    return len(HEADER), []
+
+
+def read_frames(data: bytes) -> tuple[list[memoryview], list[Damage]]:
+    """The record payloads (views into ``data``) of a ``.wandb`` file's bytes, in order, and the damage met on
+    the way. (The native reader, ``_wandb_log.scan``, frames exactly so; this is its reference.)"""
+    start, damage = _start(data)
+    if start is None:
+        return [], damage
+    payloads: list = []
     append = payloads.append
     unpack, crc32, seeds = struct.unpack_from, zlib.crc32, _SEEDS
-    offset, size, pending, pending_at = start, len(data), None, 0
+    offset, size, pending, pending_at, truncated = start, len(data), None, 0, False
     view = memoryview(data)
     while offset + 7 <= size:
         room = BLOCK - offset % BLOCK
@@ -131,28 +158,28 @@ def read_frames(data: bytes) -> tuple[list[memoryview], list[Damage]]:
             if checksum == 0 and length == 0 and kind == 0 and not any(data[offset : offset + room]):
                 offset += room  # zero-filled rest of a block (a preallocated or synced-but-unwritten tail)
                 continue
-            damage.append(Damage("corrupt", offset, f"impossible chunk header (type {kind}, length {length})"))
+            damage.append(_damage(IMPOSSIBLE, offset, kind, length))
             offset += room
             pending = None
             continue
         if end > size:
-            damage.append(Damage("truncated", offset, f"file ends {end - size} bytes into a record"))
-            pending = None
+            damage.append(_damage(CUT, offset, end - size))
+            pending, truncated = None, True
             break
-        chunk = view[offset + 7 : end]  # no copy: the one join in _parse_log copies each payload once
+        chunk = view[offset + 7 : end]  # no copy: the one join in read_offline_run copies each payload once
         if crc32(chunk, seeds[kind]) != checksum:
-            damage.append(Damage("corrupt", offset, "CRC mismatch; the rest of the block was skipped"))
+            damage.append(_damage(CRC, offset))
             offset += room
             pending = None
             continue
-        offset = end
+        chunk_at, offset = offset, end
         if kind == FULL:
             if pending is not None:
-                damage.append(Damage("corrupt", pending_at, "a record missing its last chunk"))
+                damage.append(_damage(ORPHAN, pending_at))
                 pending = None
             append(chunk)
         elif kind == FIRST:
-            pending, pending_at = [chunk], offset
+            pending, pending_at = [chunk], chunk_at
         elif pending is None:
             continue  # the middle or end of a record whose start was lost (already counted)
         else:
@@ -161,9 +188,9 @@ def read_frames(data: bytes) -> tuple[list[memoryview], list[Damage]]:
                 append(b"".join(pending))
                 pending = None
     if pending is not None:
-        damage.append(Damage("truncated", pending_at, "file ends inside a record split over blocks"))
-    elif offset < size and not any(d.kind == "truncated" for d in damage) and any(data[offset:]):
-        damage.append(Damage("truncated", offset, f"{size - offset} stray bytes after the last record"))
+        damage.append(_damage(CUT_SPLIT, pending_at))
+    elif offset < size and not truncated and any(data[offset:]):
+        damage.append(_damage(STRAY, offset, size - offset))
     return payloads, damage
 
 
@@ -212,64 +239,6 @@ def _fold(items) -> dict[str | tuple[str, ...], str]:
             key = parts[0] if len(parts) == 1 else tuple(parts)
         folded[key] = item.value_json
     return folded
-
-
-#: Fold only this many of the last history or summary items when that provably gives every key's last value.
-TAIL_ITEMS = 4096
-
-
-def _varint_bytes(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _key_encodings(key: str | tuple[str, ...]) -> list[bytes]:
-    """How an item's key is serialised: ``nested_key`` parts (field 2), and for one part also ``key`` (field 1)."""
-    parts = [p.encode() for p in _as_path(key)]
-    nested = b"".join(b"\x12" + _varint_bytes(len(p)) + p for p in parts)
-    return [nested, b"\x0a" + _varint_bytes(len(parts[0])) + parts[0]] if len(parts) == 1 else [nested]
-
-
-def _exactly_once(encodings: list[bytes], haystack: bytes, items: int) -> bool:
-    """Whether ``encodings`` occur, all together, exactly ``items`` times in ``haystack`` (none inside another)."""
-    if any(a != b and a in b for a in encodings for b in encodings):
-        return False
-    return sum(haystack.count(e) for e in encodings) == items
-
-
-def fold_last_values(summary_items, history_items, joined: bytes, parts=None) -> tuple[dict, dict, bool]:
-    """Every key's last value over the summary and over the history items (repeated item fields of the parsed
-    log, ``joined`` the log's concatenated record payloads), and whether the shortcut held.
-
-    The shortcut folds only the last ``TAIL_ITEMS`` items of each, then proves that no earlier item has another
-    key: each item's bytes hold its key's encoding exactly once, and JSON values never contain the 0x0A/0x12
-    bytes that start one, so if the tails' key encodings occur, all together, exactly once per item in the whole
-    log, every item's key is among them (any other occurrence, e.g. a config key of the same name, only makes
-    the count larger: then each part is checked on its own serialisation, ``parts``, and else fully folded). A
-    10,000-row wandb-core log has ~140,000 items; the shortcut folds ~8,000."""
-    folds = []
-    for items in (summary_items, history_items):
-        count = len(items)
-        folds.append(_fold(items[count - TAIL_ITEMS :]) if count > TAIL_ITEMS else _fold(items))
-    if len(summary_items) <= TAIL_ITEMS and len(history_items) <= TAIL_ITEMS:
-        return folds[0], folds[1], False
-    keys = set(folds[0]) | set(folds[1])
-    encodings = [e for key in keys for e in _key_encodings(key)]
-    if _exactly_once(encodings, joined, len(summary_items) + len(history_items)):
-        return folds[0], folds[1], True
-    for index, items in enumerate((summary_items, history_items)):
-        if len(items) > TAIL_ITEMS:
-            own = [e for key in folds[index] for e in _key_encodings(key)]
-            if not (parts and _exactly_once(own, parts[index](), len(items))):
-                folds[index] = _fold(items)
-    return folds[0], folds[1], False
 
 
 def _log_view():
@@ -325,6 +294,75 @@ def _time(seconds: float | None) -> datetime | None:
         return None
 
 
+@dataclass
+class _Folded:
+    """A log's records, read: every key's last history and summary value (raw JSON), the removed summary keys,
+    and the parsed view of the other records (run, config, exit, telemetry, stats)."""
+
+    records: int
+    history_items: int
+    history: dict[str | tuple[str, ...], str]
+    summary: dict[str | tuple[str, ...], str]
+    removed: Iterable[str | tuple[str, ...]]
+    others: Any
+
+
+def _fold_in_python(data: bytes, run: OfflineRun) -> _Folded:
+    """The reference reader: frame in Python, parse every record in one C-level protobuf call, fold in Python."""
+    payloads, run.damage = read_frames(data)
+    full = _parse_log(b"".join(payloads), payloads, run)
+    return _Folded(
+        records=len(payloads),
+        history_items=len(full.history.item),
+        history=_fold(full.history.item),
+        summary=_fold(full.summary.update),
+        removed=_fold(full.summary.remove),
+        others=full,
+    )
+
+
+def _key_of(key_id: bytes) -> str | tuple[str, ...]:
+    """The key a native key id stands for (see ``_wandb_log.c``): a string, or the tuple of a nested key's parts."""
+    if key_id[:1] == b"K":
+        return key_id[1:].decode()
+    parts, offset = [], 1
+    while offset < len(key_id):
+        (size,) = struct.unpack_from("<I", key_id, offset)
+        parts.append(key_id[offset + 4 : offset + 4 + size].decode())
+        offset += 4 + size
+    return tuple(parts)
+
+
+def _fold_natively(data: bytes, run: OfflineRun) -> _Folded:
+    """The same in one C pass (``_wandb_log.scan``): framing, CRCs and the history/summary fold; protobuf parses
+    only the few other records."""
+    start, run.damage = _start(data)
+    if start is None:
+        return _Folded(0, 0, {}, {}, (), _log_view()())
+    records, unparsable, history_items, history, summary, removed, others, framing = _native.scan(data, start)
+    run.damage += [_damage(*entry) for entry in framing]
+    run.damage += [Damage("unparsable", 0, UNPARSABLE)] * unparsable
+    return _Folded(
+        records=records,
+        history_items=history_items,
+        history={_key_of(k): v.decode() for k, v in history.items()},
+        summary={_key_of(k): v.decode() for k, v in summary.items()},
+        removed=[_key_of(k) for k in removed],
+        others=_parse_log(b"".join(others), others, run),
+    )
+
+
+try:  # built by setup.py where a C compiler is (always in CI); without it the Python reader does the same, slower
+    from wandb_assets.lib import _wandb_log as _native
+except ImportError:  # pragma: no cover - depends on the install
+    _native = None
+
+
+def reader() -> str:
+    """Which reader is in use: ``native`` (the C extension) or ``python``."""
+    return "native" if _native is not None else "python"
+
+
 def read_offline_run(path: str | os.PathLike) -> OfflineRun:
     """Read one ``.wandb`` file: the run's identity, config, final summary, exit and times. Never raises on a
     damaged log (see ``read_frames``); an unreadable file is a ``Damage`` too."""
@@ -334,10 +372,8 @@ def read_offline_run(path: str | os.PathLike) -> OfflineRun:
     except OSError as exc:
         run.damage.append(Damage("unreadable", 0, f"{type(exc).__name__}: {exc.strerror or exc}"))
         return run
-    payloads, run.damage = read_frames(data)
-    run.records = len(payloads)
-    joined = b"".join(payloads)
-    full = _parse_log(joined, payloads, run)
+    log = _fold_natively(data, run) if _native is not None else _fold_in_python(data, run)
+    run.records, run.history_items, full = log.records, log.history_items, log.others
 
     config: dict[str | tuple[str, ...], Any] = {}
     times: list[float] = []
@@ -370,20 +406,14 @@ def read_offline_run(path: str | os.PathLike) -> OfflineRun:
 
     # Summary records win (last write per key); history's last values fill the keys they lack. Summary
     # ``remove`` entries are rare and applied after the fold (exact unless a key was removed, then rewritten).
-    run.history_items = len(full.history.item)
-    summary_values, history_values, _ = fold_last_values(
-        full.summary.update,
-        full.history.item,
-        joined,
-        (full.summary.SerializeToString, full.history.SerializeToString),
-    )
+    summary_values, history_values = log.summary, log.history
     final: dict[str, Any] = {}
     for key, raw in history_values.items():
         if key not in summary_values:
             _set(final, _as_path(key), _decode(raw))
     for key, raw in summary_values.items():
         _set(final, _as_path(key), _decode(raw))
-    for key in _fold(full.summary.remove):
+    for key in log.removed:
         _remove(final, _as_path(key))
     run.summary = final
     for key, raw in sorted(config.items(), key=lambda kv: _as_path(kv[0])):
@@ -420,9 +450,11 @@ def _parse_log(joined: bytes, payloads: list, run: OfflineRun):
         merged = view()
         for payload in payloads:
             try:
-                merged.MergeFromString(payload)
+                record = view.FromString(payload)  # alone first: a failed merge would keep part of the record
             except DecodeError:
-                run.damage.append(Damage("unparsable", 0, "a record that is not a protobuf"))
+                run.damage.append(Damage("unparsable", 0, UNPARSABLE))
+            else:
+                merged.MergeFrom(record)
         return merged
 
 

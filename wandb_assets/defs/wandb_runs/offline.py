@@ -25,7 +25,7 @@ from dagster import (
 
 from wandb_assets.defs.fleet.jobs import offline_job
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
-from wandb_assets.lib.offline_runs import file_states, find_run_logs, read_changed_logs
+from wandb_assets.lib.offline_runs import file_states, find_run_logs, read_changed_logs, reader
 from wandb_assets.lib.warehouse import load_offline_runs, read_offline_file_states, stage_rows
 from wandb_assets.settings import alert_thresholds, pipeline_settings
 
@@ -112,6 +112,7 @@ def offline_runs(
             "damage": MetadataValue.table(records, schema=DAMAGE_SCHEMA),
             "damage_by_kind": MetadataValue.json(report.damage_counts()),
             "missing_paths": ", ".join(report.missing),
+            "reader": reader(),  # native (the C extension) or python (built without a compiler: same rows, slower)
         }
     )
 
