@@ -3,6 +3,7 @@
 import glob
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -121,6 +122,21 @@ def _pg_bin() -> Path:
 def _as_postgres(command: list[str]) -> list[str]:
     """initdb and pg_ctl refuse to run as root: run them as the ``postgres`` user when we are root."""
     return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
+
+
+def stop_process_group(process: subprocess.Popen, timeout: float = 60) -> None:
+    """SIGTERM a child started with ``start_new_session=True`` and all it started, then SIGKILL whatever of the
+    group is left after ``timeout``: a slow shutdown never outlives its test to load the machine for the next."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=timeout)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)  # the group outlives its leader while a code server is left in it
+    except ProcessLookupError:
+        pass
+    process.wait(timeout=30)
 
 
 def free_port() -> int:

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests.conftest import REPO, free_port, require_chromium
+from tests.conftest import REPO, free_port, require_chromium, stop_process_group
 from wandb_assets.defs.fleet.jobs import RANGE_END_TAG, RANGE_START_TAG
 from wandb_assets.warehouse import open_snapshot
 
@@ -97,11 +97,7 @@ def demo_ui(tmp_path_factory):
         )
         yield base, home
     finally:
-        os.killpg(demo.pid, 15)
-        try:
-            demo.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(demo.pid, 9)
+        stop_process_group(demo)
         log.close()
 
 

@@ -76,6 +76,11 @@ def test_definitions_contents():
         "offline_run_logs",
     }
     assert all(s.default_status.value == "RUNNING" for s in defs.sensors)
+    # a failed run of any job that writes the warehouse or feeds Datadog opens (and its next success resolves)
+    # the pipeline_failure alert: the sensor-launched offline job included
+    for name in ("pipeline_failure_opens", "pipeline_failure_resolves"):
+        watched = {job.name for job in defs.get_sensor_def(name)._monitored_jobs}  # noqa: SLF001 (no public accessor)
+        assert watched == {"refresh", "backfill", "offline", "feed"}, name
     assert {j.name for j in defs.jobs} == {"refresh", "backfill", "feed", "pipeline_alert", "report", "offline"}
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PG_PASSWORD as PASSWORD
-from tests.conftest import REPO, cli, free_port
+from tests.conftest import REPO, cli, free_port, stop_process_group
 from tests.test_pipeline_e2e import dataset
 
 SENSORS = ("after_fleet_snapshot", "pipeline_failure_opens", "pipeline_failure_resolves")
@@ -107,6 +107,7 @@ def test_the_daemon_keeps_sensor_ticks_and_cursors_in_postgres(postgres, pg_home
         env=os.environ.copy(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         code, _, _ = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-01")
@@ -127,8 +128,7 @@ def test_the_daemon_keeps_sensor_ticks_and_cursors_in_postgres(postgres, pg_home
         states = _pg_query(postgres, "SELECT instigator_type, count(*) FROM instigators GROUP BY 1 ORDER BY 1")
         assert states == [("SCHEDULE", 1), ("SENSOR", 4)]
     finally:
-        daemon.terminate()
-        daemon.wait(timeout=30)
+        stop_process_group(daemon)
 
 
 def test_the_images_code_server_serves_the_definitions_to_the_deploy_workspace(postgres, pg_home):
@@ -154,6 +154,7 @@ def test_the_images_code_server_serves_the_definitions_to_the_deploy_workspace(p
         env=os.environ.copy(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         deadline, done = time.monotonic() + 90, None
@@ -170,8 +171,7 @@ def test_the_images_code_server_serves_the_definitions_to_the_deploy_workspace(p
         assert done.returncode == 0, done.stderr[-2000:]
         assert "Validation successful for code location wandb_assets" in done.stderr + done.stdout
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        stop_process_group(server)
 
 
 def test_a_schedule_tick_is_evaluated_and_recorded_in_postgres(postgres, pg_home, wandb_server):
@@ -334,5 +334,4 @@ def test_the_ui_on_the_postgres_instance_shows_the_cli_runs(postgres, pg_home, w
                 time.sleep(2)
         assert runs == [{"jobName": "backfill", "status": "SUCCESS"}]
     finally:
-        os.killpg(ui.pid, 15)
-        ui.wait(timeout=60)
+        stop_process_group(ui)
