@@ -301,6 +301,61 @@ def test_the_sensor_launches_on_new_or_grown_logs_only(offline_env, instance):
     assert grown.run_key != first.run_key
 
 
+def test_a_running_runs_log_that_goes_quiet_is_read_again_and_the_run_is_crashed(offline_env, instance, warehouse_path):
+    """kill0001 (SIGKILLed: no exit record) is ``running`` when its log is minutes old. Its bytes never change
+    again, but 31 minutes after its last record it is past the 30-minute stall threshold: the next ingest reads
+    that log again (only that one) and the run is ``crashed``; the one after reads nothing."""
+    from wandb_assets.ticks import execute_offline
+
+    def ingest(now: str = "") -> dict:
+        result = execute_offline(instance, [], now=now)
+        assert result.success
+        return {k: v.value for k, v in result.asset_materializations_for_node("offline_runs")[0].metadata.items()}
+
+    def kill_state() -> list[tuple]:
+        con = duckdb.connect(str(warehouse_path), read_only=True)
+        try:
+            return table(con, "SELECT state, heartbeat_at FROM runs WHERE run_id = 'kill0001'")
+        finally:
+            con.close()
+
+    assert ingest()["logs_read"] == 4
+    [(state, last_record)] = kill_state()
+    assert state == "running"
+    # 29 minutes after the last record: not quiet yet, nothing read
+    meta = ingest((last_record + timedelta(minutes=29)).isoformat())
+    assert (meta["logs_read"], meta["logs_gone_quiet"]) == (0, 0)
+    meta = ingest((last_record + timedelta(minutes=31)).isoformat())
+    assert (meta["logs_read"], meta["logs_unchanged"], meta["logs_gone_quiet"], meta["runs_loaded"]) == (1, 3, 1, 1)
+    assert kill_state() == [("crashed", last_record)]
+    meta = ingest((last_record + timedelta(minutes=45)).isoformat())
+    assert (meta["logs_read"], meta["logs_gone_quiet"]) == (0, 0)
+
+
+def test_the_sensor_launches_when_a_log_goes_quiet(offline_env, instance):
+    """A log unchanged since the last look, last written 40 minutes ago, was 20 minutes old at that look: it
+    has just passed the 30-minute stall threshold, so the sensor launches the job (once)."""
+    import os
+
+    from wandb_assets.defs.wandb_runs.offline import offline_run_logs
+
+    log = next(offline_env.rglob("run-kill0001.wandb"))
+    written = time.time() - 40 * 60
+    os.utime(log, (written, written))
+    context = build_sensor_context(instance=instance)
+    offline_run_logs(context)
+    cursor = json.loads(context.cursor)
+    context = build_sensor_context(instance=instance, cursor=json.dumps({**cursor, "at": written + 20 * 60}))
+    request = offline_run_logs(context)
+    assert request.__class__.__name__ == "RunRequest"
+    assert (request.tags["wandb_assets/offline_logs_changed"], request.tags["wandb_assets/offline_logs_quiet"]) == (
+        "0",
+        "1",
+    )
+    context = build_sensor_context(instance=instance, cursor=context.cursor)
+    assert offline_run_logs(context).__class__.__name__ == "SkipReason"
+
+
 def test_ingest_offline_with_a_missing_path_exits_2_with_one_sentence(tmp_path):
     import subprocess
     import sys

@@ -149,9 +149,10 @@ def cmd_ingest_offline(args: argparse.Namespace) -> int:
     if code:
         return code
     meta = {k: v.value for k, v in result.asset_materializations_for_node("offline_runs")[0].metadata.items()}
+    quiet = f" ({meta['logs_gone_quiet']} read again: gone quiet)" if meta["logs_gone_quiet"] else ""
     print(
-        f"Offline logs: {meta['logs_found']} found, {meta['logs_read']} read, {meta['logs_unchanged']} unchanged; "
-        f"{meta['runs_loaded']} runs loaded, {meta['runs_kept_mirrored']} kept as mirrored (W&B has them); "
+        f"Offline logs: {meta['logs_found']} found, {meta['logs_read']} read, {meta['logs_unchanged']} unchanged"
+        f"{quiet}; {meta['runs_loaded']} runs loaded, {meta['runs_kept_mirrored']} kept as mirrored (W&B has them); "
         f"{meta['logs_damaged']} damaged" + (f" {meta['damage_by_kind']}" if meta["logs_damaged"] else "")
     )
     if not args.quiet:

@@ -74,9 +74,10 @@ def execute_backfill(
     return _execute(instance, BACKFILL_JOB, run_config, tags=partition_range_tags(first, last))
 
 
-def execute_offline(instance: DagsterInstance, paths: list[str]) -> ExecuteInProcessResult:
-    """Offline logs under ``paths`` into ``runs``, then the fleet tables and a snapshot (the ``offline`` job)."""
-    return _execute(instance, OFFLINE_JOB, {"ops": {"offline_runs": {"config": {"paths": paths}}}})
+def execute_offline(instance: DagsterInstance, paths: list[str], now: str = "") -> ExecuteInProcessResult:
+    """Offline logs under ``paths`` into ``runs``, then the fleet tables and a snapshot (the ``offline`` job);
+    ``now`` pins the clock (tests)."""
+    return _execute(instance, OFFLINE_JOB, {"ops": {"offline_runs": {"config": {"paths": paths, "now": now}}}})
 
 
 def execute_feed(instance: DagsterInstance, now: str = "") -> ExecuteInProcessResult:

@@ -497,6 +497,7 @@ class IngestReport:
 
     found: int = 0
     unchanged: int = 0
+    gone_quiet: int = 0
     missing: list[str] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
     files: list[dict[str, Any]] = field(default_factory=list)
@@ -521,17 +522,22 @@ def read_changed_logs(
     stall: timedelta,
     default_gpus: int,
     workers: int = 1,
+    gone_quiet: Iterable[str] = (),
 ) -> IngestReport:
     """Find the logs under ``paths``, read those new or changed since ``known`` (``{path: (size, mtime_ns)}``)
     and turn each into a ``runs`` row with the mirrored rules (``normalize.run_row``). One row per run id: of
-    two logs of the same run, the one whose last record is later wins. ``workers`` > 1 reads in processes."""
+    two logs of the same run, the one whose last record is later wins. ``workers`` > 1 reads in processes.
+
+    ``gone_quiet``: logs read while their run was ``running`` that have since passed the stall threshold; they
+    are read again although their bytes did not change, so the run becomes ``crashed`` (its meaning did)."""
     from wandb_assets.lib.normalize import run_row
 
     files, missing = find_run_logs(paths)
     report = IngestReport(found=len(files), missing=missing)
     states = file_states(files)
-    changed = [p for p, state in states.items() if known.get(p) != state]
-    report.unchanged = len(states) - len(changed)
+    quiet = set(gone_quiet) & {p for p, state in states.items() if known.get(p) == state}
+    changed = [p for p, state in states.items() if known.get(p) != state or p in quiet]
+    report.unchanged, report.gone_quiet = len(states) - len(changed), len(quiet)
     if workers > 1 and len(changed) > 16:
         from concurrent.futures import ProcessPoolExecutor
         from multiprocessing import get_context

@@ -253,6 +253,18 @@ def read_offline_file_states(con) -> dict[str, tuple[int, int]]:
     return {path: (size, mtime_ns) for path, size, mtime_ns in rows}
 
 
+def offline_logs_gone_quiet(con, now: datetime, stall: timedelta) -> set[str]:
+    """Logs whose offline run was ``running`` when read and whose last record is now older than ``stall``: no
+    exit record will come, so read again they make the run ``crashed`` (as W&B marks a run whose process died)."""
+    ensure_schema(con)
+    rows = con.execute(
+        f"SELECT f.path FROM offline_log_files f JOIN runs r ON r.log_path = f.path AND r.source = '{SOURCE_OFFLINE}' "
+        "WHERE r.state = 'running' AND r.heartbeat_at < $cutoff",
+        {"cutoff": now - stall},
+    ).fetchall()
+    return {path for (path,) in rows}
+
+
 @retry_on_conflict
 def load_offline_runs(con, staged_path: str | None, files: list[dict[str, Any]], now: datetime) -> dict[str, int]:
     """Load offline runs staged in ``staged_path`` (NDJSON ``runs`` rows) and record the ``files`` read, in one

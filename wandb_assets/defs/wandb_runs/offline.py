@@ -1,11 +1,12 @@
 """Offline W&B run logs into ``runs``: the ``offline_runs`` asset, and the sensor that launches the ``offline``
-job (``defs/fleet/jobs.py``: the logs, then the fleet tables and a snapshot, like a tick) when a log appears or
-grows."""
+job (``defs/fleet/jobs.py``: the logs, then the fleet tables and a snapshot, like a tick) when a log appears,
+grows, or goes quiet (its running run passed the stall threshold)."""
 
 import hashlib
 import json
 import os
-from datetime import UTC, datetime, timedelta
+import time
+from datetime import timedelta
 
 from dagster import (
     AssetExecutionContext,
@@ -25,8 +26,14 @@ from dagster import (
 
 from wandb_assets.defs.fleet.jobs import offline_job
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
+from wandb_assets.lib.clock import configured_time, utc_now
 from wandb_assets.lib.offline_runs import file_states, find_run_logs, read_changed_logs, reader
-from wandb_assets.lib.warehouse import load_offline_runs, read_offline_file_states, stage_rows
+from wandb_assets.lib.warehouse import (
+    load_offline_runs,
+    offline_logs_gone_quiet,
+    read_offline_file_states,
+    stage_rows,
+)
 from wandb_assets.settings import alert_thresholds, pipeline_settings
 
 #: How often the sensor looks at the folders (a stat per log; no file is read).
@@ -44,9 +51,11 @@ DAMAGE_SCHEMA = TableSchema(
 
 
 class OfflineRunsConfig(Config):
-    """``paths``: files or folders to scan (empty: ``WANDB_ASSETS_OFFLINE_DIRS``)."""
+    """``paths``: files or folders to scan (empty: ``WANDB_ASSETS_OFFLINE_DIRS``); ``now`` (ISO-8601) pins the
+    clock that decides whether a run without an exit record is still running, for tests; empty means now."""
 
     paths: list[str] = []
+    now: str = ""
 
 
 @asset(
@@ -64,16 +73,18 @@ def offline_runs(
 ) -> MaterializeResult:
     settings = pipeline_settings()
     paths = config.paths or list(settings.offline_dirs)
-    now = datetime.now(UTC).replace(tzinfo=None)
+    now = configured_time(config.now, "now") or utc_now()
+    stall = timedelta(minutes=alert_thresholds().stall_heartbeat_minutes)
     with warehouse.get_connection() as con:
-        known = read_offline_file_states(con)
+        known, quiet = read_offline_file_states(con), offline_logs_gone_quiet(con, now, stall)
     report = read_changed_logs(  # the warehouse is closed while the logs are read
         paths,
         known,
         now=now,
-        stall=timedelta(minutes=alert_thresholds().stall_heartbeat_minutes),
+        stall=stall,
         default_gpus=settings.default_gpus_per_run,
         workers=min(4, os.cpu_count() or 1),
+        gone_quiet=quiet,
     )
     for path in report.missing:
         context.log.warning(f"Offline logs: {path} does not exist")
@@ -87,8 +98,8 @@ def offline_runs(
     damaged = report.damaged
     line = (
         f"Offline logs: {report.found} found in {len(paths)} path(s), {len(report.files)} read, "
-        f"{report.unchanged} unchanged; {counts['loaded']} runs loaded, {counts['kept_mirrored']} kept as "
-        f"mirrored; {len(damaged)} damaged"
+        f"{report.unchanged} unchanged, {report.gone_quiet} gone quiet; {counts['loaded']} runs loaded, "
+        f"{counts['kept_mirrored']} kept as mirrored; {len(damaged)} damaged"
     )
     (context.log.warning if damaged else context.log.info)(
         line + (f" ({', '.join(f'{k} {n}' for k, n in sorted(report.damage_counts().items()))})" if damaged else "")
@@ -106,6 +117,7 @@ def offline_runs(
             "logs_found": report.found,
             "logs_read": len(report.files),
             "logs_unchanged": report.unchanged,
+            "logs_gone_quiet": report.gone_quiet,  # read again: their running run passed the stall threshold
             "runs_loaded": counts["loaded"],
             "runs_kept_mirrored": counts["kept_mirrored"],
             "logs_damaged": len(damaged),
@@ -121,8 +133,9 @@ def offline_runs(
     job=offline_job,
     minimum_interval_seconds=SENSOR_INTERVAL_S,
     default_status=DefaultSensorStatus.RUNNING,
-    description="Launches the offline job when a .wandb log appears or grows in WANDB_ASSETS_OFFLINE_DIRS "
-    "(sizes and modification times in the cursor; no file is read here).",
+    description="Launches the offline job when a .wandb log appears or grows in WANDB_ASSETS_OFFLINE_DIRS, or "
+    "goes quiet past the stall threshold (its running run is crashed now); sizes and modification times in the "
+    "cursor, no file is read here.",
 )
 def offline_run_logs(context: SensorEvaluationContext):
     folders = pipeline_settings().offline_dirs
@@ -130,10 +143,28 @@ def offline_run_logs(context: SensorEvaluationContext):
         return SkipReason("WANDB_ASSETS_OFFLINE_DIRS is not set")
     files, _ = find_run_logs(folders)
     states = {path: list(state) for path, state in file_states(files).items()}
+    now = time.time()
     previous = json.loads(context.cursor) if context.cursor else {}
-    changed = sorted(p for p, state in states.items() if previous.get(p) != state)
-    context.update_cursor(json.dumps(states, sort_keys=True))
-    if not changed:
-        return SkipReason(f"no new or grown logs among {len(states)}")
-    key = hashlib.sha256(json.dumps({p: states[p] for p in changed}, sort_keys=True).encode()).hexdigest()[:16]
-    return RunRequest(run_key=key, tags={"wandb_assets/offline_logs_changed": str(len(changed))})
+    seen, seen_at = previous.get("logs", {}), previous.get("at", now)
+    changed = sorted(p for p, state in states.items() if seen.get(p) != state)
+    went_quiet = sorted(
+        p for p, state in states.items() if seen.get(p) == state and quiet(state, now) and not quiet(state, seen_at)
+    )
+    context.update_cursor(json.dumps({"logs": states, "at": now}, sort_keys=True))
+    if not changed and not went_quiet:
+        return SkipReason(f"no new, grown or newly quiet logs among {len(states)}")
+    reasons = {"changed": {p: states[p] for p in changed}, "quiet": went_quiet, "at": round(now)}
+    key = hashlib.sha256(json.dumps(reasons, sort_keys=True).encode()).hexdigest()[:16]
+    return RunRequest(
+        run_key=key,
+        tags={
+            "wandb_assets/offline_logs_changed": str(len(changed)),
+            "wandb_assets/offline_logs_quiet": str(len(went_quiet)),
+        },
+    )
+
+
+def quiet(state: list[int], at: float) -> bool:
+    """Whether a log last written at ``state``'s mtime had passed the stall threshold at ``at`` (epoch seconds):
+    a running run in it has become a crashed one, which only reading it again records."""
+    return at - state[1] / 1e9 > alert_thresholds().stall_heartbeat_minutes * 60
