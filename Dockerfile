@@ -22,13 +22,17 @@ COPY pyproject.toml uv.lock ./
 RUN uv sync --locked --no-dev --no-install-project
 COPY README.md setup.py ./
 COPY wandb_assets ./wandb_assets
-# The project, with its native .wandb reader (setup.py builds wandb_assets/lib/_wandb_log.c): a C compiler for
-# the build only, removed in the same layer; the build fails here if the reader was not built.
-RUN apt-get update -qq \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null \
+# The project, with its native .wandb reader (setup.py builds wandb_assets/lib/_wandb_log.c): a C compiler (and
+# Python's headers where the base image lacks them, as Debian's python3 does) for the build only, removed in the
+# same layer; the build fails here if the reader was not built.
+RUN build="gcc libc6-dev" \
+    && if [ ! -f "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ]; then \
+         build="$build python3-dev"; fi \
+    && apt-get update -qq \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $build >/dev/null \
     && uv sync --locked --no-dev \
     && .venv/bin/python -c "from wandb_assets.lib.offline_runs import reader; assert reader() == 'native'" \
-    && apt-get purge -y -qq --auto-remove gcc libc6-dev >/dev/null \
+    && apt-get purge -y -qq --auto-remove $build >/dev/null \
     && rm -rf /var/lib/apt/lists/*
 
 # The instance config (PostgreSQL storage from the DAGSTER_PG_* variables) and a non-root user.

@@ -69,11 +69,16 @@ with DagsterInstance.get() as instance:
     assert info.claimed_slots == [] and info.pending_steps == [], info
 
     outcome = {}
-    runner = threading.Thread(target=lambda: outcome.update(result=next_tick.execute_in_process(instance=instance)))
+    runner = threading.Thread(
+        target=lambda: outcome.update(result=next_tick.execute_in_process(instance=instance)), daemon=True
+    )
     runner.start()
     runner.join(timeout=60)
-    info = instance.event_log_storage.get_concurrency_info("warehouse")
-    assert not runner.is_alive(), f"the next run is still waiting for the warehouse slot: {info}"
+    if runner.is_alive():
+        import faulthandler
+        faulthandler.dump_traceback(all_threads=True)
+        info = instance.event_log_storage.get_concurrency_info("warehouse")
+        raise AssertionError(f"the next run is still waiting for the warehouse slot: {info}")
     assert outcome["result"].success
     print("the next run got the slot")
 """
