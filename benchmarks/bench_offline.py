@@ -4,7 +4,7 @@ in the same run (every record parsed on its own, the way ``lib/wandb_records`` r
     uv run python benchmarks/bench_offline.py [--runs 1000] [--rows 10000] [--workers 2] [--baseline-sample 20]
 
 One real log is written by the installed wandb (``WANDB_MODE=offline``): per row the five SPS keys, ``loss``
-and a nested ``eval/acc``; ``wandb-core`` adds a summary update per row, so ~30,000 records, ~6.8 MB. It is
+and a nested ``eval/acc``; ``wandb-core`` adds a summary update per row, so ~30,000 records, ~6.9 MB. It is
 copied ``--runs`` times with a different run id (the run record's chunk re-checksummed), so every copy is a
 valid log of its own run. Then, timed: (a) the baseline per log on a sample; (b) our reader per log, one
 process, native (the C extension) and Python (what an install without a C compiler uses); (c) the whole

@@ -107,16 +107,16 @@ def file_states(files: Iterable[Path]) -> dict[str, tuple[int, int]]:
     return states
 
 
-#: Framing damage, by the code both readers use (``_wandb_log.c`` returns codes): kind and detail text.
-FRAMING_DAMAGE = {
-    1: ("corrupt", "impossible chunk header (type {a}, length {b})"),
-    2: ("truncated", "file ends {a} bytes into a record"),
-    3: ("corrupt", "CRC mismatch; the rest of the block was skipped"),
-    4: ("corrupt", "a record missing its last chunk"),
-    5: ("truncated", "file ends inside a record split over blocks"),
-    6: ("truncated", "{a} stray bytes after the last record"),
-}
+#: Framing damage codes, the same in ``_wandb_log.c`` (which returns codes), and their kind and detail text.
 IMPOSSIBLE, CUT, CRC, ORPHAN, CUT_SPLIT, STRAY = range(1, 7)
+FRAMING_DAMAGE = {
+    IMPOSSIBLE: ("corrupt", "impossible chunk header (type {a}, length {b})"),
+    CUT: ("truncated", "file ends {a} bytes into a record"),
+    CRC: ("corrupt", "CRC mismatch; the rest of the block was skipped"),
+    ORPHAN: ("corrupt", "a record missing its last chunk"),
+    CUT_SPLIT: ("truncated", "file ends inside a record split over blocks"),
+    STRAY: ("truncated", "{a} stray bytes after the last record"),
+}
 UNPARSABLE = "a record that is not a protobuf"
 
 
@@ -166,7 +166,7 @@ def read_frames(data: bytes) -> tuple[list[memoryview], list[Damage]]:
             damage.append(_damage(CUT, offset, end - size))
             pending, truncated = None, True
             break
-        chunk = view[offset + 7 : end]  # no copy: the one join in read_offline_run copies each payload once
+        chunk = view[offset + 7 : end]  # no copy: the one join in _fold_in_python copies each payload once
         if crc32(chunk, seeds[kind]) != checksum:
             damage.append(_damage(CRC, offset))
             offset += room

@@ -143,12 +143,14 @@ def offline_run_logs(context: SensorEvaluationContext):
         return SkipReason("WANDB_ASSETS_OFFLINE_DIRS is not set")
     files, _ = find_run_logs(folders)
     states = {path: list(state) for path, state in file_states(files).items()}
-    now = time.time()
+    now, stall_s = time.time(), alert_thresholds().stall_heartbeat_minutes * 60
     previous = json.loads(context.cursor) if context.cursor else {}
     seen, seen_at = previous.get("logs", {}), previous.get("at", now)
     changed = sorted(p for p, state in states.items() if seen.get(p) != state)
     went_quiet = sorted(
-        p for p, state in states.items() if seen.get(p) == state and quiet(state, now) and not quiet(state, seen_at)
+        p
+        for p, state in states.items()
+        if seen.get(p) == state and quiet(state, now, stall_s) and not quiet(state, seen_at, stall_s)
     )
     context.update_cursor(json.dumps({"logs": states, "at": now}, sort_keys=True))
     if not changed and not went_quiet:
@@ -164,7 +166,7 @@ def offline_run_logs(context: SensorEvaluationContext):
     )
 
 
-def quiet(state: list[int], at: float) -> bool:
-    """Whether a log last written at ``state``'s mtime had passed the stall threshold at ``at`` (epoch seconds):
-    a running run in it has become a crashed one, which only reading it again records."""
-    return at - state[1] / 1e9 > alert_thresholds().stall_heartbeat_minutes * 60
+def quiet(state: list[int], at: float, stall_s: float) -> bool:
+    """Whether a log last written at ``state``'s mtime had passed the stall threshold (``stall_s`` seconds) at
+    ``at`` (epoch seconds): a running run in it has become a crashed one, which only reading it again records."""
+    return at - state[1] / 1e9 > stall_s
