@@ -35,13 +35,17 @@ RUN build="gcc libc6-dev" \
     && apt-get purge -y -qq --auto-remove $build >/dev/null \
     && rm -rf /var/lib/apt/lists/*
 
-# The instance config (PostgreSQL storage from the DAGSTER_PG_* variables) and a non-root user.
+# The instance for `docker run` and compose (PostgreSQL storage from the DAGSTER_PG_* variables; the Helm chart sets
+# its own DAGSTER_HOME and instance instead), and a non-root user.
 COPY deploy/postgres/dagster.yaml /opt/dagster/home/dagster.yaml
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin dagster \
     && mkdir -p /data /tmp/wandb \
     && chown -R dagster:dagster /opt/dagster /data /tmp/wandb
 USER 10001
 
+# No ENTRYPOINT: the Helm chart and the K8sRunLauncher give whole command lines as container args (the code
+# server's `dagster code-server start -h 0.0.0.0 -p 4000 -m ...`, a run pod's `dagster api execute_run ...`), which
+# an ENTRYPOINT would get appended to. CMD is what `docker run IMAGE` serves. Never expose port 4000 outside the
+# cluster: the code server has no authentication.
 EXPOSE 4000
-ENTRYPOINT ["dagster", "code-server", "start", "-m", "wandb_assets.definitions"]
-CMD ["-h", "0.0.0.0", "-p", "4000"]
+CMD ["dagster", "code-server", "start", "-h", "0.0.0.0", "-p", "4000", "-m", "wandb_assets.definitions"]

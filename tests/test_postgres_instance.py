@@ -132,24 +132,26 @@ def test_the_daemon_keeps_sensor_ticks_and_cursors_in_postgres(postgres, pg_home
 
 
 def test_the_images_code_server_serves_the_definitions_to_the_deploy_workspace(postgres, pg_home):
-    """The Dockerfile's entry point, run here without Docker (no engine on this machine) on a loopback port,
-    serves the code location that deploy/workspace.yaml (host and port pointed at it) loads and validates."""
-    import json
-    import re
-
+    """The image's command line (no ENTRYPOINT; its CMD, what `docker run IMAGE` serves), run here without Docker
+    on a loopback port, serves the code location that deploy/workspace.yaml (host and port pointed at it) loads
+    and validates."""
     import yaml
 
-    dockerfile = (REPO / "Dockerfile").read_text()
-    entry_point = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", dockerfile, re.M).group(1))
-    assert entry_point[:3] == ["dagster", "code-server", "start"]
+    from tests.helm import effective_command, image_entrypoint_and_cmd
+
     port = free_port()
+    command = [
+        "127.0.0.1" if a == "0.0.0.0" else str(port) if a == "4000" else a
+        for a in effective_command(*image_entrypoint_and_cmd(REPO / "Dockerfile"), None)
+    ]
+    assert command[:3] == ["dagster", "code-server", "start"]
     workspace = yaml.safe_load((REPO / "deploy" / "workspace.yaml").read_text())
     workspace["load_from"][0]["grpc_server"].update(host="127.0.0.1", port=port)
     local_workspace = pg_home / "workspace.yaml"
     local_workspace.write_text(yaml.safe_dump(workspace))
     bin_dir = Path(sys.executable).parent
     server = subprocess.Popen(
-        [str(bin_dir / entry_point[0]), *entry_point[1:], "-h", "127.0.0.1", "-p", str(port)],
+        [str(bin_dir / command[0]), *command[1:]],
         cwd=REPO,
         env=os.environ.copy(),
         stdout=subprocess.DEVNULL,
@@ -213,30 +215,6 @@ def test_a_schedule_tick_is_evaluated_and_recorded_in_postgres(postgres, pg_home
     )
 
 
-def test_the_helm_values_deploy_what_was_verified_here():
-    """deploy/helm/values.yaml cannot be rendered here (no helm): check its decisions and that every variable it
-    sets is one the code reads."""
-    import yaml
-
-    from wandb_assets.settings import ENV_VARS
-
-    values = yaml.safe_load((REPO / "deploy" / "helm" / "values.yaml").read_text())
-    assert values["postgresql"]["enabled"] is False and values["global"]["postgresqlSecretName"]
-    assert values["runLauncher"]["type"] == "K8sRunLauncher"
-    daemon = values["dagsterDaemon"]
-    assert (daemon["replicaCount"], daemon["runCoordinator"]["type"]) == (1, "QueuedRunCoordinator")
-    assert daemon["runMonitoring"]["freeSlotsAfterRunEndSeconds"] == 60
-    assert values["additionalInstanceConfig"]["concurrency"]["pools"]["default_limit"] == 1
-    (deployment,) = values["dagster-user-deployments"]["deployments"]
-    assert deployment["codeServerArgs"] == ["-m", "wandb_assets.definitions"]
-    env = {item["name"]: item["value"] for item in deployment["env"]}
-    assert {"DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USERNAME", "DAGSTER_PG_DB"} <= env.keys()
-    assert env["WANDB_ASSETS_DUCKDB"].startswith("ducklake:postgres:") and "password" not in env["WANDB_ASSETS_DUCKDB"]
-    unknown = {name for name in env if not name.startswith("DAGSTER_PG_") and name not in ENV_VARS}
-    assert unknown == set()
-    assert deployment["includeConfigInLaunchedRuns"]["enabled"] is True
-
-
 def _docker_daemon_reachable() -> bool:
     docker = shutil.which("docker")
     if docker is None:
@@ -264,8 +242,11 @@ def _base_image_args() -> list[str]:
 @pytest.mark.skipif(not _docker_daemon_reachable(), reason="no reachable Docker daemon (docker info failed)")
 def test_the_image_builds_and_its_code_server_serves_the_workspace(postgres, pg_home):
     """Build the Dockerfile and run one code server from the image (host network) against the test PostgreSQL,
-    then validate deploy/workspace.yaml pointed at it. Runs wherever `docker info` succeeds."""
+    then validate deploy/workspace.yaml pointed at it. The container gets the chart's args alone (a whole command
+    line, as the Helm chart and the K8sRunLauncher give it). Runs wherever `docker info` succeeds."""
     import yaml
+
+    from tests.helm import code_server_args
 
     tag = f"wandb-assets-test:{os.getpid()}"
     build = ["docker", "build", "--network=host", "-t", tag, *_base_image_args(), str(REPO)]
@@ -273,8 +254,10 @@ def test_the_image_builds_and_its_code_server_serves_the_workspace(postgres, pg_
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     port = free_port()
     env = [f"--env={name}={os.environ[name]}" for name in os.environ if name.startswith("DAGSTER_PG_")]
+    args = code_server_args({"port": port, "codeServerArgs": ["-m", "wandb_assets.definitions"]})
+    args = ["127.0.0.1" if a == "0.0.0.0" else a for a in args]
     container = subprocess.run(
-        ["docker", "run", "-d", "--rm", "--network=host", *env, tag, "-h", "127.0.0.1", "-p", str(port)],
+        ["docker", "run", "-d", "--rm", "--network=host", *env, tag, *args],
         check=True,
         capture_output=True,
         text=True,
