@@ -36,9 +36,10 @@ if scenario == "ci":
     run.summary["loss"] = 0.0  # a summary write wins over the history's last value
     run.finish(exit_code=0)
 elif scenario == "failed":
-    run = wandb.init(id="fail0001", name="train-failed", config={"lr": 0.1}, **common)
+    run = wandb.init(id="fail0001", name="train-failed", config={"lr": 0.1, "clip": math.nan}, **common)
     for i in range(rows):
-        run.log({"loss": float(i)})
+        run.log({"loss": float(i), "grad_norm": math.nan})  # diverged: NaN on every row, so in the summary
+    run.summary.update({"final_loss": math.nan})  # the client itself writes an explicit NaN as null
     run.finish(exit_code=1)
 elif scenario == "sweep":
     os.environ["WANDB_SWEEP_ID"] = "sw123abc"

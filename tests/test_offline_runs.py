@@ -110,6 +110,51 @@ def test_offline_runs_are_read_back_exactly(offline_tree):
     assert offline_node(run, run.last_record_at + timedelta(minutes=1), STALL)["state"] == "running"
 
 
+def test_nan_follows_one_rule_offline_and_mirrored(offline_tree, memory_con):
+    """NaN on both paths: what the client recorded is kept. A NaN logged with ``run.log`` reaches the summary
+    as the token NaN and is stored as NaN; an explicit ``run.summary.update({k: nan})`` or a NaN config value is
+    written by the wandb client itself as null (wandb.util.json_friendly, online and offline alike), so W&B's
+    copy holds null too. The offline log and the node the server returns for the same run load identically."""
+    from wandb.proto import wandb_internal_pb2
+
+    from wandb_assets.lib.normalize import run_row
+    from wandb_assets.lib.offline_runs import read_frames
+    from wandb_assets.lib.warehouse import load_offline_runs, stage_rows
+
+    root, _, after = offline_tree
+    log = log_of(root, "fail0001")
+    written = {}
+    for frame in read_frames(log.read_bytes())[0]:
+        record = wandb_internal_pb2.Record.FromString(bytes(frame))
+        for item in record.summary.update if record.HasField("summary") else []:
+            written[item.key or "/".join(item.nested_key)] = item.value_json
+    assert (written["grad_norm"], written["final_loss"]) == ("NaN", "null")  # the client's own encoding
+
+    report = read_changed_logs([log], {}, now=after + timedelta(hours=1), stall=STALL, default_gpus=1)
+    staged, _ = stage_rows(report.rows)
+    load_offline_runs(memory_con, staged, report.files, after)
+    (offline,) = report.rows
+    node = {  # the same run as W&B's server returns it once synced: the values the records hold
+        "name": "fail0001-mirrored",
+        "state": "failed",
+        "createdAt": offline["created_at"].strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "heartbeatAt": offline["heartbeat_at"].strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "config": '{"lr": {"value": 0.1}, "clip": {"value": null}}',
+        "summaryMetrics": '{"loss": 4.0, "grad_norm": NaN, "final_loss": null, "_step": 4}',
+    }
+    mirrored = run_row(node, entity="e", project="p", app_url="http://127.0.0.1", default_gpus=1)
+    staged, _ = stage_rows([mirrored])
+    load_offline_runs(memory_con, staged, [], after)  # the same load, so only the values differ, not the SQL
+    got = memory_con.execute(
+        "SELECT run_id, isnan((summary->'grad_norm')::DOUBLE), json_type(summary->'final_loss'), "
+        "(summary->'loss')::DOUBLE, json_type(config->'clip'), (config->'lr')::DOUBLE FROM runs ORDER BY run_id"
+    ).fetchall()
+    assert got == [
+        ("fail0001", True, "NULL", 4.0, "NULL", 0.1),
+        ("fail0001-mirrored", True, "NULL", 4.0, "NULL", 0.1),
+    ]
+
+
 def test_a_log_cut_mid_write_keeps_every_record_before_the_cut(offline_tree, tmp_path):
     root, _, _ = offline_tree
     data = log_of(root, "ci0001").read_bytes()
