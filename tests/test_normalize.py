@@ -210,3 +210,34 @@ def test_non_finite_values_read_back_as_numbers_from_the_warehouse(memory_con):
     assert got[5:] == (["lr"], "0.27.1", ["sps_overview_sps"])
     back = json.loads(memory_con.execute("SELECT summary FROM runs").fetchone()[0])
     assert math.isnan(back["loss"]) and back["best"] == math.inf and back["charts/SPS"] == 12.5
+
+
+def test_a_lone_surrogate_loses_no_run_of_the_window(memory_con):
+    """One lone UTF-16 surrogate (what surrogateescape makes of a non-UTF-8 byte) in a run name, tag, user, config
+    or summary value used to fail the whole window's load: every run beside it was lost. Now it becomes U+FFFD,
+    the run is kept and counted (``text_encoding``), and a valid character beyond the BMP is untouched."""
+    clean = run_row(_node(name="clean1"), entity="e", project="p", app_url="http://x", default_gpus=1)
+    poisoned = run_row(
+        _node(
+            name="bad1",
+            displayName="train-caf\udce9",
+            tags=["t\udce9"],
+            user={"username": "u\udce9"},
+            config=json.dumps({"data_dir": {"value": "/data/caf\udce9"}, "emoji": {"value": "\U0001f600"}}),
+            summaryMetrics='{"path": "\\udce9x", "\\ud800key": 1, "escaped": "\\\\ud800"}',
+        ),
+        entity="e",
+        project="p",
+        app_url="http://x",
+        default_gpus=1,
+    )
+    assert poisoned["anomalies"] == ["text_encoding"] and clean["anomalies"] == []
+    assert replace_runs_window(memory_con, [clean, poisoned], datetime(2026, 6, 1), datetime(2026, 6, 2)) == 2
+    got = memory_con.execute(
+        "SELECT run_id, name, tags, \"user\", config->>'data_dir', config->>'emoji', summary->>'path', "
+        "summary->>'\ufffdkey', summary->>'escaped' FROM runs ORDER BY run_id"
+    ).fetchall()
+    assert got == [
+        ("bad1", "train-caf\ufffd", ["t\ufffd"], "u\ufffd", "/data/caf\ufffd", "\U0001f600", "\ufffdx", "1", "\\ud800"),
+        ("clean1", "github.sky.main.c0ffee1.ppo.1700000000", ["ci"], "ci-bot", None, None, None, None, None),
+    ]

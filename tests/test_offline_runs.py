@@ -566,3 +566,37 @@ def test_the_native_and_python_readers_agree_on_every_log_and_every_damage(offli
             compared += 1
     assert compared > 300
     assert kinds == {"corrupt", "truncated", "unparsable", "bad_header"}
+
+
+def test_a_surrogate_in_a_logs_value_or_path_loses_no_log_of_the_scan(tmp_path, memory_con):
+    """An offline log whose config holds a lone surrogate (as Python's json.dumps writes a surrogateescape'd
+    path) under a folder whose name is not UTF-8: both logs of the scan land, the bad text is U+FFFD and counted,
+    and the next scan finds the ledger's (mended) path unchanged and reads nothing."""
+    import os
+
+    from wandb_assets.lib.warehouse import load_offline_runs, read_offline_file_states, stage_rows
+
+    folder = Path(os.fsdecode(bytes(tmp_path) + b"/caf\xe9"))
+    folder.mkdir()
+    records = legacy_records(3, 1_700_000_000)
+    item = records[0].run.config.update.add()
+    item.key, item.value_json = "data_dir", '"/data/caf\\udce9"'
+    (folder / "run-legacy01.wandb").write_bytes(legacy_log_bytes(records))
+    clean = legacy_records(3, 1_700_000_000)
+    clean[0].run.run_id = "legacy02"
+    (tmp_path / "run-legacy02.wandb").write_bytes(legacy_log_bytes(clean))
+
+    report = read_changed_logs([tmp_path], {}, now=datetime(2030, 1, 1), stall=STALL, default_gpus=1)
+    staged, _ = stage_rows(report.rows)
+    assert load_offline_runs(memory_con, staged, report.files, datetime(2030, 1, 1))["loaded"] == 2
+    got = memory_con.execute(
+        "SELECT run_id, config->>'data_dir', log_path, anomalies FROM runs ORDER BY run_id"
+    ).fetchall()
+    assert got == [
+        ("legacy01", "/data/caf\ufffd", str(tmp_path / "caf\ufffd" / "run-legacy01.wandb"), ["text_encoding"]),
+        ("legacy02", None, str(tmp_path / "run-legacy02.wandb"), []),
+    ]
+    again = read_changed_logs(
+        [tmp_path], read_offline_file_states(memory_con), now=datetime(2030, 1, 1), stall=STALL, default_gpus=1
+    )
+    assert (again.found, again.unchanged, again.rows) == (2, 2, [])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
@@ -184,6 +185,8 @@ def run_row(node: dict, *, entity: str, project: str, app_url: str, default_gpus
             anomalies.append("gpu_count")
         gpu_count = default_gpus
 
+    config_json, config_mended = mend_json_text(to_json(config))
+    summary_json, summary_mended = mend_json_text(to_json(summary))
     compute = {
         "gpu_type": _text(lookup_dotted(config, "compute.gpu_type")),
         "cpu_count": non_negative_int(lookup_dotted(config, "compute.cpu_count")),
@@ -191,11 +194,15 @@ def run_row(node: dict, *, entity: str, project: str, app_url: str, default_gpus
         "slurm_job_id": _text(lookup_dotted(config, "slurm.job_id")),
         "hostname": _text(lookup_dotted(config, "system.hostname")),
     }
-    display_name = node.get("displayName")
-    sweep_id = node.get("sweepName") or None
-    ci = parse_ci_name(display_name)
+    texts = {  # the text fields W&B users set freely: each mended of lone surrogates
+        key: mend_text(node.get(key)) for key in ("name", "displayName", "sweepName", "group", "jobType")
+    }
     user = node.get("user") or {}
-    run_id = node.get("name")
+    username, user_mended = mend_text(user.get("username") or user.get("name"))
+    tags = [mend_text(tag) for tag in node.get("tags") or []]
+    run_id, display_name = texts["name"][0], texts["displayName"][0]
+    sweep_id = texts["sweepName"][0] or None
+    ci = parse_ci_name(display_name)
     row: dict[str, Any] = {
         "run_id": run_id,
         "name": display_name,
@@ -208,10 +215,10 @@ def run_row(node: dict, *, entity: str, project: str, app_url: str, default_gpus
         "gpu_count": gpu_count,
         **compute,
         "sweep_id": sweep_id,
-        "tags": list(node.get("tags") or []),
-        "user": user.get("username") or user.get("name"),
-        "group_name": node.get("group"),
-        "job_type": node.get("jobType"),
+        "tags": [tag for tag, _ in tags],
+        "user": username,
+        "group_name": texts["group"][0],
+        "job_type": texts["jobType"][0],
         "url": run_url(app_url, entity, project, run_id),
         "ci_branch": ci.branch if ci else None,
         "ci_commit": ci.commit if ci else None,
@@ -219,12 +226,17 @@ def run_row(node: dict, *, entity: str, project: str, app_url: str, default_gpus
         "ci_timestamp": ci.timestamp.replace(tzinfo=None) if ci and ci.timestamp else None,
         "summary_step": finite_float(summary.get("_step")),
         "cli_version": client_version(raw_config),
-        "config": to_json(config),
-        "summary": to_json(summary),
+        "config": config_json,
+        "summary": summary_json,
         "anomalies": anomalies,
         "source": "wandb",
         "log_path": None,
     }
+    for column in ("gpu_type", "slurm_job_id", "hostname"):
+        row[column], mended = mend_text(row[column])
+        user_mended |= mended
+    if user_mended or config_mended or summary_mended or any(m for _, m in (*texts.values(), *tags)):
+        anomalies.append("text_encoding")
     for key, column in SPS_KEYS.items():
         value = summary.get(key)
         row[column] = finite_float(value)
@@ -238,6 +250,38 @@ def _text(value: Any) -> str | None:
     if value is None or isinstance(value, (dict, list, bool)):
         return None
     return str(value)
+
+
+#: A lone UTF-16 surrogate in a Python string (what ``json.loads`` makes of an unpaired ``\\udXXX`` escape, and
+#: what surrogateescape makes of a non-UTF-8 byte in a path). DuckDB refuses such text, so one of them would fail
+#: the load of every run beside it: each becomes U+FFFD and the run's ``anomalies`` gets ``text_encoding``.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+#: In JSON text written with ``ensure_ascii``: an escaped backslash, a valid surrogate pair, or a lone one.
+_JSON_SURROGATE = re.compile(r"(\\\\)|(\\ud[89ab][0-9a-f]{2}\\ud[c-f][0-9a-f]{2})|\\ud[89a-f][0-9a-f]{2}")
+
+
+def mend_text(value: Any) -> tuple[Any, bool]:
+    """``(value, mended)``: a string with every lone surrogate replaced by U+FFFD; anything else as it is."""
+    if isinstance(value, str) and _SURROGATE.search(value):
+        return _SURROGATE.sub("\ufffd", value), True
+    return value, False
+
+
+def mend_json_text(text: str) -> tuple[str, bool]:
+    """``(text, mended)``: JSON text (``ensure_ascii``) with every escaped lone surrogate made ``\\ufffd``; escaped
+    backslashes and valid pairs (characters beyond the BMP) are kept. Only text holding ``\\ud`` is scanned."""
+    if "\\ud" not in text:
+        return text, False
+    mended = []
+
+    def replace(match: re.Match) -> str:
+        if match.group(1) or match.group(2):
+            return match.group(0)
+        mended.append(True)
+        return "\\ufffd"
+
+    text = _JSON_SURROGATE.sub(replace, text)
+    return text, bool(mended)
 
 
 def to_json(value: dict) -> str:

@@ -530,13 +530,17 @@ def read_changed_logs(
 
     ``gone_quiet``: logs read while their run was ``running`` that have since passed the stall threshold; they
     are read again although their bytes did not change, so the run becomes ``crashed`` (its meaning did)."""
-    from wandb_assets.lib.normalize import run_row
+    from wandb_assets.lib.normalize import mend_text, run_row
+
+    def stored(path: str) -> str:  # a non-UTF-8 byte in a path (a surrogate here) is U+FFFD in the warehouse
+        return mend_text(path)[0]
 
     files, missing = find_run_logs(paths)
     report = IngestReport(found=len(files), missing=missing)
     states = file_states(files)
-    quiet = set(gone_quiet) & {p for p, state in states.items() if known.get(p) == state}
-    changed = [p for p, state in states.items() if known.get(p) != state or p in quiet]
+    gone = set(gone_quiet)
+    quiet = {p for p, state in states.items() if stored(p) in gone and known.get(stored(p)) == state}
+    changed = [p for p, state in states.items() if known.get(stored(p)) != state or p in quiet]
     report.unchanged, report.gone_quiet = len(states) - len(changed), len(quiet)
     if workers > 1 and len(changed) > 16:
         from concurrent.futures import ProcessPoolExecutor
@@ -550,7 +554,7 @@ def read_changed_logs(
     for run in runs:
         size, mtime_ns = states[run.path]
         entry = {
-            "path": run.path,
+            "path": stored(run.path),
             "size": size,
             "mtime_ns": mtime_ns,
             "run_id": run.run_id,
@@ -565,9 +569,11 @@ def read_changed_logs(
         row = run_row(
             offline_node(run, now, stall), entity=run.entity, project=run.project, app_url="", default_gpus=default_gpus
         )
-        row.update(url=None, source="offline", log_path=run.path)
+        row.update(url=None, source="offline", log_path=entry["path"])
         if run.damage:
             row["anomalies"] = [*row["anomalies"], "log_damaged"]
+        if entry["path"] != run.path and "text_encoding" not in row["anomalies"]:
+            row["anomalies"] = [*row["anomalies"], "text_encoding"]
         when = run.last_record_at or datetime.min
         if run.run_id not in best or when > best[run.run_id][0]:
             best[run.run_id] = (when, row)
