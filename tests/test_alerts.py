@@ -17,6 +17,7 @@ from wandb_assets.lib.alerts import (
     evaluate_rules,
     pipeline_failure,
     reconcile,
+    sps_regression,
 )
 from wandb_assets.lib.channels import post_webhook
 from wandb_assets.lib.sql import reusing
@@ -153,6 +154,28 @@ def test_regress_then_fix_opens_and_resolves_one_alert(con):
         load(con, fresh_ci() + main_runs("ppo", values[:n]))
         events += [(n, t.event, t.condition.key) for t in reconcile(con, evaluate_rules(con, T, TH), ALL_RULES, T, [])]
     assert events == [(33, "opened", "sps_regression:ppo:ppo0030"), (55, "resolved", "sps_regression:ppo:ppo0030")]
+
+
+def test_an_unrecovered_regression_keeps_one_alert_over_400_ticks(con):
+    """150 main runs at 1000 SPS, then 800 for good (3% noise; the review's series, seed 1): one tick per new run,
+    400 in all. The alert opens once, keyed by its first slow commit, and never re-keys or resolves on its own
+    (with a window of the last 200 runs it re-keyed at run 330 and resolved at run 340)."""
+    import math
+    import random
+
+    rng = random.Random(1)
+    values = [(1000 if i < 150 else 800) * math.exp(rng.gauss(0, 0.03)) for i in range(400)]
+    rows = main_runs("ppo", values)
+    load(con, fresh_ci() + rows)
+    evaluate_rules(con, T, TH)  # creates the rules' views
+    events = []
+    for n, row in enumerate(rows, start=1):  # a tick just after each main run ended sees the first n runs
+        at = row["ended_at"] + timedelta(minutes=1)
+        events += [
+            (n, t.event, t.condition.key)
+            for t in reconcile(con, sps_regression(con, at, TH), {"sps_regression"}, at, [])
+        ]
+    assert events == [(153, "opened", "sps_regression:ppo:ppo0148")]  # the review's series: found at run 153
 
 
 def test_failure_spike(con):

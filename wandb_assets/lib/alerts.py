@@ -130,20 +130,18 @@ def success_rate_low(con, at: datetime, th: AlertThresholds) -> list[Condition]:
 
 
 #: Main-branch runs of one CI config in commit order (the CI timestamp in the name, then created_at), with the
-#: throughput metric read from the summary (``$key``: a JSON path to one summary key).
+#: throughput metric read from the summary (``$key``: a JSON path to one summary key). The whole history: the
+#: detector is causal and O(n log w), so every tick sees the regimes, baselines and alert keys earlier ticks saw.
+#: (A window of the last N runs would lose a regression's baseline as it slides, re-key the alert, and
+#: eventually resolve it although the throughput never recovered.)
 MAIN_SERIES_SQL = f"""
 SELECT ci_config, run_id, ci_commit, url, created_at, TRY_CAST(json_extract(summary, $key) AS DOUBLE) AS sps
 FROM runs
 WHERE category = 'push_to_main' AND ci_branch = 'main' AND ci_config IS NOT NULL
   AND state IN ({SPS_SQL_STATES}) AND ended_at <= $t AND created_at <= $t
-QUALIFY isfinite(sps) AND sps > 0
-    AND row_number() OVER (PARTITION BY ci_config ORDER BY coalesce(ci_timestamp, created_at) DESC,
-                                                        created_at DESC, run_id DESC) <= $runs
+  AND isfinite(TRY_CAST(json_extract(summary, $key) AS DOUBLE)) AND TRY_CAST(json_extract(summary, $key) AS DOUBLE) > 0
 ORDER BY ci_config, coalesce(ci_timestamp, created_at), created_at, run_id
 """
-
-#: How many recent main runs per config the detector looks at (enough history for several regimes).
-SPS_HISTORY_RUNS = 200
 
 
 def summary_key_path(metric: str) -> str:
@@ -153,7 +151,7 @@ def summary_key_path(metric: str) -> str:
 
 def main_series(con, at: datetime, metric: str) -> dict[str, list[dict]]:
     """Per CI config: its main runs up to ``at`` in commit order, each with its finite SPS value."""
-    rows = _rows(con, MAIN_SERIES_SQL, {"t": at, "key": summary_key_path(metric), "runs": SPS_HISTORY_RUNS})
+    rows = _rows(con, MAIN_SERIES_SQL, {"t": at, "key": summary_key_path(metric)})
     series: dict[str, list[dict]] = {}
     for row in rows:
         series.setdefault(row["ci_config"], []).append(row)
