@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -366,6 +366,84 @@ def test_runs_refreshed_by_id_never_replace_a_copy_fetched_later(memory_con, tmp
     ]
     load_runs_window(memory_con, [str(empty)], *window, [staged("c", "crashed", datetime(2026, 6, 1, 13))])
     assert memory_con.execute("SELECT state FROM runs").fetchall() == [("crashed",)]
+
+
+def _staged_at(path: Path, runs: list[tuple], fetched_at: datetime, source: str | None = None) -> str:
+    """A staged file of ``(run_id, state, created_at)`` rows fetched at ``fetched_at`` (naive UTC), whose
+    modification time says so, as ``StagedFetch.publish`` sets it."""
+    import os
+    from datetime import UTC
+
+    from wandb_assets.lib.warehouse import ndjson_lines
+
+    rows = [{"run_id": r, "state": st, "created_at": c, "anomalies": [], "source": source} for r, st, c in runs]
+    path.write_text("".join(ndjson_lines(rows, fetched_at)))
+    stamp = fetched_at.replace(tzinfo=UTC).timestamp()
+    os.utime(path, (stamp, stamp))
+    return str(path)
+
+
+def test_a_stale_window_file_loaded_last_cannot_turn_back_the_clock(memory_con, tmp_path):
+    """A slow fetch that began at 10:14 is loaded after a tick that fetched at 10:15: the tick's newer state of
+    a run stays, and a run the tick found (created after the slow fetch read its page) is not deleted. A run
+    the stale file lacks that was fetched before it began is deleted as before (W&B no longer has it)."""
+    from wandb_assets.lib.warehouse import load_runs_window
+
+    day = datetime(2026, 6, 1)
+    window = (day, day + timedelta(days=1))
+    early = _staged_at(tmp_path / "early", [("gone", "finished", day + timedelta(hours=1))], datetime(2026, 6, 1, 9))
+    load_runs_window(memory_con, [early], *window)
+    slow = tmp_path / "slow.ndjson"
+    tick = _staged_at(
+        tmp_path / "tick",
+        [("r1", "finished", day + timedelta(hours=8)), ("r2", "running", day + timedelta(hours=10))],
+        datetime(2026, 6, 1, 10, 15),
+    )
+    _staged_at(slow, [("r1", "running", day + timedelta(hours=8))], datetime(2026, 6, 1, 10, 14))
+    assert load_runs_window(memory_con, [tick], *window) == 2
+    assert load_runs_window(memory_con, [str(slow)], *window) == 0  # its only row is older than the tick's copy
+    got = memory_con.execute("SELECT run_id, state, ingested_at FROM runs ORDER BY run_id").fetchall()
+    assert got == [("r1", "finished", datetime(2026, 6, 1, 10, 15)), ("r2", "running", datetime(2026, 6, 1, 10, 15))]
+    # A fresher file replaces both and drops r2 (fetched before it began and no longer in W&B's answer).
+    fresh = _staged_at(tmp_path / "fresh", [("r1", "crashed", day + timedelta(hours=8))], datetime(2026, 6, 1, 11))
+    load_runs_window(memory_con, [fresh], *window)
+    assert memory_con.execute("SELECT run_id, state FROM runs").fetchall() == [("r1", "crashed")]
+
+
+def test_an_alive_run_w_and_b_no_longer_returns_by_id_is_marked_vanished(memory_con, tmp_path):
+    """The by-id refresh asks for every run held alive before the window; one W&B did not return (deleted or
+    moved) becomes ``vanished`` (counted in its anomalies) instead of running forever. Offline rows are never
+    asked for, never vanish, and do not pull the tick's look-back."""
+    from wandb_assets.lib.warehouse import load_runs_window, read_oldest_unfinished_day, unfinished_run_ids
+
+    old = datetime(2026, 5, 20)
+    first = _staged_at(
+        tmp_path / "first",
+        [("alive1", "running", old), ("alive2", "running", old + timedelta(days=1)), ("done", "finished", old)],
+        datetime(2026, 5, 22),
+    )
+    load_runs_window(memory_con, [first], old, old + timedelta(days=3))
+    offline = _staged_at(tmp_path / "offline", [("off1", "running", old)], datetime(2026, 5, 22), source="offline")
+    memory_con.execute(f"INSERT INTO runs BY NAME SELECT * FROM read_json('{offline}')")
+    start = datetime(2026, 6, 1)
+    assert unfinished_run_ids(memory_con, start) == ["alive1", "alive2"]
+    assert read_oldest_unfinished_day(memory_con) == old.date()
+    empty = _staged_at(tmp_path / "window", [], datetime(2026, 6, 1, 12))
+    by_id = _staged_at(tmp_path / "by-id", [("alive2", "finished", old + timedelta(days=1))], datetime(2026, 6, 1, 12))
+    load_runs_window(memory_con, [empty], start, start + timedelta(days=1), [by_id])
+    got = memory_con.execute("SELECT run_id, state, anomalies FROM runs ORDER BY run_id").fetchall()
+    assert got == [
+        ("alive1", "vanished", ["vanished"]),
+        ("alive2", "finished", []),
+        ("done", "finished", []),
+        ("off1", "running", []),
+    ]
+    assert unfinished_run_ids(memory_con, start) == [] and read_oldest_unfinished_day(memory_con) is None
+    # An old by-id file (fetched before alive1 was last seen) vanishes nothing.
+    memory_con.execute("UPDATE runs SET state = 'running', anomalies = [] WHERE run_id = 'alive1'")
+    stale = _staged_at(tmp_path / "stale", [], datetime(2026, 5, 21))
+    load_runs_window(memory_con, [empty], start, start + timedelta(days=1), [stale])
+    assert memory_con.execute("SELECT state FROM runs WHERE run_id = 'alive1'").fetchall() == [("running",)]
 
 
 def test_local_server_index_selects_exactly_what_a_full_scan_does():

@@ -419,7 +419,7 @@ def test_ingest_offline_with_a_missing_path_exits_2_with_one_sentence(tmp_path):
 
 def test_an_air_gapped_tick_feeds_datadog_without_reaching_wandb(offline_env, instance, monkeypatch):
     """No W&B key, W&B unreachable: the offline job and the feed still run, and the points carry the entity and
-    project from WANDB_ENTITY / WANDB_PROJECT."""
+    project from WANDB_ENTITY / WANDB_PROJECT (the logs' own: logs of any other project are not loaded)."""
     from tests.capture import CaptureServer
     from tests.conftest import free_port
     from wandb_assets.ticks import execute_feed, execute_offline
@@ -427,8 +427,8 @@ def test_an_air_gapped_tick_feeds_datadog_without_reaching_wandb(offline_env, in
     for name in ("WANDB_API_KEY", "WANDB_ASSETS_SLACK_WEBHOOK_URL"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
-    monkeypatch.setenv("WANDB_ENTITY", "air-team")
-    monkeypatch.setenv("WANDB_PROJECT", "air-project")
+    monkeypatch.setenv("WANDB_ENTITY", "offline-team")
+    monkeypatch.setenv("WANDB_PROJECT", "offline-proj")
     capture = CaptureServer()
     try:
         monkeypatch.setenv("DD_API_KEY", "0123456789abcdef0123456789abcdef")
@@ -440,7 +440,11 @@ def test_an_air_gapped_tick_feeds_datadog_without_reaching_wandb(offline_env, in
         capture.stop()
     by_name = {s["metric"]: s for s in series["series"]}
     assert by_name["wandb.push_to_main.overview.sps"]["points"][0]["value"] == 3599.0
-    assert by_name["wandb.runs.failed_24h"]["tags"] == ["source:wandb-assets", "entity:air-team", "project:air-project"]
+    assert by_name["wandb.runs.failed_24h"]["tags"] == [
+        "source:wandb-assets",
+        "entity:offline-team",
+        "project:offline-proj",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -600,3 +604,81 @@ def test_a_surrogate_in_a_logs_value_or_path_loses_no_log_of_the_scan(tmp_path, 
         [tmp_path], read_offline_file_states(memory_con), now=datetime(2030, 1, 1), stall=STALL, default_gpus=1
     )
     assert (again.found, again.unchanged, again.rows) == (2, 2, [])
+
+
+def test_logs_of_another_project_are_recorded_but_not_loaded(offline_tree):
+    """A shared tree holds many teams' logs: with WANDB_ENTITY/WANDB_PROJECT set, only that project's runs are
+    loaded into its gauges; the others are counted and recorded in the ledger as such."""
+    root, _, after = offline_tree
+    scan = dict(now=after + timedelta(hours=1), stall=STALL, default_gpus=1)
+    other = read_changed_logs([root], {}, entity="offline-team", project="another-proj", **scan)
+    assert (other.rows, other.other_project, len(other.files)) == ([], 4, 4)
+    # wandb 0.31 records a run started under WANDB_SWEEP_ID offline as project "main" with no entity: where a
+    # sync would put it, so it is another project's run too.
+    assert sorted(f["loaded"] for f in other.files) == [
+        "other project: /main",
+        *["other project: offline-team/offline-proj"] * 3,
+    ]
+    assert read_changed_logs([root], {}, entity="someone-else", project="offline-proj", **scan).other_project == 4
+    same = read_changed_logs([root], {}, entity="offline-team", project="offline-proj", **scan)
+    assert (sorted(r["run_id"] for r in same.rows), same.other_project) == (["ci0001", "fail0001", "kill0001"], 1)
+
+
+def test_an_older_log_of_a_run_read_later_never_replaces_the_newer_logs_row(tmp_path, memory_con):
+    """Two logs of one (resumed) run: the newer one's row stays when only the older log changes and is read
+    again in a later scan; the ledger says why."""
+    from wandb_assets.lib.warehouse import load_offline_runs, read_offline_file_states, stage_rows
+
+    def scan(known):
+        report = read_changed_logs([tmp_path], known, now=datetime(2030, 1, 1), stall=STALL, default_gpus=1)
+        staged, _ = stage_rows(report.rows)
+        return report, load_offline_runs(memory_con, staged, report.files, datetime(2030, 1, 1))
+
+    old, new = tmp_path / "a" / "run-legacy01.wandb", tmp_path / "b" / "run-legacy01.wandb"
+    for path, start in ((old, 1_700_000_000), (new, 1_700_100_000)):
+        path.parent.mkdir()
+        path.write_bytes(legacy_log_bytes(legacy_records(3, start)))
+    first, counts = scan({})
+    assert (len(first.files), counts["loaded"]) == (2, 1)
+    newest = memory_con.execute("SELECT heartbeat_at, log_path FROM runs").fetchall()
+    assert newest[0][1] == str(new)
+    old.write_bytes(old.read_bytes() + b"\x00" * 7)  # the older log changes (a trailing block of padding)
+    second, counts = scan(read_offline_file_states(memory_con))
+    assert ([f["path"] for f in second.files], counts["loaded"], counts["kept_newer"]) == ([str(old)], 0, 1)
+    assert memory_con.execute("SELECT heartbeat_at, log_path FROM runs").fetchall() == newest
+    ledger = memory_con.execute("SELECT loaded FROM offline_log_files WHERE path = $p", {"p": str(old)}).fetchall()
+    assert ledger == [("kept newer log",)]
+
+
+def test_a_running_run_whose_log_vanished_is_crashed_past_the_stall_threshold(tmp_path, memory_con):
+    """A killed job's log that is then deleted or moved is never read again: its run, still running in the
+    warehouse, is crashed (``log_missing``) once its last record is older than the stall threshold, and only a
+    log under the scanned folders counts as gone."""
+    from wandb_assets.lib.warehouse import load_offline_runs, read_offline_file_states, stage_rows
+
+    start = 1_700_000_000
+    folder = tmp_path / "scanned"
+    folder.mkdir()
+    log = folder / "run-legacy01.wandb"
+    log.write_bytes(legacy_log_bytes(legacy_records(3, start)[:-1]))  # no exit record: a job still running
+    last = datetime.fromtimestamp(start + 2, UTC).replace(tzinfo=None)
+    report = read_changed_logs([folder], {}, now=last + timedelta(minutes=1), stall=STALL, default_gpus=1)
+    staged, _ = stage_rows(report.rows)
+    load_offline_runs(memory_con, staged, report.files, last)
+    assert memory_con.execute("SELECT state FROM runs").fetchall() == [("running",)]
+    log.unlink()
+
+    def rescan(paths, now):
+        known = read_offline_file_states(memory_con)
+        again = read_changed_logs(paths, known, now=now, stall=STALL, default_gpus=1)
+        return again, load_offline_runs(memory_con, None, again.files, now, again.vanished, now - STALL)
+
+    elsewhere = tmp_path / "other"
+    elsewhere.mkdir()
+    assert rescan([elsewhere], last + timedelta(hours=2))[0].vanished == []  # not under the scanned folder
+    again, counts = rescan([folder], last + timedelta(minutes=10))  # gone, but not quiet long enough yet
+    assert (again.vanished, counts["crashed_log_gone"]) == ([str(log)], 0)
+    again, counts = rescan([folder], last + timedelta(minutes=31))
+    assert counts["crashed_log_gone"] == 1
+    got = memory_con.execute("SELECT state, ended_at, anomalies FROM runs").fetchall()
+    assert got == [("crashed", last, ["log_missing"])]

@@ -501,6 +501,10 @@ class IngestReport:
     missing: list[str] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
     files: list[dict[str, Any]] = field(default_factory=list)
+    #: Logs of another entity/project than the one mirrored (read, recorded, not loaded).
+    other_project: int = 0
+    #: Logs read before, under the scanned paths, that are gone now (their running runs are crashed).
+    vanished: list[str] = field(default_factory=list)
 
     @property
     def damaged(self) -> list[dict[str, Any]]:
@@ -523,13 +527,18 @@ def read_changed_logs(
     default_gpus: int,
     workers: int = 1,
     gone_quiet: Iterable[str] = (),
+    entity: str | None = None,
+    project: str | None = None,
 ) -> IngestReport:
     """Find the logs under ``paths``, read those new or changed since ``known`` (``{path: (size, mtime_ns)}``)
     and turn each into a ``runs`` row with the mirrored rules (``normalize.run_row``). One row per run id: of
     two logs of the same run, the one whose last record is later wins. ``workers`` > 1 reads in processes.
 
     ``gone_quiet``: logs read while their run was ``running`` that have since passed the stall threshold; they
-    are read again although their bytes did not change, so the run becomes ``crashed`` (its meaning did)."""
+    are read again although their bytes did not change, so the run becomes ``crashed`` (its meaning did).
+    ``entity``/``project``: when given, a log of another entity or project is recorded but not loaded (a shared
+    tree holds many teams' logs; the gauges and alerts are one project's). ``report.vanished``: logs of the
+    ledger under ``paths`` that no longer exist (the load crashes their runs once past the stall threshold)."""
     from wandb_assets.lib.normalize import mend_text, run_row
 
     def stored(path: str) -> str:  # a non-UTF-8 byte in a path (a surrogate here) is U+FFFD in the warehouse
@@ -538,6 +547,13 @@ def read_changed_logs(
     files, missing = find_run_logs(paths)
     report = IngestReport(found=len(files), missing=missing)
     states = file_states(files)
+    present = {stored(p) for p in states}
+    roots = [stored(str(Path(p).resolve())) for p in paths if str(p) not in missing]
+    report.vanished = sorted(
+        path
+        for path in known
+        if path not in present and any(path == root or path.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
+    )
     gone = set(gone_quiet)
     quiet = {p for p, state in states.items() if stored(p) in gone and known.get(stored(p)) == state}
     changed = [p for p, state in states.items() if known.get(stored(p)) != state or p in quiet]
@@ -565,6 +581,10 @@ def read_changed_logs(
         }
         report.files.append(entry)
         if not run.run_id:
+            continue
+        if (entity and run.entity and run.entity != entity) or (project and run.project != project):
+            entry["loaded"] = f"other project: {run.entity}/{run.project}"
+            report.other_project += 1
             continue
         row = run_row(
             offline_node(run, now, stall), entity=run.entity, project=run.project, app_url="", default_gpus=default_gpus

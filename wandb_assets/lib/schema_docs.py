@@ -27,7 +27,8 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
         {
             "run_id": "W&B run id (the `name` of the GraphQL node); unique",
             "name": "display name (NULL when the run has none)",
-            "state": "W&B state: running, pending, preempting, finished, failed, crashed, killed, preempted",
+            "state": "W&B state: running, pending, preempting, finished, failed, crashed, killed, preempted; "
+            "vanished: asked for by id while alive, W&B no longer returns it",
             "category": "push_to_main, sweep or regular (see the README for the rules)",
             "created_at": "creation time, UTC",
             "heartbeat_at": "last heartbeat, UTC",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterable
 from datetime import date, datetime
 from pathlib import Path
@@ -39,6 +40,7 @@ class StagedFetch:
     """
 
     def __init__(self, staging: Path) -> None:
+        self.started = time.time()  # before the first request: every row it stages was read after this
         self.folder = Path(staging) / RUNS_FOLDER
         self.folder.mkdir(parents=True, exist_ok=True)
         self.work = Path(tempfile.mkdtemp(prefix=".fetch-", dir=self.folder))
@@ -53,7 +55,8 @@ class StagedFetch:
 
     def publish(self, targets: dict[Path, list[int]]) -> int:
         """Concatenate each target's part files (in slice order) and rename the result over the target, one
-        file at a time (each rename is atomic). Returns the bytes published."""
+        file at a time (each rename is atomic). Each file's modification time is when the fetch began: the load
+        reads it as the file's freshness (``warehouse.fetched_since``). Returns the bytes published."""
         published = 0
         for target, slice_indexes in targets.items():
             temporary = self.work / f"publish-{target.name}"
@@ -64,6 +67,7 @@ class StagedFetch:
                         with open(part, "rb") as handle:
                             shutil.copyfileobj(handle, out, 1024 * 1024)
             published += temporary.stat().st_size
+            os.utime(temporary, (self.started, self.started))
             os.replace(temporary, target)
         return published
 

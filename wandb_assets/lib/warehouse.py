@@ -197,6 +197,17 @@ _READ_STAGED = (
 )
 
 
+def fetched_since(path: str | os.PathLike) -> datetime:
+    """When the fetch that wrote a staged file began (its modification time, set so at publish): every row in it
+    was read from W&B at or after this moment (naive UTC)."""
+    return datetime.fromtimestamp(os.stat(path).st_mtime, UTC).replace(tzinfo=None)
+
+
+#: State of a run W&B stopped returning while the warehouse held it alive (deleted, or moved to another project):
+#: asked for by id, it was not in the answer. Not alive, not ended: it occupies no GPU from then on.
+VANISHED = "vanished"
+
+
 @retry_on_conflict
 def load_runs_window(
     con, paths: str | list[str], start: datetime, end: datetime, refreshed: list[str] | None = None
@@ -204,30 +215,51 @@ def load_runs_window(
     """Replace every run created in ``[start, end)``, and any other copy of a staged run id, with the rows
     staged in ``paths``: one transaction, so a failure leaves the table as it was. Returns rows loaded.
 
-    ``refreshed`` holds runs fetched by id (older unfinished runs): each replaces the warehouse's copy only
-    if it was fetched later than that copy was, so reloading an old staged file cannot turn back the clock.
+    Freshness decides, not the order of loads: a staged row never replaces a copy fetched later than it was
+    (``ingested_at``), and a window row missing from the files is deleted only if it was fetched before the
+    oldest of those files' fetches began (``fetched_since``), so loading an old staged file, or a slow fetch
+    published after a quicker one, cannot turn back the clock or drop runs a later fetch found.
+
+    ``refreshed`` holds the runs fetched by id: every run the warehouse held alive, created before ``start``. Each
+    replaces the warehouse's copy only if fetched later; an alive run W&B did not return although it was asked
+    for (held since before that fetch began) is marked ``vanished`` and counted in its ``anomalies``.
     """
     ensure_schema(con)
     paths = [paths] if isinstance(paths, str) else list(paths)
+    window_fetched = min((fetched_since(p) for p in paths), default=None)
+    refreshed_fetched = min((fetched_since(p) for p in refreshed or []), default=None)
     with transaction(con):
         con.execute(f"CREATE OR REPLACE TEMP TABLE incoming_runs AS {_READ_STAGED}", {"paths": paths})
         if refreshed:
+            con.execute(f"CREATE OR REPLACE TEMP TABLE refreshed_runs AS {_READ_STAGED}", {"paths": refreshed})
             con.execute(
-                f"""INSERT INTO incoming_runs BY NAME
-                SELECT * FROM ({_READ_STAGED}) AS fetched
-                WHERE run_id NOT IN (SELECT run_id FROM incoming_runs)
-                  AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.run_id = fetched.run_id
-                                  AND runs.ingested_at > fetched.ingested_at)""",
-                {"paths": refreshed},
+                f"""UPDATE runs SET state = '{VANISHED}', anomalies = list_append(anomalies, '{VANISHED}')
+                WHERE coalesce(source, '{SOURCE_WANDB}') = '{SOURCE_WANDB}' AND state IN ({ALIVE_SQL})
+                  AND created_at < $start AND ingested_at <= $fetched
+                  AND run_id NOT IN (SELECT run_id FROM refreshed_runs)
+                  AND run_id NOT IN (SELECT run_id FROM incoming_runs)""",
+                {"start": start, "fetched": refreshed_fetched},
             )
-        # The window, plus any earlier copy of a fetched run (one whose created_at could not be parsed
-        # before, moved, or an unfinished run refreshed by id): a run id appears once in the table.
-        # Offline copies in the window stay (W&B does not know them), unless W&B now sends the same run id.
+            con.execute(
+                "INSERT INTO incoming_runs BY NAME SELECT * FROM refreshed_runs "
+                "WHERE run_id NOT IN (SELECT run_id FROM incoming_runs)"
+            )
+            con.execute("DROP TABLE refreshed_runs")
+        # A copy fetched later than the staged one stays: the staged row is dropped.
+        con.execute(
+            "DELETE FROM incoming_runs WHERE EXISTS (SELECT 1 FROM runs WHERE runs.run_id = incoming_runs.run_id "
+            "AND runs.ingested_at > incoming_runs.ingested_at)"
+        )
+        # The window (rows fetched before these files' fetches began), plus any earlier copy of a fetched run
+        # (one whose created_at could not be parsed before, moved, or an unfinished run refreshed by id): a run
+        # id appears once in the table. Offline copies in the window stay (W&B does not know them), unless W&B
+        # now sends the same run id.
         con.execute(
             "DELETE FROM runs WHERE (created_at >= $start AND created_at < $end "
-            f"AND coalesce(source, '{SOURCE_WANDB}') <> '{SOURCE_OFFLINE}') "
+            f"AND coalesce(source, '{SOURCE_WANDB}') <> '{SOURCE_OFFLINE}' "
+            "AND (ingested_at IS NULL OR ingested_at <= $fetched)) "
             "OR run_id IN (SELECT run_id FROM incoming_runs)",
-            {"start": start, "end": end},
+            {"start": start, "end": end, "fetched": window_fetched},
         )
         con.execute(
             f"INSERT INTO runs BY NAME SELECT * REPLACE (coalesce(source, '{SOURCE_WANDB}') AS source) "
@@ -266,10 +298,22 @@ def offline_logs_gone_quiet(con, now: datetime, stall: timedelta) -> set[str]:
 
 
 @retry_on_conflict
-def load_offline_runs(con, staged_path: str | None, files: list[dict[str, Any]], now: datetime) -> dict[str, int]:
+def load_offline_runs(
+    con,
+    staged_path: str | None,
+    files: list[dict[str, Any]],
+    now: datetime,
+    vanished_logs: Iterable[str] = (),
+    stall_cutoff: datetime | None = None,
+) -> dict[str, int]:
     """Load offline runs staged in ``staged_path`` (NDJSON ``runs`` rows) and record the ``files`` read, in one
-    transaction. A run W&B already mirrored keeps its mirrored row (authoritative); an earlier offline copy of
-    the same run id is replaced. Returns counts: ``loaded``, ``kept_mirrored``."""
+    transaction. Returns counts: ``loaded``, ``kept_mirrored``, ``kept_newer``, ``crashed_log_gone``.
+
+    Precedence: a run W&B already mirrored keeps its mirrored row (authoritative); an earlier offline copy of the
+    same run id is replaced only by a log whose last record is not older (``heartbeat_at``), so an older log of
+    a resumed run, touched later, never replaces the newer one's row. A ``running`` offline run whose log is
+    in ``vanished_logs`` and whose last record is older than ``stall_cutoff`` is ``crashed`` (``log_missing``):
+    no record will ever come."""
     ensure_schema(con)
     with transaction(con):
         if staged_path:
@@ -283,15 +327,34 @@ def load_offline_runs(con, staged_path: str | None, files: list[dict[str, Any]],
                 f"AND coalesce(source, '{SOURCE_WANDB}') <> '{SOURCE_OFFLINE}'"
             ).fetchall()
         }
+        newer = {
+            r[0]
+            for r in con.execute(
+                "SELECT i.run_id FROM incoming_runs i JOIN runs r ON r.run_id = i.run_id "
+                f"WHERE r.source = '{SOURCE_OFFLINE}' AND r.heartbeat_at > i.heartbeat_at"
+            ).fetchall()
+        }
         con.execute(
-            f"DELETE FROM runs WHERE source = '{SOURCE_OFFLINE}' AND run_id IN (SELECT run_id FROM incoming_runs)"
+            f"DELETE FROM runs WHERE source = '{SOURCE_OFFLINE}' AND run_id IN (SELECT run_id FROM incoming_runs) "
+            "AND run_id NOT IN (SELECT unnest($newer::VARCHAR[]))",
+            {"newer": sorted(newer)},
         )
         con.execute(
             f"INSERT INTO runs BY NAME SELECT * REPLACE ('{SOURCE_OFFLINE}' AS source) FROM incoming_runs "
             "WHERE run_id NOT IN (SELECT run_id FROM runs)"
         )
-        loaded = con.execute("SELECT count(*) FROM incoming_runs").fetchone()[0] - len(mirrored)
+        loaded = con.execute("SELECT count(*) FROM incoming_runs").fetchone()[0] - len(mirrored) - len(newer)
         con.execute("DROP TABLE incoming_runs")
+        crashed = 0
+        if vanished_logs and stall_cutoff is not None:
+            crashed = con.execute(
+                f"UPDATE runs SET state = 'crashed', ended_at = heartbeat_at, "
+                "duration_hours = greatest(date_diff('microsecond', created_at, heartbeat_at), 0) / 3.6e9, "
+                "anomalies = list_append(anomalies, 'log_missing') "
+                f"WHERE source = '{SOURCE_OFFLINE}' AND state = 'running' AND heartbeat_at < $cutoff "
+                "AND log_path IN (SELECT unnest($paths::VARCHAR[]))",
+                {"cutoff": stall_cutoff, "paths": list(vanished_logs)},
+            ).fetchone()[0]
         paths = [f["path"] for f in files]
         con.execute("DELETE FROM offline_log_files WHERE path IN (SELECT unnest($paths::VARCHAR[]))", {"paths": paths})
         if files:  # DuckDB refuses executemany with no parameter sets
@@ -306,13 +369,17 @@ def load_offline_runs(con, staged_path: str | None, files: list[dict[str, Any]],
                         f["records"],
                         f["history_items"],
                         json.dumps(f["damage"]),
-                        "kept mirrored" if f["run_id"] in mirrored else f["loaded"],
+                        "kept mirrored"
+                        if f["run_id"] in mirrored
+                        else "kept newer log"
+                        if f["run_id"] in newer and f["loaded"] == "loaded"
+                        else f["loaded"],
                         now,
                     )
                     for f in files
                 ],
             )
-    return {"loaded": loaded, "kept_mirrored": len(mirrored)}
+    return {"loaded": loaded, "kept_mirrored": len(mirrored), "kept_newer": len(newer), "crashed_log_gone": crashed}
 
 
 def replace_runs_window(con, rows: Iterable[dict[str, Any]], start: datetime, end: datetime) -> int:
@@ -446,7 +513,8 @@ def unfinished_run_ids(con, before: datetime) -> list[str]:
     return [
         r[0]
         for r in con.execute(
-            f"SELECT run_id FROM runs WHERE state IN ({ALIVE_SQL}) AND created_at < $before ORDER BY run_id",
+            f"SELECT run_id FROM runs WHERE state IN ({ALIVE_SQL}) AND created_at < $before "
+            f"AND coalesce(source, '{SOURCE_WANDB}') = '{SOURCE_WANDB}' ORDER BY run_id",
             {"before": before},
         ).fetchall()
     ]
@@ -468,5 +536,8 @@ def read_oldest_unfinished_day(con) -> date | None:
     """
     if con is None or not has_table(con, "runs"):
         return None
-    oldest = con.execute(f"SELECT min(created_at) FROM runs WHERE state IN ({ALIVE_SQL})").fetchone()[0]
+    oldest = con.execute(
+        f"SELECT min(created_at) FROM runs WHERE state IN ({ALIVE_SQL}) "
+        f"AND coalesce(source, '{SOURCE_WANDB}') = '{SOURCE_WANDB}'"
+    ).fetchone()[0]
     return oldest.date() if oldest else None

@@ -34,7 +34,7 @@ from wandb_assets.lib.warehouse import (
     read_offline_file_states,
     stage_rows,
 )
-from wandb_assets.settings import alert_thresholds, pipeline_settings
+from wandb_assets.settings import alert_thresholds, load_settings, pipeline_settings
 
 #: How often the sensor looks at the folders (a stat per log; no file is read).
 SENSOR_INTERVAL_S = 60
@@ -71,7 +71,7 @@ class OfflineRunsConfig(Config):
 def offline_runs(
     context: AssetExecutionContext, config: OfflineRunsConfig, warehouse: WarehouseResource
 ) -> MaterializeResult:
-    settings = pipeline_settings()
+    settings, mirrored = pipeline_settings(), load_settings()
     paths = config.paths or list(settings.offline_dirs)
     now = configured_time(config.now, "now") or utc_now()
     stall = timedelta(minutes=alert_thresholds().stall_heartbeat_minutes)
@@ -85,13 +85,15 @@ def offline_runs(
         default_gpus=settings.default_gpus_per_run,
         workers=min(4, os.cpu_count() or 1),
         gone_quiet=quiet,
+        entity=mirrored.WANDB_ENTITY,  # the project the gauges and alerts are for (unset: every log)
+        project=mirrored.WANDB_PROJECT,
     )
     for path in report.missing:
         context.log.warning(f"Offline logs: {path} does not exist")
     staged, _ = stage_rows(report.rows) if report.rows else (None, 0)
     try:
         with warehouse.get_connection() as con:
-            counts = load_offline_runs(con, staged, report.files, now)
+            counts = load_offline_runs(con, staged, report.files, now, report.vanished, now - stall)
     finally:
         if staged:
             os.unlink(staged)
@@ -99,7 +101,9 @@ def offline_runs(
     line = (
         f"Offline logs: {report.found} found in {len(paths)} path(s), {len(report.files)} read, "
         f"{report.unchanged} unchanged, {report.gone_quiet} gone quiet; {counts['loaded']} runs loaded, "
-        f"{counts['kept_mirrored']} kept as mirrored; {len(damaged)} damaged"
+        f"{counts['kept_mirrored']} kept as mirrored, {counts['kept_newer']} kept a newer log's row, "
+        f"{report.other_project} of another project skipped, {counts['crashed_log_gone']} crashed (log gone); "
+        f"{len(damaged)} damaged"
     )
     (context.log.warning if damaged else context.log.info)(
         line + (f" ({', '.join(f'{k} {n}' for k, n in sorted(report.damage_counts().items()))})" if damaged else "")
@@ -120,6 +124,9 @@ def offline_runs(
             "logs_gone_quiet": report.gone_quiet,  # read again: their running run passed the stall threshold
             "runs_loaded": counts["loaded"],
             "runs_kept_mirrored": counts["kept_mirrored"],
+            "runs_kept_newer_log": counts["kept_newer"],
+            "logs_other_project": report.other_project,  # of another entity/project than WANDB_ENTITY/PROJECT
+            "runs_crashed_log_gone": counts["crashed_log_gone"],
             "logs_damaged": len(damaged),
             "damage": MetadataValue.table(records, schema=DAMAGE_SCHEMA),
             "damage_by_kind": MetadataValue.json(report.damage_counts()),
