@@ -8,7 +8,6 @@ as it was is saved there too.
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -62,19 +61,13 @@ def demo_ui(tmp_path_factory):
     """`wandb-assets demo --ui` (5 days) in its own instance folder; yields the UI's base URL and the folder."""
     require_chromium()
     home = tmp_path_factory.mktemp("demo-ui")
-    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "DAGSTER_", "DD_"))}
-    env.update(
-        DAGSTER_HOME=str(home),
-        WANDB_ASSETS_DUCKDB=str(home / "demo.duckdb"),
-        WANDB_DIR=str(home),
-        WANDB_SILENT="true",
-    )
+    env.update(WANDB_DIR=str(home), WANDB_SILENT="true")
     log = open(home / "demo.log", "w")
     demo = subprocess.Popen(
-        [sys.executable, "-m", "wandb_assets.cli", "demo", "--ui", "--days", "5", "--port", str(port)]
-        + ["--wandb-port", str(free_port())],
+        [sys.executable, "-m", "wandb_assets.cli", "demo", "--ui", "--dir", str(home), "--days", "5"]
+        + ["--port", str(port), "--wandb-port", str(free_port())],
         cwd=home,
         env=env,
         stdout=log,

@@ -245,3 +245,58 @@ def test_cli_entry_point_smoke():
     assert done.stderr == (
         "error: WANDB_PROJECT is not set: export the W&B project to mirror (or run `wandb-assets demo`).\n"
     )
+
+
+def test_the_demo_touches_nothing_but_its_own_folder_and_a_dry_run_feed(tmp_path):
+    """`wandb-assets demo` started from an operator's shell that points at a real warehouse, staging folder,
+    Dagster instance, Datadog and Slack: the real warehouse file is byte-for-byte unchanged, nothing is created
+    in the real folders, Datadog and Slack receive nothing, and the demo's own folder holds its warehouse, whose
+    feed ledger says dry run."""
+    import hashlib
+
+    import duckdb
+
+    from tests.capture import CaptureServer
+    from tests.conftest import free_port
+
+    production = tmp_path / "prod"
+    (production / "dagster-home").mkdir(parents=True)
+    (production / "dagster-home" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    warehouse = production / "warehouse.duckdb"
+    with duckdb.connect(str(warehouse)) as con:
+        con.execute("CREATE TABLE runs AS SELECT 'real-run' AS run_id")
+    before = hashlib.sha256(warehouse.read_bytes()).hexdigest()
+    capture = CaptureServer()
+    try:
+        env = {
+            "WANDB_ASSETS_DUCKDB": str(warehouse),
+            "WANDB_ASSETS_STAGING_DIR": str(production / "staging"),
+            "DAGSTER_HOME": str(production / "dagster-home"),
+            "DD_API_KEY": "0123456789abcdef0123456789abcdef",
+            "WANDB_ASSETS_DATADOG_URL": capture.url,
+            "WANDB_ASSETS_SLACK_WEBHOOK_URL": capture.url + "/slack",
+            "WANDB_API_KEY": "real-" + "k" * 40,
+            "WANDB_PROJECT": "real-project",
+        }
+        done = subprocess.run(
+            [sys.executable, "-m", "wandb_assets.cli", "demo", "--dir", str(tmp_path / "demo"), "--days", "2"]
+            + ["--runs-per-day", "20", "--history-hours", "2", "--wandb-port", str(free_port())],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+            cwd=tmp_path,
+            timeout=300,
+        )
+    finally:
+        capture.stop()
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert hashlib.sha256(warehouse.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in production.iterdir()) == ["dagster-home", "warehouse.duckdb"]
+    assert sorted(p.name for p in (production / "dagster-home").iterdir()) == ["dagster.yaml"]
+    assert capture.requests == []
+    assert not (tmp_path / "data").exists()  # nothing in the working directory's default places either
+    with duckdb.connect(str(tmp_path / "demo" / "demo.duckdb"), read_only=True) as con:
+        statuses = {s for (s,) in con.execute("SELECT DISTINCT status FROM datadog_deliveries").fetchall()}
+        assert statuses == {"dry_run", "replayed"}
+        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] > 0
+    assert (tmp_path / "demo" / "dagster" / "storage").is_dir()

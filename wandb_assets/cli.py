@@ -22,7 +22,11 @@ from pathlib import Path
 
 DEMO_ENTITY, DEMO_PROJECT = "demo-team", "fleet-demo"
 DEMO_KEY = "local-" + "d" * 40
-DEMO_DUCKDB = "data/demo.duckdb"
+#: The demo's own folder: its warehouse, staging files and Dagster instance, nothing else.
+DEMO_DIR = "data/demo"
+#: What the demo keeps of the environment it starts in: nothing that names a warehouse, an instance, a W&B
+#: project, a secret or a channel (an operator's shell holds the real ones).
+DEMO_DROPPED_PREFIXES = ("WANDB_", "DD_", "DAGSTER_", "AWS_", "PG")
 #: The demo's W&B server port: fixed, so the run URLs stored in the warehouse stay valid from one demo to the next.
 DEMO_WANDB_PORT = 8765
 
@@ -261,12 +265,46 @@ def _replay_history(now: datetime, hours: int) -> int:
         con.close()
 
 
+def _demo_environment(folder: Path, warehouse: str | None) -> str:
+    """Make this process's environment the demo's own: every variable that could point at something real (a
+    warehouse, a staging folder, a Dagster instance, Datadog, Slack, a secret, a lake's credentials) is removed,
+    and the warehouse, staging folder and instance are set inside ``folder``. Only an explicit ``--warehouse``
+    points elsewhere (then the lake's credentials in the environment are kept). Returns the warehouse."""
+    import yaml
+
+    from wandb_assets.lib.lake import is_lake
+
+    keep_lake = warehouse is not None and is_lake(warehouse)
+    for name in list(os.environ):
+        if name.startswith(DEMO_DROPPED_PREFIXES) and name not in ("WANDB_SILENT",):
+            if keep_lake and (name.startswith(("AWS_", "PG")) or name == "WANDB_ASSETS_DUCKLAKE_DATA_PATH"):
+                continue
+            del os.environ[name]
+    folder = folder.resolve()
+    home = folder / "dagster"
+    home.mkdir(parents=True, exist_ok=True)
+    template = Path(__file__).resolve().parent.parent / "dagster.yaml"
+    instance = yaml.safe_load(template.read_text()) if template.exists() else {"telemetry": {"enabled": False}}
+    instance["storage"] = {"sqlite": {"base_dir": str(home / "storage")}}
+    for key in ("local_artifact_storage", "compute_logs"):
+        if key in instance:
+            instance[key]["config"]["base_dir"] = str(home / key)
+    instance.setdefault("concurrency", {"pools": {"default_limit": 1}})
+    (home / "dagster.yaml").write_text(yaml.safe_dump(instance, sort_keys=False))
+    warehouse = warehouse or str(folder / "demo.duckdb")
+    os.environ.update(
+        DAGSTER_HOME=str(home), WANDB_ASSETS_DUCKDB=warehouse, WANDB_ASSETS_STAGING_DIR=str(folder / "staging")
+    )
+    return warehouse
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from wandb_assets.lib.lake import is_lake
     from wandb_assets.localwandb import LocalWandbServer
     from wandb_assets.localwandb.synthetic import generate_fleet
     from wandb_assets.settings import pipeline_settings
 
+    warehouse = _demo_environment(Path(args.dir), args.warehouse)
     now = datetime.now(UTC).replace(tzinfo=None, microsecond=0)
     nodes = generate_fleet(now, days=args.days, runs_per_day=args.runs_per_day)
     try:  # a fixed port: the run links stored in the warehouse (and in the alerts) stay the same every demo
@@ -274,14 +312,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except OSError:
         server = LocalWandbServer(nodes, entity=DEMO_ENTITY, project=DEMO_PROJECT).start()
         print(f"Port {args.wandb_port} is taken: the demo's W&B server uses {server.url} instead.")
-    warehouse = os.environ.get("WANDB_ASSETS_DUCKDB") or DEMO_DUCKDB
     first = (now - timedelta(days=args.days)).date()
     os.environ.update(
         WANDB_BASE_URL=server.url,
         WANDB_API_KEY=DEMO_KEY,
         WANDB_ENTITY=DEMO_ENTITY,
         WANDB_PROJECT=DEMO_PROJECT,
-        WANDB_ASSETS_DUCKDB=str(warehouse),
         WANDB_ASSETS_START_DATE=first.isoformat(),
     )
     print(
@@ -398,6 +434,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wandb-assets", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="serve a synthetic fleet locally, backfill it, run one tick, print gauges")
+    demo.add_argument(
+        "--dir",
+        default=DEMO_DIR,
+        help=f"the demo's own folder: its warehouse, staging files and Dagster instance (default {DEMO_DIR}); "
+        "the demo ignores WANDB_ASSETS_*, DAGSTER_*, DD_* and the Slack webhook of the environment, and its feed "
+        "is a dry run",
+    )
+    demo.add_argument(
+        "--warehouse", help="put the demo's warehouse here instead (a file, or a ducklake: catalog), explicitly"
+    )
     demo.add_argument("--days", type=int, default=30)
     demo.add_argument("--runs-per-day", type=int, default=150)
     demo.add_argument("--ui", action="store_true", help="then open the Dagster UI on the same data")
