@@ -360,6 +360,11 @@ def test_lake_settings_and_their_errors(tmp_path):
         ("ducklake:sqlite:lake.db", "only a PostgreSQL catalog"),
         ("ducklake:postgres:dbname=lake password=hunter2", "PGPASSWORD"),
         ("ducklake:postgres:postgresql://u:hunter2@db/lake", "PGPASSWORD"),
+        ("ducklake:postgres:postgresql://lake@db/lake?password=hunter2", "PGPASSWORD"),
+        ("ducklake:postgres:postgresql://lake@db/lake?sslmode=require&password=hunter2", "PGPASSWORD"),
+        ("ducklake:postgres:host=db sslpassword=hunter2 user=lake", "PGPASSWORD"),
+        ("ducklake:postgres:host=db\tpassword = hunter2", "PGPASSWORD"),
+        ("ducklake:postgres:host='db password=hunter2", "not a valid libpq conninfo"),
     ):
         with pytest.raises(ConfigError, match=message) as error:
             warehouse_location(load_settings({"WANDB_ASSETS_DUCKDB": bad}))
@@ -368,6 +373,15 @@ def test_lake_settings_and_their_errors(tmp_path):
         redact("connect failed: host=db password=hunter2 dbname=x") == "connect failed: host=db password=*** dbname=x"
     )
     assert redact("postgresql://u:hunter2@db/x") == "postgresql://u:***@db/x"
+    assert redact("postgresql://u@db/x?password=hunter2&sslmode=require") == (
+        "postgresql://u@db/x?password=***&sslmode=require"
+    )
+    assert redact("host=db sslpassword=hunter2") == "host=db sslpassword=***"
+    assert redact("CREATE SECRET s (TYPE s3, KEY_ID 'AKID', SECRET 'it''s', SESSION_TOKEN 'tok')") == (
+        "CREATE SECRET s (TYPE s3, KEY_ID '***', SECRET '***', SESSION_TOKEN '***')"
+    )
+    # Whatever got into a Lake, its text (CLI output, errors, metadata) never shows a password.
+    assert str(Lake(catalog="host=db password=hunter2")) == "ducklake:postgres:host=db password=***"
 
 
 def test_cli_refuses_a_password_in_the_catalog_with_exit_2(tmp_path):

@@ -57,8 +57,8 @@ class Lake:
     data_path: str | None = None
     s3: S3Options | None = None
 
-    def __str__(self) -> str:
-        return f"{CATALOG_PREFIX}{self.catalog}"
+    def __str__(self) -> str:  # printed in CLI output, errors and metadata: never a password, whatever got in
+        return redact(f"{CATALOG_PREFIX}{self.catalog}")
 
 
 class LakeMissingError(RuntimeError):
@@ -77,18 +77,29 @@ def parse_catalog(value: str) -> str:
             "only a PostgreSQL catalog is supported"
         )
     conninfo = value[len(CATALOG_PREFIX) :].strip()
-    if re.search(r"(^|\s)password\s*=", conninfo) or re.search(r"://[^/@]*:[^/@]*@", conninfo):
+    if not conninfo:
+        raise ValueError("ducklake:postgres: needs a libpq conninfo, e.g. 'host=db port=5432 dbname=lake user=lake'")
+    from psycopg2.extensions import parse_dsn  # libpq's own parser: key=value, URIs and their ?query alike
+
+    try:
+        keys = parse_dsn(conninfo)
+    except Exception:  # noqa: BLE001 - libpq's message may quote the conninfo, password and all
+        raise ValueError(
+            "the DuckLake catalog is not a valid libpq conninfo: use 'host=... port=... dbname=... user=...' or a "
+            "postgresql:// URI"
+        ) from None
+    if {"password", "sslpassword"} & set(keys):
         raise ValueError(
             "the DuckLake catalog conninfo must not hold the password: set PGPASSWORD (libpq reads it) instead"
         )
-    if not conninfo:
-        raise ValueError("ducklake:postgres: needs a libpq conninfo, e.g. 'host=db port=5432 dbname=lake user=lake'")
     return conninfo
 
 
 def redact(text: str) -> str:
-    """``text`` without any ``password=...`` or ``user:password@`` it may carry (error messages, logs)."""
-    text = re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", text, flags=re.I)
+    """``text`` without any ``password=...`` (``sslpassword=``, ``?password=`` too), ``user:password@`` or S3
+    secret option it may carry (error messages, logs)."""
+    text = re.sub(r"(password\s*=\s*)('[^']*'|[^\s&]+)", r"\1***", text, flags=re.I)
+    text = re.sub(r"((?:KEY_ID|SECRET|SESSION_TOKEN)\s+)'(?:[^']|'')*'", r"\1'***'", text)  # the S3 secret statement
     return re.sub(r"(://[^/:@\s]*:)[^/@\s]*@", r"\1***@", text)
 
 
@@ -98,6 +109,11 @@ def extension_directory() -> str:
     version = duckdb.__version__
     platform = duckdb.execute("PRAGMA platform").fetchone()[0]
     root = Path(tempfile.gettempdir()) / f"wandb-assets-duckdb-extensions-{version}-{os.getuid()}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    owner = root.lstat()
+    if root.is_symlink() or owner.st_uid != os.getuid() or owner.st_mode & 0o022:
+        # another local user made it first (the path is predictable): they could swap the links we make in it
+        raise RuntimeError(f"{root} is not this user's private folder: remove it (DuckDB extensions load from it)")
     folder = root / f"v{version}" / platform
     folder.mkdir(parents=True, exist_ok=True)
     for package, name in _EXTENSIONS.items():
@@ -138,13 +154,13 @@ def load_extensions(con, s3: S3Options | None) -> None:
 
 def attach(con, lake: Lake, alias: str, read_only: bool) -> None:
     """Attach the lake to ``con`` as ``alias`` (extensions loaded first). Errors never show a password."""
-    load_extensions(con, lake.s3)
     options = ["READ_ONLY"] if read_only else []
     if lake.data_path and not read_only:
         options.append(f"DATA_PATH {sql_string(lake.data_path)}")
     clause = f" ({', '.join(options)})" if options else ""
     try:
-        con.execute(f"ATTACH {sql_string(str(lake))} AS {alias}{clause}")
+        load_extensions(con, lake.s3)  # inside: a failing S3 secret statement's error quotes the key
+        con.execute(f"ATTACH {sql_string(CATALOG_PREFIX + lake.catalog)} AS {alias}{clause}")
     except duckdb.Error as exc:
         first_line = redact(str(exc)).splitlines()[0]
         if read_only and "does not exist" in first_line:
