@@ -218,6 +218,33 @@ def test_fractional_stall_thresholds_without_a_step(con, threshold, silent_s, st
         assert conditions[0].details["reason"] == f"no heartbeat for {silent_s // 60} min"
 
 
+def test_a_stalled_offline_run_names_its_log_and_hostile_names_are_sent_as_text(con):
+    """An offline run has no W&B page: the alert names its log, not "(None)". Its name is anyone's to choose:
+    Slack gets it as literal text (``<!channel>`` pages nobody), and a preview table keeps its shape."""
+    from wandb_assets.lib.markdown import markdown_table
+
+    name = "<!channel> a|b\nc & <http://evil|click>"
+    stuck = fleet_row("stuck", "running", "regular", ago(5), ago(0.6))
+    stuck.update(name=name, url=None, source="offline", log_path="/logs/run-stuck.wandb")
+    load(con, fresh_ci() + [stuck])
+    (condition,) = evaluate_rules(con, T, TH)
+    assert (
+        condition.message == f"Run {name} looks stalled: no heartbeat for 36 min (offline log /logs/run-stuck.wandb)."
+    )
+    capture = CaptureServer()
+    try:
+        assert post_webhook(capture.url + "/hook", condition.message, timeout_s=2) is None
+    finally:
+        capture.stop()
+    assert capture.requests[0]["body"]["text"] == (
+        "Run &lt;!channel&gt; a|b\nc &amp; &lt;http://evil|click&gt; looks stalled: no heartbeat for 36 min "
+        "(offline log /logs/run-stuck.wandb)."
+    )
+    assert markdown_table(["run", "n"], [(name, 1.5), (None, 2)]) == (
+        "| run | n |\n|---|---|\n| &lt;!channel&gt; a\\|b c &amp; &lt;http://evil\\|click&gt; | 1.5 |\n|  | 2 |"
+    )
+
+
 def test_long_running(con):
     zombie = fleet_row("zombie", "running", "regular", ago(24 * 8), T)  # heartbeating, alive for 8 days
     queued = fleet_row("queued", "pending", "regular", ago(24 * 7 + 1), None)
@@ -226,7 +253,7 @@ def test_long_running(con):
     conditions = [c for c in evaluate_rules(con, T, TH) if c.rule == "long_running"]
     assert [c.key for c in conditions] == ["long_running:queued", "long_running:zombie"]
     assert conditions[1].message == (
-        "Run zombie has been running since 2026-06-02 12:00 UTC (over 168 h): a zombie or a stuck job? (None)."
+        "Run zombie has been running since 2026-06-02 12:00 UTC (over 168 h): a zombie or a stuck job? (no link)."
     )
 
 

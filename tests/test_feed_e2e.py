@@ -131,7 +131,7 @@ def test_failed_tick_opens_pipeline_failure_and_a_good_tick_resolves_it(
     assert len(hooks) == 1 and hooks[0].startswith(
         ":rotating_light: [critical] pipeline_failure (refresh): Dagster run "
     )
-    assert "Fetching W&B runs of test-team/test-project" in hooks[0]
+    assert "Fetching W&amp;B runs of test-team/test-project" in hooks[0]  # Slack shows &amp; as &
     server.faults.fail_count = 0
     assert all(
         r.success for r in run_tick(instance, TODAY, snapshot_at="2026-06-02T12:30:00", now="2026-06-02T12:30:30")

@@ -239,13 +239,13 @@ unchanged_since AS (
     GROUP BY p.run_id
 ),
 judged AS (
-    SELECT r.run_id, r.name, r.url, r.heartbeat_at, c.step, u.since,
+    SELECT r.run_id, r.name, r.url, r.log_path, r.heartbeat_at, c.step, u.since,
            r.heartbeat_at < $heartbeat_cutoff AS heartbeat_stale,
            c.step IS NOT NULL AND u.since <= $step_cutoff AS step_stuck
     FROM runs r LEFT JOIN current_step c USING (run_id) LEFT JOIN unchanged_since u USING (run_id)
     WHERE r.state = 'running' AND r.created_at <= $t
 )
-SELECT run_id, name, url,
+SELECT run_id, name, url, log_path,
        CASE WHEN heartbeat_stale
             THEN 'no heartbeat for ' || floor((epoch($t) - epoch(heartbeat_at)) / 60)::BIGINT || ' min'
             ELSE '_step stuck at ' || format('{:g}', step) || ' since ' || strftime(since, '%Y-%m-%d %H:%M') || ' UTC'
@@ -276,11 +276,18 @@ def stalled_run(con, at: datetime, th: AlertThresholds) -> list[Condition]:
             "stalled_run",
             r["run_id"],
             "warning",
-            f"Run {r['name'] or r['run_id']} looks stalled: {r['reason']} ({r['url']}).",
+            f"Run {r['name'] or r['run_id']} looks stalled: {r['reason']} ({_link(r)}).",
             {"run_id": r["run_id"], "url": r["url"], "reason": r["reason"]},
         )
         for r in found
     ]
+
+
+def _link(run: dict) -> str:
+    """Where to look at a run: its W&B page, or for a run read from an offline log (no page yet) that log."""
+    if run["url"]:
+        return run["url"]
+    return f"offline log {run['log_path']}" if run.get("log_path") else "no link"
 
 
 def ci_silent(con, at: datetime, th: AlertThresholds) -> list[Condition]:
@@ -306,7 +313,7 @@ def long_running(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     server, or a job stuck in a queue. The tick refreshes them by id instead of re-reading their days."""
     found = _rows(
         con,
-        f"SELECT run_id, name, url, state, created_at FROM runs WHERE state IN ({ALIVE_SQL}) "
+        f"SELECT run_id, name, url, log_path, state, created_at FROM runs WHERE state IN ({ALIVE_SQL}) "
         "AND created_at <= $cutoff ORDER BY run_id",
         {"cutoff": at - timedelta(hours=th.long_running_hours)},
     )
@@ -316,7 +323,7 @@ def long_running(con, at: datetime, th: AlertThresholds) -> list[Condition]:
             r["run_id"],
             "warning",
             f"Run {r['name'] or r['run_id']} has been {r['state']} since {r['created_at']:%Y-%m-%d %H:%M} UTC "
-            f"(over {th.long_running_hours:g} h): a zombie or a stuck job? ({r['url']}).",
+            f"(over {th.long_running_hours:g} h): a zombie or a stuck job? ({_link(r)}).",
             {"run_id": r["run_id"], "url": r["url"], "state": r["state"], "created_at": r["created_at"].isoformat()},
         )
         for r in found

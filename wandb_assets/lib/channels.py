@@ -7,11 +7,17 @@ import urllib.error
 import urllib.request
 
 
+def slack_escape(text: str) -> str:
+    """Text Slack shows as written: ``&``, ``<`` and ``>`` are its control characters (``<!channel>`` pages a
+    whole channel, ``<url|label>`` disguises a link), and run names in alert texts are anyone's to choose."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def post_webhook(url: str, text: str, timeout_s: float = 10.0) -> str | None:
-    """POST ``{"text": text}``; None on a 2xx answer, else one sentence (without the URL, which is a secret)."""
-    request = urllib.request.Request(
-        url, data=json.dumps({"text": text}).encode(), headers={"Content-Type": "application/json"}, method="POST"
-    )
+    """POST ``{"text": text}`` (escaped for Slack); None on a 2xx answer, else one sentence (without the URL,
+    which is a secret)."""
+    body = json.dumps({"text": slack_escape(text)}).encode()
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             response.read()
