@@ -171,14 +171,18 @@ def _backfill_a_range_and_read_a_gauge(demo_ui, page) -> None:
     snapshot_row = page.locator("tr").filter(has=page.get_by_text("snapshot_at_utc", exact=True)).first
     snapshot_at = snapshot_row.locator("td").last.inner_text().strip()
     page.screenshot(path=str(ARTIFACTS / "3-fleet-snapshot-1440.png"))
-    con = open_snapshot(home / "demo.duckdb")
-    try:
-        (stored,) = con.execute(
-            "SELECT value FROM fleet_metrics WHERE metric = 'wandb.runs.active' AND snapshot_at = $t::TIMESTAMP",
-            {"t": snapshot_at},
-        ).fetchone()
-    finally:
-        con.close()
+
+    def stored_value():  # a tick's snapshot file is published just after its fleet_snapshot shows in the UI
+        con = open_snapshot(home / "demo.duckdb")
+        try:
+            return con.execute(
+                "SELECT value FROM fleet_metrics WHERE metric = 'wandb.runs.active' AND snapshot_at = $t::TIMESTAMP",
+                {"t": snapshot_at},
+            ).fetchone()
+        finally:
+            con.close()
+
+    (stored,) = _wait(stored_value, 120, f"the analysts' snapshot holding the gauges of {snapshot_at}")
     assert shown == str(int(stored))
 
     # An alert's run link opens the run's page on the demo's W&B server (up as long as the UI).

@@ -69,6 +69,7 @@ def test_definitions_contents():
     assert schedule.cron_schedule == "*/15 * * * *"
     assert schedule.default_status.value == "RUNNING"
     assert defs.resolve_job_def("refresh").tags["dagster/max_runtime"] == "900"
+    assert defs.resolve_job_def("offline").tags["dagster/max_runtime"] == "3600"  # a crafted log cannot hold the slot
     assert {s.name for s in defs.sensors} == {
         "after_fleet_snapshot",
         "pipeline_failure_opens",

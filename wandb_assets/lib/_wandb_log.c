@@ -169,6 +169,7 @@ static int buf_reserve(Buf *b, size_t more) {
 }
 
 static int buf_put(Buf *b, const void *src, size_t n) {
+    if (n == 0) return 1; /* an empty chunk: memcpy from or to a NULL buffer is undefined even for 0 bytes */
     if (!buf_reserve(b, n)) return 0;
     memcpy(b->data + b->len, src, n);
     b->len += n;
@@ -191,20 +192,10 @@ typedef struct {
     Buf keys;
 } Fold;
 
+/* Python's own keyed hash (SipHash, its key drawn at random per process unless PYTHONHASHSEED fixes it): keys a
+ * log's author crafted to collide cannot make the linear-probing table quadratic while the GIL is held. */
 static uint64_t hash_bytes(const uint8_t *p, size_t n) {
-    uint64_t h = 1469598103934665603ull ^ n;
-    while (n >= 8) {
-        uint64_t w;
-        memcpy(&w, p, 8);
-        h = (h ^ w) * 0x9E3779B97F4A7C15ull;
-        h ^= h >> 32;
-        p += 8;
-        n -= 8;
-    }
-    uint64_t w = 0;
-    memcpy(&w, p, n);
-    h = (h ^ w) * 0x9E3779B97F4A7C15ull;
-    return h ^ (h >> 29);
+    return (uint64_t)_Py_HashBytes(p, (Py_ssize_t)n);
 }
 
 static int fold_grow(Fold *f) {
@@ -431,7 +422,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     size_t pending_at = 0, records = 0, unparsable = 0;
     /* assembled records must outlive the scan's fold (values point into them) */
     uint8_t **kept = NULL;
-    size_t nkept = 0;
+    size_t nkept = 0, kept_cap = 0;
     PyObject *others = PyList_New(0), *damage = PyList_New(0), *result = NULL;
     if (!others || !damage) goto done;
 
@@ -485,9 +476,13 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         } else if (have_pending) {
             if (!buf_put(&pending, chunk, length)) goto oom;
             if (kind == LAST) {
-                uint8_t **k = realloc(kept, (nkept + 1) * sizeof(uint8_t *));
-                if (!k) goto oom;
-                kept = k;
+                if (nkept == kept_cap) { /* grown geometrically: one record split over blocks after another */
+                    size_t cap = kept_cap ? kept_cap * 2 : 16;
+                    uint8_t **k = realloc(kept, cap * sizeof(uint8_t *));
+                    if (!k) goto oom;
+                    kept = k;
+                    kept_cap = cap;
+                }
                 kept[nkept++] = pending.data; /* hand the buffer to the fold */
                 const uint8_t *whole = pending.data;
                 size_t whole_len = pending.len;
@@ -532,8 +527,17 @@ done:
     return result;
 }
 
+static PyObject *hash_for_tests(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "y*", &view)) return NULL;
+    uint64_t h = hash_bytes(view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Frame a .wandb file's records and fold its history and summary items."},
+    {"_hash", hash_for_tests, METH_VARARGS, "The fold's hash of a key (tests: it is keyed per process)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -15,6 +15,9 @@ BACKFILL_JOB = "backfill"
 OFFLINE_JOB = "offline"
 #: Run monitoring fails a tick that runs longer than this instead of letting it hang.
 TICK_MAX_RUNTIME_S = 900
+#: ... and an offline ingest (1,000 logs of 10,000 rows take 12 s; a crafted or huge log must not hold the
+#: warehouse slot for good).
+OFFLINE_MAX_RUNTIME_S = 3600
 #: When the warehouse cannot be read to plan a tick, re-read this many days to be safe.
 FALLBACK_LOOKBACK_DAYS = 7
 #: Dagster's run tags for a partition range in one run (the literal strings, as Dagster documents them).
@@ -42,6 +45,7 @@ offline_job = define_asset_job(
     OFFLINE_JOB,
     selection=AssetSelection.keys("offline_runs") | DERIVED | AssetSelection.keys("fleet_snapshot"),
     executor_def=in_process_executor,
+    tags={"dagster/max_runtime": str(OFFLINE_MAX_RUNTIME_S)},
     description="Offline run logs into `runs`, then the fleet tables and a snapshot (a tick after its fetch).",
 )
 
