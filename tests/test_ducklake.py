@@ -274,7 +274,17 @@ def test_a_second_writer_waits_for_the_warehouse_pool(lake_env, tmp_path, postgr
             while not list(staging.glob("*.ndjson")) and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert list(staging.glob("*.ndjson")), "the fetch (outside the pool) should have staged its days"
-            time.sleep(5)
+            # Wait for the event itself: the refresh's `runs` step queued for the pool's slot (not a fixed sleep,
+            # after which "nothing written" could mean "not there yet" as well as "held back by the pool").
+            deadline, waiting = time.monotonic() + 120, []
+            while not waiting and time.monotonic() < deadline and writer.poll() is None:
+                waiting = [
+                    step.step_key
+                    for step in storage.get_concurrency_info("warehouse").pending_steps
+                    if step.run_id != "other-writer"
+                ]
+                time.sleep(0.2)
+            assert waiting == ["runs"], "the refresh's load should be queued for the warehouse slot"
             assert writer.poll() is None, "the writer must be waiting for the pool"
             assert _lake_tables(lake_env) == set()  # nothing written: the `runs` step never got the slot
             storage.free_concurrency_slots_for_run("other-writer")
@@ -301,9 +311,9 @@ def _lake_tables(env: dict[str, str]) -> set[str]:
         con.close()
 
 
-def test_a_lost_commit_is_retried_and_an_undecorated_one_fails(postgres, tmp_path):
+def test_a_lost_commit_is_retried_and_an_undecorated_one_fails(postgres, tmp_path, monkeypatch):
     location = Lake(catalog=_catalog(postgres), data_path=str(tmp_path / "data") + "/")
-    os.environ["PGPASSWORD"] = PG_PASSWORD
+    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)  # restored after the test: it must not leak into later ones
     first, second = lake.connect(location), lake.connect(location)
     try:
         first.execute("CREATE TABLE counters (name VARCHAR, value INTEGER)")

@@ -95,12 +95,36 @@ def test_throttle_halves_once_per_burst_pauses_and_grows_back():
 
 
 def test_throttle_pause_holds_every_worker_for_the_wait():
-    throttle = Throttle(4)
-    throttle.throttled(0.3)
-    started = time.monotonic()
-    with throttle.slot():
-        waited = time.monotonic() - started
-    assert 0.25 <= waited < 1.0
+    """After a 429 asking for 30 s, three workers all wait until the throttle's clock has passed the pause, then
+    all go (the limit halved to 2 lets two in at once). The clock is injected: no wall-clock margin."""
+    import threading
+
+    now = [100.0]
+    throttle = Throttle(4, clock=lambda: now[0])
+    throttle.throttled(30.0)
+    entered: list[float] = []
+    inside = threading.Semaphore(0)
+
+    def worker():
+        with throttle.slot():
+            entered.append(now[0])
+            inside.release()
+
+    workers = [threading.Thread(target=worker) for _ in range(3)]
+    for w in workers:
+        w.start()
+    deadline = time.monotonic() + 30
+    while len(throttle._cond._waiters) < 3 and time.monotonic() < deadline:  # all three are waiting
+        time.sleep(0.01)
+    assert (len(throttle._cond._waiters), entered) == (3, [])
+    now[0] = 130.0
+    with throttle._cond:
+        throttle._cond.notify_all()
+    for _ in range(3):
+        assert inside.acquire(timeout=30)
+    for w in workers:
+        w.join(timeout=30)
+    assert entered == [130.0, 130.0, 130.0] and throttle.max_in_flight <= 2
 
 
 def test_page_size_halves_to_the_floor_once_per_failed_size():
@@ -172,9 +196,10 @@ def test_requests_in_flight_never_exceed_the_configured_concurrency(
     server.faults.cost_per_request_s = 0.3  # slow enough that the workers overlap
     result = execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 6))
     assert result.success, failure_message(result)
-    assert server.max_in_flight == 3
+    assert 1 <= server.max_in_flight <= 3  # the property; how many overlapped depends on the machine's load
     metadata = staged_metadata(result)
-    assert (metadata["max_requests_in_flight"], metadata["requests"], metadata["slices"]) == (3, 6, 6)
+    assert metadata["max_requests_in_flight"] == server.max_in_flight
+    assert (metadata["requests"], metadata["slices"]) == (6, 6)
     assert metadata["runs_fetched"] == 30
     assert query_read_only(str(warehouse_path), "SELECT count(*), count(DISTINCT run_id) FROM runs") == [(30, 30)]
 
@@ -238,18 +263,28 @@ HOLD_READER = """
 import sys, time, duckdb
 con = duckdb.connect(sys.argv[1], read_only=True)
 print("open", flush=True)
-time.sleep(float(sys.argv[2]))
+sys.stdin.readline()  # hold the file until told to close (or the test ends)
 con.close()
 print(f"closed {time.time()}", flush=True)
 """
 
 
-def _hold_warehouse(path: Path, seconds: float) -> subprocess.Popen:
+def _hold_warehouse(path: Path) -> subprocess.Popen:
+    """Another process holding the warehouse read-only until ``_release`` (no wall-clock margin)."""
     reader = subprocess.Popen(
-        [sys.executable, "-c", HOLD_READER, str(path), str(seconds)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", HOLD_READER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     assert reader.stdout.readline().strip() == "open"
     return reader
+
+
+def _release(reader: subprocess.Popen) -> float:
+    """Tell the reader to close; returns when it closed (epoch seconds)."""
+    reader.stdin.write("close\n")
+    reader.stdin.flush()
+    closed_at = float(reader.stdout.readline().split()[1])
+    reader.wait(timeout=60)
+    return closed_at
 
 
 def _step_ends(instance, run_id: str) -> dict[str, float]:
@@ -267,11 +302,24 @@ def test_a_reader_holding_the_warehouse_does_not_stop_the_fetch_and_the_load_wai
     server = wandb_server(fleet(days=2, per_day=5))
     assert execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 2)).success
     server.upsert_runs(fleet(days=2, per_day=5, name="renamed"))
-    server.faults.cost_per_request_s = 0.3
-    reader = _hold_warehouse(warehouse_path, 6.0)
-    result = execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 2))
-    closed_at = float(reader.stdout.readline().split()[1])
-    reader.wait()
+    reader = _hold_warehouse(warehouse_path)
+    earlier = {r.run_id for r in instance.get_runs()}
+    done: list = []
+    backfill = threading.Thread(
+        target=lambda: done.append(execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 2)))
+    )
+    backfill.start()
+    try:  # the reader closes only once the fetch step has succeeded: the fetch cannot have needed it closed
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not done:
+            runs = [r.run_id for r in instance.get_runs() if r.run_id not in earlier]
+            if runs and "staged_runs" in _step_ends(instance, runs[0]):
+                break
+            time.sleep(0.2)
+    finally:
+        closed_at = _release(reader)
+        backfill.join(timeout=300)
+    (result,) = done
     assert result.success, failure_message(result)
     ends = _step_ends(instance, result.run_id)
     assert ends["staged_runs"] < closed_at < ends["runs"]  # fetched while the reader held it; loaded after
@@ -286,11 +334,11 @@ def test_a_reader_holding_the_warehouse_longer_than_the_lock_wait_fails_only_the
     rows_before = query_read_only(str(warehouse_path), ROWS_SQL)
     server.upsert_runs(fleet(days=2, per_day=5, name="renamed"))
     monkeypatch.setenv("WANDB_ASSETS_LOCK_WAIT", "1")
-    reader = _hold_warehouse(warehouse_path, 8.0)
+    reader = _hold_warehouse(warehouse_path)
     try:
         result = execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 2))
     finally:
-        reader.wait()
+        _release(reader)
     assert not result.success
     message = failure_message(result)
     assert message.startswith("step runs: RuntimeError: The warehouse ") and "is locked by another process" in message
@@ -478,12 +526,16 @@ def test_writer_hold_is_measured_per_writer_connection(warehouse_path):
     from wandb_assets.defs.warehouse.resources import warehouse_resource
 
     warehouse = warehouse_resource()
+    with warehouse.get_connection():  # the schema is created here, outside what is measured below (a fresh
+        pass  # interpreter's first parameterised statement alone took 2.2 s in review)
     with warehouse.get_connection():
         time.sleep(0.3)
-    assert 0.3 <= warehouse.last_writer_hold_s() < 1.0
+    first = warehouse.last_writer_hold_s()
+    assert first >= 0.3
     with warehouse.get_connection():
         pass
-    assert warehouse.last_writer_hold_s() < 0.3  # the second step's own, shorter connection
+    second = warehouse.last_writer_hold_s()
+    assert second < first  # the second step's own, shorter connection, not the earlier one
     with warehouse.get_read_connection():
         time.sleep(0.3)
-    assert warehouse.last_writer_hold_s() < 0.3  # a reader is not a writer
+    assert warehouse.last_writer_hold_s() == second  # a reader is not a writer: the value is untouched

@@ -250,10 +250,15 @@ def table(con, sql: str) -> list[tuple]:
     return con.execute(sql).fetchall()
 
 
-def test_the_offline_job_loads_runs_once_and_the_mirrored_copy_wins(offline_env, instance, warehouse_path):
+def test_the_offline_job_loads_runs_once_and_the_mirrored_copy_wins(
+    offline_env, offline_tree, instance, warehouse_path
+):
     from wandb_assets.ticks import execute_offline
 
-    result = execute_offline(instance, [])
+    # The clock pinned a minute after the logs were written: the killed run is still within the stall threshold
+    # however long the session has been running.
+    soon = (offline_tree[2] + timedelta(minutes=1)).isoformat()
+    result = execute_offline(instance, [], now=soon)
     assert result.success
     meta = {k: v.value for k, v in result.asset_materializations_for_node("offline_runs")[0].metadata.items()}
     assert (meta["logs_found"], meta["logs_read"], meta["runs_loaded"]) == (4, 4, 4)
@@ -274,7 +279,7 @@ def test_the_offline_job_loads_runs_once_and_the_mirrored_copy_wins(offline_env,
     con.close()
 
     # Again: nothing read, nothing written.
-    again = execute_offline(instance, [])
+    again = execute_offline(instance, [], now=soon)
     meta = {k: v.value for k, v in again.asset_materializations_for_node("offline_runs")[0].metadata.items()}
     assert (meta["logs_read"], meta["logs_unchanged"], meta["runs_loaded"]) == (0, 4, 0)
     con = duckdb.connect(str(warehouse_path), read_only=True)
@@ -299,7 +304,7 @@ def test_the_offline_job_loads_runs_once_and_the_mirrored_copy_wins(offline_env,
     log = next(offline_env.rglob("run-fail0001.wandb"))
     with log.open("ab") as handle:
         handle.write(b"\x00" * 10)
-    grown = execute_offline(instance, [])
+    grown = execute_offline(instance, [], now=soon)
     meta = {k: v.value for k, v in grown.asset_materializations_for_node("offline_runs")[0].metadata.items()}
     assert (meta["logs_read"], meta["runs_loaded"], meta["runs_kept_mirrored"]) == (1, 0, 1)
     con = duckdb.connect(str(warehouse_path), read_only=True)
