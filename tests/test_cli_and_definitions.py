@@ -235,7 +235,8 @@ def test_cli_outside_the_repository_without_dagster_home_exits_2(tmp_path, monke
     assert code == 2 and out == ""
     assert err == (
         "error: DAGSTER_HOME is not set and there is no dagster.yaml here: set DAGSTER_HOME to the folder holding the "
-        "instance's dagster.yaml (the repository root, or deploy/ for PostgreSQL), or run from the repository root.\n"
+        "instance's dagster.yaml (the repository root, or a folder holding a copy of deploy/postgres/dagster.yaml for "
+        "PostgreSQL), or run from the repository root.\n"
     )
 
 

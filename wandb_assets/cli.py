@@ -48,7 +48,8 @@ def _instance():
         if not Path("dagster.yaml").exists():
             raise ConfigError(
                 "DAGSTER_HOME is not set and there is no dagster.yaml here: set DAGSTER_HOME to the folder holding "
-                "the instance's dagster.yaml (the repository root, or deploy/ for PostgreSQL), or run from the "
+                "the instance's dagster.yaml (the repository root, or a folder holding a copy of "
+                "deploy/postgres/dagster.yaml for PostgreSQL), or run from the "
                 "repository root."
             )
         os.environ["DAGSTER_HOME"] = str(Path.cwd())
