@@ -24,6 +24,35 @@ os.makedirs(os.environ["WANDB_DIR"], exist_ok=True)
 
 from wandb_assets.localwandb import LocalWandbServer  # noqa: E402
 
+#: Test files by how long they take here, longest first (`--durations`): with pytest-xdist each file runs whole on
+#: one worker (`--dist loadfile`, the module fixtures such as the demo UI are made once), and handing out the
+#: longest first keeps one long file from starting last.
+SLOWEST_FIRST = (
+    "test_browser.py",
+    "test_ducklake.py",
+    "test_postgres_instance.py",
+    "test_feed_e2e.py",
+    "test_cli_and_definitions.py",
+    "test_ingestion.py",
+    "test_notebooks.py",
+    "test_offline_runs.py",
+    "test_deploy.py",
+    "test_pipeline_e2e.py",
+    "test_alerts.py",
+    "test_native_reader_sanitized.py",
+    "test_report_and_compare.py",
+    "test_pool_slots.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        name = item.path.name
+        return SLOWEST_FIRST.index(name) if name in SLOWEST_FIRST else len(SLOWEST_FIRST)
+
+    items.sort(key=rank)  # stable: the tests of a file keep their order
+
+
 API_KEY = "local-" + "t" * 40
 ENTITY, PROJECT = "test-team", "test-project"
 

@@ -222,6 +222,8 @@ def test_a_reader_holding_the_snapshot_blocks_no_tick(monkeypatch, built_warehou
             assert held.execute("SELECT count(*) FROM fleet_metrics").fetchone()[0] == before  # its own view
             fresh = open_snapshot()
             assert fresh.execute("SELECT count(*) FROM fleet_metrics").fetchone()[0] == before + 40
+            fresh.close()
+            held.close()
     finally:
         server.stop()
 
