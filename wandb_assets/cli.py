@@ -211,7 +211,7 @@ class ProgressBar:
 
 
 #: Starts of warning messages `wandb-assets ui` hides (PYTHONWARNINGS matches a message's beginning).
-QUIET_WARNINGS = ("Function `dev_command` is superseded", "Class `SecretsManagerResource` is currently in beta")
+QUIET_WARNINGS = ("Function `dev_command` is superseded",)
 
 
 def _dagster_dev(port: int = 3000, verbose: bool = False) -> int:
