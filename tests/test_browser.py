@@ -66,7 +66,19 @@ def demo_ui(tmp_path_factory):
     env.update(WANDB_DIR=str(home), WANDB_SILENT="true")
     log = open(home / "demo.log", "w")
     demo = subprocess.Popen(
-        [sys.executable, "-m", "wandb_assets.cli", "demo", "--ui", "--dir", str(home), "--days", "5"]
+        [
+            sys.executable,
+            "-m",
+            "wandb_assets.cli",
+            "demo",
+            "--ui",
+            "--dir",
+            str(home),
+            "--days",
+            "5",
+            "--history-hours",
+            "6",
+        ]
         + ["--port", str(port), "--wandb-port", str(free_port())],
         cwd=home,
         env=env,

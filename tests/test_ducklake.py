@@ -207,7 +207,7 @@ con.close()
 
 
 def test_a_reader_holding_the_lake_open_across_a_tick_blocks_nothing(lake_env, tmp_path):
-    _drive(lake_env, TICKS[0])
+    _drive(lake_env, TICKS[0], first=LAST)  # a lake with one snapshot (one day backfilled is enough here)
     go = tmp_path / "go"
     reader = subprocess.Popen(
         [sys.executable, "-c", READER, str(go)], env=lake_env, cwd=REPO, stdout=subprocess.PIPE, text=True
