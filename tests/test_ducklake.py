@@ -114,6 +114,19 @@ def lake_env(postgres, s3_endpoint, fleet, tmp_path):
     )
 
 
+@pytest.fixture
+def folder_lake_env(postgres, fleet, tmp_path):
+    """A lake whose catalog is in PostgreSQL and whose files are in a local folder: for the tests of readers and
+    writers, where S3 (covered by the test above) would only add moto's cost."""
+    return _env(
+        tmp_path,
+        fleet,
+        WANDB_ASSETS_DUCKDB=f"ducklake:postgres:{_catalog(postgres)}",
+        WANDB_ASSETS_DUCKLAKE_DATA_PATH=str(tmp_path / "lake-files") + "/",
+        PGPASSWORD=PG_PASSWORD,
+    )
+
+
 def _drive(env: dict[str, str], *snapshots: str, first: str = FIRST) -> dict:
     done = subprocess.run(
         [sys.executable, "-m", "tests.lake_driver", first, LAST, *snapshots],
@@ -206,7 +219,8 @@ con.close()
 """
 
 
-def test_a_reader_holding_the_lake_open_across_a_tick_blocks_nothing(lake_env, tmp_path):
+def test_a_reader_holding_the_lake_open_across_a_tick_blocks_nothing(folder_lake_env, tmp_path):
+    lake_env = folder_lake_env
     _drive(lake_env, TICKS[0], first=LAST)  # a lake with one snapshot (one day backfilled is enough here)
     go = tmp_path / "go"
     reader = subprocess.Popen(
@@ -226,7 +240,7 @@ def test_a_reader_holding_the_lake_open_across_a_tick_blocks_nothing(lake_env, t
         reader.kill()
 
 
-def test_a_second_writer_waits_for_the_warehouse_pool(lake_env, tmp_path, postgres):
+def test_a_second_writer_waits_for_the_warehouse_pool(folder_lake_env, tmp_path, postgres):
     """A refresh against the PostgreSQL instance, while another run holds the one `warehouse` slot: it fetches
     (outside the pool) but does not write until the slot is free, then completes."""
     import psycopg2
@@ -259,7 +273,7 @@ def test_a_second_writer_waits_for_the_warehouse_pool(lake_env, tmp_path, postgr
         storage.initialize_concurrency_limit_to_default("warehouse")
         claim = storage.claim_concurrency_slot("warehouse", "other-writer", "runs")
         assert claim.slot_status.name == "CLAIMED"
-        env = {**lake_env, **pg}
+        env = {**folder_lake_env, **pg}
         writer = subprocess.Popen(
             [sys.executable, "-m", "wandb_assets.cli", "refresh", "--quiet"],
             env=env,
@@ -269,7 +283,7 @@ def test_a_second_writer_waits_for_the_warehouse_pool(lake_env, tmp_path, postgr
             text=True,
         )
         try:
-            staging = Path(lake_env["WANDB_ASSETS_STAGING_DIR"]) / "runs"
+            staging = Path(folder_lake_env["WANDB_ASSETS_STAGING_DIR"]) / "runs"
             deadline = time.monotonic() + 120
             while not list(staging.glob("*.ndjson")) and time.monotonic() < deadline:
                 time.sleep(0.2)
@@ -286,13 +300,13 @@ def test_a_second_writer_waits_for_the_warehouse_pool(lake_env, tmp_path, postgr
                 time.sleep(0.2)
             assert waiting == ["runs"], "the refresh's load should be queued for the warehouse slot"
             assert writer.poll() is None, "the writer must be waiting for the pool"
-            assert _lake_tables(lake_env) == set()  # nothing written: the `runs` step never got the slot
+            assert _lake_tables(folder_lake_env) == set()  # nothing written: the `runs` step never got the slot
             storage.free_concurrency_slots_for_run("other-writer")
             output, _ = writer.communicate(timeout=300)
             assert writer.returncode == 0, output[-3000:]
         finally:
             writer.kill()
-        assert "runs" in _lake_tables(lake_env)
+        assert "runs" in _lake_tables(folder_lake_env)
     finally:
         os.environ.clear()
         os.environ.update(saved)
