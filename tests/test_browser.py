@@ -41,9 +41,12 @@ def _runs(base: str) -> list[dict]:
     return runs
 
 
-def _backfill_runs(base: str, before: set[str]) -> list[dict]:
-    """Runs launched by a backfill since ``before``: the demo's 15-minute schedule may start a refresh meanwhile."""
-    return [r for r in _runs(base) if r["runId"] not in before and "dagster/backfill" in r["tags"]]
+def _backfill_runs(base: str, before: set[str], other: str) -> list[dict]:
+    """Runs launched by a backfill since ``before``, but not by the ``other`` backfill (the fleet-group test's,
+    running meanwhile); the demo's 15-minute schedule may start a refresh meanwhile (no backfill tag)."""
+    return [
+        r for r in _runs(base) if r["runId"] not in before and r["tags"].get("dagster/backfill") not in (None, other)
+    ]
 
 
 def _wait(condition, timeout_s: float, what: str):
@@ -96,19 +99,24 @@ def demo_ui(tmp_path_factory):
                 return False
 
         _wait(answering, 240, "the demo's UI")
-        # The daemon's after_fleet_snapshot sensor launches the feed once for the demo's snapshot: let it finish.
-        _wait(
-            lambda: any(
-                r["tags"].get("dagster/sensor_name") == "after_fleet_snapshot" and r["status"] in ("SUCCESS", "FAILURE")
-                for r in _runs(base)
-            ),
-            150,
-            "the sensor-launched feed run",
-        )
         yield base, home
     finally:
         stop_process_group(demo)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def sensor_feed_finished(demo_ui) -> None:
+    """The daemon's after_fleet_snapshot sensor launches the feed once for the demo's snapshot: let it finish."""
+    base, _home = demo_ui
+    _wait(
+        lambda: any(
+            r["tags"].get("dagster/sensor_name") == "after_fleet_snapshot" and r["status"] in ("SUCCESS", "FAILURE")
+            for r in _runs(base)
+        ),
+        150,
+        "the sensor-launched feed run",
+    )
 
 
 @pytest.fixture
@@ -117,15 +125,43 @@ def page(chromium):
     return chromium
 
 
-def test_a_user_backfills_a_range_from_the_ui_and_reads_a_gauge(demo_ui, page):
+LAUNCH_BACKFILL = """mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {
+  __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }"""
+FLEET = ["fleet_snapshot", "gpu_hours", "push_to_main_sps", "success_rates"]
+
+
+def _last_three_days() -> list[str]:
+    today = datetime.now(UTC).date()
+    return [str(today - timedelta(days=n)) for n in (3, 2, 1)]
+
+
+@pytest.fixture(scope="module")
+def fleet_group_backfill(demo_ui) -> str:
+    """The backfill of `runs` and the `fleet` group, launched as the UI's launch dialog would (its test reads
+    the result). Launched before the UI test starts its own, so both wait on the same iterations of the
+    daemon's backfill loop (every 30 s, fixed in Dagster) instead of one after the other."""
+    base, _home = demo_ui
+    params = {
+        "assetSelection": [{"path": [key]} for key in ["staged_runs", "runs", *FLEET]],
+        "partitionNames": _last_three_days(),
+        "fromFailure": False,
+    }
+    launched = _gql(base, LAUNCH_BACKFILL, {"params": params})["launchPartitionBackfill"]
+    assert launched["__typename"] == "LaunchBackfillSuccess", launched
+    return launched["backfillId"]
+
+
+def test_a_user_backfills_a_range_from_the_ui_and_reads_a_gauge(
+    demo_ui, fleet_group_backfill, sensor_feed_finished, page
+):
     try:
-        _backfill_a_range_and_read_a_gauge(demo_ui, page)
+        _backfill_a_range_and_read_a_gauge(demo_ui, fleet_group_backfill, page)
     except BaseException:
         page.screenshot(path=str(ARTIFACTS / "FAILED-backfill-and-gauge.png"))
         raise
 
 
-def _backfill_a_range_and_read_a_gauge(demo_ui, page) -> None:
+def _backfill_a_range_and_read_a_gauge(demo_ui, other_backfill: str, page) -> None:
     base, home = demo_ui
     today = datetime.now(UTC).date()
     first, last = today - timedelta(days=3), today - timedelta(days=1)
@@ -153,7 +189,7 @@ def _backfill_a_range_and_read_a_gauge(demo_ui, page) -> None:
     page.screenshot(path=str(ARTIFACTS / "2-launch-range.png"))
     dialog.get_by_role("button", name="Launch backfill").click()
     finished = _wait(
-        lambda: [r for r in _backfill_runs(base, before) if r["status"] in ("SUCCESS", "FAILURE")],
+        lambda: [r for r in _backfill_runs(base, before, other_backfill) if r["status"] in ("SUCCESS", "FAILURE")],
         240,
         "the backfill's run",
     )
@@ -163,7 +199,7 @@ def _backfill_a_range_and_read_a_gauge(demo_ui, page) -> None:
         str(first),
         str(last),
     )
-    assert len(_backfill_runs(base, before)) == 1  # the whole range in a single run
+    assert len(_backfill_runs(base, before, other_backfill)) == 1  # the whole range in a single run
 
     # The gauges on fleet_snapshot's page at 1440 px: the value cell is on screen, not under the side panel.
     page.goto(f"{base}/assets/fleet_snapshot")
@@ -215,26 +251,12 @@ def _backfill_a_range_and_read_a_gauge(demo_ui, page) -> None:
     assert failed == []
 
 
-LAUNCH_BACKFILL = """mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {
-  __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }"""
-
-
-def test_a_ui_backfill_of_runs_with_the_fleet_group_is_two_runs_in_order(demo_ui):
+def test_a_ui_backfill_of_runs_with_the_fleet_group_is_two_runs_in_order(demo_ui, fleet_group_backfill):
     """What the README promises for "select `runs` and the `fleet` group, Materialize, a range": the request the
     UI's launch dialog sends. Dagster's asset backfill never puts daily-partitioned and unpartitioned assets in one
     run, so it is one run for `staged_runs` + `runs` over the whole range, then one for the four fleet assets."""
     base, _home = demo_ui
-    today = datetime.now(UTC).date()
-    days = [str(today - timedelta(days=n)) for n in (3, 2, 1)]
-    fleet = ["fleet_snapshot", "gpu_hours", "push_to_main_sps", "success_rates"]
-    params = {
-        "assetSelection": [{"path": [key]} for key in ["staged_runs", "runs", *fleet]],
-        "partitionNames": days,
-        "fromFailure": False,
-    }
-    launched = _gql(base, LAUNCH_BACKFILL, {"params": params})["launchPartitionBackfill"]
-    assert launched["__typename"] == "LaunchBackfillSuccess", launched
-    backfill = launched["backfillId"]
+    days, fleet, backfill = _last_three_days(), FLEET, fleet_group_backfill
 
     def its_runs() -> list[dict]:
         return [r for r in _runs(base) if r["tags"].get("dagster/backfill") == backfill]
@@ -258,7 +280,7 @@ def test_a_ui_backfill_of_runs_with_the_fleet_group_is_two_runs_in_order(demo_ui
     ]
 
 
-def test_the_demo_terminal_shows_only_our_lines_and_real_warnings(demo_ui):
+def test_the_demo_terminal_shows_only_our_lines_and_real_warnings(demo_ui, sensor_feed_finished):
     """After the demo, a sensor-launched feed run and two UI backfills: the terminal has none of Dagster's step
     events (DEBUG), no daemon chatter (a "sensor skipped" line every 30 s), no beta/supersession notices."""
     _base, home = demo_ui

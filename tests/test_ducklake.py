@@ -357,6 +357,44 @@ def test_a_lost_commit_is_retried_and_an_undecorated_one_fails(postgres, tmp_pat
         second.close()
 
 
+def test_a_new_lakes_schema_is_one_commit(folder_lake_env, monkeypatch):
+    """Every table, view and comment of a new lake in one transaction: one snapshot, not one per statement
+    (~150 catalog commits, each a snapshot the lake keeps until expired)."""
+    from wandb_assets.lib.warehouse import ensure_schema
+
+    catalog = warehouse_location(value=folder_lake_env["WANDB_ASSETS_DUCKDB"]).catalog
+    location = Lake(catalog, folder_lake_env["WANDB_ASSETS_DUCKLAKE_DATA_PATH"])
+    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
+    con = lake.connect(location)
+    try:
+        ensure_schema(con)
+        ensure_schema(con)  # current: no commit at all
+        snapshots = con.execute("SELECT snapshot_id FROM ducklake_snapshots('warehouse') ORDER BY 1").fetchall()
+        assert snapshots == [(0,), (1,)]  # the lake's creation, then the schema
+        assert {"runs", "fleet_metrics", "alerts", "datadog_deliveries"} <= {
+            name for (name,) in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()
+        }
+    finally:
+        con.close()
+
+
+def test_extensions_are_signature_checked_by_the_first_connection_of_a_process(monkeypatch):
+    """The first lake connection loads the wheels' extensions with DuckDB's signature check; only after that do
+    connections skip it (hashing 41 MB per connection); a connection that skipped it never counts as a check."""
+    monkeypatch.setattr(lake, "_VERIFIED", set())
+    assert lake.connection_config(None) == {"custom_user_agent": "wandb-assets"}
+    unchecked = duckdb.connect(":memory:", config={"allow_unsigned_extensions": True})
+    lake.load_extensions(unchecked, None)
+    unchecked.close()
+    assert lake.connection_config(None) == {"custom_user_agent": "wandb-assets"}
+    checked = duckdb.connect(":memory:", config=lake.connection_config(None))
+    lake.load_extensions(checked, None)
+    checked.close()
+    assert lake.connection_config(None) == {"custom_user_agent": "wandb-assets", "allow_unsigned_extensions": True}
+    s3 = lake.S3Options(region="us-east-1")
+    assert "allow_unsigned_extensions" not in lake.connection_config(s3)  # httpfs not checked yet
+
+
 def test_lake_settings_and_their_errors(tmp_path):
     settings = load_settings(
         {

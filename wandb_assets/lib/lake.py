@@ -131,12 +131,23 @@ def extension_directory() -> str:
     return str(root)
 
 
+# Extensions DuckDB has loaded in this process with its signature check (see ``connect``).
+_VERIFIED: set[str] = set()
+
+
+def _extension_names(s3: S3Options | None) -> tuple[str, ...]:
+    return ("postgres", "ducklake") + (("httpfs",) if s3 else ())
+
+
 def load_extensions(con, s3: S3Options | None) -> None:
     """Load the lake's extensions from the wheels into ``con`` and, for S3 data, one S3 secret."""
     con.execute(f"SET extension_directory = {sql_string(extension_directory())}")
     con.execute("SET autoinstall_known_extensions = false")
-    for name in ("postgres", "ducklake") + (("httpfs",) if s3 else ()):
+    checked = not con.execute("SELECT current_setting('allow_unsigned_extensions')").fetchone()[0]
+    for name in _extension_names(s3):
         con.execute(f"LOAD {name}")
+        if checked:
+            _VERIFIED.add(name)
     if s3 is not None:
         options = {"REGION": s3.region}
         if s3.key_id:
@@ -150,6 +161,17 @@ def load_extensions(con, s3: S3Options | None) -> None:
             options |= {"ENDPOINT": re.sub(r"^https?://", "", endpoint), "URL_STYLE": "path"}
         settings = ", ".join(f"{key} {sql_string(value)}" for key, value in options.items())
         con.execute(f"CREATE OR REPLACE TEMPORARY SECRET wandb_assets_s3 (TYPE s3, {settings}, USE_SSL {use_ssl})")
+
+
+def connection_config(s3: S3Options | None) -> dict[str, str | bool]:
+    """DuckDB settings of a lake connection.
+
+    DuckDB checks an extension's signature on every LOAD by hashing the whole file (41 MB for postgres): ~0.2 s
+    per connection, and a lake tick opens dozens. The first connection of the process loads the extensions with
+    the check; later ones load the same files (links in this user's private folder to the pinned wheels) without.
+    """
+    verified = all(name in _VERIFIED for name in _extension_names(s3))
+    return {"custom_user_agent": "wandb-assets"} | ({"allow_unsigned_extensions": True} if verified else {})
 
 
 def attach(con, lake: Lake, alias: str, read_only: bool) -> None:
@@ -172,7 +194,7 @@ def attach(con, lake: Lake, alias: str, read_only: bool) -> None:
 
 def connect(lake: Lake, read_only: bool = False):
     """A private in-memory DuckDB with the lake attached as ``warehouse`` and in use, clock in UTC."""
-    con = duckdb.connect(":memory:", config={"custom_user_agent": "wandb-assets"})
+    con = duckdb.connect(":memory:", config=connection_config(lake.s3))
     try:
         attach(con, lake, "warehouse", read_only)
         con.execute("USE warehouse")

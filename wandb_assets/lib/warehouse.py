@@ -129,10 +129,19 @@ def ensure_schema(con) -> None:
     """Create every table and view, with their comments; cheap when the schema is already current."""
     lake = in_lake(con)
     version = _schema_version() + ("-lake" if lake else "")
-    con.execute("CREATE TABLE IF NOT EXISTS warehouse_meta (key VARCHAR, value VARCHAR)")
-    current = con.execute("SELECT value FROM warehouse_meta WHERE key = 'schema_version'").fetchone()
+    made = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() AND schema_name = 'main' "
+        "AND table_name = 'warehouse_meta'"
+    ).fetchone()[0]
+    current = made and con.execute("SELECT value FROM warehouse_meta WHERE key = 'schema_version'").fetchone()
     if current and current[0] == version:
         return
+    with transaction(con):  # one commit: a DuckLake makes one snapshot of it, not one per statement (~150)
+        con.execute("CREATE TABLE IF NOT EXISTS warehouse_meta (key VARCHAR, value VARCHAR)")
+        _create_schema(con, lake, version)
+
+
+def _create_schema(con, lake: bool, version: str) -> None:
     from wandb_assets.lib.schema_docs import comment_statements
 
     con.execute(SCHEMA_SQL)
