@@ -503,7 +503,7 @@ def test_local_server_index_selects_exactly_what_a_full_scan_does():
     from wandb_assets.localwandb.filters import matches, sort_runs
 
     nodes = fleet(days=3, per_day=10) + [make_run_node("undated", display_name="u", state="running", created_at=None)]
-    server = LocalWandbServer(nodes)
+    store = LocalWandbServer(nodes)._projects[("demo-team", "demo-project")]
     queries = [
         created_between(datetime(2026, 6, 1, 2, 1), datetime(2026, 6, 2, 12)),  # starts on r01-001's time
         {"createdAt": {"$gt": "2026-06-01T02:01:00Z", "$lte": "2026-06-02T12:05:00Z"}},
@@ -512,12 +512,12 @@ def test_local_server_index_selects_exactly_what_a_full_scan_does():
         {"createdAt": {"$gte": "2026-06-01T00:00:00Z"}, "state": "finished"},
     ]
     for filters in queries:
-        every = sort_runs([r for r in server._records.values() if matches(r, filters)], "+created_at")
-        indexed = server._select(json.dumps(filters), "+created_at")
+        every = sort_runs([r for r in store.records.values() if matches(r, filters)], "+created_at")
+        indexed = store.select(json.dumps(filters), "+created_at")
         assert [r["node"]["name"] for r in indexed] == [r["node"]["name"] for r in every], filters
     # runs are created at 00:00, 02:01, 04:02, 07:03, 09:04, 12:05, ... each day
-    assert len(server._select(json.dumps(queries[0]), "+created_at")) == 9 + 5
-    assert len(server._select(json.dumps(queries[1]), "+created_at")) == 8 + 6
+    assert len(store.select(json.dumps(queries[0]), "+created_at")) == 9 + 5
+    assert len(store.select(json.dumps(queries[1]), "+created_at")) == 8 + 6
 
 
 def test_writer_hold_is_measured_per_writer_connection(warehouse_path):

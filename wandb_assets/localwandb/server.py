@@ -139,6 +139,8 @@ class Faults:
     retry_after: float | None = None
     #: Operations the failures apply to.
     fail_operations: frozenset[str] = frozenset({"Runs"})
+    #: Projects (``entity/project``) the failures apply to; None: every project.
+    fail_projects: frozenset[str] | None = None
     #: A ``Runs`` answer longer than this many bytes fails with 500 instead, as a gateway gives up on a page
     #: too big to serve (summaries with histograms); None serves any size.
     max_page_bytes: int | None = None
@@ -146,9 +148,11 @@ class Faults:
     malformed_summary_fraction: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def take_failure(self, operation: str) -> int | None:
+    def take_failure(self, operation: str, project: str | None = None) -> int | None:
         with self.lock:
             if self.fail_status is None or operation not in self.fail_operations or self.fail_count == 0:
+                return None
+            if self.fail_projects is not None and project not in self.fail_projects:
                 return None
             if self.fail_after > 0:
                 self.fail_after -= 1
@@ -158,8 +162,90 @@ class Faults:
             return self.fail_status
 
 
+class _ProjectRuns:
+    """One project's runs, with the narrowing a real server's indexes give a sliced request."""
+
+    def __init__(self, faults: Faults, created_at: str) -> None:
+        self.faults = faults
+        self.created_at = created_at
+        self.lock = threading.Lock()
+        self.records: dict[str, dict[str, Any]] = {}
+        self.ordered_cache: dict[tuple[str, str], list[dict]] = {}
+        #: createdAt -> records, sorted (built on first use, dropped when runs change)
+        self.created_index: tuple[list, list[dict]] | None = None
+
+    def add(self, node: dict[str, Any]) -> None:
+        record = {
+            "node": node,
+            "_config": {
+                k: (v.get("value") if isinstance(v, dict) and "value" in v else v)
+                for k, v in (decode_json_object(node.get("config")) or {}).items()
+            },
+            "_summary": decode_json_object(node.get("summaryMetrics")) or {},
+            "_times": {k: parse_timestamp(node.get(k)) for k in ("createdAt", "heartbeatAt")},
+        }
+        record["_json"] = self.node_json(node)
+        record["_light_json"] = json.dumps({k: node.get(k) for k in _LIGHT_FIELDS})
+        self.records[node["name"]] = record
+
+    def node_json(self, node: dict) -> str:
+        served = dict(node)
+        fraction = self.faults.malformed_summary_fraction
+        if fraction and int(hashlib.md5(node["name"].encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < fraction:
+            served["summaryMetrics"] = "[1, 2]"
+        return json.dumps({k: served.get(k) for k in _RUN_FIELDS})
+
+    def upsert(self, nodes: list[dict[str, Any]]) -> None:
+        with self.lock:
+            for node in nodes:
+                self.add(node)
+            self.ordered_cache.clear()
+            self.created_index = None
+
+    def reserve(self) -> None:
+        """Serve every summary again under the current fault settings."""
+        with self.lock:
+            for record in self.records.values():
+                record["_json"] = self.node_json(record["node"])
+
+    def select(self, filters_json: str, order: str) -> list[dict]:
+        key = (filters_json, order)
+        with self.lock:
+            cached = self.ordered_cache.get(key)
+            if cached is None:
+                filters = json.loads(filters_json or "{}") or {}
+                selected = [r for r in self._candidates(filters) if matches(r, filters)]
+                cached = sort_runs(selected, order)
+                self.ordered_cache[key] = cached
+            return cached
+
+    def _candidates(self, filters: dict) -> list[dict]:
+        """The records a filter can match, narrowed as a real server's indexes would (a ``createdAt`` range,
+        a list of run ids); ``matches`` still decides. Without this, every sliced request would cost the
+        local server a scan of the whole project, which a real server does not pay."""
+        name = filters.get("name")
+        names = name.get("$in") if isinstance(name, dict) else None
+        if names is not None:
+            return [self.records[n] for n in dict.fromkeys(names) if n in self.records]
+        created = filters.get("createdAt")
+        bounds = {op: parse_timestamp(v) for op, v in created.items()} if isinstance(created, dict) else {}
+        if not bounds or set(bounds) - {"$gte", "$gt", "$lt", "$lte"} or None in bounds.values():
+            return list(self.records.values())
+        if self.created_index is None:
+            dated = [r for r in self.records.values() if r["_times"]["createdAt"] is not None]
+            dated.sort(key=lambda r: r["_times"]["createdAt"])
+            self.created_index = ([r["_times"]["createdAt"] for r in dated], dated)
+        times, dated = self.created_index
+        low = min((v for op, v in bounds.items() if op in ("$gte", "$gt")), default=None)
+        high = max((v for op, v in bounds.items() if op in ("$lt", "$lte")), default=None)
+        start = bisect.bisect_left(times, low) if low is not None else 0
+        end = bisect.bisect_right(times, high) if high is not None else len(times)
+        return dated[start:end]
+
+
 class LocalWandbServer:
-    """Serve ``runs`` for ``entity/project`` on ``http://127.0.0.1:<port>``; a context manager."""
+    """Serve the runs of ``entity/project`` (and of any project added with ``add_project``) on
+    ``http://127.0.0.1:<port>``; a context manager."""
 
     def __init__(
         self,
@@ -182,89 +268,46 @@ class LocalWandbServer:
         #: Runs pages refused for exceeding ``faults.max_page_bytes``.
         self.oversized_pages = 0
         self._flight_lock = threading.Lock()
-        self._lock = threading.Lock()
-        self._records: dict[str, dict[str, Any]] = {}
-        self._ordered_cache: dict[tuple[str, str], list[dict]] = {}
-        #: createdAt -> records, sorted (built on first use, dropped when runs change)
-        self._created_index: tuple[list, list[dict]] | None = None
+        #: (entity, project) -> its runs; the first is the one given here (the artifacts live there too).
+        self._projects: dict[tuple[str, str], _ProjectRuns] = {}
+        self.add_project(entity, project)
         #: artifact collection -> versions (oldest first); each a dict with id, type, files, metadata, aliases
         self.artifacts: dict[str, list[dict[str, Any]]] = {}
         self.downloads: list[str] = []
-        for node in runs or []:
-            self._add(node)
+        self.upsert_runs(runs or [])
         self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
     # -- dataset -------------------------------------------------------------------------------
-    def _add(self, node: dict[str, Any]) -> None:
-        record = {
-            "node": node,
-            "_config": {
-                k: (v.get("value") if isinstance(v, dict) and "value" in v else v)
-                for k, v in (decode_json_object(node.get("config")) or {}).items()
-            },
-            "_summary": decode_json_object(node.get("summaryMetrics")) or {},
-            "_times": {k: parse_timestamp(node.get(k)) for k in ("createdAt", "heartbeatAt")},
-        }
-        record["_json"] = self._node_json(node)
-        record["_light_json"] = json.dumps({k: node.get(k) for k in _LIGHT_FIELDS})
-        self._records[node["name"]] = record
+    def add_project(self, entity: str, project: str, runs: list[dict[str, Any]] | None = None) -> None:
+        """Create ``entity/project`` (listed from now on) with these runs; an existing one gains them."""
+        key = (entity, project)
+        if key not in self._projects:
+            created = iso_z(to_naive_utc(datetime.now().astimezone())) or ""
+            self._projects = {**self._projects, key: _ProjectRuns(self.faults, created)}
+        self._projects[key].upsert(runs or [])
 
-    def _node_json(self, node: dict) -> str:
-        served = dict(node)
-        fraction = self.faults.malformed_summary_fraction
-        if fraction and int(hashlib.md5(node["name"].encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < fraction:
-            served["summaryMetrics"] = "[1, 2]"
-        return json.dumps({k: served.get(k) for k in _RUN_FIELDS})
+    def remove_project(self, entity: str, project: str) -> None:
+        """Delete ``entity/project``: no longer listed, its runs answered as a missing project's."""
+        self._projects = {k: v for k, v in self._projects.items() if k != (entity, project)}
 
-    def upsert_runs(self, nodes: list[dict[str, Any]]) -> None:
-        """Add or replace runs (by run id), e.g. to move a run from running to finished."""
-        with self._lock:
-            for node in nodes:
-                self._add(node)
-            self._ordered_cache.clear()
-            self._created_index = None
+    def projects(self) -> list[tuple[str, str]]:
+        return list(self._projects)
+
+    @property
+    def _records(self) -> dict[str, dict[str, Any]]:
+        return self._projects[(self.entity, self.project)].records
+
+    def upsert_runs(self, nodes: list[dict[str, Any]], entity: str | None = None, project: str | None = None) -> None:
+        """Add or replace runs (by run id), e.g. to move a run from running to finished; in ``entity/project``
+        (created if new) when given, else in the server's own project."""
+        self.add_project(entity or self.entity, project or self.project, nodes)
 
     def set_malformed_summary_fraction(self, fraction: float) -> None:
-        with self._lock:
-            self.faults.malformed_summary_fraction = fraction
-            for record in self._records.values():
-                record["_json"] = self._node_json(record["node"])
-
-    def _select(self, filters_json: str, order: str) -> list[dict]:
-        key = (filters_json, order)
-        with self._lock:
-            cached = self._ordered_cache.get(key)
-            if cached is None:
-                filters = json.loads(filters_json or "{}") or {}
-                selected = [r for r in self._candidates(filters) if matches(r, filters)]
-                cached = sort_runs(selected, order)
-                self._ordered_cache[key] = cached
-            return cached
-
-    def _candidates(self, filters: dict) -> list[dict]:
-        """The records a filter can match, narrowed as a real server's indexes would (a ``createdAt`` range,
-        a list of run ids); ``matches`` still decides. Without this, every sliced request would cost the
-        local server a scan of the whole project, which a real server does not pay."""
-        name = filters.get("name")
-        names = name.get("$in") if isinstance(name, dict) else None
-        if names is not None:
-            return [self._records[n] for n in dict.fromkeys(names) if n in self._records]
-        created = filters.get("createdAt")
-        bounds = {op: parse_timestamp(v) for op, v in created.items()} if isinstance(created, dict) else {}
-        if not bounds or set(bounds) - {"$gte", "$gt", "$lt", "$lte"} or None in bounds.values():
-            return list(self._records.values())
-        if self._created_index is None:
-            dated = [r for r in self._records.values() if r["_times"]["createdAt"] is not None]
-            dated.sort(key=lambda r: r["_times"]["createdAt"])
-            self._created_index = ([r["_times"]["createdAt"] for r in dated], dated)
-        times, dated = self._created_index
-        low = min((v for op, v in bounds.items() if op in ("$gte", "$gt")), default=None)
-        high = max((v for op, v in bounds.items() if op in ("$lt", "$lte")), default=None)
-        start = bisect.bisect_left(times, low) if low is not None else 0
-        end = bisect.bisect_right(times, high) if high is not None else len(times)
-        return dated[start:end]
+        self.faults.malformed_summary_fraction = fraction
+        for runs in self._projects.values():
+            runs.reserve()
 
     def add_artifact(
         self,
@@ -402,9 +445,8 @@ class LocalWandbServer:
         """A plain HTML page for ``/<entity>/<project>/runs/<id>``: the run URLs the warehouse stores (and the
         alerts link to) open while the server runs. Name, state, times, tags, config and summary."""
         parts = [unquote(p) for p in path.strip("/").split("/")]
-        if len(parts) != 4 or parts[:2] != [self.entity, self.project] or parts[2] != "runs":
-            return None
-        record = self._records.get(parts[3])
+        runs = self._projects.get((parts[0], parts[1])) if len(parts) == 4 and parts[2] == "runs" else None
+        record = runs.records.get(parts[3]) if runs else None
         if record is None:
             return None
         node = record["node"]
@@ -423,7 +465,7 @@ class LocalWandbServer:
             f"<h2>{title}</h2><pre>{escape(json.dumps(values, indent=2, sort_keys=True, default=str))}</pre>"
             for title, values in (("config", record["_config"]), ("summary", record["_summary"]))
         )
-        title = escape(f"{self.entity}/{self.project}/{parts[3]}")
+        title = escape("/".join(parts[:2] + parts[3:]))
         return (
             f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title></head><body>"
             f"<h1>{title}</h1><p>Served by the wandb-assets demo's local W&amp;B server.</p>"
@@ -476,7 +518,7 @@ class LocalWandbServer:
             "name": "Local User",
             "deletedAt": None,
             "apiKeys": {"edges": []},
-            "teams": {"edges": [{"node": {"name": self.entity}}]},
+            "teams": {"edges": [{"node": {"name": e}} for e in dict.fromkeys(e for e, _ in self._projects)]},
         }
 
     def answer(self, operation: str, variables: dict, query: str = "") -> str:
@@ -485,23 +527,51 @@ class LocalWandbServer:
             return json.dumps({"data": {"viewer": self._viewer()}})
         if operation == "ServerFeaturesQuery":
             return json.dumps({"data": {"serverInfo": {"features": []}}})
-        known = variables.get("entity") == self.entity and variables.get("project") == self.project
+        if operation == "GetProjects":
+            return self._projects_page(variables)
+        runs = self._projects.get((variables.get("entity"), variables.get("project")))
         if operation == "Runs":
-            if not known:
+            if runs is None:
                 return json.dumps({"data": {"project": None}})
-            return self._runs_page(variables, lightweight="...LightweightRunFragment" in query)
+            return self._runs_page(runs, variables, lightweight="...LightweightRunFragment" in query)
         if operation == "Run":
-            record = self._records.get(variables.get("name", "")) if known else None
+            record = runs.records.get(variables.get("name", "")) if runs else None
             run = record["_json"] if record else "null"
-            return '{"data":{"project":{"run":' + run + "}}}" if known else '{"data":{"project":null}}'
+            return '{"data":{"project":{"run":' + run + "}}}" if runs else '{"data":{"project":null}}'
         if (artifact_answer := self._artifact_answer(operation, variables)) is not None:
             return artifact_answer
         if operation in ("GetSweep", "GetSweepLegacy"):
             return json.dumps({"data": {"project": {"sweep": None}}})
         return json.dumps({"errors": [{"message": f"operation {operation} is not supported"}], "data": None})
 
-    def _runs_page(self, variables: dict, lightweight: bool = False) -> str:
-        selected = self._select(variables.get("filters") or "{}", variables.get("order") or "+created_at")
+    def _projects_page(self, variables: dict) -> str:
+        """``api.projects(entity)``: the entity's projects, oldest first, paged by cursor."""
+        entity = variables.get("entity")
+        listed = [(key, runs) for key, runs in self._projects.items() if key[0] == entity]
+        per_page = int(variables.get("perPage") or 50)
+        cursor = variables.get("cursor")
+        start = int(base64.b64decode(cursor).decode().split(":")[1]) + 1 if cursor else 0
+        page = listed[start : start + per_page]
+        nodes = [
+            {
+                "node": {
+                    "__typename": "Project",
+                    "id": base64.b64encode(f"Project:{e}/{p}".encode()).decode(),
+                    "name": p,
+                    "entityName": e,
+                    "createdAt": runs.created_at,
+                    "isBenchmark": False,
+                    "user": None,
+                }
+            }
+            for (e, p), runs in page
+        ]
+        end_cursor = base64.b64encode(f"cursor:{start + len(page) - 1}".encode()).decode() if page else None
+        info = {"__typename": "PageInfo", "endCursor": end_cursor, "hasNextPage": start + len(page) < len(listed)}
+        return json.dumps({"data": {"models": {"pageInfo": info, "edges": nodes}}})
+
+    def _runs_page(self, runs: _ProjectRuns, variables: dict, lightweight: bool = False) -> str:
+        selected = runs.select(variables.get("filters") or "{}", variables.get("order") or "+created_at")
         per_page = int(variables.get("perPage") or 50)
         cursor = variables.get("cursor")
         start = int(base64.b64decode(cursor).decode().split(":")[1]) + 1 if cursor else 0
@@ -585,7 +655,7 @@ def _handler_for(server: LocalWandbServer) -> type[BaseHTTPRequestHandler]:
             faults = server.faults
             if faults.latency_s:
                 time.sleep(faults.latency_s)
-            status = faults.take_failure(operation)
+            status = faults.take_failure(operation, f"{variables.get('entity')}/{variables.get('project')}")
             if status is not None:
                 extra = {"Retry-After": f"{faults.retry_after:g}"} if faults.retry_after is not None else {}
                 self._send(status, json.dumps({"errors": [{"message": f"injected {status}"}]}).encode(), extra)

@@ -1,0 +1,85 @@
+"""Which W&B projects one deployment mirrors: ``WANDB_ASSETS_PROJECTS`` parsed, and the selection resolved
+against the projects each entity lists.
+
+A project is data (an ``entity`` and a ``project`` column in every table), not a copy of the pipeline: this
+module only decides *which* projects; the same assets fetch and load all of them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from wandb_assets.lib.errors import ConfigError
+
+#: Every project of the entity (re-listed on every tick).
+WILDCARD = "*"
+#: What W&B refuses in entity and project names (and what would make ``entity/project`` ambiguous).
+_FORBIDDEN = re.compile(r"[/\\#?%:,\s]")
+
+
+@dataclass(frozen=True, order=True)
+class ProjectRef:
+    """One W&B project, the key every mirrored row carries with its run id."""
+
+    entity: str
+    project: str
+
+    def __str__(self) -> str:
+        return f"{self.entity}/{self.project}"
+
+
+@dataclass(frozen=True)
+class ProjectSelection:
+    """Named projects and entities whose every project is mirrored, in the order first given."""
+
+    projects: tuple[ProjectRef, ...] = ()
+    whole_entities: tuple[str, ...] = ()
+
+    @property
+    def entities(self) -> tuple[str, ...]:
+        """Every entity the selection touches, each once, in order."""
+        return tuple(dict.fromkeys([*self.whole_entities, *(p.entity for p in self.projects)]))
+
+    def resolve(self, listed: Mapping[str, Iterable[str]]) -> list[ProjectRef]:
+        """The projects to mirror now: the named ones, and every project ``listed`` for a whole entity.
+
+        ``listed`` maps an entity to the project names W&B lists for it now; an entity missing from it (its
+        listing failed) contributes only its named projects. Sorted, each once."""
+        chosen = set(self.projects)
+        for entity in self.whole_entities:
+            chosen.update(ProjectRef(entity, name) for name in listed.get(entity, ()))
+        return sorted(chosen)
+
+
+def _name(text: str, what: str, item: str) -> str:
+    if not text or _FORBIDDEN.search(text):
+        raise ConfigError(
+            f"WANDB_ASSETS_PROJECTS has {item!r}: each item is entity/project or entity/* and the {what} "
+            "may not be empty or contain spaces or any of / \\ # ? % : ,."
+        )
+    return text
+
+
+def parse_projects(text: str) -> ProjectSelection:
+    """Parse ``entity/project, entity/*, ...`` (spaces around items allowed, duplicates kept once)."""
+    projects: dict[ProjectRef, None] = {}
+    whole: dict[str, None] = {}
+    items = [item.strip() for item in text.split(",")]
+    if not any(items):
+        raise ConfigError("WANDB_ASSETS_PROJECTS is set but empty: list entity/project or entity/* items, or unset it.")
+    for item in items:
+        if not item:
+            continue
+        entity, slash, project = item.partition("/")
+        if not slash:
+            raise ConfigError(
+                f"WANDB_ASSETS_PROJECTS has {item!r}: each item is entity/project or entity/* (such as ml-team/*)."
+            )
+        entity = _name(entity, "entity", item)
+        if project == WILDCARD:
+            whole[entity] = None
+        else:
+            projects[ProjectRef(entity, _name(project, "project", item))] = None
+    return ProjectSelection(tuple(projects), tuple(whole))
