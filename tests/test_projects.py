@@ -120,3 +120,33 @@ def test_the_local_server_lists_and_serves_several_entities_to_the_real_client(m
         assert [p.name for p in other.projects("ci")] == ["bench"]
     finally:
         server.stop()
+
+
+def test_an_entitys_projects_are_listed_afresh_on_the_same_api(monkeypatch, tmp_path):
+    """``entity/*`` must see a project created since the last tick although the process keeps one ``Api``; a
+    failed listing names the entity and never the key."""
+    from types import SimpleNamespace
+
+    from tests.conftest import API_KEY
+    from wandb_assets.lib.fetch import WandbFetchError, get_api, list_projects
+    from wandb_assets.localwandb import LocalWandbServer
+    from wandb_assets.settings import WandbSettings
+
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    server = LocalWandbServer(_nodes("b", 1, "bench"), entity="ci", project="bench", api_key=API_KEY).start()
+    try:
+        api = get_api(
+            WandbSettings(api_key=API_KEY, project="bench", entity="ci", base_url=server.url),
+            SimpleNamespace(http_timeout_s=5.0, http_retries=1, retry_wait_max_s=0.5),
+        )
+        assert list_projects(api, "ci", API_KEY) == ["bench"]
+        server.add_project("ci", "smoke")
+        assert list_projects(api, "ci", API_KEY) == ["bench", "smoke"]
+        server.faults.fail_status, server.faults.fail_count = 403, -1
+        server.faults.fail_operations = frozenset({"GetProjects"})
+        with pytest.raises(WandbFetchError) as caught:
+            list_projects(api, "ci", API_KEY)
+        assert str(caught.value).startswith("Listing the projects of 'ci' failed: ")
+        assert API_KEY not in str(caught.value)
+    finally:
+        server.stop()

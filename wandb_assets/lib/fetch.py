@@ -390,3 +390,18 @@ def default_entity(api) -> str:
     if not entity:
         raise ConfigError("WANDB_ENTITY is not set and the API key has no default entity: export WANDB_ENTITY.")
     return entity
+
+
+def list_projects(api, entity: str, secret: str = "") -> list[str]:
+    """The names of every project of ``entity`` as W&B lists them now, in the order listed.
+
+    wandb 0.31 keeps ``api.projects(entity)`` for the life of the ``Api`` (``api.flush()`` does not clear it), so
+    a project created since would never be seen by a long-lived process: the cached listing is dropped first.
+    A failed listing raises ``WandbFetchError`` naming the entity (never the key)."""
+    cached = getattr(api, "_projects", None)
+    if isinstance(cached, dict):
+        cached.pop(entity, None)
+    try:
+        return [project.name for project in api.projects(entity)]
+    except Exception as exc:  # wandb-core reports HTTP errors as several exception types
+        raise WandbFetchError(f"Listing the projects of {entity!r} failed: {_scrub(str(exc), secret)[:300]}") from None
