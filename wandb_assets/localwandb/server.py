@@ -268,6 +268,7 @@ class LocalWandbServer:
         #: Runs pages refused for exceeding ``faults.max_page_bytes``.
         self.oversized_pages = 0
         self._flight_lock = threading.Lock()
+        self._lock = threading.Lock()  # the artifacts
         #: (entity, project) -> its runs; the first is the one given here (the artifacts live there too).
         self._projects: dict[tuple[str, str], _ProjectRuns] = {}
         self.add_project(entity, project)
