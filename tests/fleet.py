@@ -12,10 +12,14 @@ def fleet_row(
     created: datetime,
     ended: datetime | None = None,
     gpus: int = 1,
+    entity: str = "test-team",
+    project: str = "test-project",
     **sps: float | None,
 ) -> dict:
     """A ``runs`` row; ``ended`` is the heartbeat of an ended run; SPS keyword args name the columns."""
     return {
+        "entity": entity,
+        "project": project,
         "run_id": run_id,
         "name": run_id,
         "state": state,

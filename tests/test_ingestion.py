@@ -401,6 +401,7 @@ def test_runs_refreshed_by_id_never_replace_a_copy_fetched_later(memory_con, tmp
     def staged(name: str, state: str, fetched_at: datetime) -> str:
         path = tmp_path / name
         row = {"run_id": "old-run", "state": state, "created_at": datetime(2026, 5, 1), "anomalies": []}
+        row.update(entity="team", project="proj")
         path.write_text("".join(ndjson_lines([row], fetched_at)))
         return str(path)
 
@@ -424,7 +425,18 @@ def _staged_at(path: Path, runs: list[tuple], fetched_at: datetime, source: str 
 
     from wandb_assets.lib.warehouse import ndjson_lines
 
-    rows = [{"run_id": r, "state": st, "created_at": c, "anomalies": [], "source": source} for r, st, c in runs]
+    rows = [
+        {
+            "entity": "team",
+            "project": "proj",
+            "run_id": r,
+            "state": st,
+            "created_at": c,
+            "anomalies": [],
+            "source": source,
+        }
+        for r, st, c in runs
+    ]
     path.write_text("".join(ndjson_lines(rows, fetched_at)))
     stamp = fetched_at.replace(tzinfo=UTC).timestamp()
     os.utime(path, (stamp, stamp))

@@ -290,7 +290,15 @@ def test_the_offline_job_loads_runs_once_and_the_mirrored_copy_wins(
     # W&B mirrors fail0001 (finished there) and a tick reloads the window holding all four offline runs.
     con = duckdb.connect(str(warehouse_path))
     created = table(con, "SELECT created_at FROM runs WHERE run_id = 'fail0001'")[0][0]
-    mirrored = fleet_row("fail0001", "finished", "regular", created, created + timedelta(minutes=5))
+    mirrored = fleet_row(  # the same run in the same project the offline log names
+        "fail0001",
+        "finished",
+        "regular",
+        created,
+        created + timedelta(minutes=5),
+        entity="offline-team",
+        project="offline-proj",
+    )
     replace_runs_window(con, [mirrored], created - timedelta(days=1), created + timedelta(days=1))
     assert table(con, "SELECT run_id, source, state FROM runs ORDER BY run_id") == [
         ("ci0001", "offline", "finished"),

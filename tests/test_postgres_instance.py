@@ -112,18 +112,21 @@ def test_the_daemon_keeps_sensor_ticks_and_cursors_in_postgres(postgres, pg_home
     try:
         code, _, _ = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-01")
         assert code == 1
-        deadline = time.monotonic() + 150
+        # Wait for both events (every sensor ticked; the run-status sensor stored its cursor, which it writes
+        # after the tick that saw the failed run), not for a fixed time: on a loaded machine they come late.
+        deadline = time.monotonic() + 240
         sensors: set[str] = set()
         while time.monotonic() < deadline:
             bodies = _pg_query(postgres, "SELECT tick_body FROM job_ticks WHERE type = 'SENSOR'")
             sensors = {name for (body,) in bodies for name in SENSORS if f'"{name}"' in body}
-            if sensors == set(SENSORS):
+            # the run-status sensors keep their cursor (the last run they saw) in PostgreSQL
+            cursors = _pg_query(postgres, "SELECT instigator_body FROM instigators WHERE instigator_type = 'SENSOR'")
+            with_cursor = sum('"cursor"' in body and "pipeline_failure_opens" in body for (body,) in cursors)
+            if sensors == set(SENSORS) and with_cursor == 1:
                 break
             time.sleep(3)
         assert sensors == set(SENSORS), f"sensor ticks in PostgreSQL: {sorted(sensors)}"
-        # the run-status sensors keep their cursor (the last run they saw) in PostgreSQL
-        cursors = _pg_query(postgres, "SELECT instigator_body FROM instigators WHERE instigator_type = 'SENSOR'")
-        assert sum('"cursor"' in body and "pipeline_failure_opens" in body for (body,) in cursors) == 1
+        assert with_cursor == 1
         # the daemon registered the schedule's and the four sensors' states there too (ticks come at the quarter hour)
         states = _pg_query(postgres, "SELECT instigator_type, count(*) FROM instigators GROUP BY 1 ORDER BY 1")
         assert states == [("SCHEDULE", 1), ("SENSOR", 4)]

@@ -1,5 +1,9 @@
 """Which projects a deployment mirrors: ``WANDB_ASSETS_PROJECTS`` parsed and resolved (pure functions)."""
 
+from datetime import datetime
+from pathlib import Path
+
+import duckdb
 import pytest
 
 from wandb_assets.lib.errors import ConfigError
@@ -52,7 +56,6 @@ def test_a_malformed_item_is_one_sentence_naming_it(text, says):
 
 
 def _nodes(prefix: str, count: int, display: str) -> list[dict]:
-    from datetime import datetime
 
     from wandb_assets.localwandb import make_run_node
 
@@ -150,3 +153,138 @@ def test_an_entitys_projects_are_listed_afresh_on_the_same_api(monkeypatch, tmp_
         assert API_KEY not in str(caught.value)
     finally:
         server.stop()
+
+
+# --------------------------------------------------------------- a warehouse written before runs had a project
+
+BEFORE = Path(__file__).parent / "fixtures" / "warehouse-before-projects"
+
+
+def _old_warehouse(path: Path, offline_row: bool = True) -> None:
+    """A DuckDB file as main wrote it before runs carried their project (the fixture's export, imported)."""
+    con = duckdb.connect(str(path))
+    con.execute((BEFORE / "schema.sql").read_text())
+    con.execute((BEFORE / "load.sql").read_text().replace("{dir}", str(BEFORE)))
+    if offline_row:  # an offline run read from a .wandb log: no URL to tell its project
+        con.execute(
+            "INSERT INTO runs BY NAME SELECT * REPLACE ('offline' AS source, NULL AS url, 'off-1' AS run_id, "
+            "'/logs/run-off-1.wandb' AS log_path) FROM runs WHERE state = 'running' ORDER BY run_id LIMIT 1"
+        )
+    con.close()
+
+
+PROJECT_TABLES = ("runs", "push_to_main_sps", "success_rates", "gpu_hours")
+
+
+def _contents(con, new_columns: bool = False) -> dict[str, list]:
+    """Every table's rows (as text, sorted), without the columns the migration adds when ``new_columns``."""
+    tables = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() ORDER BY 1").fetchall()]
+    contents = {}
+    for table in tables:
+        columns = "* EXCLUDE (entity, project)" if new_columns and table in PROJECT_TABLES else "*"
+        contents[table] = sorted(map(repr, con.execute(f"SELECT {columns} FROM {table}").fetchall()))
+    contents.pop("warehouse_meta")
+    return contents
+
+
+def test_a_warehouse_written_before_runs_had_a_project_is_migrated_in_place_and_loses_nothing(tmp_path):
+    from wandb_assets.lib.warehouse import ensure_schema, rebuild_success_rates
+
+    path = tmp_path / "w.duckdb"
+    _old_warehouse(path)
+    con = duckdb.connect(str(path))
+    before = _contents(con)
+    assert len(before["runs"]) == 25 and len(before["fleet_metrics"]) == 20 and len(before["alerts"]) == 2
+    ensure_schema(con, home=("team", "configured"))  # (a name no URL has: shows which rows took it)
+    # Every row still there, every old column unchanged; entity and project filled, from the URL W&B's client
+    # builds (…/team/fleet/runs/<id>) or, for the offline row, from the configured project.
+    assert _contents(con, new_columns=True) == before
+    assert con.execute("SELECT source, entity, project, count(*) FROM runs GROUP BY ALL ORDER BY ALL").fetchall() == [
+        ("offline", "team", "configured", 1),
+        ("wandb", "team", "fleet", 24),
+    ]
+    for table in ("push_to_main_sps", "success_rates", "gpu_hours"):  # two projects now: left to the rebuild
+        assert con.execute(f"SELECT DISTINCT entity, project FROM {table}").fetchall() == [(None, None)], table
+    with pytest.raises(duckdb.ConstraintException, match="runs.entity"):
+        con.execute("INSERT INTO runs (run_id, project) VALUES ('x', 'p')")
+    # Rebuilt over the migrated rows, the success rates are the old ones (the offline copy is still running).
+    old_rates = con.execute("SELECT * EXCLUDE (entity, project) FROM success_rates ORDER BY ALL").fetchall()
+    assert len(old_rates) == 6  # 2 days x (all + categories that ended)
+    rebuild_success_rates(con)
+    assert con.execute("SELECT DISTINCT entity, project FROM success_rates").fetchall() == [("team", "fleet")]
+    assert con.execute("SELECT * EXCLUDE (entity, project) FROM success_rates ORDER BY ALL").fetchall() == old_rates
+    con.close()
+
+
+def test_a_migration_that_cannot_tell_an_offline_rows_project_changes_nothing_and_says_what_to_set(tmp_path):
+    from wandb_assets.lib.warehouse import ensure_schema
+
+    path = tmp_path / "w.duckdb"
+    _old_warehouse(path)
+    con = duckdb.connect(str(path))
+    con.execute("DELETE FROM runs WHERE source IS DISTINCT FROM 'offline'")  # no mirrored row to learn it from
+    with pytest.raises(RuntimeError, match="1 runs .* set WANDB_ENTITY and WANDB_PROJECT"):
+        ensure_schema(con)
+    columns = [
+        r[0] for r in con.execute("SELECT column_name FROM duckdb_columns() WHERE table_name = 'runs'").fetchall()
+    ]
+    assert "entity" not in columns and con.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
+    con.close()
+
+
+def test_a_one_project_warehouse_has_its_derived_tables_filled_by_the_migration(tmp_path):
+    from wandb_assets.lib.warehouse import ensure_schema
+
+    path = tmp_path / "w.duckdb"
+    _old_warehouse(path, offline_row=False)
+    con = duckdb.connect(str(path))
+    ensure_schema(con)  # no configured project needed: every row has a URL
+    for table in ("runs", "push_to_main_sps", "success_rates", "gpu_hours"):
+        assert con.execute(f"SELECT DISTINCT entity, project FROM {table}").fetchall() == [("team", "fleet")], table
+    con.close()
+
+
+def _staged(path: Path, rows: list[tuple], fetched_at: datetime) -> str:
+    """A staged file of ``(entity, project, run_id, state)`` rows created on 2026-06-01, fetched at ``fetched_at``."""
+    import os
+    from datetime import UTC
+
+    from wandb_assets.lib.warehouse import ndjson_lines
+
+    created = datetime(2026, 6, 1, 12)
+    dicts = [
+        {"entity": e, "project": p, "run_id": r, "state": s, "created_at": created, "anomalies": []}
+        for e, p, r, s in rows
+    ]
+    path.write_text("".join(ndjson_lines(dicts, fetched_at)))
+    stamp = fetched_at.replace(tzinfo=UTC).timestamp()
+    os.utime(path, (stamp, stamp))
+    return str(path)
+
+
+def test_the_same_run_id_in_two_projects_is_two_rows_and_a_load_replaces_only_the_projects_it_holds(
+    memory_con, tmp_path
+):
+    from wandb_assets.lib.warehouse import load_runs_window
+
+    window = (datetime(2026, 6, 1), datetime(2026, 6, 2))
+    first = [("team", "a", "r1", "finished"), ("team", "b", "r1", "running"), ("lab", "a", "r1", "failed")]
+    load_runs_window(memory_con, [_staged(tmp_path / "1", first, datetime(2026, 6, 1, 13))], *window)
+    rows = "SELECT entity, project, run_id, state FROM runs ORDER BY ALL"
+    assert memory_con.execute(rows).fetchall() == sorted(first)
+    # A later fetch that read team/a whole (r1 deleted there, r2 new) and failed for the others: their rows stay.
+    later = _staged(tmp_path / "2", [("team", "a", "r2", "running")], datetime(2026, 6, 1, 14))
+    load_runs_window(memory_con, [later], *window, projects=[("team", "a")])
+    assert memory_con.execute(rows).fetchall() == [
+        ("lab", "a", "r1", "failed"),
+        ("team", "a", "r2", "running"),
+        ("team", "b", "r1", "running"),
+    ]
+    # team/b refreshed: its r1 replaced, nobody else's r1 touched.
+    again = _staged(tmp_path / "3", [("team", "b", "r1", "finished")], datetime(2026, 6, 1, 15))
+    load_runs_window(memory_con, [again], *window, projects=[("team", "b")])
+    assert memory_con.execute(rows).fetchall() == [
+        ("lab", "a", "r1", "failed"),
+        ("team", "a", "r2", "running"),
+        ("team", "b", "r1", "finished"),
+    ]

@@ -52,7 +52,10 @@ def test_gpu_hours_clip_each_run_to_each_day(con):
 
 def test_success_rates_per_day_and_category(con):
     rebuild_success_rates(con)
-    rows = con.execute("SELECT * FROM success_rates ORDER BY day, category").fetchall()
+    assert con.execute("SELECT DISTINCT entity, project FROM success_rates").fetchall() == [
+        ("test-team", "test-project")
+    ]
+    rows = con.execute("SELECT * EXCLUDE (entity, project) FROM success_rates ORDER BY day, category").fetchall()
     assert rows == [
         (date(2026, 6, 3), "all", 1, 1, 1, 50.0),
         (date(2026, 6, 3), "push_to_main", 0, 1, 0, 0.0),

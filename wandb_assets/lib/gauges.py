@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from wandb_assets.lib.normalize import SPS_KEYS
-from wandb_assets.lib.sql import ENDED_SQL, FAILED_SQL, SPS_SQL_STATES, busy_until_sql
+from wandb_assets.lib.sql import ENDED_SQL, FAILED_SQL, SPS_SQL_STATES, busy_until_sql, success_rate_sql
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def _count(condition: str) -> str:
 def _rate_pct(scope: str) -> str:
     completed = _count(f"{scope} AND ended_in_w AND state = 'finished'")
     failed = _count(f"{scope} AND ended_in_w AND state IN ({FAILED_SQL})")
-    return f"100.0 * {completed} / nullif({completed} + {failed}, 0)"
+    return success_rate_sql(completed, failed)
 
 
 def _latest_sps(column: str) -> str:

@@ -204,6 +204,8 @@ def run_row(node: dict, *, entity: str, project: str, app_url: str, default_gpus
     sweep_id = texts["sweepName"][0] or None
     ci = parse_ci_name(display_name)
     row: dict[str, Any] = {
+        "entity": entity,
+        "project": project,
         "run_id": run_id,
         "name": display_name,
         "state": state,

@@ -586,8 +586,12 @@ def read_changed_logs(
             entry["loaded"] = f"other project: {run.entity}/{run.project}"
             report.other_project += 1
             continue
-        row = run_row(
-            offline_node(run, now, stall), entity=run.entity, project=run.project, app_url="", default_gpus=default_gpus
+        row = run_row(  # a log without an entity is the mirrored entity's (W&B would file it there when synced)
+            offline_node(run, now, stall),
+            entity=run.entity or entity or "",
+            project=run.project or project or "",
+            app_url="",
+            default_gpus=default_gpus,
         )
         row.update(url=None, source="offline", log_path=entry["path"])
         if run.damage:

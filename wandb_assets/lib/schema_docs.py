@@ -19,13 +19,19 @@ _CI = {
     "ci_timestamp": "the name's trailing timestamp, UTC (NULL when it is not a recognised time)",
 }
 
+_PROJECT = {
+    "entity": "W&B entity (team or user) of the run's project",
+    "project": "W&B project of the run",
+}
+
 #: name -> (kind, description, {column: description})
 SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
     "runs": (
         "table",
-        "One row per W&B run, mirrored daily by creation day (UTC).",
+        "One row per W&B run, mirrored daily by creation day (UTC); a run is (entity, project, run_id).",
         {
-            "run_id": "W&B run id (the `name` of the GraphQL node); unique",
+            **_PROJECT,
+            "run_id": "W&B run id (the `name` of the GraphQL node); unique within its project",
             "name": "display name (NULL when the run has none)",
             "state": "W&B state: running, pending, preempting, finished, failed, crashed, killed, preempted; "
             "vanished: asked for by id while alive, W&B no longer returns it",
@@ -65,6 +71,7 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
         "table",
         "One row per push-to-main CI run with its throughput.",
         {
+            **_PROJECT,
             "run_id": "W&B run id",
             "name": "display name",
             **_CI,
@@ -77,8 +84,9 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
     ),
     "success_rates": (
         "table",
-        "Outcomes per UTC day of ended_at and category (plus 'all').",
+        "Outcomes per project, UTC day of ended_at and category (plus 'all').",
         {
+            **_PROJECT,
             "day": "UTC day the runs ended",
             "category": "push_to_main, sweep, regular or all",
             "completed": "runs finished, count",
@@ -89,8 +97,9 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
     ),
     "gpu_hours": (
         "table",
-        "GPU time consumed per UTC day and category (plus 'all').",
+        "GPU time consumed per project, UTC day and category (plus 'all').",
         {
+            **_PROJECT,
             "day": "UTC day",
             "category": "push_to_main, sweep, regular or all",
             "runs": "runs that consumed GPU time that day, count",
@@ -199,10 +208,11 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
     ),
     "main_sps_by_config": (
         "view",
-        "Main-branch SPS per CI config, in commit order.",
+        "Main-branch SPS per project and CI config, in commit order.",
         {
+            **_PROJECT,
             "ci_config": "CI config",
-            "commit_order": "1 for the oldest main run of the config, then 2, 3...",
+            "commit_order": "1 for the oldest main run of the config in its project, then 2, 3...",
             "ci_commit": "commit",
             "ci_timestamp": "the name's timestamp, UTC",
             "created_at": "creation time, UTC",
@@ -214,7 +224,8 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
     ),
     "daily_fleet": (
         "view",
-        "Daily success rate and GPU-hours per category (plus 'all').",
+        "Daily success rate and GPU-hours per category (plus 'all') of every mirrored project together (counts "
+        "summed, then the rate computed).",
         {
             "day": "UTC day",
             "category": "push_to_main, sweep, regular or all",

@@ -38,6 +38,13 @@ SPS_SQL_STATES = sql_list(SPS_STATES)
 NOW_UTC_SQL = "current_timestamp AT TIME ZONE 'UTC'"
 
 
+def success_rate_sql(completed: str, failed: str) -> str:
+    """The one success-rate rule, as SQL: completed out of completed + failed, in percent; NULL when both are 0
+    (a rate of runs that all ended otherwise, or of no run, is undefined, not 0 or 100). Counts are summed
+    before dividing: a rate over several projects is never an average of their rates."""
+    return f"100.0 * ({completed}) / nullif(({completed}) + ({failed}), 0)"
+
+
 def busy_until_sql(now: str) -> str:
     """The one GPU-hours rule, as SQL: when a run stops occupying its GPUs, seen at time ``now``.
 

@@ -20,12 +20,22 @@ from wandb_assets.lib.datadog_feed import LEDGER_SQL
 from wandb_assets.lib.gauges import compute_gauges
 from wandb_assets.lib.lake import in_lake, retry_on_conflict
 from wandb_assets.lib.normalize import SPS_KEYS
-from wandb_assets.lib.sql import ALIVE_SQL, ENDED_SQL, FAILED_SQL, NOW_UTC_SQL, busy_until_sql, transaction
+from wandb_assets.lib.sql import (
+    ALIVE_SQL,
+    ENDED_SQL,
+    FAILED_SQL,
+    NOW_UTC_SQL,
+    busy_until_sql,
+    success_rate_sql,
+    transaction,
+)
 
 _SPS_COLUMNS = list(SPS_KEYS.values())
 
 #: Column name -> DuckDB type of the ``runs`` table, in order.
 RUNS_COLUMNS: dict[str, str] = {
+    "entity": "VARCHAR",
+    "project": "VARCHAR",
     "run_id": "VARCHAR",
     "name": "VARCHAR",
     "state": "VARCHAR",
@@ -64,21 +74,27 @@ RUNS_COLUMNS: dict[str, str] = {
 #: Where a row came from: mirrored from the W&B API (authoritative) or read from an offline ``.wandb`` log.
 SOURCE_WANDB, SOURCE_OFFLINE = "wandb", "offline"
 
-#: A run id is never missing (W&B always sends one); the constraint also makes a bad load fail at the INSERT.
-_NOT_NULL = {"run_id": " NOT NULL"}
+#: A run is (entity, project, run_id): never missing (W&B always sends them); a bad load fails at the INSERT.
+_NOT_NULL = dict.fromkeys(("entity", "project", "run_id"), " NOT NULL")
+#: The columns that identify a run: the same run id in two projects is two runs.
+RUN_KEY = ("entity", "project", "run_id")
+#: The tables derived from ``runs`` that carry the project of each row (rebuilt whole on every tick).
+_PROJECT_TABLES = ("push_to_main_sps", "success_rates", "gpu_hours")
 
 SCHEMA_SQL = f"""
 CREATE TABLE IF NOT EXISTS runs ({", ".join(f'"{c}" {t}' + _NOT_NULL.get(c, "") for c, t in RUNS_COLUMNS.items())});
 CREATE TABLE IF NOT EXISTS push_to_main_sps (
-    run_id VARCHAR, name VARCHAR, ci_branch VARCHAR, ci_commit VARCHAR, ci_config VARCHAR,
-    ci_timestamp TIMESTAMP, state VARCHAR, created_at TIMESTAMP, ended_at TIMESTAMP, url VARCHAR,
+    entity VARCHAR, project VARCHAR, run_id VARCHAR, name VARCHAR, ci_branch VARCHAR, ci_commit VARCHAR,
+    ci_config VARCHAR, ci_timestamp TIMESTAMP, state VARCHAR, created_at TIMESTAMP, ended_at TIMESTAMP, url VARCHAR,
     {", ".join(f"{c} DOUBLE" for c in _SPS_COLUMNS)}
 );
 CREATE TABLE IF NOT EXISTS success_rates (
-    day DATE, category VARCHAR, completed BIGINT, failed BIGINT, other_ended BIGINT,
+    entity VARCHAR, project VARCHAR, day DATE, category VARCHAR, completed BIGINT, failed BIGINT, other_ended BIGINT,
     success_rate_pct DOUBLE
 );
-CREATE TABLE IF NOT EXISTS gpu_hours (day DATE, category VARCHAR, runs BIGINT, gpu_hours DOUBLE);
+CREATE TABLE IF NOT EXISTS gpu_hours (
+    entity VARCHAR, project VARCHAR, day DATE, category VARCHAR, runs BIGINT, gpu_hours DOUBLE
+);
 CREATE TABLE IF NOT EXISTS fleet_metrics (snapshot_at TIMESTAMP, metric VARCHAR, value DOUBLE);
 CREATE TABLE IF NOT EXISTS report_publications (
     snapshot_at TIMESTAMP, published_at TIMESTAMP, project VARCHAR, run_id VARCHAR, artifact VARCHAR
@@ -88,17 +104,25 @@ CREATE TABLE IF NOT EXISTS report_publications (
 
 VIEWS_SQL = f"""
 CREATE OR REPLACE VIEW main_sps_by_config AS
-SELECT ci_config,
-       row_number() OVER (PARTITION BY ci_config ORDER BY coalesce(ci_timestamp, created_at), run_id) AS commit_order,
+SELECT entity, project, ci_config,
+       row_number() OVER (PARTITION BY entity, project, ci_config
+                          ORDER BY coalesce(ci_timestamp, created_at), run_id) AS commit_order,
        ci_commit, ci_timestamp, created_at, ended_at, state, {", ".join(_SPS_COLUMNS)}, url
 FROM push_to_main_sps WHERE ci_branch = 'main' AND ci_config IS NOT NULL;
 
 CREATE OR REPLACE VIEW daily_fleet AS
+WITH s AS (
+    SELECT day, category, sum(completed)::BIGINT AS completed, sum(failed)::BIGINT AS failed,
+           sum(other_ended)::BIGINT AS other_ended
+    FROM success_rates GROUP BY day, category
+), g AS (
+    SELECT day, category, sum(runs)::BIGINT AS runs, sum(gpu_hours) AS gpu_hours FROM gpu_hours GROUP BY day, category
+)
 SELECT coalesce(s.day, g.day) AS day, coalesce(s.category, g.category) AS category,
        coalesce(s.completed, 0) AS completed, coalesce(s.failed, 0) AS failed,
-       coalesce(s.other_ended, 0) AS other_ended, s.success_rate_pct,
+       coalesce(s.other_ended, 0) AS other_ended, {success_rate_sql("s.completed", "s.failed")} AS success_rate_pct,
        coalesce(g.runs, 0) AS gpu_runs, coalesce(g.gpu_hours, 0) AS gpu_hours
-FROM success_rates s FULL OUTER JOIN gpu_hours g ON s.day = g.day AND s.category = g.category;
+FROM s FULL OUTER JOIN g ON s.day = g.day AND s.category = g.category;
 
 CREATE OR REPLACE VIEW alive_runs AS
 SELECT run_id, name, category, state, "user", created_at, heartbeat_at,
@@ -110,7 +134,7 @@ SELECT coalesce(sweep_id, '(no sweep id)') AS sweep, count(*) AS runs,
        count(*) FILTER (WHERE state = 'finished') AS completed,
        count(*) FILTER (WHERE state IN ({FAILED_SQL})) AS failed,
        count(*) FILTER (WHERE state IN ({ALIVE_SQL})) AS alive,
-       100.0 * completed / nullif(completed + failed, 0) AS success_rate_pct,
+       {success_rate_sql("completed", "failed")} AS success_rate_pct,
        coalesce(sum(gpu_count * (epoch({busy_until_sql(NOW_UTC_SQL)})
                                  - epoch(created_at)) / 3600.0), 0) AS gpu_hours,
        min(created_at) AS first_created_at, max(created_at) AS last_created_at
@@ -125,8 +149,11 @@ def _schema_version() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def ensure_schema(con) -> None:
-    """Create every table and view, with their comments; cheap when the schema is already current."""
+def ensure_schema(con, home: tuple[str | None, str | None] | None = None) -> None:
+    """Create every table and view, with their comments; cheap when the schema is already current.
+
+    ``home``: the configured (entity, project), for a warehouse written before runs carried their project (see
+    ``_migrate_run_projects``)."""
     lake = in_lake(con)
     version = _schema_version() + ("-lake" if lake else "")
     made = con.execute(
@@ -138,10 +165,23 @@ def ensure_schema(con) -> None:
         return
     with transaction(con):  # one commit: a DuckLake makes one snapshot of it, not one per statement (~150)
         con.execute("CREATE TABLE IF NOT EXISTS warehouse_meta (key VARCHAR, value VARCHAR)")
-        _create_schema(con, lake, version)
+        migrated = _create_schema(con, lake, home)
+        if not migrated:
+            _set_version(con, version)
+    if migrated:  # DuckDB adds a constraint only once the rows it checks are committed
+        with transaction(con):
+            for column in ("entity", "project"):
+                con.execute(f"ALTER TABLE runs ALTER COLUMN {column} SET NOT NULL")
+            _set_version(con, version)
 
 
-def _create_schema(con, lake: bool, version: str) -> None:
+def _set_version(con, version: str) -> None:
+    con.execute("DELETE FROM warehouse_meta WHERE key = 'schema_version'")
+    con.execute("INSERT INTO warehouse_meta VALUES ('schema_version', $v)", {"v": version})
+
+
+def _create_schema(con, lake: bool, home: tuple[str | None, str | None] | None) -> bool:
+    """Tables, views and comments; True when runs were given their projects (then made NOT NULL apart)."""
     from wandb_assets.lib.schema_docs import comment_statements
 
     con.execute(SCHEMA_SQL)
@@ -154,6 +194,9 @@ def _create_schema(con, lake: bool, version: str) -> None:
     for column, kind in RUNS_COLUMNS.items():
         if column not in existing:  # a warehouse made by an earlier version gains the new columns
             con.execute(f'ALTER TABLE runs ADD COLUMN "{column}" {kind}')
+    migrated = "entity" not in existing
+    if migrated:
+        _migrate_run_projects(con, home)
     con.execute("ALTER TABLE report_publications ADD COLUMN IF NOT EXISTS artifact VARCHAR")
     con.execute(LEDGER_SQL)
     con.execute(ALERT_SQL)
@@ -161,8 +204,46 @@ def _create_schema(con, lake: bool, version: str) -> None:
     con.execute(VIEWS_SQL)
     for statement in comment_statements(lake):
         con.execute(statement)
-    con.execute("DELETE FROM warehouse_meta WHERE key = 'schema_version'")
-    con.execute("INSERT INTO warehouse_meta VALUES ('schema_version', $v)", {"v": version})
+    return migrated
+
+
+#: A run page URL as ``run_url`` builds it: ``<app>/<entity>/<project>/runs/<id>``, each part percent-quoted.
+_URL_PROJECT = r"/([^/]+)/([^/]+)/runs/[^/]+$"
+
+
+def _migrate_run_projects(con, home: tuple[str | None, str | None] | None) -> None:
+    """Give every row of a warehouse written before runs carried their project its entity and project (the
+    caller then makes both NOT NULL, once these rows are committed). A mirrored row's come from its URL, which
+    W&B's client builds from them; an offline row (no URL) gets the configured ``home``, else the project most
+    mirrored rows have. Derived tables gain the columns too (rebuilt on the next tick; filled now when there is
+    one project)."""
+    con.execute(
+        f"UPDATE runs SET entity = url_decode(regexp_extract(url, '{_URL_PROJECT}', 1)), "
+        f"project = url_decode(regexp_extract(url, '{_URL_PROJECT}', 2)) "
+        f"WHERE entity IS NULL AND regexp_matches(url, '{_URL_PROJECT}')"
+    )
+    majority = con.execute(
+        "SELECT entity, project FROM runs WHERE entity IS NOT NULL GROUP BY ALL ORDER BY count(*) DESC LIMIT 1"
+    ).fetchone() or (None, None)
+    entity = (home[0] if home else None) or majority[0]
+    project = (home[1] if home else None) or majority[1]
+    unknown = con.execute("SELECT count(*) FROM runs WHERE entity IS NULL").fetchone()[0]
+    if unknown and not (entity and project):
+        raise RuntimeError(
+            f"{unknown} runs in this warehouse were written before runs carried their project and none says "
+            "which: set WANDB_ENTITY and WANDB_PROJECT to the project they came from."
+        )
+    if unknown:
+        con.execute(
+            "UPDATE runs SET entity = $entity, project = $project WHERE entity IS NULL",
+            {"entity": entity, "project": project},
+        )
+    projects = con.execute("SELECT DISTINCT entity, project FROM runs").fetchall()
+    for table in _PROJECT_TABLES:
+        for column in ("entity", "project"):
+            con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} VARCHAR")
+        if len(projects) == 1:
+            con.execute(f"UPDATE {table} SET entity = $e, project = $p", {"e": projects[0][0], "p": projects[0][1]})
 
 
 def _iso(value: Any) -> str:
@@ -219,7 +300,12 @@ VANISHED = "vanished"
 
 @retry_on_conflict
 def load_runs_window(
-    con, paths: str | list[str], start: datetime, end: datetime, refreshed: list[str] | None = None
+    con,
+    paths: str | list[str],
+    start: datetime,
+    end: datetime,
+    refreshed: list[str] | None = None,
+    projects: Iterable[tuple[str, str]] | None = None,
 ) -> int:
     """Replace every run created in ``[start, end)``, and any other copy of a staged run id, with the rows
     staged in ``paths``: one transaction, so a failure leaves the table as it was. Returns rows loaded.
@@ -232,11 +318,16 @@ def load_runs_window(
     ``refreshed`` holds the runs fetched by id: every run the warehouse held alive, created before ``start``. Each
     replaces the warehouse's copy only if fetched later; an alive run W&B did not return although it was asked
     for (held since before that fetch began) is marked ``vanished`` and counted in its ``anomalies``.
+
+    A run is (entity, project, run_id). ``projects``: the (entity, project) pairs whose window the files hold
+    whole; only their rows in the window may be deleted (a project whose fetch failed keeps its rows). None: every
+    project's.
     """
     ensure_schema(con)
     paths = [paths] if isinstance(paths, str) else list(paths)
     window_fetched = min((fetched_since(p) for p in paths), default=None)
     refreshed_fetched = min((fetched_since(p) for p in refreshed or []), default=None)
+    whole = None if projects is None else [list(pair) for pair in projects]
     with transaction(con):
         con.execute(f"CREATE OR REPLACE TEMP TABLE incoming_runs AS {_READ_STAGED}", {"paths": paths})
         if refreshed:
@@ -245,18 +336,19 @@ def load_runs_window(
                 f"""UPDATE runs SET state = '{VANISHED}', anomalies = list_append(anomalies, '{VANISHED}')
                 WHERE coalesce(source, '{SOURCE_WANDB}') = '{SOURCE_WANDB}' AND state IN ({ALIVE_SQL})
                   AND created_at < $start AND ingested_at <= $fetched
-                  AND run_id NOT IN (SELECT run_id FROM refreshed_runs)
-                  AND run_id NOT IN (SELECT run_id FROM incoming_runs)""",
+                  AND (entity, project, run_id) NOT IN (SELECT entity, project, run_id FROM refreshed_runs)
+                  AND (entity, project, run_id) NOT IN (SELECT entity, project, run_id FROM incoming_runs)""",
                 {"start": start, "fetched": refreshed_fetched},
             )
             con.execute(
                 "INSERT INTO incoming_runs BY NAME SELECT * FROM refreshed_runs "
-                "WHERE run_id NOT IN (SELECT run_id FROM incoming_runs)"
+                "WHERE (entity, project, run_id) NOT IN (SELECT entity, project, run_id FROM incoming_runs)"
             )
             con.execute("DROP TABLE refreshed_runs")
         # A copy fetched later than the staged one stays: the staged row is dropped.
         con.execute(
             "DELETE FROM incoming_runs WHERE EXISTS (SELECT 1 FROM runs WHERE runs.run_id = incoming_runs.run_id "
+            "AND runs.entity = incoming_runs.entity AND runs.project = incoming_runs.project "
             "AND runs.ingested_at > incoming_runs.ingested_at)"
         )
         # The window (rows fetched before these files' fetches began), plus any earlier copy of a fetched run
@@ -266,9 +358,10 @@ def load_runs_window(
         con.execute(
             "DELETE FROM runs WHERE (created_at >= $start AND created_at < $end "
             f"AND coalesce(source, '{SOURCE_WANDB}') <> '{SOURCE_OFFLINE}' "
-            "AND (ingested_at IS NULL OR ingested_at <= $fetched)) "
-            "OR run_id IN (SELECT run_id FROM incoming_runs)",
-            {"start": start, "end": end, "fetched": window_fetched},
+            "AND (ingested_at IS NULL OR ingested_at <= $fetched) "
+            "AND ($whole IS NULL OR list_contains($whole, [entity, project]))) "
+            "OR (entity, project, run_id) IN (SELECT entity, project, run_id FROM incoming_runs)",
+            {"start": start, "end": end, "fetched": window_fetched, "whole": whole},
         )
         con.execute(
             f"INSERT INTO runs BY NAME SELECT * REPLACE (coalesce(source, '{SOURCE_WANDB}') AS source) "
@@ -332,25 +425,27 @@ def load_offline_runs(
         mirrored = {
             r[0]
             for r in con.execute(
-                "SELECT run_id FROM runs WHERE run_id IN (SELECT run_id FROM incoming_runs) "
+                "SELECT run_id FROM runs WHERE (entity, project, run_id) IN "
+                "(SELECT entity, project, run_id FROM incoming_runs) "
                 f"AND coalesce(source, '{SOURCE_WANDB}') <> '{SOURCE_OFFLINE}'"
             ).fetchall()
         }
         newer = {
             r[0]
             for r in con.execute(
-                "SELECT i.run_id FROM incoming_runs i JOIN runs r ON r.run_id = i.run_id "
+                "SELECT i.run_id FROM incoming_runs i JOIN runs r USING (entity, project, run_id) "
                 f"WHERE r.source = '{SOURCE_OFFLINE}' AND r.heartbeat_at > i.heartbeat_at"
             ).fetchall()
         }
         con.execute(
-            f"DELETE FROM runs WHERE source = '{SOURCE_OFFLINE}' AND run_id IN (SELECT run_id FROM incoming_runs) "
+            f"DELETE FROM runs WHERE source = '{SOURCE_OFFLINE}' "
+            "AND (entity, project, run_id) IN (SELECT entity, project, run_id FROM incoming_runs) "
             "AND run_id NOT IN (SELECT unnest($newer::VARCHAR[]))",
             {"newer": sorted(newer)},
         )
         con.execute(
             f"INSERT INTO runs BY NAME SELECT * REPLACE ('{SOURCE_OFFLINE}' AS source) FROM incoming_runs "
-            "WHERE run_id NOT IN (SELECT run_id FROM runs)"
+            "WHERE (entity, project, run_id) NOT IN (SELECT entity, project, run_id FROM runs)"
         )
         loaded = con.execute("SELECT count(*) FROM incoming_runs").fetchone()[0] - len(mirrored) - len(newer)
         con.execute("DROP TABLE incoming_runs")
@@ -411,39 +506,42 @@ def _replace_table(con, table: str, select_sql: str, params: dict | None = None)
 
 
 PUSH_TO_MAIN_SPS_SQL = f"""
-SELECT run_id, name, ci_branch, ci_commit, ci_config, ci_timestamp, state, created_at, ended_at, url,
+SELECT entity, project, run_id, name, ci_branch, ci_commit, ci_config, ci_timestamp, state, created_at, ended_at, url,
        {", ".join(_SPS_COLUMNS)}
 FROM runs WHERE category = 'push_to_main'
 """
 
 SUCCESS_RATES_SQL = f"""
-SELECT ended_at::DATE AS day, CASE WHEN GROUPING(category) = 1 THEN 'all' ELSE category END AS category,
+SELECT entity, project, ended_at::DATE AS day,
+       CASE WHEN GROUPING(category) = 1 THEN 'all' ELSE category END AS category,
        count(*) FILTER (WHERE state = 'finished') AS completed,
        count(*) FILTER (WHERE state IN ({FAILED_SQL})) AS failed,
        count(*) FILTER (WHERE state NOT IN ('finished', {FAILED_SQL})) AS other_ended,
-       100.0 * completed / nullif(completed + failed, 0) AS success_rate_pct
+       {success_rate_sql("completed", "failed")} AS success_rate_pct
 FROM runs
 WHERE state IN ({ENDED_SQL}) AND ended_at IS NOT NULL
-GROUP BY GROUPING SETS ((ended_at::DATE), (ended_at::DATE, category))
+GROUP BY GROUPING SETS ((entity, project, ended_at::DATE), (entity, project, ended_at::DATE, category))
 """
 
 GPU_HOURS_SQL = f"""
 WITH spans AS (
-    SELECT category, gpu_count, created_at AS span_start, {busy_until_sql("$now::TIMESTAMP")} AS span_end
+    SELECT entity, project, category, gpu_count, created_at AS span_start,
+           {busy_until_sql("$now::TIMESTAMP")} AS span_end
     FROM runs WHERE created_at IS NOT NULL
 ),
 daily AS (
-    SELECT category, gpu_count, span_start, span_end,
+    SELECT entity, project, category, gpu_count, span_start, span_end,
            -- range() excludes its end: a span ending exactly at midnight adds no 0-hour day after it
            unnest(range(date_trunc('day', span_start), span_end, INTERVAL 1 DAY)) AS day_start
     FROM spans WHERE span_end > span_start
 )
-SELECT day_start::DATE AS day, CASE WHEN GROUPING(category) = 1 THEN 'all' ELSE category END AS category,
+SELECT entity, project, day_start::DATE AS day,
+       CASE WHEN GROUPING(category) = 1 THEN 'all' ELSE category END AS category,
        count(*) AS runs,
        sum(gpu_count * (epoch(least(span_end, day_start + INTERVAL 1 DAY))
                         - epoch(greatest(span_start, day_start))) / 3600.0) AS gpu_hours
 FROM daily
-GROUP BY GROUPING SETS ((day_start), (day_start, category))
+GROUP BY GROUPING SETS ((entity, project, day_start), (entity, project, day_start, category))
 """
 
 

@@ -24,7 +24,13 @@ WAREHOUSE_POOL = "warehouse"
 
 
 class WarehouseResource(DuckDBResource):
-    """Read-write connections to the DuckDB warehouse file."""
+    """Read-write connections to the DuckDB warehouse file.
+
+    ``home_entity``/``home_project``: the configured W&B project (``WANDB_ENTITY``/``WANDB_PROJECT``), given to
+    the offline rows of a warehouse written before runs carried their project when it is migrated."""
+
+    home_entity: str | None = None
+    home_project: str | None = None
 
     _last_writer_hold_s: float = PrivateAttr(default=0.0)
 
@@ -39,7 +45,7 @@ class WarehouseResource(DuckDBResource):
     def get_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """The writer connection: waits up to ``WANDB_ASSETS_LOCK_WAIT`` seconds for another process's lock."""
         with self._connect(read_only=False) as con:
-            ensure_schema(con)
+            ensure_schema(con, home=(self.home_entity, self.home_project))
             yield con
 
     @property
@@ -131,4 +137,9 @@ def is_lock_conflict(exc: Exception) -> bool:
 def warehouse_resource() -> WarehouseResource:
     """The warehouse at ``WANDB_ASSETS_DUCKDB``: an absolute file path, or the DuckLake attach string."""
     location = warehouse_location()
-    return WarehouseResource(database=str(location if isinstance(location, Lake) else location.resolve()))
+    settings = load_settings()
+    return WarehouseResource(
+        database=str(location if isinstance(location, Lake) else location.resolve()),
+        home_entity=settings.WANDB_ENTITY,
+        home_project=settings.WANDB_PROJECT,
+    )
