@@ -288,3 +288,58 @@ def test_the_same_run_id_in_two_projects_is_two_rows_and_a_load_replaces_only_th
         ("team", "a", "r2", "running"),
         ("team", "b", "r1", "finished"),
     ]
+
+
+def test_a_fetch_over_three_projects_shares_one_budget_and_a_failing_project_loses_only_itself(monkeypatch, tmp_path):
+    """Slices of three projects in two entities in one fetch: at most the limit in flight across all of them;
+    one project answering 500 to every page is abandoned (named, with why) while the other two arrive whole."""
+    from types import SimpleNamespace
+
+    from tests.conftest import API_KEY
+    from wandb_assets.lib.fetch import FetchPolicy, Slice, created_between, fetch_slices, get_api
+    from wandb_assets.localwandb import LocalWandbServer
+    from wandb_assets.settings import WandbSettings
+
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    server = LocalWandbServer(_nodes("a", 7, "llm"), entity="research", project="llm", api_key=API_KEY).start()
+    try:
+        server.add_project("research", "vision", _nodes("v", 5, "vision"))
+        server.add_project("ci", "bench", _nodes("a", 6, "bench"))  # the same run ids as research/llm
+        server.faults.fail_status, server.faults.fail_count = 500, -1
+        server.faults.fail_projects = frozenset({"research/vision"})
+        server.faults.latency_s = 0.05  # requests overlap, so the in-flight limit is exercised
+        api = get_api(
+            WandbSettings(api_key=API_KEY, project="llm", entity="research", base_url=server.url),
+            SimpleNamespace(http_timeout_s=5.0, http_retries=1, retry_wait_max_s=0.5),
+        )
+        hours = [(datetime(2026, 6, 1, h), datetime(2026, 6, 1, h + 2)) for h in range(0, 8, 2)]
+        slices = [
+            Slice(n, created_between(start, end), "2026-06-01", project)
+            for n, (project, (start, end)) in enumerate(
+                (p, window) for p in ("research/llm", "research/vision", "ci/bench") for window in hours
+            )
+        ]
+        got: dict[str, set[str]] = {}
+
+        def handle(piece: Slice, nodes: list[dict]) -> None:
+            got.setdefault(piece.project, set()).update(node["name"] for node in nodes)
+
+        policy = FetchPolicy(concurrency=2, page_size=4, min_page_size=2, retries=1, retry_wait_max_s=0.1)
+        stats = fetch_slices(api, "research", "llm", slices, policy, handle, isolate_projects=True, secret=API_KEY)
+        assert got == {"research/llm": {f"a{n}" for n in range(7)}, "ci/bench": {f"a{n}" for n in range(6)}}
+        assert list(stats.failed_projects) == ["research/vision"]
+        assert (
+            "research/vision" in stats.failed_projects["research/vision"]
+            and "500" in stats.failed_projects["research/vision"]
+        )
+        assert API_KEY not in stats.failed_projects["research/vision"]
+        assert stats.max_in_flight <= 2 and server.max_in_flight <= 2
+        # The failing project's pages were halved (a 5xx may mean "too big"); the others' never were.
+        sizes = {(v["project"], v["perPage"]) for op, v in server.requests if op == "Runs"}
+        assert sizes == {("llm", 4), ("bench", 4), ("vision", 4), ("vision", 2)}
+        # Every project failing is a failed fetch.
+        server.faults.fail_projects = None
+        with pytest.raises(Exception, match="Every project failed"):
+            fetch_slices(api, "research", "llm", slices[:5], policy, handle, isolate_projects=True, secret=API_KEY)
+    finally:
+        server.stop()

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -159,11 +159,13 @@ class FetchPolicy:
 
 @dataclass(frozen=True)
 class Slice:
-    """One piece of a fetch: a created-at window (part of one UTC ``day``) or a chunk of run ids (no day)."""
+    """One piece of a fetch: a created-at window (part of one UTC ``day``) or a chunk of run ids (no day), of
+    ``project`` (``entity/project``; None: the fetch's own project)."""
 
     index: int
     filters: dict
     day: str | None
+    project: str | None = None
 
 
 def plan_slices(start: datetime, end: datetime, concurrency: int) -> list[Slice]:
@@ -299,7 +301,8 @@ def fetch_run_pages(api, entity: str, project: str, filters: dict, policy: Fetch
 
 @dataclass
 class FetchStats:
-    """What one fetch did, for logs and metadata."""
+    """What one fetch did, for logs and metadata. ``failed_projects``: ``entity/project`` -> why, for a fetch
+    that isolates projects (each failed project's slices were abandoned; every other project was fetched whole)."""
 
     slices: int
     requests: int
@@ -310,6 +313,7 @@ class FetchStats:
     page_size_initial: int
     page_size_final: int
     seconds: float
+    failed_projects: dict[str, str] = field(default_factory=dict)
 
 
 def fetch_slices(
@@ -324,36 +328,64 @@ def fetch_slices(
     report: Callable[[FetchProgress], None] | None = None,
     report_every_s: float = 0.5,
     secret: str = "",
+    isolate_projects: bool = False,
 ) -> FetchStats:
     """Fetch every slice, ``policy.concurrency`` requests in flight at most, calling ``handle_page(slice,
     nodes)`` from the worker threads (each slice's pages in order). ``report(progress)`` runs on this thread
-    every ``report_every_s`` seconds. The first failure cancels the other slices and is raised."""
+    every ``report_every_s`` seconds. The first failure cancels the other slices and is raised.
+
+    ``isolate_projects``: the slices of several projects share the one request budget (in-flight limit and 429
+    back-off); a failure abandons only its own project's slices, and is raised only when every project failed
+    (else it is in ``failed_projects``). Each project has its own page size: one that cannot serve pages does
+    not shrink the others'."""
     api.flush()
     started = time.monotonic()
     throttle = Throttle(policy.concurrency)
-    page_size = PageSize(policy.page_size, policy.min_page_size)
+    page_sizes: dict[str, PageSize] = {}
     cancelled = threading.Event()
+    failed: dict[str, str] = {}
+    abandoned: dict[str, threading.Event] = {}
+    own = f"{entity}/{project}"
+    lock = threading.Lock()
+
+    def page_size_of(path: str) -> PageSize:
+        key = path if isolate_projects else own
+        with lock:
+            return page_sizes.setdefault(key, PageSize(policy.page_size, policy.min_page_size))
 
     def work(piece: Slice) -> None:
-        for n, (nodes, total) in enumerate(
-            iter_run_pages(
-                api,
-                entity,
-                project,
-                piece.filters,
-                policy,
-                throttle=throttle,
-                page_size=page_size,
-                secret=secret,
-                cancelled=cancelled,
-            )
-        ):
-            if progress is not None:
-                if n == 0:
-                    progress.expect(piece.index, total)
-                progress.add(piece.day, len(nodes))
-            handle_page(piece, nodes)
-        if progress is not None and not cancelled.is_set():
+        path = piece.project or own
+        stop = abandoned.setdefault(path, threading.Event()) if isolate_projects else cancelled
+        if stop.is_set():
+            return
+        slice_entity, _, slice_project = path.partition("/")
+        try:
+            for n, (nodes, total) in enumerate(
+                iter_run_pages(
+                    api,
+                    slice_entity,
+                    slice_project,
+                    piece.filters,
+                    policy,
+                    throttle=throttle,
+                    page_size=page_size_of(path),
+                    secret=secret,
+                    cancelled=stop,
+                )
+            ):
+                if progress is not None:
+                    if n == 0:
+                        progress.expect(piece.index, total)
+                    progress.add(piece.day, len(nodes))
+                handle_page(piece, nodes)
+        except (WandbFetchError, ConfigError) as exc:
+            if not isolate_projects:
+                raise
+            with lock:
+                failed.setdefault(path, str(exc))
+            stop.set()
+            return
+        if progress is not None and not stop.is_set():
             progress.slice_done(piece.day)
 
     workers = max(1, min(policy.concurrency, len(slices)))
@@ -371,6 +403,10 @@ def fetch_slices(
             for future in pending:
                 future.cancel()
             raise
+    projects = {piece.project or own for piece in slices}
+    if isolate_projects and failed and set(failed) >= projects:
+        raise WandbFetchError("Every project failed: " + "; ".join(failed[p] for p in sorted(failed)))
+    sizes = list(page_sizes.values()) or [PageSize(policy.page_size, policy.min_page_size)]
     return FetchStats(
         slices=len(slices),
         requests=throttle.requests,
@@ -378,9 +414,10 @@ def fetch_slices(
         throttled_responses=throttle.throttled_responses,
         concurrency_decreases=throttle.decreases,
         lowest_concurrency=throttle.lowest_limit,
-        page_size_initial=page_size.initial,
-        page_size_final=page_size.size,
+        page_size_initial=policy.page_size,
+        page_size_final=min(size.size for size in sizes),
         seconds=time.monotonic() - started,
+        failed_projects=dict(sorted(failed.items())),
     )
 
 
