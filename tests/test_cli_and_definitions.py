@@ -186,6 +186,11 @@ def test_cli_backfill_then_refresh(wandb_server, warehouse_path, dagster_home, c
             "error: --end (2026-06-01) is before --start (2026-06-03).",
         ),
         (["refresh"], {"WANDB_ASSETS_PAGE_SIZE": "lots"}, "error: WANDB_ASSETS_PAGE_SIZE must be a number"),
+        (
+            ["refresh"],
+            {"WANDB_ASSETS_PROJECTS": "test-team/test-project, research"},
+            "error: WANDB_ASSETS_PROJECTS has 'research': each item is entity/project or entity/* (such as ml-team/*).",
+        ),
     ],
 )
 def test_cli_configuration_errors_exit_2_and_open_no_alert(

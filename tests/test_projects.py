@@ -343,3 +343,78 @@ def test_a_fetch_over_three_projects_shares_one_budget_and_a_failing_project_los
             fetch_slices(api, "research", "llm", slices[:5], policy, handle, isolate_projects=True, secret=API_KEY)
     finally:
         server.stop()
+
+
+# ------------------------------------------------------------------ a backfill over the projects of two entities
+
+
+def test_a_backfill_over_several_projects_lands_each_and_a_failing_project_keeps_its_rows(
+    wandb_server, warehouse_path, instance, monkeypatch
+):
+    from datetime import date
+
+    from wandb_assets.ticks import execute_backfill
+    from wandb_assets.warehouse import query_read_only
+
+    server = wandb_server(_nodes("r", 4, "llm"))  # test-team/test-project
+    server.add_project("test-team", "vision", _nodes("v", 2, "vision"))
+    server.add_project("lab", "rl", _nodes("r", 3, "rl"))  # run ids r0..r2, as in test-team/test-project
+    monkeypatch.setenv("WANDB_ASSETS_PROJECTS", "test-team/*, lab/rl")
+    monkeypatch.setenv("WANDB_ASSETS_PAGE_SIZE", "50")
+    day = date(2026, 6, 1)
+    rows = "SELECT entity, project, count(*), string_agg(name, ',' ORDER BY name) FROM runs GROUP BY ALL ORDER BY ALL"
+
+    assert execute_backfill(instance, day, day).success
+    assert query_read_only(warehouse_path, rows) == [
+        ("lab", "rl", 3, "rl-0,rl-1,rl-2"),
+        ("test-team", "test-project", 4, "llm-0,llm-1,llm-2,llm-3"),
+        ("test-team", "vision", 2, "vision-0,vision-1"),
+    ]
+
+    # lab/rl answers 500 to every page; W&B changed the others meanwhile (one run renamed, one deleted) and
+    # test-team gained a project: the others are replaced, lab/rl's rows stay as they were.
+    server.faults.fail_status, server.faults.fail_count = 500, -1
+    server.faults.fail_projects = frozenset({"lab/rl"})
+    server.upsert_runs(_nodes("r", 1, "llm-renamed"))
+    server.remove_project("test-team", "vision")
+    server.add_project("test-team", "vision", _nodes("v", 1, "vision"))
+    server.add_project("test-team", "new", _nodes("n", 1, "new"))
+    result = execute_backfill(instance, day, day)
+    assert result.success
+    meta = result.asset_materializations_for_node("staged_runs")[0].metadata
+    assert list(meta["failed_projects"].value) == ["lab/rl"]
+    assert meta["projects"].value == ["lab/rl", "test-team/new", "test-team/test-project", "test-team/vision"]
+    assert query_read_only(warehouse_path, rows) == [
+        ("lab", "rl", 3, "rl-0,rl-1,rl-2"),
+        ("test-team", "new", 1, "new-0"),
+        ("test-team", "test-project", 4, "llm-1,llm-2,llm-3,llm-renamed-0"),
+        ("test-team", "vision", 1, "vision-0"),
+    ]
+
+    # Every project failing fails the run and changes nothing.
+    server.faults.fail_projects = None
+    assert not execute_backfill(instance, day, day).success
+    assert len(query_read_only(warehouse_path, rows)) == 4
+
+
+def test_the_cli_mirrors_named_projects_without_wandb_project_and_refuses_a_selection_that_names_none(
+    wandb_server, dagster_home, warehouse_path, capsys, monkeypatch
+):
+    from tests.conftest import cli
+    from wandb_assets.warehouse import query_read_only
+
+    server = wandb_server(_nodes("r", 2, "llm"))
+    server.add_project("lab", "rl", _nodes("r", 1, "rl"))
+    monkeypatch.delenv("WANDB_PROJECT")
+    monkeypatch.setenv("WANDB_ASSETS_PROJECTS", "nobody/*")
+    code, out, err = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-01")
+    assert (code, out) == (2, "")
+    assert err == "error: WANDB_ASSETS_PROJECTS names no project W&B has now: the entities list none of them.\n"
+    monkeypatch.setenv("WANDB_ASSETS_PROJECTS", "lab/rl,test-team/test-project")
+    code, _, err = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-01")
+    assert code == 0, err
+    assert query_read_only(warehouse_path, "SELECT entity, project, run_id FROM runs ORDER BY ALL") == [
+        ("lab", "rl", "r0"),
+        ("test-team", "test-project", "r0"),
+        ("test-team", "test-project", "r1"),
+    ]

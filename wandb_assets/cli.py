@@ -62,9 +62,15 @@ def _preflight() -> None:
     from wandb_assets.defs.wandb_runs.resources import wandb_resource
     from wandb_assets.lib.clock import utc_now
     from wandb_assets.lib.fetch import created_between
-    from wandb_assets.settings import pipeline_settings
+    from wandb_assets.settings import ConfigError, pipeline_settings
 
     pipeline = pipeline_settings()
+    if pipeline.projects is not None:  # several projects: the key checked by listing; a missing one is skipped
+        projects, failures, _ = wandb_resource().mirrored_projects(pipeline)
+        if not projects:
+            why = "; ".join(failures.values()) or "the entities list none of them"
+            raise ConfigError(f"WANDB_ASSETS_PROJECTS names no project W&B has now: {why}.")
+        return
     now = utc_now()
     for _ in wandb_resource().fetch_run_pages(created_between(now, now), pipeline):  # one empty page
         pass

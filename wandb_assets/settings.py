@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from wandb_assets.lib.alerts import AlertThresholds
 from wandb_assets.lib.errors import ConfigError
 from wandb_assets.lib.lake import Lake, S3Options, is_lake, parse_catalog
+from wandb_assets.lib.projects import ProjectSelection, parse_projects
 
 __all__ = ["ConfigError", "Settings", "load_settings", "pipeline_settings", "resolve_wandb_settings"]
 
@@ -53,7 +54,16 @@ class Settings(BaseSettings):
     WANDB_ENTITY: str | None = _var(
         None, "W&B entity (team or user) that owns the project.", "the key's default entity"
     )
-    WANDB_PROJECT: str | None = _var(None, "W&B project to mirror. The demo sets it for you.", "(required)")
+    WANDB_PROJECT: str | None = _var(
+        None, "W&B project to mirror (unless WANDB_ASSETS_PROJECTS is set). The demo sets it for you.", "(required)"
+    )
+    WANDB_ASSETS_PROJECTS: str | None = _var(
+        None,
+        "Projects to mirror, comma-separated `entity/project` or `entity/*` (every project of the entity, listed "
+        "again on every tick); one fetch budget for all, a failing project skipped and named. Unset: "
+        "WANDB_ENTITY/WANDB_PROJECT.",
+        "(unset)",
+    )
     WANDB_BASE_URL: str | None = _var(
         None, "W&B API server (the wandb client's own variable).", "the wandb client's default"
     )
@@ -236,7 +246,7 @@ class WandbSettings:
     """Where the runs come from. ``repr`` never shows the key."""
 
     api_key: str = field(repr=False)
-    project: str
+    project: str | None  # None only when WANDB_ASSETS_PROJECTS names the projects
     entity: str | None
     base_url: str | None
 
@@ -257,6 +267,8 @@ class PipelineSettings:
     fetch_concurrency: int = 4
     staging_dir: Path = Path("staging")
     offline_dirs: tuple[str, ...] = ()
+    #: ``WANDB_ASSETS_PROJECTS`` parsed; None: the one project of WANDB_ENTITY/WANDB_PROJECT.
+    projects: ProjectSelection | None = None
 
 
 SecretLoader = Callable[[str], Mapping[str, str]]
@@ -278,6 +290,7 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
         fetch_concurrency=s.WANDB_ASSETS_FETCH_CONCURRENCY,
         staging_dir=s.WANDB_ASSETS_STAGING_DIR or _default_staging_dir(s),
         offline_dirs=tuple(d for d in s.WANDB_ASSETS_OFFLINE_DIRS.split(os.pathsep) if d.strip()),
+        projects=parse_projects(s.WANDB_ASSETS_PROJECTS) if s.WANDB_ASSETS_PROJECTS is not None else None,
     )
 
 
@@ -356,7 +369,7 @@ def resolve_wandb_settings(
                 f"WANDB_API_KEY is neither in the environment nor in the secret {secret_name!r}: "
                 "export it or add it to the secret."
             )
-    if values["WANDB_PROJECT"] is None:
+    if values["WANDB_PROJECT"] is None and s.WANDB_ASSETS_PROJECTS is None:
         raise ConfigError("WANDB_PROJECT is not set: export the W&B project to mirror (or run `wandb-assets demo`).")
     return WandbSettings(
         api_key=values["WANDB_API_KEY"],

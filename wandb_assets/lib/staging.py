@@ -9,6 +9,7 @@ runs) go to one extra file named after the first day of the fetch that refreshed
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -18,7 +19,7 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
-from wandb_assets.lib.warehouse import ndjson_lines
+from wandb_assets.lib.warehouse import WHOLE_KEY, ndjson_lines
 
 RUNS_FOLDER = "runs"
 
@@ -53,14 +54,18 @@ class StagedFetch:
         with open(self.part(slice_index), "a") as handle:
             handle.writelines(ndjson_lines(rows, fetched_at))
 
-    def publish(self, targets: dict[Path, list[int]]) -> int:
+    def publish(self, targets: dict[Path, list[int]], whole: list[str] | None = None) -> int:
         """Concatenate each target's part files (in slice order) and rename the result over the target, one
         file at a time (each rename is atomic). Each file's modification time is when the fetch began: the load
-        reads it as the file's freshness (``warehouse.fetched_since``). Returns the bytes published."""
+        reads it as the file's freshness (``warehouse.fetched_since``). ``whole``: the projects
+        (``entity/project``) every file holds whole, written as the file's first line (``warehouse.WHOLE_KEY``),
+        so that the file and what it may replace are one rename. Returns the bytes published."""
         published = 0
+        header = (json.dumps({WHOLE_KEY: sorted(whole)}) + "\n").encode() if whole is not None else b""
         for target, slice_indexes in targets.items():
             temporary = self.work / f"publish-{target.name}"
             with open(temporary, "wb") as out:
+                out.write(header)
                 for index in slice_indexes:
                     part = self.part(index)
                     if part.exists():

@@ -13,6 +13,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Iterator
 from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from wandb_assets.lib.alerts import ALERT_SQL
@@ -280,10 +281,25 @@ def stage_rows(rows: Iterable[dict[str, Any]], folder: str | None = None) -> tup
     return path, written
 
 
+#: The first line of a staged file may be ``{"__whole__": ["entity/project", ...]}``: the projects whose rows it
+#: holds whole (a fetch that failed for a project leaves that project out, so its rows are not replaced).
+WHOLE_KEY = "__whole__"
+
+
+def whole_projects(path: str | os.PathLike) -> list[str] | None:
+    """The projects a staged file holds whole (its header line), or None when it says nothing (every project)."""
+    with open(path, "rb") as handle:
+        first = handle.readline(1 << 20)
+    if not first.startswith(b'{"' + WHOLE_KEY.encode() + b'"'):
+        return None
+    return list(json.loads(first)[WHOLE_KEY])
+
+
 _STAGED_SPEC = ", ".join(f"'{c}': '{'VARCHAR' if t == 'JSON' else t}'" for c, t in RUNS_COLUMNS.items())
 _READ_STAGED = (
     "SELECT * EXCLUDE (config, summary), config::JSON AS config, summary::JSON AS summary "
-    f"FROM read_json($paths, format = 'newline_delimited', columns = {{{_STAGED_SPEC}}})"
+    f"FROM read_json($paths, format = 'newline_delimited', columns = {{{_STAGED_SPEC}}}) "
+    "WHERE NOT (run_id IS NULL AND entity IS NULL AND project IS NULL)"  # a file's header line (WHOLE_KEY)
 )
 
 
@@ -296,6 +312,23 @@ def fetched_since(path: str | os.PathLike) -> datetime:
 #: State of a run W&B stopped returning while the warehouse held it alive (deleted, or moved to another project):
 #: asked for by id, it was not in the answer. Not alive, not ended: it occupies no GPU from then on.
 VANISHED = "vanished"
+
+
+def _whole_triples(
+    paths: list[str], projects: Iterable[tuple[str, str]] | None, any_day: bool = False
+) -> list[list[str]] | None:
+    """``[day, entity, project]`` for every project a file holds whole on its day (``*`` for any day), or None
+    when the load may replace every project (no file says otherwise and ``projects`` is None)."""
+    if projects is not None:
+        return [["*", entity, project] for entity, project in projects]
+    triples: list[list[str]] = []
+    for path in paths:
+        listed = whole_projects(path)
+        if listed is None:
+            return None  # a file from before headers (or a test's): it holds every project of its window
+        day = "*" if any_day else Path(path).name.removesuffix(".ndjson")
+        triples += [[day, *name.split("/", 1)] for name in listed]
+    return triples
 
 
 @retry_on_conflict
@@ -327,7 +360,8 @@ def load_runs_window(
     paths = [paths] if isinstance(paths, str) else list(paths)
     window_fetched = min((fetched_since(p) for p in paths), default=None)
     refreshed_fetched = min((fetched_since(p) for p in refreshed or []), default=None)
-    whole = None if projects is None else [list(pair) for pair in projects]
+    whole = _whole_triples(paths, projects)
+    refreshed_whole = _whole_triples(refreshed or [], None, any_day=True)
     with transaction(con):
         con.execute(f"CREATE OR REPLACE TEMP TABLE incoming_runs AS {_READ_STAGED}", {"paths": paths})
         if refreshed:
@@ -336,9 +370,10 @@ def load_runs_window(
                 f"""UPDATE runs SET state = '{VANISHED}', anomalies = list_append(anomalies, '{VANISHED}')
                 WHERE coalesce(source, '{SOURCE_WANDB}') = '{SOURCE_WANDB}' AND state IN ({ALIVE_SQL})
                   AND created_at < $start AND ingested_at <= $fetched
+                  AND ($whole IS NULL OR list_contains($whole, ['*', entity, project]))
                   AND (entity, project, run_id) NOT IN (SELECT entity, project, run_id FROM refreshed_runs)
                   AND (entity, project, run_id) NOT IN (SELECT entity, project, run_id FROM incoming_runs)""",
-                {"start": start, "fetched": refreshed_fetched},
+                {"start": start, "fetched": refreshed_fetched, "whole": refreshed_whole},
             )
             con.execute(
                 "INSERT INTO incoming_runs BY NAME SELECT * FROM refreshed_runs "
@@ -359,7 +394,8 @@ def load_runs_window(
             "DELETE FROM runs WHERE (created_at >= $start AND created_at < $end "
             f"AND coalesce(source, '{SOURCE_WANDB}') <> '{SOURCE_OFFLINE}' "
             "AND (ingested_at IS NULL OR ingested_at <= $fetched) "
-            "AND ($whole IS NULL OR list_contains($whole, [entity, project]))) "
+            "AND ($whole IS NULL OR list_contains($whole, [strftime(created_at, '%Y-%m-%d'), entity, project]) "
+            "OR list_contains($whole, ['*', entity, project]))) "
             "OR (entity, project, run_id) IN (SELECT entity, project, run_id FROM incoming_runs)",
             {"start": start, "end": end, "fetched": window_fetched, "whole": whole},
         )
@@ -615,16 +651,26 @@ def has_table(con, name: str) -> bool:
 def unfinished_run_ids(con, before: datetime) -> list[str]:
     """Runs the warehouse still holds as alive that were created before ``before``: a tick whose window does
     not reach back to them refreshes them by id instead."""
+    return sorted(run_id for ids in unfinished_runs_by_project(con, before).values() for run_id in ids)
+
+
+def unfinished_runs_by_project(con, before: datetime) -> dict[str, list[str]]:
+    """``unfinished_run_ids`` per ``entity/project`` (``""`` for a warehouse not yet migrated: its one project)."""
     if not has_table(con, "runs"):
-        return []
-    return [
-        r[0]
-        for r in con.execute(
-            f"SELECT run_id FROM runs WHERE state IN ({ALIVE_SQL}) AND created_at < $before "
-            f"AND coalesce(source, '{SOURCE_WANDB}') = '{SOURCE_WANDB}' ORDER BY run_id",
-            {"before": before},
-        ).fetchall()
-    ]
+        return {}
+    migrated = con.execute(
+        "SELECT count(*) FROM duckdb_columns() WHERE table_name = 'runs' AND column_name = 'entity' "
+        "AND database_name = current_database()"
+    ).fetchone()[0]
+    project = "entity || '/' || project" if migrated else "''"
+    found: dict[str, list[str]] = {}
+    for path, run_id in con.execute(
+        f"SELECT {project}, run_id FROM runs WHERE state IN ({ALIVE_SQL}) AND created_at < $before "
+        f"AND coalesce(source, '{SOURCE_WANDB}') = '{SOURCE_WANDB}' ORDER BY ALL",
+        {"before": before},
+    ).fetchall():
+        found.setdefault(path, []).append(run_id)
+    return found
 
 
 #: Tables whose row counts describe a warehouse copy (snapshot asset metadata, report artifact metadata).

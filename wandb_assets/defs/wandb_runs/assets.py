@@ -3,6 +3,7 @@ fetches (concurrently, with the warehouse closed) into per-day files, ``runs`` l
 
 import threading
 from collections import Counter
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from dagster import (
@@ -18,12 +19,12 @@ from dagster import (
 
 from wandb_assets.defs.wandb_runs.resources import WandbResource
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
-from wandb_assets.lib.fetch import Slice, id_slices, plan_slices
+from wandb_assets.lib.fetch import Slice, WandbFetchError, id_slices, plan_slices
 from wandb_assets.lib.markdown import markdown_table
 from wandb_assets.lib.normalize import run_row, to_naive_utc
 from wandb_assets.lib.progress import FetchProgress, publish
 from wandb_assets.lib.staging import StagedFetch, day_file, refreshed_file
-from wandb_assets.lib.warehouse import load_runs_window, unfinished_run_ids
+from wandb_assets.lib.warehouse import load_runs_window, unfinished_runs_by_project
 from wandb_assets.settings import pipeline_settings
 
 daily_partitions = DailyPartitionsDefinition(
@@ -73,11 +74,26 @@ def staged_runs(
 ) -> MaterializeResult:
     pipeline = pipeline_settings()
     start, end, days = _window(context)
-    entity, project, app_url = wandb.project_path(pipeline)
+    projects, listing_failures, app_url = wandb.mirrored_projects(pipeline)
+    for pattern, why in listing_failures.items():
+        context.log.warning(f"Could not list the projects of {pattern}: {why}")
+    if not projects:
+        raise WandbFetchError(f"No W&B project to mirror: {'; '.join(listing_failures.values()) or 'none listed'}")
     with warehouse.get_read_connection() as con:  # read-only: other readers do not stop it
-        older_unfinished = unfinished_run_ids(con, start) if con is not None else []
-    window_slices = plan_slices(start, end, pipeline.fetch_concurrency)
-    by_id = id_slices(older_unfinished, IDS_PER_REQUEST, len(window_slices))
+        unfinished = unfinished_runs_by_project(con, start) if con is not None else {}
+    if pipeline.projects is None and "" in unfinished:  # a warehouse not yet migrated: its runs are this project's
+        unfinished.setdefault(projects[0], []).extend(unfinished.pop(""))
+    window_slices = [
+        replace(piece, index=n, project=project)
+        for n, (project, piece) in enumerate(
+            (project, piece) for project in projects for piece in plan_slices(start, end, pipeline.fetch_concurrency)
+        )
+    ]
+    by_id: list[Slice] = []
+    for project in projects:
+        pieces = id_slices(unfinished.get(project, []), IDS_PER_REQUEST, len(window_slices) + len(by_id))
+        by_id += [replace(piece, project=project) for piece in pieces]
+    older_unfinished = [run_id for project in projects for run_id in unfinished.get(project, [])]
     slices = window_slices + by_id
     parts_per_day = Counter(piece.day for piece in window_slices)
     progress = FetchProgress(dict(parts_per_day), other_slices=len(by_id))
@@ -89,6 +105,7 @@ def staged_runs(
 
     def handle_page(piece: Slice, nodes: list[dict]) -> None:
         fetched_at = datetime.now(UTC).replace(tzinfo=None)
+        entity, _, project = (piece.project or "").partition("/")
         rows = [
             run_row(node, entity=entity, project=project, app_url=app_url, default_gpus=pipeline.default_gpus_per_run)
             for node in nodes
@@ -112,17 +129,23 @@ def staged_runs(
 
     try:
         stats = wandb.fetch_slices(slices, pipeline, handle_page, progress, report)
-        targets = {day_file(pipeline.staging_dir, d): [p.index for p in window_slices if p.day == d] for d in days}
-        targets[refreshed_file(pipeline.staging_dir, days[0])] = [p.index for p in by_id]
-        staged_bytes = staged.publish(targets)
+        failed = stats.failed_projects
+        kept = [piece for piece in window_slices + by_id if piece.project not in failed]
+        targets = {day_file(pipeline.staging_dir, d): [p.index for p in kept if p.day == d] for d in days}
+        targets[refreshed_file(pipeline.staging_dir, days[0])] = [p.index for p in kept if p.day is None]
+        # Each file says which projects it holds whole: a failed project's rows in the warehouse stay as they are.
+        staged_bytes = staged.publish(targets, whole=[project for project in projects if project not in failed])
     finally:
         staged.discard()
     publish(progress, finished=True)
     fetched = progress.runs
     if malformed:
         context.log.warning(f"{len(malformed)} runs had malformed fields (kept with nulls): {dict(anomalies)}")
+    for project, why in failed.items():
+        context.log.warning(f"Skipped W&B project {project} (its warehouse rows are kept as they were): {why}")
+    where = ", ".join(projects) if len(projects) <= 3 else f"{len(projects)} projects"
     context.log.info(
-        f"Fetched {fetched} runs created {start:%Y-%m-%d} .. {end:%Y-%m-%d} (exclusive) for {entity}/{project}"
+        f"Fetched {fetched} runs created {start:%Y-%m-%d} .. {end:%Y-%m-%d} (exclusive) for {where}"
         + (f" and {len(older_unfinished)} older unfinished run(s) by id" if older_unfinished else "")
         + f": {progress.line()}; {stats.requests} requests, at most {stats.max_in_flight} in flight"
         + (f", {stats.throttled_responses} throttled (429)" if stats.throttled_responses else "")
@@ -145,7 +168,9 @@ def staged_runs(
             "page_size_final": stats.page_size_final,
             "staged_bytes": staged_bytes,
             "staging_folder": MetadataValue.path(str(day_file(pipeline.staging_dir, days[0]).parent)),
-            "project": f"{entity}/{project}",
+            "project": projects[0] if len(projects) == 1 else f"{len(projects)} projects",
+            "projects": MetadataValue.json(projects),
+            "failed_projects": MetadataValue.json({**listing_failures, **failed}),
             "malformed_runs": len(malformed),
             "malformed_fields": MetadataValue.json(dict(anomalies)),
             "malformed_run_ids": MetadataValue.json(malformed[:50]),

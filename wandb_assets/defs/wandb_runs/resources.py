@@ -9,10 +9,12 @@ from wandb_assets.lib.fetch import (
     FetchPolicy,
     FetchStats,
     Slice,
+    WandbFetchError,
     default_entity,
     fetch_run_pages,
     fetch_slices,
     get_api,
+    list_projects,
 )
 from wandb_assets.lib.progress import FetchProgress
 from wandb_assets.settings import (
@@ -99,18 +101,20 @@ class WandbResource(ConfigurableResource):
         progress: FetchProgress,
         report: Callable[[FetchProgress], None],
     ) -> FetchStats:
-        """Fetch the slices concurrently (``lib.fetch.fetch_slices``), ``WANDB_ASSETS_FETCH_CONCURRENCY`` at most."""
+        """Fetch the slices concurrently (``lib.fetch.fetch_slices``), ``WANDB_ASSETS_FETCH_CONCURRENCY`` at most;
+        with ``WANDB_ASSETS_PROJECTS``, a failing project is skipped (``FetchStats.failed_projects``)."""
         settings, api, entity = self._client(pipeline)
         return fetch_slices(
             api,
             entity,
-            settings.project,
+            settings.project or "",
             slices,
             fetch_policy(pipeline),
             handle_page,
             progress=progress,
             report=report,
             secret=settings.api_key,
+            isolate_projects=pipeline.projects is not None,
         )
 
     def project_path(self, pipeline: PipelineSettings) -> tuple[str, str, str]:
@@ -118,7 +122,27 @@ class WandbResource(ConfigurableResource):
         from wandb.util import app_url
 
         settings, api, entity = self._client(pipeline)
-        return entity, settings.project, app_url(api.settings["base_url"])
+        return entity, settings.project or "", app_url(api.settings["base_url"])
+
+    def mirrored_projects(self, pipeline: PipelineSettings) -> tuple[list[str], dict[str, str], str]:
+        """``(["entity/project", ...], {"entity/*": why its listing failed}, app_url)``: the projects to mirror
+        now. Without ``WANDB_ASSETS_PROJECTS``, the one of WANDB_ENTITY/WANDB_PROJECT; ``entity/*`` is listed
+        again on every call (a project created since is mirrored from this tick)."""
+        from wandb.util import app_url
+
+        if pipeline.projects is None:
+            settings, api, entity = self._client(pipeline)
+            return [f"{entity}/{settings.project}"], {}, app_url(api.settings["base_url"])
+        settings = self.wandb_settings()
+        api = get_api(settings, pipeline)
+        url = app_url(api.settings["base_url"])
+        listed, failures = {}, {}
+        for whole in pipeline.projects.whole_entities:
+            try:
+                listed[whole] = list_projects(api, whole, settings.api_key)
+            except WandbFetchError as exc:
+                failures[f"{whole}/*"] = str(exc)
+        return [str(ref) for ref in pipeline.projects.resolve(listed)], failures, url
 
 
 def fetch_policy(pipeline: PipelineSettings) -> FetchPolicy:
