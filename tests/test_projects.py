@@ -198,7 +198,9 @@ def test_a_warehouse_written_before_runs_had_a_project_is_migrated_in_place_and_
     ensure_schema(con, home=("team", "configured"))  # (a name no URL has: shows which rows took it)
     # Every row still there, every old column unchanged; entity and project filled, from the URL W&B's client
     # builds (…/team/fleet/runs/<id>) or, for the offline row, from the configured project.
-    assert _contents(con, new_columns=True) == before
+    after = _contents(con, new_columns=True)
+    assert after.pop("project_metrics") == []  # new: per-project gauges start with the next snapshot
+    assert after == before
     assert con.execute("SELECT source, entity, project, count(*) FROM runs GROUP BY ALL ORDER BY ALL").fetchall() == [
         ("offline", "team", "configured", 1),
         ("wandb", "team", "fleet", 24),
@@ -418,3 +420,61 @@ def test_the_cli_mirrors_named_projects_without_wandb_project_and_refuses_a_sele
         ("test-team", "test-project", "r0"),
         ("test-team", "test-project", "r1"),
     ]
+
+
+# --------------------------------------------------------------------------- the gauges per project and in total
+
+
+def test_the_gauges_of_each_project_and_of_the_whole_fleet_over_three_projects_in_two_entities(memory_con):
+    """Hand-worked (T = 12:00, W = the 24 h before): team/a has a finished and a failed CI run (1 GPU, 1 h each)
+    and a regular run running for 1 h on 2 GPUs; team/b three finished CI runs (1 GPU, 1 h each); lab/c a failed
+    sweep run (4 GPUs, 1 h). The fleet's CI success rate is 4 of 5 = 80 %, not the mean of 50 % and 100 %."""
+    from datetime import timedelta
+
+    from tests.fleet import fleet_row, load
+    from wandb_assets.lib.warehouse import record_snapshot
+
+    t = datetime(2026, 6, 10, 12)
+
+    def run(project: str, run_id: str, state: str, category: str, ago: float, gpus: int = 1) -> dict:
+        entity, name = project.split("/")
+        created = t - timedelta(hours=ago)
+        ended = None if state == "running" else created + timedelta(hours=1)
+        return fleet_row(run_id, state, category, created, ended, gpus, entity=entity, project=name)
+
+    load(
+        memory_con,
+        [
+            run("team/a", "x1", "finished", "push_to_main", 3),
+            run("team/a", "x2", "failed", "push_to_main", 5),
+            run("team/a", "x3", "running", "regular", 1, gpus=2),
+            run("team/b", "x1", "finished", "push_to_main", 6),  # the same run id as in team/a
+            run("team/b", "x2", "finished", "push_to_main", 8),
+            run("team/b", "x3", "finished", "push_to_main", 10),
+            run("lab/c", "x1", "failed", "sweep", 2, gpus=4),
+        ],
+    )
+    fleet = record_snapshot(memory_con, t)
+    names = (
+        "wandb.runs.active",
+        "wandb.runs.completed_24h",
+        "wandb.runs.failed_24h",
+        "wandb.training.total_gpu_hours_24h",
+        "wandb.push_to_main.success_rate_pct",
+        "wandb.sweep.success_rate_pct",
+    )
+    assert [fleet[n] for n in names] == [1, 4, 2, 11.0, 80.0, 0.0]
+    per_project = memory_con.execute(
+        "SELECT entity || '/' || project, metric, value FROM project_metrics WHERE snapshot_at = $t "
+        "AND list_contains($names, metric)",
+        {"t": t, "names": list(names)},
+    ).fetchall()
+    table = {(p, m): v for p, m, v in per_project}
+    assert [[table[(p, n)] for n in names] for p in ("team/a", "team/b", "lab/c")] == [
+        [1, 1, 1, 4.0, 50.0, None],
+        [0, 3, 0, 3.0, 100.0, None],
+        [0, 0, 1, 4.0, None, 0.0],
+    ]
+    assert memory_con.execute("SELECT count(*) FROM project_metrics").fetchone()[0] == 3 * 20
+    record_snapshot(memory_con, t)  # again: replaced, not doubled
+    assert memory_con.execute("SELECT count(*) FROM project_metrics").fetchone()[0] == 3 * 20

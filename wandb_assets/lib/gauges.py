@@ -141,7 +141,7 @@ flagged AS (
             epoch(least(busy_until, t1)) - epoch(greatest(created_at, t0)), 0) / 3600.0 END AS gpu_hours_in_w
     FROM classified
 )
-SELECT {columns} FROM flagged
+SELECT {columns} FROM flagged{group}
 """
 
 
@@ -155,12 +155,30 @@ RUNS_AS_OF_SQL = """(SELECT * REPLACE (
 ) FROM runs)"""
 
 
-def gauge_query(as_of: bool = False) -> str:
+def gauge_query(as_of: bool = False, by_project: bool = False) -> str:
     """The SQL that evaluates every gauge at ``$snapshot_at`` (a naive UTC timestamp); ``as_of``: over
-    ``RUNS_AS_OF_SQL`` (a replayed past snapshot) instead of the ``runs`` table."""
+    ``RUNS_AS_OF_SQL`` (a replayed past snapshot) instead of the ``runs`` table. ``by_project``: one row per
+    ``entity, project`` (the same aggregates over each project's runs) instead of one over the whole fleet."""
     columns = ",\n    ".join(f'({g.sql})::DOUBLE AS "{g.name}"' for g in GAUGES)
+    if by_project:
+        columns = "entity, project,\n    " + columns
+    group = " GROUP BY entity, project" if by_project else ""
     runs = RUNS_AS_OF_SQL if as_of else "runs"
-    return _GAUGE_SQL.format(columns=columns, ended=ENDED_SQL, busy_until=busy_until_sql("w.t1"), runs=runs)
+    return _GAUGE_SQL.format(
+        columns=columns, ended=ENDED_SQL, busy_until=busy_until_sql("w.t1"), runs=runs, group=group
+    )
+
+
+#: One ``project_metrics`` row per project and gauge at ``$snapshot_at``, NULL values kept (set-based).
+PROJECT_METRICS_SQL = """
+SELECT $snapshot_at::TIMESTAMP AS snapshot_at, entity, project, metric, value
+FROM ({query}) UNPIVOT INCLUDE NULLS (value FOR metric IN (COLUMNS(* EXCLUDE (entity, project))))
+"""
+
+
+def project_metrics_sql(as_of: bool = False) -> str:
+    """``SELECT snapshot_at, entity, project, metric, value``: the 20 gauges of each project at ``$snapshot_at``."""
+    return PROJECT_METRICS_SQL.format(query=gauge_query(as_of, by_project=True))
 
 
 def compute_gauges(con, snapshot_at: datetime, as_of: bool = False) -> dict[str, float | None]:

@@ -115,6 +115,16 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "value": "gauge value in the metric's unit (runs, hours, GPU-hours, percent or steps/s); NULL if undefined",
         },
     ),
+    "project_metrics": (
+        "table",
+        "The same 20 gauges per W&B project at every snapshot (fleet_metrics holds them over the whole fleet).",
+        {
+            "snapshot_at": "snapshot time, UTC; the window is the 24 h before it",
+            **_PROJECT,
+            "metric": "gauge name, as in fleet_metrics",
+            "value": "the gauge over this project's runs alone, in the metric's unit; NULL if undefined",
+        },
+    ),
     "datadog_deliveries": (
         "table",
         "Delivery ledger: each fleet snapshot sent to Datadog at least once (a re-send repeats the same point, "

@@ -18,7 +18,7 @@ from typing import Any
 
 from wandb_assets.lib.alerts import ALERT_SQL
 from wandb_assets.lib.datadog_feed import LEDGER_SQL
-from wandb_assets.lib.gauges import compute_gauges
+from wandb_assets.lib.gauges import compute_gauges, project_metrics_sql
 from wandb_assets.lib.lake import in_lake, retry_on_conflict
 from wandb_assets.lib.normalize import SPS_KEYS
 from wandb_assets.lib.sql import (
@@ -97,6 +97,9 @@ CREATE TABLE IF NOT EXISTS gpu_hours (
     entity VARCHAR, project VARCHAR, day DATE, category VARCHAR, runs BIGINT, gpu_hours DOUBLE
 );
 CREATE TABLE IF NOT EXISTS fleet_metrics (snapshot_at TIMESTAMP, metric VARCHAR, value DOUBLE);
+CREATE TABLE IF NOT EXISTS project_metrics (
+    snapshot_at TIMESTAMP, entity VARCHAR, project VARCHAR, metric VARCHAR, value DOUBLE
+);
 CREATE TABLE IF NOT EXISTS report_publications (
     snapshot_at TIMESTAMP, published_at TIMESTAMP, project VARCHAR, run_id VARCHAR, artifact VARCHAR
 );
@@ -595,7 +598,8 @@ def rebuild_gpu_hours(con, now: datetime) -> int:
 
 @retry_on_conflict
 def record_snapshot(con, snapshot_at: datetime) -> dict[str, float | None]:
-    """Compute the gauges at ``snapshot_at`` and store them as one ``fleet_metrics`` snapshot."""
+    """Compute the gauges at ``snapshot_at`` and store them as one ``fleet_metrics`` snapshot (the whole fleet)
+    and one ``project_metrics`` snapshot (the same gauges per project)."""
     ensure_schema(con)
     gauges = compute_gauges(con, snapshot_at)
     with transaction(con):
@@ -604,6 +608,8 @@ def record_snapshot(con, snapshot_at: datetime) -> dict[str, float | None]:
             "INSERT INTO fleet_metrics (snapshot_at, metric, value) VALUES (?, ?, ?)",
             [(snapshot_at, name, value) for name, value in gauges.items()],
         )
+        con.execute("DELETE FROM project_metrics WHERE snapshot_at = $snapshot_at", {"snapshot_at": snapshot_at})
+        con.execute(f"INSERT INTO project_metrics BY NAME {project_metrics_sql()}", {"snapshot_at": snapshot_at})
     return gauges
 
 
