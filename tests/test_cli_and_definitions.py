@@ -55,6 +55,7 @@ def test_definitions_contents():
     assert {key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys()} == {
         "staged_runs",
         "runs",
+        "wandb_projects",
         "push_to_main_sps",
         "success_rates",
         "gpu_hours",

@@ -173,7 +173,7 @@ def _old_warehouse(path: Path, offline_row: bool = True) -> None:
     con.close()
 
 
-PROJECT_TABLES = ("runs", "push_to_main_sps", "success_rates", "gpu_hours")
+PROJECT_TABLES = ("runs", "push_to_main_sps", "success_rates", "gpu_hours", "run_progress")
 
 
 def _contents(con, new_columns: bool = False) -> dict[str, list]:
@@ -200,11 +200,14 @@ def test_a_warehouse_written_before_runs_had_a_project_is_migrated_in_place_and_
     # builds (…/team/fleet/runs/<id>) or, for the offline row, from the configured project.
     after = _contents(con, new_columns=True)
     assert after.pop("project_metrics") == []  # new: per-project gauges start with the next snapshot
+    assert after.pop("wandb_projects") == []  # new: filled by the next fetch
     assert after == before
     assert con.execute("SELECT source, entity, project, count(*) FROM runs GROUP BY ALL ORDER BY ALL").fetchall() == [
         ("offline", "team", "configured", 1),
         ("wandb", "team", "fleet", 24),
     ]
+    # The stalled-run rule's step history takes the project of its run (so a same-id run elsewhere never mixes).
+    assert con.execute("SELECT DISTINCT entity, project FROM run_progress").fetchall() == [("team", "fleet")]
     for table in ("push_to_main_sps", "success_rates", "gpu_hours"):  # two projects now: left to the rebuild
         assert con.execute(f"SELECT DISTINCT entity, project FROM {table}").fetchall() == [(None, None)], table
     with pytest.raises(duckdb.ConstraintException, match="runs.entity"):

@@ -330,7 +330,12 @@ def alert_thresholds(environ: Mapping[str, str] | None = None) -> AlertThreshold
     """The alert rules' knobs from the ``WANDB_ASSETS_ALERT_*`` variables."""
     s = load_settings(environ)
     return AlertThresholds(
-        **{name: getattr(s, _threshold_variable(name)) for name in AlertThresholds.__dataclass_fields__}
+        **{
+            name: getattr(s, _threshold_variable(name))
+            for name in AlertThresholds.__dataclass_fields__
+            if name != "by_project"
+        },
+        by_project=s.WANDB_ASSETS_PROJECTS is not None,
     )
 
 

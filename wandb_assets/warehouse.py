@@ -211,7 +211,7 @@ def change_points(con, config: str | None = None, since=None, metric: str | None
     metric = metric or load_settings().WANDB_ASSETS_SPS_METRIC
     latest = con.execute("SELECT max(ended_at) FROM runs").fetchone()[0]
     rows = []
-    for name, runs in (main_series(con, latest, metric) if latest else {}).items():
+    for (_, _, name), runs in (main_series(con, latest, metric) if latest else {}).items():
         if config is not None and name != config:
             continue
         for r in find_regressions([run["sps"] for run in runs]):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from wandb_assets.lib.gauges import compute_gauges
+from wandb_assets.lib.gauges import compute_gauges, compute_project_gauges
 from wandb_assets.lib.lake import retry_on_conflict
 from wandb_assets.lib.regressions import find_regressions
 from wandb_assets.lib.sql import ALIVE_SQL, ENDED_SQL, FAILED_SQL, RATED_SQL, SPS_SQL_STATES, Connect, transaction
@@ -29,7 +29,9 @@ CREATE TABLE IF NOT EXISTS alert_notifications (
     id BIGINT, alert_key VARCHAR, event VARCHAR, channel VARCHAR,
     text VARCHAR, status VARCHAR, attempts INTEGER, last_error VARCHAR, created_at TIMESTAMP, sent_at TIMESTAMP
 );
-CREATE TABLE IF NOT EXISTS run_progress (run_id VARCHAR, observed_at TIMESTAMP, step DOUBLE);
+CREATE TABLE IF NOT EXISTS run_progress (
+    run_id VARCHAR, observed_at TIMESTAMP, step DOUBLE, entity VARCHAR, project VARCHAR
+);
 """
 
 
@@ -48,6 +50,18 @@ class AlertThresholds:
     long_running_hours: float = 168.0
     #: The summary key sps_regression watches (``WANDB_ASSETS_SPS_METRIC``).
     sps_metric: str = "overview/sps"
+    #: Several projects mirrored (``WANDB_ASSETS_PROJECTS``): every rule runs per project, and alert subjects and
+    #: messages carry ``entity/project``. Off (one project), keys and messages are exactly as they always were.
+    by_project: bool = False
+
+
+def scoped(th: AlertThresholds, row: dict, subject: str | None, message: str) -> tuple[str, str]:
+    """``(subject, message)`` of a condition found for ``row``'s project: with ``by_project`` the subject is
+    ``entity/project[:subject]`` and the message starts with ``entity/project: ``; else both as given."""
+    if not th.by_project:
+        return subject or "", message
+    where = f"{row['entity']}/{row['project']}"
+    return (f"{where}:{subject}" if subject else where), f"{where}: {message}"
 
 
 @dataclass(frozen=True)
@@ -71,20 +85,33 @@ def _rows(con, sql: str, params: dict) -> list[dict]:
     return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
-def _push_to_main_rate(con, at: datetime) -> tuple[float | None, int]:
-    """The push-to-main success rate at ``at`` and how many rated runs (finished, failed, crashed) it covers."""
-    rate = compute_gauges(con, at)["wandb.push_to_main.success_rate_pct"]
-    rated = con.execute(
-        f"SELECT count(*) FROM runs WHERE category = 'push_to_main' AND state IN ({RATED_SQL}) "
-        "AND ended_at > $t - INTERVAL 24 HOUR AND ended_at <= $t AND created_at <= $t",
-        {"t": at},
-    ).fetchone()[0]
-    return rate, rated
+#: Rated push-to-main runs (finished, failed, crashed) per project in the 24 h before ``$t``.
+_RATED_SQL = f"""
+SELECT entity, project, count(*) AS rated FROM runs WHERE category = 'push_to_main' AND state IN ({RATED_SQL})
+AND ended_at > $t - INTERVAL 24 HOUR AND ended_at <= $t AND created_at <= $t GROUP BY ALL
+"""
+
+
+def _push_to_main_rates(con, at: datetime, th: AlertThresholds) -> list[dict]:
+    """``[{entity, project, rate, rated}]``: the push-to-main success rate at ``at`` (the gauge's own definition)
+    and how many rated runs it covers, per project with ``by_project``, else one row for the whole fleet."""
+    rated = {(r["entity"], r["project"]): r["rated"] for r in _rows(con, _RATED_SQL, {"t": at})}
+    name = "wandb.push_to_main.success_rate_pct"
+    if not th.by_project:
+        return [{"entity": None, "project": None, "rate": compute_gauges(con, at)[name], "rated": sum(rated.values())}]
+    return [
+        {"entity": e, "project": p, "rate": gauges[name], "rated": rated.get((e, p), 0)}
+        for (e, p), gauges in compute_project_gauges(con, at).items()
+    ]
 
 
 def success_rate_summary(con, at: datetime, th: AlertThresholds) -> str:
-    """What the success-rate check found when it did not fire, as one sentence."""
-    rate, rated = _push_to_main_rate(con, at)
+    """What the success-rate check found when it did not fire, as one sentence (per project: the lowest rate)."""
+    rates = [r for r in _push_to_main_rates(con, at, th) if r["rate"] is not None]
+    if not rates:
+        return f"No push-to-main run finished, failed or crashed in the 24 h before {at:%Y-%m-%d %H:%M} UTC."
+    row = min(rates, key=lambda r: (r["rate"], -r["rated"]))
+    rate, rated = row["rate"], row["rated"]
     if rate is None:
         return f"No push-to-main run finished, failed or crashed in the 24 h before {at:%Y-%m-%d %H:%M} UTC."
     verdict = (
@@ -92,10 +119,14 @@ def success_rate_summary(con, at: datetime, th: AlertThresholds) -> str:
         if rated < th.success_rate_min_runs
         else f"at or above the {th.success_rate_min_pct:g}% threshold"
     )
-    return (
+    return scoped(
+        th,
+        row,
+        None,
         f"Push-to-main success rate {rate:.1f}% over the 24 h before {at:%Y-%m-%d %H:%M} UTC "
         f"({rated} runs finished, failed or crashed): {verdict}."
-    )
+        + (f" (The lowest of {len(rates)} projects.)" if len(rates) > 1 else ""),
+    )[1]
 
 
 def sps_regression_summary(con, at: datetime, th: AlertThresholds) -> str:
@@ -114,19 +145,32 @@ def success_rate_low(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     The minimum counts the runs the rate is computed from (finished + failed + crashed), so killed or
     preempted runs cannot make one failure look like a rate over many runs.
     """
-    rate, rated = _push_to_main_rate(con, at)
-    if rate is None or rated < th.success_rate_min_runs or rate >= th.success_rate_min_pct:
-        return []
-    return [
-        Condition(
-            "push_to_main_success_rate_low",
+    conditions = []
+    for row in _push_to_main_rates(con, at, th):
+        rate, rated = row["rate"], row["rated"]
+        if rate is None or rated < th.success_rate_min_runs or rate >= th.success_rate_min_pct:
+            continue
+        subject, message = scoped(
+            th,
+            row,
             "push_to_main",
-            "warning",
             f"Push-to-main success rate is {rate:.1f}% over the last 24 h ({rated} runs finished, failed or "
             f"crashed; threshold {th.success_rate_min_pct:g}%).",
-            {"success_rate_pct": rate, "rated_runs": rated},
         )
-    ]
+        conditions.append(
+            Condition(
+                "push_to_main_success_rate_low",
+                subject,
+                "warning",
+                message,
+                {"success_rate_pct": rate, "rated_runs": rated} | _project_details(th, row),
+            )
+        )
+    return conditions
+
+
+def _project_details(th: AlertThresholds, row: dict) -> dict:
+    return {"entity": row["entity"], "project": row["project"]} if th.by_project else {}
 
 
 #: Main-branch runs of one CI config in commit order (the CI timestamp in the name, then created_at), with the
@@ -135,12 +179,13 @@ def success_rate_low(con, at: datetime, th: AlertThresholds) -> list[Condition]:
 #: (A window of the last N runs would lose a regression's baseline as it slides, re-key the alert, and
 #: eventually resolve it although the throughput never recovered.)
 MAIN_SERIES_SQL = f"""
-SELECT ci_config, run_id, ci_commit, url, created_at, TRY_CAST(json_extract(summary, $key) AS DOUBLE) AS sps
+SELECT entity, project, ci_config, run_id, ci_commit, url, created_at,
+       TRY_CAST(json_extract(summary, $key) AS DOUBLE) AS sps
 FROM runs
 WHERE category = 'push_to_main' AND ci_branch = 'main' AND ci_config IS NOT NULL
   AND state IN ({SPS_SQL_STATES}) AND ended_at <= $t AND created_at <= $t
   AND isfinite(TRY_CAST(json_extract(summary, $key) AS DOUBLE)) AND TRY_CAST(json_extract(summary, $key) AS DOUBLE) > 0
-ORDER BY ci_config, coalesce(ci_timestamp, created_at), created_at, run_id
+ORDER BY entity, project, ci_config, coalesce(ci_timestamp, created_at), created_at, run_id
 """
 
 
@@ -149,12 +194,13 @@ def summary_key_path(metric: str) -> str:
     return '$."' + metric.replace('"', '\\"') + '"'
 
 
-def main_series(con, at: datetime, metric: str) -> dict[str, list[dict]]:
-    """Per CI config: its main runs up to ``at`` in commit order, each with its finite SPS value."""
+def main_series(con, at: datetime, metric: str) -> dict[tuple[str, str, str], list[dict]]:
+    """Per (entity, project, CI config): its main runs up to ``at`` in commit order, each with its finite SPS
+    value. A config of one project never mixes with the same config name of another."""
     rows = _rows(con, MAIN_SERIES_SQL, {"t": at, "key": summary_key_path(metric)})
-    series: dict[str, list[dict]] = {}
+    series: dict[tuple[str, str, str], list[dict]] = {}
     for row in rows:
-        series.setdefault(row["ci_config"], []).append(row)
+        series.setdefault((row["entity"], row["project"], row["ci_config"]), []).append(row)
     return series
 
 
@@ -166,21 +212,28 @@ def sps_regression(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     """
     metric = th.sps_metric
     conditions = []
-    for config, runs in main_series(con, at, metric).items():
+    for (_, _, config), runs in main_series(con, at, metric).items():
         for regression in find_regressions([r["sps"] for r in runs]):
             if regression.recovered_at is not None:
                 continue
             good, slow = runs[regression.last_good], runs[regression.first_slow]
+            subject, message = scoped(
+                th,
+                slow,
+                f"{config}:{slow['ci_commit']}",
+                f"SPS regression on main for {config}: {metric} fell {-regression.change_pct:.1f}% from "
+                f"{regression.before:,.1f} to {regression.after:,.1f} (noise {regression.noise_pct:.1f}%). "
+                f"Last good commit {good['ci_commit']} ({good['url']}), first slow commit {slow['ci_commit']} "
+                f"({slow['url']}); {regression.confirming_runs} slow run(s) confirm it.",
+            )
             conditions.append(
                 Condition(
                     "sps_regression",
-                    f"{config}:{slow['ci_commit']}",
+                    subject,
                     "warning",
-                    f"SPS regression on main for {config}: {metric} fell {-regression.change_pct:.1f}% from "
-                    f"{regression.before:,.1f} to {regression.after:,.1f} (noise {regression.noise_pct:.1f}%). "
-                    f"Last good commit {good['ci_commit']} ({good['url']}), first slow commit {slow['ci_commit']} "
-                    f"({slow['url']}); {regression.confirming_runs} slow run(s) confirm it.",
-                    {
+                    message,
+                    _project_details(th, slow)
+                    | {
                         "ci_config": config,
                         "metric": metric,
                         "last_good_commit": good["ci_commit"],
@@ -199,31 +252,39 @@ def sps_regression(con, at: datetime, th: AlertThresholds) -> list[Condition]:
 
 
 def failure_spike(con, at: datetime, th: AlertThresholds) -> list[Condition]:
-    ended, failed = con.execute(
-        f"SELECT count(*), count(*) FILTER (WHERE state IN ({FAILED_SQL})) FROM runs "
-        f"WHERE state IN ({ENDED_SQL}) AND ended_at > $t - INTERVAL 24 HOUR AND ended_at <= $t AND created_at <= $t",
+    """More than ``failure_spike_pct`` of the runs that ended in the last 24 h failed or crashed (per project
+    with ``by_project``, else over the whole fleet)."""
+    by = "entity, project" if th.by_project else "NULL AS entity, NULL AS project"
+    counts = _rows(
+        con,
+        f"SELECT {by}, count(*) AS ended, count(*) FILTER (WHERE state IN ({FAILED_SQL})) AS failed FROM runs "
+        f"WHERE state IN ({ENDED_SQL}) AND ended_at > $t - INTERVAL 24 HOUR AND ended_at <= $t AND created_at <= $t "
+        "GROUP BY ALL ORDER BY ALL",
         {"t": at},
-    ).fetchone()
-    if ended < th.failure_spike_min_ended or 100 * failed / ended <= th.failure_spike_pct:
-        return []
-    return [
-        Condition(
-            "failure_spike",
-            "fleet",
-            "critical",
+    )
+    conditions = []
+    for row in counts:
+        ended, failed = row["ended"], row["failed"]
+        if ended < th.failure_spike_min_ended or 100 * failed / ended <= th.failure_spike_pct:
+            continue
+        subject, message = scoped(
+            th,
+            row,
+            None,
             f"Failure spike: {failed} of {ended} runs that ended in the last 24 h failed or crashed "
             f"({100 * failed / ended:.0f}% > {th.failure_spike_pct:g}%).",
-            {"ended": ended, "failed_or_crashed": failed},
         )
-    ]
+        details = {"ended": ended, "failed_or_crashed": failed} | _project_details(th, row)
+        conditions.append(Condition("failure_spike", subject or "fleet", "critical", message, details))
+    return conditions
 
 
 def record_progress(con, at: datetime) -> None:
     """Remember each running run's summary ``_step`` at this evaluation (for the stalled-step rule)."""
     con.execute("DELETE FROM run_progress WHERE observed_at = $t", {"t": at})
     con.execute(
-        "INSERT INTO run_progress SELECT run_id, $t, summary_step FROM runs WHERE state = 'running' "
-        "AND created_at <= $t",
+        "INSERT INTO run_progress BY NAME SELECT entity, project, run_id, $t AS observed_at, summary_step AS step "
+        "FROM runs WHERE state = 'running' AND created_at <= $t",
         {"t": at},
     )
     con.execute("DELETE FROM run_progress WHERE observed_at < $t - INTERVAL 2 DAY", {"t": at})
@@ -231,27 +292,29 @@ def record_progress(con, at: datetime) -> None:
 
 STALLED_SQL = """
 WITH current_step AS (
-    SELECT run_id, step FROM run_progress WHERE observed_at = $t
+    SELECT entity, project, run_id, step FROM run_progress WHERE observed_at = $t
 ),
 unchanged_since AS (
-    SELECT p.run_id, min(p.observed_at) AS since
-    FROM run_progress p JOIN current_step c ON p.run_id = c.run_id AND p.step = c.step
-    GROUP BY p.run_id
+    SELECT p.entity, p.project, p.run_id, min(p.observed_at) AS since
+    FROM run_progress p JOIN current_step c
+      ON p.entity = c.entity AND p.project = c.project AND p.run_id = c.run_id AND p.step = c.step
+    GROUP BY ALL
 ),
 judged AS (
-    SELECT r.run_id, r.name, r.url, r.log_path, r.heartbeat_at, c.step, u.since,
+    SELECT r.entity, r.project, r.run_id, r.name, r.url, r.log_path, r.heartbeat_at, c.step, u.since,
            r.heartbeat_at < $heartbeat_cutoff AS heartbeat_stale,
            c.step IS NOT NULL AND u.since <= $step_cutoff AS step_stuck
-    FROM runs r LEFT JOIN current_step c USING (run_id) LEFT JOIN unchanged_since u USING (run_id)
+    FROM runs r LEFT JOIN current_step c USING (entity, project, run_id)
+    LEFT JOIN unchanged_since u USING (entity, project, run_id)
     WHERE r.state = 'running' AND r.created_at <= $t
 )
-SELECT run_id, name, url, log_path,
+SELECT entity, project, run_id, name, url, log_path,
        CASE WHEN heartbeat_stale
             THEN 'no heartbeat for ' || floor((epoch($t) - epoch(heartbeat_at)) / 60)::BIGINT || ' min'
             ELSE '_step stuck at ' || format('{:g}', step) || ' since ' || strftime(since, '%Y-%m-%d %H:%M') || ' UTC'
        END AS reason
 FROM judged WHERE heartbeat_stale OR step_stuck
-ORDER BY run_id
+ORDER BY entity, project, run_id
 """
 
 
@@ -271,16 +334,14 @@ def stalled_run(con, at: datetime, th: AlertThresholds) -> list[Condition]:
             "step_cutoff": at - timedelta(minutes=th.stall_step_minutes),
         },
     )
-    return [
-        Condition(
-            "stalled_run",
-            r["run_id"],
-            "warning",
-            f"Run {r['name'] or r['run_id']} looks stalled: {r['reason']} ({_link(r)}).",
-            {"run_id": r["run_id"], "url": r["url"], "reason": r["reason"]},
+    conditions = []
+    for r in found:
+        subject, message = scoped(
+            th, r, r["run_id"], f"Run {r['name'] or r['run_id']} looks stalled: {r['reason']} ({_link(r)})."
         )
-        for r in found
-    ]
+        details = {"run_id": r["run_id"], "url": r["url"], "reason": r["reason"]} | _project_details(th, r)
+        conditions.append(Condition("stalled_run", subject, "warning", message, details))
+    return conditions
 
 
 def _link(run: dict) -> str:
@@ -291,21 +352,26 @@ def _link(run: dict) -> str:
 
 
 def ci_silent(con, at: datetime, th: AlertThresholds) -> list[Condition]:
-    latest = con.execute(
-        "SELECT max(created_at) FROM runs WHERE category = 'push_to_main' AND created_at <= $t", {"t": at}
-    ).fetchone()[0]
-    if latest is not None and latest > at - timedelta(hours=th.ci_silent_hours):
-        return []
-    since = f"since {latest:%Y-%m-%d %H:%M} UTC" if latest else "in the warehouse at all"
-    return [
-        Condition(
-            "ci_silent",
-            "push_to_main",
-            "warning",
-            f"No push-to-main run created in the last {th.ci_silent_hours:g} h (none {since}).",
-            {"last_created_at": latest.isoformat() if latest else None},
-        )
-    ]
+    """No push-to-main run created for ``ci_silent_hours``. With ``by_project``, per project that has ever had
+    one (a research project without CI is not silent CI); when none has, once, as for one project."""
+    by = "entity, project" if th.by_project else "NULL AS entity, NULL AS project"
+    latest = _rows(
+        con,
+        f"SELECT {by}, max(created_at) AS latest FROM runs WHERE category = 'push_to_main' AND created_at <= $t "
+        "GROUP BY ALL ORDER BY ALL",
+        {"t": at},
+    ) or [{"entity": None, "project": None, "latest": None}]
+    conditions = []
+    for row in latest:
+        last = row["latest"]
+        if last is not None and last > at - timedelta(hours=th.ci_silent_hours):
+            continue
+        since = f"since {last:%Y-%m-%d %H:%M} UTC" if last else "in the warehouse at all"
+        message = f"No push-to-main run created in the last {th.ci_silent_hours:g} h (none {since})."
+        subject, message = scoped(th, row, "push_to_main", message) if row["entity"] else ("push_to_main", message)
+        details = {"last_created_at": last.isoformat() if last else None}
+        conditions.append(Condition("ci_silent", subject, "warning", message, details | _project_details(th, row)))
+    return conditions
 
 
 def long_running(con, at: datetime, th: AlertThresholds) -> list[Condition]:
@@ -313,21 +379,57 @@ def long_running(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     server, or a job stuck in a queue. The tick refreshes them by id instead of re-reading their days."""
     found = _rows(
         con,
-        f"SELECT run_id, name, url, log_path, state, created_at FROM runs WHERE state IN ({ALIVE_SQL}) "
-        "AND created_at <= $cutoff ORDER BY run_id",
+        f"SELECT entity, project, run_id, name, url, log_path, state, created_at FROM runs "
+        f"WHERE state IN ({ALIVE_SQL}) AND created_at <= $cutoff ORDER BY entity, project, run_id",
         {"cutoff": at - timedelta(hours=th.long_running_hours)},
     )
-    return [
-        Condition(
-            "long_running",
+    conditions = []
+    for r in found:
+        subject, message = scoped(
+            th,
+            r,
             r["run_id"],
-            "warning",
             f"Run {r['name'] or r['run_id']} has been {r['state']} since {r['created_at']:%Y-%m-%d %H:%M} UTC "
             f"(over {th.long_running_hours:g} h): a zombie or a stuck job? ({_link(r)}).",
-            {"run_id": r["run_id"], "url": r["url"], "state": r["state"], "created_at": r["created_at"].isoformat()},
         )
-        for r in found
-    ]
+        details = {
+            "run_id": r["run_id"],
+            "url": r["url"],
+            "state": r["state"],
+            "created_at": r["created_at"].isoformat(),
+        }
+        details |= _project_details(th, r)
+        conditions.append(Condition("long_running", subject, "warning", message, details))
+    return conditions
+
+
+def project_unreachable(con, at: datetime, th: AlertThresholds) -> list[Condition]:
+    """A mirrored project the last fetch could not read (404, 403, repeated 5xx, a malformed page; ``entity/*``:
+    its listing): one alert per project, whatever the mode, resolved when it reads again or is no longer
+    mirrored. Its rows in the warehouse stay as they were (``wandb_projects``)."""
+    exists = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'wandb_projects' "
+        "AND database_name = current_database()"
+    ).fetchone()[0]
+    if not exists:
+        return []
+    found = _rows(
+        con,
+        "SELECT entity, project, failing_since, last_fetched_at, last_error FROM wandb_projects "
+        "WHERE mirrored AND last_error IS NOT NULL ORDER BY entity, project",
+        {},
+    )
+    conditions = []
+    for r in found:
+        where = f"{r['entity']}/{r['project']}"
+        last = f"last read whole {r['last_fetched_at']:%Y-%m-%d %H:%M} UTC" if r["last_fetched_at"] else "never read"
+        message = (
+            f"W&B project {where} could not be read since {r['failing_since']:%Y-%m-%d %H:%M} UTC ({last}; its "
+            f"rows are kept as they were): {r['last_error'][:300]}"
+        )
+        details = {"entity": r["entity"], "project": r["project"], "failing_since": r["failing_since"].isoformat()}
+        conditions.append(Condition("project_unreachable", where, "warning", message, details))
+    return conditions
 
 
 RULE_FUNCTIONS: dict[str, Callable[[Any, datetime, AlertThresholds], list[Condition]]] = {
@@ -337,6 +439,7 @@ RULE_FUNCTIONS: dict[str, Callable[[Any, datetime, AlertThresholds], list[Condit
     "stalled_run": stalled_run,
     "ci_silent": ci_silent,
     "long_running": long_running,
+    "project_unreachable": project_unreachable,
 }
 #: Every rule: those evaluated over the warehouse, and the one the pipeline-failure job opens and resolves.
 PIPELINE_FAILURE = "pipeline_failure"

@@ -188,6 +188,12 @@ def compute_gauges(con, snapshot_at: datetime, as_of: bool = False) -> dict[str,
     return dict(zip(GAUGE_NAMES, values, strict=True))
 
 
+def compute_project_gauges(con, snapshot_at: datetime) -> dict[tuple[str, str], dict[str, float | None]]:
+    """``compute_gauges`` per ``(entity, project)``: the same definitions over each project's runs alone."""
+    rows = con.execute(gauge_query(by_project=True), {"snapshot_at": snapshot_at}).fetchall()
+    return {(row[0], row[1]): dict(zip(GAUGE_NAMES, row[2:], strict=True)) for row in sorted(rows)}
+
+
 def gauge_unit(name: str) -> str:
     """What a gauge counts, from its name: runs, %, hours, GPU-hours or steps/s."""
     if name.endswith("_pct"):

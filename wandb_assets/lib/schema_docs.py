@@ -139,6 +139,23 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "enqueued_at": "when it entered the ledger, UTC",
         },
     ),
+    "wandb_projects": (
+        "table",
+        "The W&B projects the deployment mirrors (WANDB_ASSETS_PROJECTS, or WANDB_ENTITY/WANDB_PROJECT), as the "
+        "last fetch found them: one row per project ever mirrored; one that failed keeps its rows in runs.",
+        {
+            "entity": "W&B entity (team or user)",
+            "project": "W&B project; * for an entity/* item whose projects could not be listed",
+            "mirrored": "whether the last fetch was asked to mirror it (false: dropped from the configuration or "
+            "no longer listed by W&B; its runs stay)",
+            "first_seen_at": "the first fetch that mirrored it, UTC",
+            "last_checked_at": "the last fetch that tried it, UTC",
+            "last_fetched_at": "the last fetch that read it whole, UTC (NULL: never)",
+            "runs": "rows of this project in runs, count",
+            "failing_since": "the first of the fetches in a row that failed for it, UTC; NULL when it reads",
+            "last_error": "why the last fetch failed for it, one line (never the key); NULL when it read",
+        },
+    ),
     "offline_log_files": (
         "table",
         "Every offline .wandb log read by `wandb-assets ingest-offline` or the offline_runs asset: a log whose "
@@ -196,6 +213,7 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "run_id": "W&B run id",
             "observed_at": "evaluation time, UTC",
             "step": "summary `_step` then",
+            **_PROJECT,
         },
     ),
     "report_publications": (

@@ -34,6 +34,31 @@ def refreshed_file(staging: Path, first_day: date | str) -> Path:
     return Path(staging) / RUNS_FOLDER / f"refreshed-before-{first_day}.ndjson"
 
 
+def projects_file(staging: Path) -> Path:
+    """What the last fetch found of each project (``write_projects_report``), for the ``wandb_projects`` table."""
+    return Path(staging) / RUNS_FOLDER / "projects.json"
+
+
+def write_projects_report(staging: Path, checked_at: datetime, fetched: Iterable[str], failed: dict[str, str]) -> None:
+    """Replace (atomically) the report of which projects (``entity/project``; ``entity/*`` for a listing) the fetch
+    begun at ``checked_at`` read whole and which failed, and why."""
+    projects = [{"entity": p.split("/")[0], "project": p.split("/", 1)[1], "error": None} for p in fetched]
+    projects += [{"entity": p.split("/")[0], "project": p.split("/", 1)[1], "error": why} for p, why in failed.items()]
+    target = projects_file(staging)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}")
+    temporary.write_text(json.dumps({"checked_at": checked_at.isoformat(), "projects": projects}))
+    os.replace(temporary, target)
+
+
+def read_projects_report(staging: Path) -> tuple[datetime, list[dict]] | None:
+    """``(checked_at, [{entity, project, error}, ...])`` of the last fetch, or None before the first."""
+    path = projects_file(staging)
+    if not path.exists():
+        return None
+    report = json.loads(path.read_text())
+    return datetime.fromisoformat(report["checked_at"]), report["projects"]
+
+
 class StagedFetch:
     """The private folder of one fetch: a part file per slice, published as per-day files at the end.
 

@@ -103,6 +103,10 @@ CREATE TABLE IF NOT EXISTS project_metrics (
 CREATE TABLE IF NOT EXISTS report_publications (
     snapshot_at TIMESTAMP, published_at TIMESTAMP, project VARCHAR, run_id VARCHAR, artifact VARCHAR
 );
+CREATE TABLE IF NOT EXISTS wandb_projects (
+    entity VARCHAR, project VARCHAR, mirrored BOOLEAN, first_seen_at TIMESTAMP, last_checked_at TIMESTAMP,
+    last_fetched_at TIMESTAMP, runs BIGINT, failing_since TIMESTAMP, last_error VARCHAR
+);
 """
 
 
@@ -189,12 +193,7 @@ def _create_schema(con, lake: bool, home: tuple[str | None, str | None] | None) 
     from wandb_assets.lib.schema_docs import comment_statements
 
     con.execute(SCHEMA_SQL)
-    existing = {
-        r[0]
-        for r in con.execute(
-            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'runs' AND NOT internal"
-        ).fetchall()
-    }
+    existing = _columns(con, "runs")
     for column, kind in RUNS_COLUMNS.items():
         if column not in existing:  # a warehouse made by an earlier version gains the new columns
             con.execute(f'ALTER TABLE runs ADD COLUMN "{column}" {kind}')
@@ -204,11 +203,29 @@ def _create_schema(con, lake: bool, home: tuple[str | None, str | None] | None) 
     con.execute("ALTER TABLE report_publications ADD COLUMN IF NOT EXISTS artifact VARCHAR")
     con.execute(LEDGER_SQL)
     con.execute(ALERT_SQL)
+    if "entity" not in _columns(con, "run_progress"):  # an evaluation's steps, written before they had a project
+        con.execute("ALTER TABLE run_progress ADD COLUMN entity VARCHAR")
+        con.execute("ALTER TABLE run_progress ADD COLUMN project VARCHAR")
+        con.execute(
+            "UPDATE run_progress SET entity = r.entity, project = r.project FROM runs r "
+            "WHERE run_progress.run_id = r.run_id AND run_progress.entity IS NULL"
+        )
     con.execute(OFFLINE_FILES_SQL)
     con.execute(VIEWS_SQL)
     for statement in comment_statements(lake):
         con.execute(statement)
     return migrated
+
+
+def _columns(con, table: str) -> set[str]:
+    return {
+        r[0]
+        for r in con.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = $t AND NOT internal "
+            "AND database_name = current_database()",
+            {"t": table},
+        ).fetchall()
+    }
 
 
 #: A run page URL as ``run_url`` builds it: ``<app>/<entity>/<project>/runs/<id>``, each part percent-quoted.
@@ -594,6 +611,46 @@ def rebuild_success_rates(con) -> int:
 
 def rebuild_gpu_hours(con, now: datetime) -> int:
     return _replace_table(con, "gpu_hours", GPU_HOURS_SQL, {"now": now})
+
+
+#: The projects after one fetch's report (``$report``: JSON list of ``{entity, project, error}``, ``error`` NULL
+#: when the project was fetched whole; ``project`` ``*`` for an entity whose listing failed), merged with what
+#: the table held: a project keeps its first sighting and last good fetch; one the report does not name is no
+#: longer mirrored (dropped from the configuration or no longer listed) and its rows stay.
+WANDB_PROJECTS_SQL = """
+WITH report AS (
+    SELECT unnest(from_json($report::JSON, '[{"entity": "VARCHAR", "project": "VARCHAR", "error": "VARCHAR"}]'),
+                  recursive := true)
+),
+counted AS (SELECT entity, project, count(*) AS runs FROM runs GROUP BY ALL)
+SELECT coalesce(r.entity, w.entity) AS entity, coalesce(r.project, w.project) AS project,
+       r.entity IS NOT NULL AS mirrored,
+       coalesce(w.first_seen_at, $checked_at::TIMESTAMP) AS first_seen_at,
+       CASE WHEN r.entity IS NOT NULL THEN $checked_at::TIMESTAMP ELSE w.last_checked_at END AS last_checked_at,
+       CASE WHEN r.entity IS NOT NULL AND r.error IS NULL THEN $checked_at::TIMESTAMP ELSE w.last_fetched_at END
+           AS last_fetched_at,
+       coalesce(c.runs, 0) AS runs,
+       CASE WHEN r.entity IS NULL THEN NULL WHEN r.error IS NULL THEN NULL
+            ELSE coalesce(w.failing_since, $checked_at::TIMESTAMP) END AS failing_since,
+       CASE WHEN r.entity IS NULL THEN NULL ELSE r.error END AS last_error
+FROM report r FULL OUTER JOIN wandb_projects w ON r.entity = w.entity AND r.project = w.project
+LEFT JOIN counted c ON c.entity = coalesce(r.entity, w.entity) AND c.project = coalesce(r.project, w.project)
+ORDER BY ALL
+"""
+
+
+@retry_on_conflict
+def record_projects(con, report: list[dict[str, str | None]], checked_at: datetime) -> list[tuple]:
+    """Replace ``wandb_projects`` with the projects of one fetch's ``report`` merged into what it held (see
+    ``WANDB_PROJECTS_SQL``); the table is small (a row per project), so the merge is read whole, then written in
+    one transaction. Returns the rows written."""
+    ensure_schema(con)
+    rows = con.execute(WANDB_PROJECTS_SQL, {"report": json.dumps(report), "checked_at": checked_at}).fetchall()
+    with transaction(con):
+        con.execute("DELETE FROM wandb_projects")
+        if rows:
+            con.executemany(f"INSERT INTO wandb_projects VALUES ({', '.join('?' * len(rows[0]))})", rows)
+    return rows
 
 
 @retry_on_conflict

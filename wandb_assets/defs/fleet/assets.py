@@ -107,7 +107,7 @@ def _number(value: float | int) -> MetadataValue:
     kinds={"duckdb"},
     owners=["team:ml-platform"],
     pool=WAREHOUSE_POOL,
-    deps=[AssetKey(k) for k in ("runs", "push_to_main_sps", "success_rates", "gpu_hours")],
+    deps=[AssetKey(k) for k in ("runs", "wandb_projects", "push_to_main_sps", "success_rates", "gpu_hours")],
 )
 def fleet_snapshot(
     context: AssetExecutionContext, config: SnapshotConfig, warehouse: WarehouseResource

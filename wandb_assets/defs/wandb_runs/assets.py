@@ -23,8 +23,14 @@ from wandb_assets.lib.fetch import Slice, WandbFetchError, id_slices, plan_slice
 from wandb_assets.lib.markdown import markdown_table
 from wandb_assets.lib.normalize import run_row, to_naive_utc
 from wandb_assets.lib.progress import FetchProgress, publish
-from wandb_assets.lib.staging import StagedFetch, day_file, refreshed_file
-from wandb_assets.lib.warehouse import load_runs_window, unfinished_runs_by_project
+from wandb_assets.lib.staging import (
+    StagedFetch,
+    day_file,
+    read_projects_report,
+    refreshed_file,
+    write_projects_report,
+)
+from wandb_assets.lib.warehouse import load_runs_window, record_projects, unfinished_runs_by_project
 from wandb_assets.settings import pipeline_settings
 
 daily_partitions = DailyPartitionsDefinition(
@@ -135,6 +141,9 @@ def staged_runs(
         targets[refreshed_file(pipeline.staging_dir, days[0])] = [p.index for p in kept if p.day is None]
         # Each file says which projects it holds whole: a failed project's rows in the warehouse stay as they are.
         staged_bytes = staged.publish(targets, whole=[project for project in projects if project not in failed])
+        checked_at = datetime.fromtimestamp(staged.started, UTC).replace(tzinfo=None)
+        fetched_whole = [project for project in projects if project not in failed]
+        write_projects_report(pipeline.staging_dir, checked_at, fetched_whole, {**listing_failures, **failed})
     finally:
         staged.discard()
     publish(progress, finished=True)
@@ -223,6 +232,48 @@ def runs(context: AssetExecutionContext, warehouse: WarehouseResource) -> Materi
             "preview": MetadataValue.md(
                 markdown_table(["run_id", "name", "state", "category", "created (UTC)", "hours", "gpus"], preview)
             ),
+        }
+    )
+
+
+#: The ``projects`` table of wandb_projects' metadata.
+PROJECT_COLUMNS = ["project", "mirrored", "runs", "last fetched (UTC)", "failing since (UTC)", "last error"]
+
+
+@asset(
+    deps=[AssetKey("runs")],
+    pool=WAREHOUSE_POOL,
+    group_name="wandb",
+    kinds={"duckdb"},
+    owners=["team:ml-platform"],
+    description=(
+        "The W&B projects mirrored (WANDB_ASSETS_PROJECTS, or WANDB_ENTITY/WANDB_PROJECT) as the last fetch found "
+        "them: first seen, last fetched whole, rows in runs, and since when and why a project fails to read "
+        "(the project_unreachable alert). A project no longer mirrored keeps its row and its runs."
+    ),
+)
+def wandb_projects(context: AssetExecutionContext, warehouse: WarehouseResource) -> MaterializeResult:
+    report = read_projects_report(pipeline_settings().staging_dir)
+    if report is None:
+        raise StagingMissingError("No fetch has reported its projects yet: materialize staged_runs first.")
+    checked_at, projects = report
+    with warehouse.get_connection() as con:
+        rows = record_projects(con, projects, checked_at)
+    failing = [f"{r[0]}/{r[1]}" for r in rows if r[8] is not None]
+    gone = [f"{r[0]}/{r[1]}" for r in rows if not r[2]]
+    if gone:
+        context.log.info(f"No longer mirrored (their rows stay): {', '.join(gone)}")
+    preview = [
+        (f"{r[0]}/{r[1]}", r[2], r[6], *(f"{t:%Y-%m-%d %H:%M}" if t else "" for t in (r[5], r[7])), r[8] or "")
+        for r in rows
+    ]
+    return MaterializeResult(
+        metadata={
+            "checked_at_utc": checked_at.isoformat(),
+            "mirrored": sum(bool(r[2]) for r in rows),
+            "failing": MetadataValue.json(failing),
+            "no_longer_mirrored": MetadataValue.json(gone),
+            "projects": MetadataValue.md(markdown_table(PROJECT_COLUMNS, preview)),
         }
     )
 
