@@ -428,35 +428,41 @@ def test_the_cli_mirrors_named_projects_without_wandb_project_and_refuses_a_sele
 # --------------------------------------------------------------------------- the gauges per project and in total
 
 
+T_MIXED = datetime(2026, 6, 10, 12)
+
+
+def _run(project: str, run_id: str, state: str, category: str, ago: float, gpus: int = 1) -> dict:
+    """A row of ``project`` created ``ago`` hours before ``T_MIXED``, ended an hour later unless running."""
+    from datetime import timedelta
+
+    from tests.fleet import fleet_row
+
+    entity, name = project.split("/")
+    created = T_MIXED - timedelta(hours=ago)
+    ended = None if state == "running" else created + timedelta(hours=1)
+    return fleet_row(run_id, state, category, created, ended, gpus, entity=entity, project=name)
+
+
+MIXED_FLEET = [
+    _run("team/a", "x1", "finished", "push_to_main", 3),
+    _run("team/a", "x2", "failed", "push_to_main", 5),
+    _run("team/a", "x3", "running", "regular", 1, gpus=2),
+    _run("team/b", "x1", "finished", "push_to_main", 6),  # the same run id as in team/a
+    _run("team/b", "x2", "finished", "push_to_main", 8),
+    _run("team/b", "x3", "finished", "push_to_main", 10),
+    _run("lab/c", "x1", "failed", "sweep", 2, gpus=4),
+]
+
+
 def test_the_gauges_of_each_project_and_of_the_whole_fleet_over_three_projects_in_two_entities(memory_con):
     """Hand-worked (T = 12:00, W = the 24 h before): team/a has a finished and a failed CI run (1 GPU, 1 h each)
     and a regular run running for 1 h on 2 GPUs; team/b three finished CI runs (1 GPU, 1 h each); lab/c a failed
     sweep run (4 GPUs, 1 h). The fleet's CI success rate is 4 of 5 = 80 %, not the mean of 50 % and 100 %."""
-    from datetime import timedelta
-
-    from tests.fleet import fleet_row, load
+    from tests.fleet import load
     from wandb_assets.lib.warehouse import record_snapshot
 
-    t = datetime(2026, 6, 10, 12)
-
-    def run(project: str, run_id: str, state: str, category: str, ago: float, gpus: int = 1) -> dict:
-        entity, name = project.split("/")
-        created = t - timedelta(hours=ago)
-        ended = None if state == "running" else created + timedelta(hours=1)
-        return fleet_row(run_id, state, category, created, ended, gpus, entity=entity, project=name)
-
-    load(
-        memory_con,
-        [
-            run("team/a", "x1", "finished", "push_to_main", 3),
-            run("team/a", "x2", "failed", "push_to_main", 5),
-            run("team/a", "x3", "running", "regular", 1, gpus=2),
-            run("team/b", "x1", "finished", "push_to_main", 6),  # the same run id as in team/a
-            run("team/b", "x2", "finished", "push_to_main", 8),
-            run("team/b", "x3", "finished", "push_to_main", 10),
-            run("lab/c", "x1", "failed", "sweep", 2, gpus=4),
-        ],
-    )
+    t = T_MIXED
+    load(memory_con, MIXED_FLEET)
     fleet = record_snapshot(memory_con, t)
     names = (
         "wandb.runs.active",
@@ -481,3 +487,151 @@ def test_the_gauges_of_each_project_and_of_the_whole_fleet_over_three_projects_i
     assert memory_con.execute("SELECT count(*) FROM project_metrics").fetchone()[0] == 3 * 20
     record_snapshot(memory_con, t)  # again: replaced, not doubled
     assert memory_con.execute("SELECT count(*) FROM project_metrics").fetchone()[0] == 3 * 20
+
+
+def test_every_rule_runs_per_project_with_the_project_in_its_key_and_message(memory_con):
+    """The mixed fleet plus: lab/c's run x2 crashed (so 2 of its 2 ended runs failed) and a run z1 alive for
+    200 h in both team/b and lab/c. Per project (thresholds lowered to 2 runs): team/a's CI rate is 1 of 2 =
+    50 % < 80 %, lab/c has a failure spike (100 % > 50 %), both z1 are long-running and stalled, and team/a's
+    x3 is stalled (no heartbeat for 60 min). Over the whole fleet the same runs raise no rate alert (4 of 5 =
+    80 %) and no spike (3 of 7 ended), and the two z1 would be one key."""
+    from tests.fleet import load
+    from wandb_assets.lib.alerts import AlertThresholds, evaluate_rules
+
+    load(
+        memory_con,
+        MIXED_FLEET
+        + [
+            _run("lab/c", "x2", "crashed", "regular", 4),
+            _run("team/b", "z1", "running", "regular", 200),
+            _run("lab/c", "z1", "running", "regular", 200),
+        ],
+    )
+    lowered = {"success_rate_min_runs": 2, "failure_spike_min_ended": 2}
+    found = evaluate_rules(memory_con, T_MIXED, AlertThresholds(by_project=True, **lowered))
+    assert sorted(c.key for c in found) == [
+        "failure_spike:lab/c",
+        "long_running:lab/c:z1",
+        "long_running:team/b:z1",
+        "push_to_main_success_rate_low:team/a:push_to_main",
+        "stalled_run:lab/c:z1",
+        "stalled_run:team/a:x3",
+        "stalled_run:team/b:z1",
+    ]
+    by_key = {c.key: c for c in found}
+    assert by_key["failure_spike:lab/c"].message == (
+        "lab/c: Failure spike: 2 of 2 runs that ended in the last 24 h failed or crashed (100% > 50%)."
+    )
+    assert by_key["push_to_main_success_rate_low:team/a:push_to_main"].message.startswith(
+        "team/a: Push-to-main success rate is 50.0% over the last 24 h (2 runs finished, failed or crashed"
+    )
+    assert by_key["stalled_run:team/a:x3"].details["project"] == "a"
+    # One project (today's keys): the fleet as a whole, the two z1 collapse into one key.
+    fleet = sorted(c.key for c in evaluate_rules(memory_con, T_MIXED, AlertThresholds(**lowered)))
+    assert fleet == ["long_running:z1", "long_running:z1", "stalled_run:x3", "stalled_run:z1", "stalled_run:z1"]
+
+
+def test_ci_silent_per_project_only_where_ci_ever_ran(memory_con):
+    """team/a's last CI run was 20 h ago (silent past 12 h), team/b's 3 h ago; lab/c never had CI: not silent."""
+    from tests.fleet import load
+    from wandb_assets.lib.alerts import AlertThresholds, ci_silent
+
+    load(
+        memory_con,
+        [
+            _run("team/a", "c1", "finished", "push_to_main", 20),
+            _run("team/b", "c1", "finished", "push_to_main", 3),
+            _run("lab/c", "r1", "finished", "regular", 1),
+        ],
+    )
+    found = ci_silent(memory_con, T_MIXED, AlertThresholds(by_project=True))
+    assert [(c.key, c.message) for c in found] == [
+        (
+            "ci_silent:team/a:push_to_main",
+            "team/a: No push-to-main run created in the last 12 h (none since 2026-06-09 16:00 UTC).",
+        )
+    ]
+    assert ci_silent(memory_con, T_MIXED, AlertThresholds()) == []  # the fleet's latest is 3 h old
+
+
+def test_a_project_that_fails_on_every_page_opens_project_unreachable_once_and_resolves_it_once(
+    wandb_server, warehouse_path, instance, monkeypatch
+):
+    """Four ticks over three projects in two entities; lab/rl answers 500 to every page on ticks 2 and 3. The
+    other projects land each time, lab/rl keeps its rows, ``wandb_projects`` says since when and why it fails,
+    and the alert opens on tick 2 (one alert, one message per channel), stays open on tick 3 and resolves on 4."""
+    from datetime import date
+
+    from wandb_assets.ticks import execute_feed, execute_refresh
+    from wandb_assets.warehouse import query_read_only
+
+    server = wandb_server(_nodes("r", 2, "llm"))  # test-team/test-project
+    server.add_project("test-team", "vision", _nodes("v", 1, "vision"))
+    server.add_project("lab", "rl", _nodes("r", 3, "rl"))
+    monkeypatch.setenv("WANDB_ASSETS_PROJECTS", "test-team/*, lab/rl")
+    monkeypatch.setenv("WANDB_ASSETS_SLACK_WEBHOOK_URL", "")
+    day = date(2026, 6, 1)
+    projects = (
+        "SELECT entity || '/' || project, mirrored, runs, failing_since IS NOT NULL, last_error IS NOT NULL, "
+        "last_fetched_at = last_checked_at FROM wandb_projects ORDER BY 1"
+    )
+    alerts = (
+        "SELECT alert_key, message, opened_at IS NOT NULL, resolved_at IS NOT NULL FROM alerts "
+        "WHERE rule = 'project_unreachable'"
+    )
+    counts = "SELECT entity || '/' || project, count(*) FROM runs GROUP BY ALL ORDER BY 1"
+
+    def tick(n: int):
+        result = execute_refresh(instance, day, snapshot_at=f"2026-06-01T1{n}:00:00Z")
+        assert result.success
+        assert execute_feed(instance, now=f"2026-06-01T1{n}:00:30Z").success
+        return result
+
+    tick(1)
+    assert query_read_only(warehouse_path, projects) == [
+        ("lab/rl", True, 3, False, False, True),
+        ("test-team/test-project", True, 2, False, False, True),
+        ("test-team/vision", True, 1, False, False, True),
+    ]
+    assert query_read_only(warehouse_path, alerts) == []
+
+    server.faults.fail_status, server.faults.fail_count = 500, -1
+    server.faults.fail_projects = frozenset({"lab/rl"})
+    server.upsert_runs(_nodes("r", 3, "llm"))  # test-project gains r2 meanwhile
+    tick(2)
+    first_failure = query_read_only(
+        warehouse_path, "SELECT failing_since, last_error FROM wandb_projects WHERE project = 'rl'"
+    )[0]
+    assert "lab/rl" in first_failure[1] and "500" in first_failure[1]
+    assert query_read_only(warehouse_path, projects) == [
+        ("lab/rl", True, 3, True, True, False),  # its rows kept, last fetched whole on tick 1
+        ("test-team/test-project", True, 3, False, False, True),
+        ("test-team/vision", True, 1, False, False, True),
+    ]
+    [(key, message, opened, resolved)] = query_read_only(warehouse_path, alerts)
+    assert (key, opened, resolved) == ("project_unreachable:lab/rl", True, False)
+    assert message.startswith("W&B project lab/rl could not be read since ") and "its rows are kept" in message
+
+    tick(3)  # still failing: the same alert, failing since the same fetch
+    assert query_read_only(warehouse_path, alerts)[0][2:] == (True, False)
+    assert len(query_read_only(warehouse_path, alerts)) == 1
+    again = query_read_only(warehouse_path, "SELECT failing_since, last_error FROM wandb_projects WHERE project = 'rl'")
+    assert again[0][0] == first_failure[0] and "500" in again[0][1]
+
+    server.faults.fail_projects = frozenset()
+    tick(4)
+    assert query_read_only(warehouse_path, alerts)[0][2:] == (True, True)
+    assert len(query_read_only(warehouse_path, alerts)) == 1
+    assert query_read_only(warehouse_path, projects)[0] == ("lab/rl", True, 3, False, False, True)
+    assert query_read_only(warehouse_path, counts) == [
+        ("lab/rl", 3),
+        ("test-team/test-project", 3),
+        ("test-team/vision", 1),
+    ]
+    events = query_read_only(
+        warehouse_path,
+        "SELECT event, count(*) FROM alert_notifications WHERE alert_key = 'project_unreachable:lab/rl' "
+        "GROUP BY 1 ORDER BY 1",
+    )
+    assert [e for e, _ in events] in ([], ["opened", "resolved"])
+    assert len({n for _, n in events}) <= 1  # as many "resolved" messages as "opened" ones: one per channel

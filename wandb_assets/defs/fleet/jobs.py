@@ -24,10 +24,12 @@ FALLBACK_LOOKBACK_DAYS = 7
 RANGE_START_TAG, RANGE_END_TAG = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
 DERIVED = AssetSelection.keys("push_to_main_sps", "success_rates", "gpu_hours")
+#: Fetch and load the mirrored projects' runs, and record what the fetch found of each project.
+MIRROR = AssetSelection.keys("staged_runs", "runs", "wandb_projects")
 
 refresh_job = define_asset_job(
     REFRESH_JOB,
-    selection=AssetSelection.keys("staged_runs", "runs", "wandb_projects") | DERIVED | AssetSelection.keys("fleet_snapshot"),
+    selection=MIRROR | DERIVED | AssetSelection.keys("fleet_snapshot"),
     executor_def=in_process_executor,
     tags={"dagster/max_runtime": str(TICK_MAX_RUNTIME_S)},
     description="One tick: re-read recent and still-running runs, rebuild the fleet tables, snapshot the gauges.",
@@ -35,7 +37,7 @@ refresh_job = define_asset_job(
 
 backfill_job = define_asset_job(
     BACKFILL_JOB,
-    selection=AssetSelection.keys("staged_runs", "runs", "wandb_projects") | DERIVED | AssetSelection.keys("warehouse_snapshot"),
+    selection=MIRROR | DERIVED | AssetSelection.keys("warehouse_snapshot"),
     executor_def=in_process_executor,
     description="Re-read a range of days from W&B in one run, rebuild the fleet tables (no fleet snapshot), "
     "publish the analysts' warehouse snapshot.",
