@@ -10,7 +10,13 @@ from tests.fleet import load
 from tests.test_gauges import EXPECTED, FLEET, T
 from wandb_assets.defs.feed.resources import DatadogResource
 from wandb_assets.defs.wandb_runs.resources import wandb_resource
-from wandb_assets.lib.datadog_feed import deliver_pending, enqueue_snapshots, feed_tags, record_dry_run
+from wandb_assets.lib.datadog_feed import (
+    deliver_pending,
+    enqueue_snapshots,
+    feed_tags,
+    record_dry_run,
+    snapshot_payload,
+)
 from wandb_assets.lib.sql import reusing
 from wandb_assets.lib.warehouse import record_snapshot
 
@@ -186,3 +192,44 @@ def test_hanging_intake_times_out_and_the_snapshot_stays_pending(con, capture):
     assert report.still_pending == [T]
     assert "timed out" in report.problem
     assert ledger(con) == [(T, "pending", 1)]
+
+
+def test_several_projects_send_the_fleet_series_and_a_bounded_number_of_project_series(memory_con, capture):
+    """The mixed fleet of tests/test_projects.py (GPU-hours in 24 h: team/a 4, lab/c 4, team/b 3; active runs:
+    team/a 1, lab/c 0). With room for two projects: the fleet-wide series tagged scope:fleet, then team/a's and
+    lab/c's own (the tie broken by active runs); team/b is in the fleet's values only. Three tag sets at most."""
+    from tests.test_projects import MIXED_FLEET, T_MIXED
+
+    load(memory_con, MIXED_FLEET)
+    record_snapshot(memory_con, T_MIXED)
+    enqueue_snapshots(memory_con, T_MIXED, dry_run=False)
+    fleet_tags = feed_tags(None, None, "prod")
+    assert fleet_tags == ["source:wandb-assets", "scope:fleet", "env:prod"]
+    report = deliver_pending(reusing(memory_con), send_with(KEY), T_MIXED, fleet_tags, project_series=2)
+    assert report.delivered == [T_MIXED]
+    (request,) = capture.requests
+    series = request["body"]["series"]
+    tag_sets = {tuple(s["tags"]) for s in series}
+    assert tag_sets == {
+        ("source:wandb-assets", "scope:fleet", "env:prod"),
+        ("source:wandb-assets", "scope:project", "entity:team", "project:a", "env:prod"),
+        ("source:wandb-assets", "scope:project", "entity:lab", "project:c", "env:prod"),
+    }
+    value = {
+        (s["metric"], s["tags"][-2] if "scope:project" in s["tags"] else "fleet"): s["points"][0]["value"]
+        for s in series
+    }
+    assert value[("wandb.runs.active", "fleet")] == 1
+    assert value[("wandb.runs.active", "project:a")] == 1
+    assert value[("wandb.runs.active", "project:c")] == 0
+    assert value[("wandb.training.total_gpu_hours_24h", "fleet")] == pytest.approx(11.0)
+    assert value[("wandb.training.total_gpu_hours_24h", "project:a")] == pytest.approx(4.0)
+    assert value[("wandb.push_to_main.success_rate_pct", "fleet")] == pytest.approx(80.0)
+    assert value[("wandb.push_to_main.success_rate_pct", "project:a")] == pytest.approx(50.0)
+    assert ("wandb.push_to_main.success_rate_pct", "project:c") not in value  # NULL there: not sent
+    fleet_count = sum(s["tags"] == fleet_tags for s in series)
+    assert fleet_count == memory_con.execute("SELECT count(*) FROM fleet_metrics WHERE value IS NOT NULL").fetchone()[0]
+    # No room for projects: the fleet's series alone.
+    assert {tuple(s["tags"]) for s in snapshot_payload(memory_con, T_MIXED, fleet_tags, 0)["series"]} == {
+        tuple(fleet_tags)
+    }

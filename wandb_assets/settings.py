@@ -139,6 +139,14 @@ class Settings(BaseSettings):
     WANDB_ASSETS_DATADOG_URL: str | None = _var(
         None, "Datadog base URL override: a proxy, or a capture server.", "(from DD_SITE)"
     )
+    WANDB_ASSETS_DATADOG_PROJECT_SERIES: int = _var(
+        20,
+        "With WANDB_ASSETS_PROJECTS: how many projects get their own Datadog series (tagged `scope:project`, "
+        "`entity:`, `project:`; those with the most GPU-hours in the last 24 h) beside the fleet-wide series "
+        "(`scope:fleet`); 0: fleet-wide only. At most this many + 1 tag sets per gauge and snapshot.",
+        ge=0,
+        le=1000,
+    )
     WANDB_ASSETS_SLACK_WEBHOOK_URL: SecretStr | None = _var(
         None, "Slack-compatible incoming webhook for alert notifications.", "(none)"
     )

@@ -67,18 +67,50 @@ class DeliveryReport:
     problem: str | None = None
 
 
-def feed_tags(entity: str, project: str, env: str | None) -> list[str]:
-    """Low-cardinality tags shared by every point: never one per run."""
-    tags = ["source:wandb-assets", f"entity:{entity}", f"project:{project}"]
+def feed_tags(entity: str | None, project: str | None, env: str | None) -> list[str]:
+    """Low-cardinality tags shared by every point: never one per run. One project mirrored: its entity and
+    project. Several (``entity`` None): ``scope:fleet``, the fleet-wide series (see ``project_tags``)."""
+    tags = ["source:wandb-assets", *([f"entity:{entity}", f"project:{project}"] if entity else ["scope:fleet"])]
     return tags + [f"env:{env}"] if env else tags
 
 
-def snapshot_payload(con, snapshot_at: datetime, tags: list[str]) -> dict:
-    """The v2 series payload of one snapshot: one gauge series per non-NULL metric, one point each."""
-    rows = con.execute(
-        "SELECT metric, value FROM fleet_metrics WHERE snapshot_at = $t AND value IS NOT NULL ORDER BY metric",
-        {"t": snapshot_at},
-    ).fetchall()
+def project_tags(fleet_tags: list[str], entity: str, project: str) -> list[str]:
+    """The tags of one project's own series: the fleet series' ``source`` and ``env`` with ``scope:project``."""
+    common = [t for t in fleet_tags if t.startswith(("source:", "env:"))]
+    return [*common[:1], "scope:project", f"entity:{entity}", f"project:{project}", *common[1:]]
+
+
+#: The gauges of the ``$n`` projects with the most GPU-hours in the last 24 h (then most active runs, then by
+#: name) at one snapshot: the projects that get their own series, so the number of tag sets stays bounded.
+_PROJECT_SERIES_SQL = """
+WITH ranked AS (
+    SELECT entity, project FROM project_metrics WHERE snapshot_at = $t GROUP BY ALL
+    ORDER BY max(value) FILTER (WHERE metric = 'wandb.training.total_gpu_hours_24h') DESC NULLS LAST,
+             max(value) FILTER (WHERE metric = 'wandb.runs.active') DESC NULLS LAST, entity, project
+    LIMIT $n
+)
+SELECT entity, project, metric, value FROM project_metrics JOIN ranked USING (entity, project)
+WHERE snapshot_at = $t AND value IS NOT NULL ORDER BY entity, project, metric
+"""
+
+
+def snapshot_payload(con, snapshot_at: datetime, tags: list[str], project_series: int = 0) -> dict:
+    """The v2 series payload of one snapshot: one gauge series per non-NULL metric, one point each; then, for
+    the ``project_series`` projects with the most GPU-hours, one series per metric and project."""
+    rows = [
+        (metric, value, tags)
+        for metric, value in con.execute(
+            "SELECT metric, value FROM fleet_metrics WHERE snapshot_at = $t AND value IS NOT NULL ORDER BY metric",
+            {"t": snapshot_at},
+        ).fetchall()
+    ]
+    if project_series:
+        rows += [
+            (metric, value, project_tags(tags, entity, project))
+            for entity, project, metric, value in con.execute(
+                _PROJECT_SERIES_SQL, {"t": snapshot_at, "n": project_series}
+            ).fetchall()
+        ]
     timestamp = int((snapshot_at - datetime(1970, 1, 1)).total_seconds())
     return {
         "series": [
@@ -86,9 +118,9 @@ def snapshot_payload(con, snapshot_at: datetime, tags: list[str]) -> dict:
                 "metric": metric,
                 "type": GAUGE_TYPE,
                 "points": [{"timestamp": timestamp, "value": value}],
-                "tags": list(tags),
+                "tags": list(series_tags),
             }
-            for metric, value in rows
+            for metric, value, series_tags in rows
         ]
     }
 
@@ -143,7 +175,9 @@ def _expiry_note(age: timedelta) -> str:
     return f"expired: still undelivered {age} after the snapshot; Datadog's intake refuses points older than one hour"
 
 
-def deliver_pending(connect: Connect, send: Sender, now: datetime, tags: list[str]) -> DeliveryReport:
+def deliver_pending(
+    connect: Connect, send: Sender, now: datetime, tags: list[str], project_series: int = 0
+) -> DeliveryReport:
     """Send pending snapshots oldest first; stop at the first passing failure so order is kept.
 
     Three steps, the warehouse closed during the middle one: (1) expire what is too old and build the
@@ -163,7 +197,7 @@ def deliver_pending(connect: Connect, send: Sender, now: datetime, tags: list[st
                 _mark(con, snapshot_at, "expired", _expiry_note(now - snapshot_at), now, attempted=False)
                 report.expired.append(snapshot_at)
         sendable = [t for t in pending if t not in report.expired]
-        payloads = [(t, snapshot_payload(con, t, tags)) for t in sendable]
+        payloads = [(t, snapshot_payload(con, t, tags, project_series)) for t in sendable]
     answers: list[tuple[datetime, SendResult]] = []
     for snapshot_at, payload in payloads:
         result = send(payload)
@@ -197,13 +231,18 @@ def _problem(result: SendResult, error: str, waiting: int) -> str:
     return f"Datadog intake unavailable ({error[:200]}); {waiting} snapshot(s) stay pending for the next tick."
 
 
-def record_dry_run(con, snapshots: list[datetime], tags: list[str], log: Callable[[str], None]) -> DeliveryReport:
+def record_dry_run(
+    con, snapshots: list[datetime], tags: list[str], log: Callable[[str], None], project_series: int = 0
+) -> DeliveryReport:
     """Log what would have been sent for snapshots recorded as ``dry_run`` (one short line each)."""
     tag_text = ",".join(tags)
     for snapshot_at in snapshots:
-        payload = snapshot_payload(con, snapshot_at, tags)
+        payload = snapshot_payload(con, snapshot_at, tags, project_series)
+        fleet = sum(series["tags"] == tags for series in payload["series"])
+        per_project = len(payload["series"]) - fleet
         log(
-            f"Datadog dry run (no DD_API_KEY configured): would send {len(payload['series'])} gauges for "
+            f"Datadog dry run (no DD_API_KEY configured): would send {fleet} gauges for "
             f"{snapshot_at.isoformat()}Z with tags {tag_text}"
+            + (f", and {per_project} per-project series (scope:project)" if per_project else "")
         )
     return DeliveryReport(dry_run=list(snapshots))

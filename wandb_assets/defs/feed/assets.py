@@ -76,10 +76,14 @@ def datadog_feed(
     with warehouse.get_connection() as con:
         new = enqueue_snapshots(con, now, dry_run=key is None)
         if key is None:
-            report = record_dry_run(con, new, tags, context.log.info)
+            report = record_dry_run(con, new, tags, context.log.info, datadog.project_series())
     if key is not None:
         report = deliver_pending(
-            warehouse.get_connection, lambda payload: datadog.submit_series(key, payload), now, tags
+            warehouse.get_connection,
+            lambda payload: datadog.submit_series(key, payload),
+            now,
+            tags,
+            datadog.project_series(),
         )
     with warehouse.get_connection() as con:
         ledger = dict(con.execute("SELECT status, count(*) FROM datadog_deliveries GROUP BY 1").fetchall())

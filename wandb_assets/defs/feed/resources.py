@@ -50,10 +50,18 @@ class DatadogResource(ConfigurableResource):
         ``WANDB_PROJECT`` both set no W&B request is made (an air-gapped cluster cannot make one); else the key's
         default entity is looked up (which checks the key)."""
         settings = load_settings()
+        if settings.WANDB_ASSETS_PROJECTS is not None:  # several projects: the fleet-wide series
+            return feed_tags(None, None, self.env)
         if settings.WANDB_ENTITY and settings.WANDB_PROJECT:
             return feed_tags(settings.WANDB_ENTITY, settings.WANDB_PROJECT, self.env)
         entity, project, _ = self.wandb.project_path(pipeline_settings())
         return feed_tags(entity, project, self.env)
+
+    def project_series(self) -> int:
+        """How many projects get their own series: ``WANDB_ASSETS_DATADOG_PROJECT_SERIES`` with several projects
+        mirrored, else none (one project's series are the fleet's)."""
+        settings = load_settings()
+        return settings.WANDB_ASSETS_DATADOG_PROJECT_SERIES if settings.WANDB_ASSETS_PROJECTS is not None else 0
 
     def _configuration(self, key: str):
         from datadog_api_client import Configuration
