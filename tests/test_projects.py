@@ -635,3 +635,54 @@ def test_a_project_that_fails_on_every_page_opens_project_unreachable_once_and_r
     )
     assert [e for e, _ in events] in ([], ["opened", "resolved"])
     assert len({n for _, n in events}) <= 1  # as many "resolved" messages as "opened" ones: one per channel
+
+
+def test_the_cli_backfills_one_project_and_refresh_prints_each_project_and_the_fleet(
+    wandb_server, dagster_home, warehouse_path, capsys, monkeypatch
+):
+    """lab/rl: r0 running since 2026-06-01 (1 GPU, so 24 GPU-hours in any 24 h since), r1 and r2 finished
+    that day; test-team/test-project: two runs finished that day. ``backfill --project lab/rl`` loads lab/rl
+    alone (and leaves test-project's row in wandb_projects alone); ``refresh`` then prints per project the rows in
+    the warehouse, active runs, failed in 24 h and GPU-hours in 24 h, and the fleet's sums."""
+    from tests.conftest import cli
+    from wandb_assets.localwandb import make_run_node
+    from wandb_assets.warehouse import query_read_only
+
+    server = wandb_server(_nodes("r", 2, "llm"))
+    rl = _nodes("r", 3, "rl")
+    rl[0] = make_run_node("r0", display_name="rl-0", state="running", created_at=datetime(2026, 6, 1, 0))
+    server.add_project("lab", "rl", rl)
+    monkeypatch.setenv("WANDB_ASSETS_PROJECTS", "test-team/test-project, lab/rl")
+    code, out, err = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-01", "--project", "nope/x")
+    assert (code, out) == (2, "")
+    assert err == (
+        "error: --project nope/x is not a mirrored project (mirrored now: lab/rl, test-team/test-project).\n"
+    )
+    code, out, err = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-01", "--project", "lab/rl")
+    assert code == 0, err
+    assert out.startswith("Backfilled 2026-06-01..2026-06-01 (lab/rl) into ")
+    assert query_read_only(warehouse_path, "SELECT entity, project, count(*) FROM runs GROUP BY ALL") == [
+        ("lab", "rl", 3)
+    ]
+    assert query_read_only(warehouse_path, "SELECT entity, project, mirrored FROM wandb_projects") == [
+        ("lab", "rl", True)
+    ]
+    code, out, err = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-01")
+    assert code == 0, err
+    code, out, err = cli(capsys, "refresh")
+    assert code == 0, err
+    table = out[out.index("Per project") : out.index("\nOpen alerts")]
+    assert table.splitlines() == [
+        "Per project (the gauges' 24 hours):",
+        "  project                     runs   active  failed 24 h  GPU-hours 24 h",
+        "  lab/rl                         3        1            0           24.00",
+        "  test-team/test-project         2        0            0            0.00",
+        "  fleet (2 projects)             5        1            0           24.00",
+    ]
+    # A backfill of one project says nothing of the others: test-project stays mirrored.
+    code, out, err = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-01", "--project", "lab/rl")
+    assert code == 0, err
+    assert query_read_only(warehouse_path, "SELECT project, mirrored FROM wandb_projects ORDER BY 1") == [
+        ("rl", True),
+        ("test-project", True),
+    ]

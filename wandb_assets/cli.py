@@ -56,9 +56,10 @@ def _instance():
     return DagsterInstance.get()
 
 
-def _preflight() -> None:
+def _preflight(only: list[str] | None = None) -> None:
     """Check the configuration before any run starts: settings, the key (rejected?), the entity and project
-    (exist?). Raises ``ConfigError``; a run that then fails is a real failure (exit 1, alert)."""
+    (exist?), and that ``only`` (``--project``) names mirrored projects. Raises ``ConfigError``; a run that then
+    fails is a real failure (exit 1, alert)."""
     from wandb_assets.defs.wandb_runs.resources import wandb_resource
     from wandb_assets.lib.clock import utc_now
     from wandb_assets.lib.fetch import created_between
@@ -70,10 +71,17 @@ def _preflight() -> None:
         if not projects:
             why = "; ".join(failures.values()) or "the entities list none of them"
             raise ConfigError(f"WANDB_ASSETS_PROJECTS names no project W&B has now: {why}.")
-        return
-    now = utc_now()
-    for _ in wandb_resource().fetch_run_pages(created_between(now, now), pipeline):  # one empty page
-        pass
+    else:
+        now = utc_now()
+        for _ in wandb_resource().fetch_run_pages(created_between(now, now), pipeline):  # one empty page
+            pass
+        if not only:
+            return
+        entity, project, _ = wandb_resource().project_path(pipeline)
+        projects = [f"{entity}/{project}"]
+    unknown = [name for name in only or [] if name not in projects]
+    if unknown:
+        raise ConfigError(f"--project {unknown[0]} is not a mirrored project (mirrored now: {', '.join(projects)}).")
 
 
 def _day(text: str, option: str) -> date:
@@ -119,6 +127,29 @@ def _print_gauges() -> None:
         print(f"  {name:<{width}}  {format_gauge(name, values.get(name)):>12}  {gauge_unit(name)}")
 
 
+def _print_projects() -> None:
+    """Per project: runs in the warehouse, active now, failed in 24 h, GPU-hours in 24 h; then the fleet line.
+    Only when several projects are mirrored (one project's line would repeat the fleet's gauges)."""
+    from wandb_assets.lib.warehouse import PROJECT_SUMMARY_SQL
+
+    rows = _warehouse_rows(PROJECT_SUMMARY_SQL)
+    if len(rows) < 2:
+        return
+    header = ("project", "runs", "active", "failed 24 h", "GPU-hours 24 h")
+    fleet = (
+        f"fleet ({len(rows)} projects)",
+        sum(r[1] for r in rows),
+        sum(r[2] or 0 for r in rows),
+        sum(r[3] or 0 for r in rows),
+        round(sum(r[4] or 0 for r in rows), 2),
+    )
+    width = max(len(header[0]), *(len(r[0]) for r in rows), len(fleet[0]))
+    print("\nPer project (the gauges' 24 hours):")
+    print(f"  {header[0]:<{width}}  {header[1]:>8}  {header[2]:>7}  {header[3]:>11}  {header[4]:>14}")
+    for project, runs, active, failed, gpu_hours in [*rows, fleet]:
+        print(f"  {project:<{width}}  {runs:>8,}  {active or 0:>7,}  {failed or 0:>11,}  {gpu_hours or 0:>14,.2f}")
+
+
 def _print_alerts() -> None:
     rows = _warehouse_rows(
         "SELECT severity, rule, subject, message FROM alerts WHERE resolved_at IS NULL ORDER BY opened_at, alert_key"
@@ -137,6 +168,7 @@ def _tick(today: date, quiet: bool = False) -> int:
     code = _report(results[-1], "refresh" if len(results) == 1 else "feed")
     if code == 0 and not quiet:
         _print_gauges()
+        _print_projects()
         _print_alerts()
     return code
 
@@ -179,19 +211,21 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     if last < first:
         raise ConfigError(f"--end ({last}) is before --start ({first}).")
     instance = _instance()
-    _preflight()
+    only = list(dict.fromkeys(args.project or []))
+    _preflight(only)
     from wandb_assets.lib.progress import listening
     from wandb_assets.ticks import execute_backfill, settle_pipeline_alert
 
     if _is_terminal(sys.stderr):
         with listening(ProgressBar(sys.stderr)):
-            result = execute_backfill(instance, first, last, progress_lines=False)
+            result = execute_backfill(instance, first, last, progress_lines=False, projects=only)
     else:  # a log file or CI: the run's progress log lines instead
-        result = execute_backfill(instance, first, last)
+        result = execute_backfill(instance, first, last, projects=only)
     settle_pipeline_alert(instance, result)
     code = _report(result, f"backfill {first}..{last}")
     if code == 0:
-        print(f"Backfilled {first}..{last} into {pipeline_settings().warehouse}")
+        which = f" ({', '.join(only)})" if only else ""
+        print(f"Backfilled {first}..{last}{which} into {pipeline_settings().warehouse}")
     return code
 
 
@@ -481,6 +515,12 @@ def build_parser() -> argparse.ArgumentParser:
     backfill = sub.add_parser("backfill", help="re-read a range of UTC days from W&B in one run")
     backfill.add_argument("--start", required=True, help="first day, YYYY-MM-DD")
     backfill.add_argument("--end", help="last day, YYYY-MM-DD (default: today)")
+    backfill.add_argument(
+        "--project",
+        action="append",
+        metavar="ENTITY/PROJECT",
+        help="only this mirrored project (repeat for several; default: every mirrored project)",
+    )
     backfill.set_defaults(func=cmd_backfill)
     publish = sub.add_parser("publish", help="publish unpublished fleet snapshots to the W&B report run")
     publish.set_defaults(func=cmd_publish)

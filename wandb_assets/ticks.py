@@ -65,12 +65,17 @@ def execute_refresh(instance: DagsterInstance, today: date, snapshot_at: str = "
 
 
 def execute_backfill(
-    instance: DagsterInstance, first: date, last: date, progress_lines: bool = True
+    instance: DagsterInstance,
+    first: date,
+    last: date,
+    progress_lines: bool = True,
+    projects: list[str] | None = None,
 ) -> ExecuteInProcessResult:
-    """Re-read ``first..last`` (inclusive) from W&B in one run. ``progress_lines=False``: the fetch's progress
-    lines go to the run's log at DEBUG only (the CLI draws a progress bar instead)."""
+    """Re-read ``first..last`` (inclusive) from W&B in one run; ``projects``: only these mirrored projects (the
+    others' rows stay as they are). ``progress_lines=False``: the fetch's progress lines go to the run's log at
+    DEBUG only (the CLI draws a progress bar instead)."""
     level = "info" if progress_lines else "debug"
-    run_config = {"ops": {"staged_runs": {"config": {"progress_log_level": level}}}}
+    run_config = {"ops": {"staged_runs": {"config": {"progress_log_level": level, "projects": projects or []}}}}
     return _execute(instance, BACKFILL_JOB, run_config, tags=partition_range_tags(first, last))
 
 

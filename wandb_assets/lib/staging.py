@@ -39,24 +39,28 @@ def projects_file(staging: Path) -> Path:
     return Path(staging) / RUNS_FOLDER / "projects.json"
 
 
-def write_projects_report(staging: Path, checked_at: datetime, fetched: Iterable[str], failed: dict[str, str]) -> None:
+def write_projects_report(
+    staging: Path, checked_at: datetime, fetched: Iterable[str], failed: dict[str, str], partial: bool = False
+) -> None:
     """Replace (atomically) the report of which projects (``entity/project``; ``entity/*`` for a listing) the fetch
-    begun at ``checked_at`` read whole and which failed, and why."""
+    begun at ``checked_at`` read whole and which failed, and why; ``partial``: the fetch was asked for some of the
+    mirrored projects only (says nothing of the others)."""
     projects = [{"entity": p.split("/")[0], "project": p.split("/", 1)[1], "error": None} for p in fetched]
     projects += [{"entity": p.split("/")[0], "project": p.split("/", 1)[1], "error": why} for p, why in failed.items()]
     target = projects_file(staging)
     temporary = target.with_name(f".{target.name}.{os.getpid()}")
-    temporary.write_text(json.dumps({"checked_at": checked_at.isoformat(), "projects": projects}))
+    report = {"checked_at": checked_at.isoformat(), "projects": projects, "partial": partial}
+    temporary.write_text(json.dumps(report))
     os.replace(temporary, target)
 
 
-def read_projects_report(staging: Path) -> tuple[datetime, list[dict]] | None:
-    """``(checked_at, [{entity, project, error}, ...])`` of the last fetch, or None before the first."""
+def read_projects_report(staging: Path) -> tuple[datetime, list[dict], bool] | None:
+    """``(checked_at, [{entity, project, error}, ...], partial)`` of the last fetch, or None before the first."""
     path = projects_file(staging)
     if not path.exists():
         return None
     report = json.loads(path.read_text())
-    return datetime.fromisoformat(report["checked_at"]), report["projects"]
+    return datetime.fromisoformat(report["checked_at"]), report["projects"], report.get("partial", False)
 
 
 class StagedFetch:

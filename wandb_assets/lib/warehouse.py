@@ -616,7 +616,8 @@ def rebuild_gpu_hours(con, now: datetime) -> int:
 #: The projects after one fetch's report (``$report``: JSON list of ``{entity, project, error}``, ``error`` NULL
 #: when the project was fetched whole; ``project`` ``*`` for an entity whose listing failed), merged with what
 #: the table held: a project keeps its first sighting and last good fetch; one the report does not name is no
-#: longer mirrored (dropped from the configuration or no longer listed) and its rows stay.
+#: longer mirrored (dropped from the configuration or no longer listed) and its rows stay, unless the report is
+#: ``$partial`` (a backfill of some projects: the others stay as they were).
 WANDB_PROJECTS_SQL = """
 WITH report AS (
     SELECT unnest(from_json($report::JSON, '[{"entity": "VARCHAR", "project": "VARCHAR", "error": "VARCHAR"}]'),
@@ -624,15 +625,15 @@ WITH report AS (
 ),
 counted AS (SELECT entity, project, count(*) AS runs FROM runs GROUP BY ALL)
 SELECT coalesce(r.entity, w.entity) AS entity, coalesce(r.project, w.project) AS project,
-       r.entity IS NOT NULL AS mirrored,
+       CASE WHEN r.entity IS NOT NULL THEN true WHEN $partial THEN w.mirrored ELSE false END AS mirrored,
        coalesce(w.first_seen_at, $checked_at::TIMESTAMP) AS first_seen_at,
        CASE WHEN r.entity IS NOT NULL THEN $checked_at::TIMESTAMP ELSE w.last_checked_at END AS last_checked_at,
        CASE WHEN r.entity IS NOT NULL AND r.error IS NULL THEN $checked_at::TIMESTAMP ELSE w.last_fetched_at END
            AS last_fetched_at,
        coalesce(c.runs, 0) AS runs,
-       CASE WHEN r.entity IS NULL THEN NULL WHEN r.error IS NULL THEN NULL
+       CASE WHEN r.entity IS NULL THEN (CASE WHEN $partial THEN w.failing_since END) WHEN r.error IS NULL THEN NULL
             ELSE coalesce(w.failing_since, $checked_at::TIMESTAMP) END AS failing_since,
-       CASE WHEN r.entity IS NULL THEN NULL ELSE r.error END AS last_error
+       CASE WHEN r.entity IS NULL THEN (CASE WHEN $partial THEN w.last_error END) ELSE r.error END AS last_error
 FROM report r FULL OUTER JOIN wandb_projects w ON r.entity = w.entity AND r.project = w.project
 LEFT JOIN counted c ON c.entity = coalesce(r.entity, w.entity) AND c.project = coalesce(r.project, w.project)
 ORDER BY ALL
@@ -640,17 +641,38 @@ ORDER BY ALL
 
 
 @retry_on_conflict
-def record_projects(con, report: list[dict[str, str | None]], checked_at: datetime) -> list[tuple]:
+def record_projects(
+    con, report: list[dict[str, str | None]], checked_at: datetime, partial: bool = False
+) -> list[tuple]:
     """Replace ``wandb_projects`` with the projects of one fetch's ``report`` merged into what it held (see
     ``WANDB_PROJECTS_SQL``); the table is small (a row per project), so the merge is read whole, then written in
     one transaction. Returns the rows written."""
     ensure_schema(con)
-    rows = con.execute(WANDB_PROJECTS_SQL, {"report": json.dumps(report), "checked_at": checked_at}).fetchall()
+    params = {"report": json.dumps(report), "checked_at": checked_at, "partial": partial}
+    rows = con.execute(WANDB_PROJECTS_SQL, params).fetchall()
     with transaction(con):
         con.execute("DELETE FROM wandb_projects")
         if rows:
             con.executemany(f"INSERT INTO wandb_projects VALUES ({', '.join('?' * len(rows[0]))})", rows)
     return rows
+
+
+#: The per-project breakdown of the latest fleet snapshot people read first (the CLI after a tick, the UI's
+#: fleet_snapshot metadata): runs in the warehouse, active now, failed in 24 h, GPU-hours in 24 h, per project.
+PROJECT_SUMMARY_SQL = """
+WITH latest AS (SELECT max(snapshot_at) AS t FROM project_metrics),
+gauges AS (
+    SELECT entity, project,
+           max(value) FILTER (WHERE metric = 'wandb.runs.active') AS active,
+           max(value) FILTER (WHERE metric = 'wandb.runs.failed_24h') AS failed_24h,
+           max(value) FILTER (WHERE metric = 'wandb.training.total_gpu_hours_24h') AS gpu_hours_24h
+    FROM project_metrics WHERE snapshot_at = (SELECT t FROM latest) GROUP BY ALL
+),
+counted AS (SELECT entity, project, count(*) AS runs FROM runs GROUP BY ALL)
+SELECT entity || '/' || project AS project, coalesce(c.runs, 0) AS runs, g.active::BIGINT AS active,
+       g.failed_24h::BIGINT AS failed_24h, round(g.gpu_hours_24h, 2) AS gpu_hours_24h
+FROM gauges g LEFT JOIN counted c USING (entity, project) ORDER BY entity, project
+"""
 
 
 @retry_on_conflict

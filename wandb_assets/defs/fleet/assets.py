@@ -20,6 +20,7 @@ from wandb_assets.lib.clock import configured_time, utc_now
 from wandb_assets.lib.gauges import GAUGES, gauge_unit, rounded_gauge
 from wandb_assets.lib.markdown import markdown_table
 from wandb_assets.lib.warehouse import (
+    PROJECT_SUMMARY_SQL,
     rebuild_gpu_hours,
     rebuild_push_to_main_sps,
     rebuild_success_rates,
@@ -97,6 +98,19 @@ GAUGES_TABLE_SCHEMA = TableSchema(
 )
 
 
+#: The per-project breakdown of each snapshot's metadata (``PROJECT_SUMMARY_SQL``): one row per project.
+PROJECTS_TABLE_COLUMNS = ("project", "runs", "active", "failed_24h", "gpu_hours_24h")
+PROJECTS_TABLE_SCHEMA = TableSchema(
+    columns=[
+        TableColumn("project", "string", description="entity/project"),
+        TableColumn("runs", "int", description="rows in runs"),
+        TableColumn("active", "int", description="wandb.runs.active"),
+        TableColumn("failed_24h", "int", description="wandb.runs.failed_24h"),
+        TableColumn("gpu_hours_24h", "float", description="wandb.training.total_gpu_hours_24h"),
+    ]
+)
+
+
 def _number(value: float | int) -> MetadataValue:
     return MetadataValue.int(value) if isinstance(value, int) else MetadataValue.float(value)
 
@@ -116,6 +130,7 @@ def fleet_snapshot(
     with warehouse.get_connection() as con:
         gauges = record_snapshot(con, snapshot_at)
         snapshots = con.execute("SELECT count(DISTINCT snapshot_at) FROM fleet_metrics").fetchone()[0]
+        projects = con.execute(PROJECT_SUMMARY_SQL).fetchall()
     defined = sum(v is not None for v in gauges.values())
     context.log.info(f"Fleet snapshot at {snapshot_at.isoformat()}Z: {defined}/{len(gauges)} gauges defined")
     records = [
@@ -129,6 +144,10 @@ def fleet_snapshot(
             "gauges_defined": defined,
             "snapshots_total": snapshots,
             "gauges": MetadataValue.table(records, schema=GAUGES_TABLE_SCHEMA),
+            "projects": MetadataValue.table(
+                [TableRecord(dict(zip(PROJECTS_TABLE_COLUMNS, row, strict=True))) for row in projects],
+                schema=PROJECTS_TABLE_SCHEMA,
+            ),
             **{g.name: _number(rounded_gauge(g.name, gauges[g.name])) for g in GAUGES if gauges[g.name] is not None},
         }
     )

@@ -53,6 +53,8 @@ class StagedRunsConfig(Config):
     """``progress_log_level``: the CLI draws a progress bar in a terminal and asks for "debug" lines."""
 
     progress_log_level: str = "info"
+    #: Fetch only these of the mirrored projects (``entity/project``); empty: all of them.
+    projects: list[str] = []
 
 
 def _window(context: AssetExecutionContext) -> tuple[datetime, datetime, list[str]]:
@@ -83,6 +85,11 @@ def staged_runs(
     projects, listing_failures, app_url = wandb.mirrored_projects(pipeline)
     for pattern, why in listing_failures.items():
         context.log.warning(f"Could not list the projects of {pattern}: {why}")
+    if config.projects:
+        unknown = sorted(set(config.projects) - set(projects))
+        if unknown:
+            raise WandbFetchError(f"Not mirrored now: {', '.join(unknown)} (mirrored: {', '.join(projects)}).")
+        projects, listing_failures = [p for p in projects if p in config.projects], {}
     if not projects:
         raise WandbFetchError(f"No W&B project to mirror: {'; '.join(listing_failures.values()) or 'none listed'}")
     with warehouse.get_read_connection() as con:  # read-only: other readers do not stop it
@@ -143,7 +150,9 @@ def staged_runs(
         staged_bytes = staged.publish(targets, whole=[project for project in projects if project not in failed])
         checked_at = datetime.fromtimestamp(staged.started, UTC).replace(tzinfo=None)
         fetched_whole = [project for project in projects if project not in failed]
-        write_projects_report(pipeline.staging_dir, checked_at, fetched_whole, {**listing_failures, **failed})
+        write_projects_report(
+            pipeline.staging_dir, checked_at, fetched_whole, {**listing_failures, **failed}, bool(config.projects)
+        )
     finally:
         staged.discard()
     publish(progress, finished=True)
@@ -256,9 +265,9 @@ def wandb_projects(context: AssetExecutionContext, warehouse: WarehouseResource)
     report = read_projects_report(pipeline_settings().staging_dir)
     if report is None:
         raise StagingMissingError("No fetch has reported its projects yet: materialize staged_runs first.")
-    checked_at, projects = report
+    checked_at, projects, partial = report
     with warehouse.get_connection() as con:
-        rows = record_projects(con, projects, checked_at)
+        rows = record_projects(con, projects, checked_at, partial)
     failing = [f"{r[0]}/{r[1]}" for r in rows if r[8] is not None]
     gone = [f"{r[0]}/{r[1]}" for r in rows if not r[2]]
     if gone:
