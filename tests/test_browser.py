@@ -219,6 +219,9 @@ def _backfill_a_range_and_read_a_gauge(demo_ui, other_backfill: str, page) -> No
     snapshot_row = page.locator("tr").filter(has=page.get_by_text("snapshot_at_utc", exact=True)).first
     snapshot_at = snapshot_row.locator("td").last.inner_text().strip()
     page.screenshot(path=str(ARTIFACTS / "3-fleet-snapshot-1440.png"))
+    # The per-project breakdown of the same snapshot: the demo's three projects in two entities.
+    for project in ("demo-team/fleet-demo", "demo-team/vision", "research-lab/llm-pretrain"):
+        page.get_by_role("cell", name=project, exact=True).first.wait_for(timeout=30_000)
 
     def stored_value():  # a tick's snapshot file is published just after its fleet_snapshot shows in the UI
         con = open_snapshot(home / "demo.duckdb")
@@ -237,7 +240,9 @@ def _backfill_a_range_and_read_a_gauge(demo_ui, other_backfill: str, page) -> No
     con = open_snapshot(home / "demo.duckdb")
     try:
         (url,) = con.execute("SELECT url FROM runs WHERE run_id = 'stalled0001'").fetchone()
-        (message,) = con.execute("SELECT message FROM alerts WHERE alert_key = 'stalled_run:stalled0001'").fetchone()
+        (message,) = con.execute(
+            "SELECT message FROM alerts WHERE alert_key = 'stalled_run:demo-team/fleet-demo:stalled0001'"
+        ).fetchone()
     finally:
         con.close()
     assert f"({url})" in message

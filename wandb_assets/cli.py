@@ -21,6 +21,10 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 DEMO_ENTITY, DEMO_PROJECT = "demo-team", "fleet-demo"
+#: The demo's other projects (a quarter of the main fleet's runs each, other seeds, no incidents): three projects
+#: in two entities, mirrored as ``demo-team/*`` and one named project.
+DEMO_OTHER_PROJECTS = (("demo-team", "vision", 11), ("research-lab", "llm-pretrain", 12))
+DEMO_PROJECTS = f"{DEMO_ENTITY}/*,research-lab/llm-pretrain"
 DEMO_KEY = "local-" + "d" * 40
 #: The demo's own folder: its warehouse, staging files and Dagster instance, nothing else.
 DEMO_DIR = "data/demo"
@@ -353,17 +357,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except OSError:
         server = LocalWandbServer(nodes, entity=DEMO_ENTITY, project=DEMO_PROJECT).start()
         print(f"Port {args.wandb_port} is taken: the demo's W&B server uses {server.url} instead.")
+    served = len(nodes)
+    for entity, project, seed in DEMO_OTHER_PROJECTS:
+        other = generate_fleet(
+            now, days=args.days, runs_per_day=max(args.runs_per_day // 4, 1), seed=seed, incidents=False
+        )
+        server.add_project(entity, project, other)
+        served += len(other)
     first = (now - timedelta(days=args.days)).date()
     os.environ.update(
         WANDB_BASE_URL=server.url,
         WANDB_API_KEY=DEMO_KEY,
         WANDB_ENTITY=DEMO_ENTITY,
         WANDB_PROJECT=DEMO_PROJECT,
+        WANDB_ASSETS_PROJECTS=DEMO_PROJECTS,
         WANDB_ASSETS_START_DATE=first.isoformat(),
     )
+    names = [f"{DEMO_ENTITY}/{DEMO_PROJECT}", *(f"{e}/{p}" for e, p, _ in DEMO_OTHER_PROJECTS)]
     print(
-        f"Serving a synthetic fleet of {len(nodes):,} runs over {args.days} days at {server.url} "
-        f"as {DEMO_ENTITY}/{DEMO_PROJECT}"
+        f"Serving a synthetic fleet of {served:,} runs over {args.days} days at {server.url} in "
+        f"{len(names)} projects ({', '.join(names)}), mirrored as WANDB_ASSETS_PROJECTS={DEMO_PROJECTS}"
     )
     from wandb_assets.ticks import execute_backfill
 

@@ -700,10 +700,12 @@ def replay_snapshots(con, moments: list[datetime], now: datetime) -> int:
     ensure_schema(con)  # (the Datadog ledger is part of the schema)
     rows = [(at, name, value) for at in moments for name, value in compute_gauges(con, at, as_of=True).items()]
     with transaction(con):
-        for table in ("fleet_metrics", "datadog_deliveries"):
+        for table in ("fleet_metrics", "project_metrics", "datadog_deliveries"):
             con.execute(
                 f"DELETE FROM {table} WHERE snapshot_at IN (SELECT unnest($moments::TIMESTAMP[]))", {"moments": moments}
             )
+        for at in moments:  # the per-project gauges as they were then, set-based like a live snapshot
+            con.execute(f"INSERT INTO project_metrics BY NAME {project_metrics_sql(as_of=True)}", {"snapshot_at": at})
         if rows:  # DuckDB refuses executemany with no parameter sets
             con.executemany("INSERT INTO fleet_metrics (snapshot_at, metric, value) VALUES (?, ?, ?)", rows)
             con.executemany(
