@@ -1,6 +1,6 @@
 """Which projects a deployment mirrors: ``WANDB_ASSETS_PROJECTS`` parsed and resolved (pure functions)."""
 
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
@@ -562,6 +562,7 @@ def test_a_project_that_fails_on_every_page_opens_project_unreachable_once_and_r
     and the alert opens on tick 2 (one alert, one message per channel), stays open on tick 3 and resolves on 4."""
     from datetime import date
 
+    from wandb_assets.localwandb import make_run_node
     from wandb_assets.ticks import execute_feed, execute_refresh
     from wandb_assets.warehouse import query_read_only
 
@@ -597,7 +598,23 @@ def test_a_project_that_fails_on_every_page_opens_project_unreachable_once_and_r
 
     server.faults.fail_status, server.faults.fail_count = 500, -1
     server.faults.fail_projects = frozenset({"lab/rl"})
-    server.upsert_runs(_nodes("r", 3, "llm"))  # test-project gains r2 meanwhile
+    moved = datetime.now(UTC).replace(tzinfo=None)  # both change (a tick reads only the projects that changed)
+    server.upsert_runs(  # test-project gains r2 meanwhile
+        [
+            make_run_node(
+                "r2", display_name="llm-2", state="finished", created_at=datetime(2026, 6, 1, 2), heartbeat_at=moved
+            )
+        ]
+    )
+    server.upsert_runs(
+        [
+            make_run_node(
+                "r9", display_name="rl-9", state="finished", created_at=datetime(2026, 6, 1, 9), heartbeat_at=moved
+            )
+        ],
+        "lab",
+        "rl",
+    )
     tick(2)
     first_failure = query_read_only(
         warehouse_path, "SELECT failing_since, last_error FROM wandb_projects WHERE project = 'rl'"
@@ -606,13 +623,13 @@ def test_a_project_that_fails_on_every_page_opens_project_unreachable_once_and_r
     assert query_read_only(warehouse_path, projects) == [
         ("lab/rl", True, 3, True, True, False),  # its rows kept, last fetched whole on tick 1
         ("test-team/test-project", True, 3, False, False, True),
-        ("test-team/vision", True, 1, False, False, True),
+        ("test-team/vision", True, 1, False, False, False),  # nothing new: checked, not read (fetched on tick 1)
     ]
     [(key, message, opened, resolved)] = query_read_only(warehouse_path, alerts)
     assert (key, opened, resolved) == ("project_unreachable:lab/rl", True, False)
     assert message.startswith("W&B project lab/rl could not be read since ") and "its rows are kept" in message
 
-    tick(3)  # still failing: the same alert, failing since the same fetch
+    tick(3)  # still failing (read again although nothing new: its last fetch failed): the same alert
     assert query_read_only(warehouse_path, alerts)[0][2:] == (True, False)
     assert len(query_read_only(warehouse_path, alerts)) == 1
     again = query_read_only(warehouse_path, "SELECT failing_since, last_error FROM wandb_projects WHERE project = 'rl'")
@@ -622,9 +639,9 @@ def test_a_project_that_fails_on_every_page_opens_project_unreachable_once_and_r
     tick(4)
     assert query_read_only(warehouse_path, alerts)[0][2:] == (True, True)
     assert len(query_read_only(warehouse_path, alerts)) == 1
-    assert query_read_only(warehouse_path, projects)[0] == ("lab/rl", True, 3, False, False, True)
+    assert query_read_only(warehouse_path, projects)[0] == ("lab/rl", True, 4, False, False, True)  # r9 read
     assert query_read_only(warehouse_path, counts) == [
-        ("lab/rl", 3),
+        ("lab/rl", 4),
         ("test-team/test-project", 3),
         ("test-team/vision", 1),
     ]
@@ -686,3 +703,97 @@ def test_the_cli_backfills_one_project_and_refresh_prints_each_project_and_the_f
         ("rl", True),
         ("test-project", True),
     ]
+
+
+# ------------------------------------------------------------------------- a tick reads what changed, not everything
+
+
+def test_changed_projects_reads_again_what_is_new_alive_never_read_or_due():
+    """Last whole fetches at 12:00 (``e/due`` at 05:00, past the 6 h recheck); activity probed at 12:15."""
+    from datetime import timedelta
+
+    from wandb_assets.lib.projects import changed_projects
+
+    noon = datetime(2026, 6, 1, 12)
+    last = {p: noon for p in ("e/quiet", "e/empty", "e/new-run", "e/alive", "e/skew", "e/not-probed")}
+    last["e/due"] = datetime(2026, 6, 1, 5)
+    activity = {
+        "e/quiet": datetime(2026, 6, 1, 9),  # nothing since 09:00
+        "e/empty": None,  # no runs at all
+        "e/new-run": datetime(2026, 6, 1, 12, 10),
+        "e/alive": datetime(2026, 6, 1, 9),  # quiet, but the warehouse holds one of its runs as running
+        "e/skew": datetime(2026, 6, 1, 11, 55),  # within the clock margin before the last fetch: new
+        "e/due": datetime(2026, 6, 1, 4),
+        "e/never": datetime(2026, 6, 1, 1),  # never read whole
+    }
+    projects = [*last, "e/never"]
+    fetch, unchanged = changed_projects(
+        projects, activity, last, {"e/alive"}, noon + timedelta(minutes=15), timedelta(hours=6)
+    )
+    assert fetch == ["e/new-run", "e/alive", "e/skew", "e/not-probed", "e/due", "e/never"]
+    assert unchanged == ["e/quiet", "e/empty"]
+
+
+def test_a_tick_over_many_projects_reads_only_those_that_changed(wandb_server, warehouse_path, instance, monkeypatch):
+    """Eight projects in two entities, backfilled. A tick with nothing new asks one question (which projects
+    changed: one request for all eight) and reads none; after two projects gain a run, the next tick reads those
+    two alone (their window in 8 slices: 2 projects x 2 days x 2 parts, two for each of the 4 workers), and the
+    others' rows stay."""
+    from datetime import date
+
+    from wandb_assets.localwandb import make_run_node
+    from wandb_assets.ticks import execute_refresh
+    from wandb_assets.warehouse import query_read_only
+
+    server = wandb_server(_nodes("r", 2, "p0"))  # test-team/test-project
+    names = ["test-team/test-project"]
+    for n in range(7):
+        entity = "test-team" if n < 3 else "lab"
+        server.add_project(entity, f"p{n + 1}", _nodes("r", 2, f"p{n + 1}"))
+        names.append(f"{entity}/p{n + 1}")
+    monkeypatch.setenv("WANDB_ASSETS_PROJECTS", "test-team/*, lab/*")
+    day = date(2026, 6, 1)
+    from wandb_assets.ticks import execute_backfill
+
+    assert execute_backfill(instance, day, day).success
+    counts = "SELECT entity || '/' || project, count(*) FROM runs GROUP BY 1 ORDER BY 1"
+    assert len(query_read_only(warehouse_path, counts)) == 8
+
+    def tick() -> tuple[dict, list]:
+        server.requests.clear()
+        result = execute_refresh(instance, day)
+        assert result.success
+        meta = result.asset_materializations_for_node("staged_runs")[0].metadata
+        runs = [f"{v['entity']}/{v['project']}" for op, v in server.requests if op == "Runs"]
+        return {op: sum(1 for o, _ in server.requests if o == op) for op, _ in server.requests}, sorted(runs), meta
+
+    requests, runs, meta = tick()
+    assert requests == {"GetProjects": 2, "ProjectsActivity": 1} and runs == []
+    assert len(meta["projects_unchanged"].value) == 8
+
+    now = datetime.now(UTC).replace(tzinfo=None)
+    server.upsert_runs(
+        [
+            make_run_node(
+                "new", display_name="new", state="finished", created_at=datetime(2026, 6, 1, 20), heartbeat_at=now
+            )
+        ],
+        "test-team",
+        "p2",
+    )
+    server.upsert_runs(
+        [
+            make_run_node(
+                "new", display_name="new", state="finished", created_at=datetime(2026, 6, 1, 21), heartbeat_at=now
+            )
+        ],
+        "lab",
+        "p5",
+    )
+    requests, runs, meta = tick()
+    assert requests == {"GetProjects": 2, "ProjectsActivity": 1, "Runs": 8}
+    assert runs == ["lab/p5"] * 4 + ["test-team/p2"] * 4
+    assert meta["projects"].value == ["lab/p5", "test-team/p2"]
+    assert dict(query_read_only(warehouse_path, counts)) == {
+        name: 3 if name in ("lab/p5", "test-team/p2") else 2 for name in names
+    }

@@ -11,7 +11,7 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +138,14 @@ class Settings(BaseSettings):
     DD_ENV: str | None = _var(None, "Adds the tag `env:<DD_ENV>` to every point and event.", "(none)")
     WANDB_ASSETS_DATADOG_URL: str | None = _var(
         None, "Datadog base URL override: a proxy, or a capture server.", "(from DD_SITE)"
+    )
+    WANDB_ASSETS_PROJECT_RECHECK_HOURS: float = _var(
+        6.0,
+        "With WANDB_ASSETS_PROJECTS, a tick reads only the projects with something new (one request per 25 "
+        "projects asks each for its newest run heartbeat) or an alive run; a project is read whole at least this "
+        "often anyway (edits that move no heartbeat).",
+        "6",
+        gt=0,
     )
     WANDB_ASSETS_DATADOG_PROJECT_SERIES: int = _var(
         20,
@@ -277,6 +285,8 @@ class PipelineSettings:
     offline_dirs: tuple[str, ...] = ()
     #: ``WANDB_ASSETS_PROJECTS`` parsed; None: the one project of WANDB_ENTITY/WANDB_PROJECT.
     projects: ProjectSelection | None = None
+    #: With ``projects``: a tick reads a quiet project whole at least this often.
+    project_recheck: timedelta = timedelta(hours=6)
 
 
 SecretLoader = Callable[[str], Mapping[str, str]]
@@ -299,6 +309,7 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
         staging_dir=s.WANDB_ASSETS_STAGING_DIR or _default_staging_dir(s),
         offline_dirs=tuple(d for d in s.WANDB_ASSETS_OFFLINE_DIRS.split(os.pathsep) if d.strip()),
         projects=parse_projects(s.WANDB_ASSETS_PROJECTS) if s.WANDB_ASSETS_PROJECTS is not None else None,
+        project_recheck=timedelta(hours=s.WANDB_ASSETS_PROJECT_RECHECK_HOURS),
     )
 
 

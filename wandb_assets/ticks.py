@@ -21,7 +21,14 @@ from wandb_assets.defs.feed.pipeline_failure import (
     previous_run_failed,
     step_failure_sentence,
 )
-from wandb_assets.defs.fleet.jobs import BACKFILL_JOB, OFFLINE_JOB, REFRESH_JOB, partition_range_tags, plan_tick
+from wandb_assets.defs.fleet.jobs import (
+    BACKFILL_JOB,
+    OFFLINE_JOB,
+    REFRESH_JOB,
+    TICK_RUN_CONFIG,
+    partition_range_tags,
+    plan_tick,
+)
 from wandb_assets.defs.report.jobs import REPORT_JOB
 
 log = logging.getLogger("wandb_assets")
@@ -60,7 +67,7 @@ def settle_pipeline_alert(instance: DagsterInstance, result: ExecuteInProcessRes
 def execute_refresh(instance: DagsterInstance, today: date, snapshot_at: str = "") -> ExecuteInProcessResult:
     """Exactly what one scheduled tick does, in this process."""
     first, last, _ = plan_tick(today)
-    run_config = {"ops": {"fleet_snapshot": {"config": {"snapshot_at": snapshot_at}}}}
+    run_config = {"ops": {**TICK_RUN_CONFIG["ops"], "fleet_snapshot": {"config": {"snapshot_at": snapshot_at}}}}
     return _execute(instance, REFRESH_JOB, run_config, partition_range_tags(first, last))
 
 

@@ -168,10 +168,11 @@ class Slice:
     project: str | None = None
 
 
-def plan_slices(start: datetime, end: datetime, concurrency: int) -> list[Slice]:
+def plan_slices(start: datetime, end: datetime, concurrency: int, projects: int = 1) -> list[Slice]:
     """Split ``[start, end)`` (whole UTC days) into day slices, or into hour-aligned parts of days when there
-    are too few days to keep ``concurrency`` requests busy (at least two slices per worker)."""
-    days = max(1, round((end - start) / timedelta(days=1)))
+    are too few days (times the ``projects`` fetched alongside, each sliced alike) to keep ``concurrency``
+    requests busy (at least two slices per worker)."""
+    days = max(1, round((end - start) / timedelta(days=1))) * max(1, projects)
     wanted_parts = 1 if concurrency <= 1 else -(-2 * concurrency // days)
     parts = next(p for p in (1, 2, 3, 4, 6, 8, 12, 24) if p >= min(wanted_parts, 24))
     step = timedelta(hours=24 // parts)
@@ -329,6 +330,7 @@ def fetch_slices(
     report_every_s: float = 0.5,
     secret: str = "",
     isolate_projects: bool = False,
+    others_read: bool = False,
 ) -> FetchStats:
     """Fetch every slice, ``policy.concurrency`` requests in flight at most, calling ``handle_page(slice,
     nodes)`` from the worker threads (each slice's pages in order). ``report(progress)`` runs on this thread
@@ -336,7 +338,8 @@ def fetch_slices(
 
     ``isolate_projects``: the slices of several projects share the one request budget (in-flight limit and 429
     back-off); a failure abandons only its own project's slices, and is raised only when every project failed
-    (else it is in ``failed_projects``). Each project has its own page size: one that cannot serve pages does
+    and ``others_read`` does not say that other projects were found current without a fetch (else it is in
+    ``failed_projects``). Each project has its own page size: one that cannot serve pages does
     not shrink the others'."""
     api.flush()
     started = time.monotonic()
@@ -404,7 +407,7 @@ def fetch_slices(
                 future.cancel()
             raise
     projects = {piece.project or own for piece in slices}
-    if isolate_projects and failed and set(failed) >= projects:
+    if isolate_projects and failed and set(failed) >= projects and not others_read:
         raise WandbFetchError("Every project failed: " + "; ".join(failed[p] for p in sorted(failed)))
     sizes = list(page_sizes.values()) or [PageSize(policy.page_size, policy.min_page_size)]
     return FetchStats(
@@ -442,3 +445,49 @@ def list_projects(api, entity: str, secret: str = "") -> list[str]:
         return [project.name for project in api.projects(entity)]
     except Exception as exc:  # wandb-core reports HTTP errors as several exception types
         raise WandbFetchError(f"Listing the projects of {entity!r} failed: {_scrub(str(exc), secret)[:300]}") from None
+
+
+#: Projects asked about in one ``latest_activity`` request (GraphQL aliases: one request for many projects).
+PROJECTS_PER_PROBE = 25
+
+
+def _activity_query(count: int) -> str:
+    """``ProjectsActivity``: for each of ``count`` projects (``$e<i>``/``$p<i>``), its run with the newest
+    heartbeat (``order: "-heartbeat_at"``, ``first: 1``), as the ``Runs`` query orders runs."""
+    variables = ", ".join(f"$e{i}: String!, $p{i}: String!" for i in range(count))
+    fields = " ".join(
+        f"p{i}: project(name: $p{i}, entityName: $e{i}) "
+        '{ runs(first: 1, order: "-heartbeat_at") { edges { node { name createdAt heartbeatAt } } } }'
+        for i in range(count)
+    )
+    return f"query ProjectsActivity({variables}) {{ {fields} }}"
+
+
+def latest_activity(api, projects: list[str], secret: str = "") -> dict[str, datetime | None]:
+    """The newest moment anything happened in each project (``entity/project``): its newest run heartbeat (a
+    run's heartbeat is at least its creation time, moves while it is alive and stops when it ends), or None for
+    a project without runs. ``PROJECTS_PER_PROBE`` projects per request. A project W&B does not return (not
+    found, no access) is left out: the fetch proper will say why. Raises ``WandbFetchError`` on a failed request."""
+    from wandb_assets.lib.normalize import parse_timestamp
+
+    found: dict[str, datetime | None] = {}
+    for first in range(0, len(projects), PROJECTS_PER_PROBE):
+        batch = projects[first : first + PROJECTS_PER_PROBE]
+        variables = {}
+        for i, path in enumerate(batch):
+            variables[f"e{i}"], _, variables[f"p{i}"] = path.partition("/")
+        try:
+            data = api._service_api.execute_graphql(_activity_query(len(batch)), variables)
+        except Exception as exc:  # noqa: BLE001 - wandb-core reports HTTP and GraphQL errors as several types
+            raise WandbFetchError(
+                f"Asking W&B which of {len(projects)} projects changed failed: {_scrub(str(exc), secret)[:300]}"
+            ) from None
+        for i, path in enumerate(batch):
+            project = (data or {}).get(f"p{i}")
+            if project is None:
+                continue
+            edges = ((project.get("runs") or {}).get("edges")) or []
+            node = edges[0]["node"] if edges else {}
+            moments = [parse_timestamp(node.get(k)) for k in ("heartbeatAt", "createdAt")]
+            found[path] = max((m for m in moments if m is not None), default=None)
+    return found

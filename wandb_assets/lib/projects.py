@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from wandb_assets.lib.errors import ConfigError
 
@@ -83,3 +84,36 @@ def parse_projects(text: str) -> ProjectSelection:
         else:
             projects[ProjectRef(entity, _name(project, "project", item))] = None
     return ProjectSelection(tuple(projects), tuple(whole))
+
+
+#: W&B's clock and ours may disagree a little: activity this close before a project's last fetch counts as new.
+CLOCK_MARGIN = timedelta(minutes=10)
+
+
+def changed_projects(
+    projects: Iterable[str],
+    activity: Mapping[str, datetime | None],
+    last_fetched: Mapping[str, datetime],
+    must_read: Iterable[str],
+    now: datetime,
+    recheck: timedelta,
+) -> tuple[list[str], list[str]]:
+    """``(to fetch, unchanged)``: which of ``projects`` a tick must read again. A project is read again when it
+    has never been read whole, when the warehouse holds a run of it as alive (its state may change without a
+    heartbeat: W&B marks a silent run crashed), when its newest activity (``activity``: newest run heartbeat,
+    from ``fetch.latest_activity``; a project missing from it could not be probed) is later than its last whole
+    fetch less ``CLOCK_MARGIN``, or when that fetch is older than ``recheck`` (edits that move no heartbeat:
+    tags, notes, summaries updated after the end). Everything else is unchanged since its last fetch."""
+    must_read = set(must_read)
+    fetch, unchanged = [], []
+    for project in projects:
+        last = last_fetched.get(project)
+        quiet = (
+            last is not None
+            and project not in must_read
+            and project in activity
+            and (activity[project] is None or activity[project] < last - CLOCK_MARGIN)
+            and now - last < recheck
+        )
+        (unchanged if quiet else fetch).append(project)
+    return fetch, unchanged

@@ -36,17 +36,26 @@ def refreshed_file(staging: Path, first_day: date | str) -> Path:
 
 def projects_file(staging: Path) -> Path:
     """What the last fetch found of each project (``write_projects_report``), for the ``wandb_projects`` table."""
-    return Path(staging) / RUNS_FOLDER / "projects.json"
+    return Path(staging) / "projects.json"
 
 
 def write_projects_report(
-    staging: Path, checked_at: datetime, fetched: Iterable[str], failed: dict[str, str], partial: bool = False
+    staging: Path,
+    checked_at: datetime,
+    fetched: Iterable[str],
+    failed: dict[str, str],
+    partial: bool = False,
+    unchanged: Iterable[str] = (),
 ) -> None:
     """Replace (atomically) the report of which projects (``entity/project``; ``entity/*`` for a listing) the fetch
     begun at ``checked_at`` read whole and which failed, and why; ``partial``: the fetch was asked for some of the
-    mirrored projects only (says nothing of the others)."""
+    mirrored projects only (says nothing of the others); ``unchanged``: projects a tick found nothing new in and
+    did not read (readable, but not read whole now)."""
     projects = [{"entity": p.split("/")[0], "project": p.split("/", 1)[1], "error": None} for p in fetched]
     projects += [{"entity": p.split("/")[0], "project": p.split("/", 1)[1], "error": why} for p, why in failed.items()]
+    projects += [
+        {"entity": p.split("/")[0], "project": p.split("/", 1)[1], "error": None, "unchanged": True} for p in unchanged
+    ]
     target = projects_file(staging)
     temporary = target.with_name(f".{target.name}.{os.getpid()}")
     report = {"checked_at": checked_at.isoformat(), "projects": projects, "partial": partial}

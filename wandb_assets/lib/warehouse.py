@@ -613,23 +613,23 @@ def rebuild_gpu_hours(con, now: datetime) -> int:
     return _replace_table(con, "gpu_hours", GPU_HOURS_SQL, {"now": now})
 
 
-#: The projects after one fetch's report (``$report``: JSON list of ``{entity, project, error}``, ``error`` NULL
-#: when the project was fetched whole; ``project`` ``*`` for an entity whose listing failed), merged with what
+#: The projects after one fetch's report (``$report``: JSON list of ``{entity, project, error, unchanged}``,
+#: ``error`` NULL when the project was fetched whole, or ``unchanged`` when a tick found nothing new in it and did
+#: not read it; ``project`` ``*`` for an entity whose listing failed), merged with what
 #: the table held: a project keeps its first sighting and last good fetch; one the report does not name is no
 #: longer mirrored (dropped from the configuration or no longer listed) and its rows stay, unless the report is
 #: ``$partial`` (a backfill of some projects: the others stay as they were).
 WANDB_PROJECTS_SQL = """
 WITH report AS (
-    SELECT unnest(from_json($report::JSON, '[{"entity": "VARCHAR", "project": "VARCHAR", "error": "VARCHAR"}]'),
-                  recursive := true)
+    SELECT unnest(from_json($report::JSON, $shape), recursive := true)
 ),
 counted AS (SELECT entity, project, count(*) AS runs FROM runs GROUP BY ALL)
 SELECT coalesce(r.entity, w.entity) AS entity, coalesce(r.project, w.project) AS project,
        CASE WHEN r.entity IS NOT NULL THEN true WHEN $partial THEN w.mirrored ELSE false END AS mirrored,
        coalesce(w.first_seen_at, $checked_at::TIMESTAMP) AS first_seen_at,
        CASE WHEN r.entity IS NOT NULL THEN $checked_at::TIMESTAMP ELSE w.last_checked_at END AS last_checked_at,
-       CASE WHEN r.entity IS NOT NULL AND r.error IS NULL THEN $checked_at::TIMESTAMP ELSE w.last_fetched_at END
-           AS last_fetched_at,
+       CASE WHEN r.entity IS NOT NULL AND r.error IS NULL AND NOT coalesce(r.unchanged, false)
+            THEN $checked_at::TIMESTAMP ELSE w.last_fetched_at END AS last_fetched_at,
        coalesce(c.runs, 0) AS runs,
        CASE WHEN r.entity IS NULL THEN (CASE WHEN $partial THEN w.failing_since END) WHEN r.error IS NULL THEN NULL
             ELSE coalesce(w.failing_since, $checked_at::TIMESTAMP) END AS failing_since,
@@ -640,6 +640,9 @@ ORDER BY ALL
 """
 
 
+_REPORT_SHAPE = '[{"entity": "VARCHAR", "project": "VARCHAR", "error": "VARCHAR", "unchanged": "BOOLEAN"}]'
+
+
 @retry_on_conflict
 def record_projects(
     con, report: list[dict[str, str | None]], checked_at: datetime, partial: bool = False
@@ -648,7 +651,7 @@ def record_projects(
     ``WANDB_PROJECTS_SQL``); the table is small (a row per project), so the merge is read whole, then written in
     one transaction. Returns the rows written."""
     ensure_schema(con)
-    params = {"report": json.dumps(report), "checked_at": checked_at, "partial": partial}
+    params = {"report": json.dumps(report), "checked_at": checked_at, "partial": partial, "shape": _REPORT_SHAPE}
     rows = con.execute(WANDB_PROJECTS_SQL, params).fetchall()
     with transaction(con):
         con.execute("DELETE FROM wandb_projects")
@@ -758,6 +761,26 @@ def unfinished_runs_by_project(con, before: datetime) -> dict[str, list[str]]:
     ).fetchall():
         found.setdefault(path, []).append(run_id)
     return found
+
+
+def project_freshness(con) -> tuple[dict[str, datetime], set[str]]:
+    """``({entity/project: last fetched whole}, {entity/project a tick must read})``: a project must be read when
+    it holds a mirrored run still alive or its last fetch failed. For a tick to tell which projects changed
+    (``projects.changed_projects``). ``con`` is read-only, or None (no warehouse)."""
+    if con is None or not has_table(con, "runs") or "entity" not in _columns(con, "runs"):
+        return {}, set()
+    last, must_read = {}, set()
+    if has_table(con, "wandb_projects"):
+        rows = con.execute(
+            "SELECT entity || '/' || project, last_fetched_at, last_error IS NOT NULL FROM wandb_projects"
+        ).fetchall()
+        last = {project: fetched for project, fetched, _ in rows if fetched is not None}
+        must_read = {project for project, _, failing in rows if failing}
+    alive = con.execute(
+        f"SELECT DISTINCT entity || '/' || project FROM runs WHERE state IN ({ALIVE_SQL}) "
+        f"AND coalesce(source, '{SOURCE_WANDB}') = '{SOURCE_WANDB}'"
+    ).fetchall()
+    return last, must_read | {r[0] for r in alive}
 
 
 #: Tables whose row counts describe a warehouse copy (snapshot asset metadata, report artifact metadata).

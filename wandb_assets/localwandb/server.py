@@ -530,6 +530,8 @@ class LocalWandbServer:
             return json.dumps({"data": {"serverInfo": {"features": []}}})
         if operation == "GetProjects":
             return self._projects_page(variables)
+        if operation == "ProjectsActivity":
+            return self._projects_activity(variables)
         runs = self._projects.get((variables.get("entity"), variables.get("project")))
         if operation == "Runs":
             if runs is None:
@@ -544,6 +546,20 @@ class LocalWandbServer:
         if operation in ("GetSweep", "GetSweepLegacy"):
             return json.dumps({"data": {"project": {"sweep": None}}})
         return json.dumps({"errors": [{"message": f"operation {operation} is not supported"}], "data": None})
+
+    def _projects_activity(self, variables: dict) -> str:
+        """``p<i>: project(name: $p<i>, entityName: $e<i>) { runs(first: 1, order: "-heartbeat_at") ... }`` for
+        every ``i`` in the variables: each project's run with the newest heartbeat (null: no such project)."""
+        data = {}
+        for i in range(len(variables) // 2):
+            runs = self._projects.get((variables.get(f"e{i}"), variables.get(f"p{i}")))
+            if runs is None:
+                data[f"p{i}"] = None
+                continue
+            newest = runs.select("{}", "-heartbeat_at")[:1]
+            nodes = [{k: r["node"].get(k) for k in ("name", "createdAt", "heartbeatAt")} for r in newest]
+            data[f"p{i}"] = {"runs": {"edges": [{"node": node} for node in nodes]}}
+        return json.dumps({"data": data})
 
     def _projects_page(self, variables: dict) -> str:
         """``api.projects(entity)``: the entity's projects, oldest first, paged by cursor."""
@@ -662,7 +678,7 @@ def _handler_for(server: LocalWandbServer) -> type[BaseHTTPRequestHandler]:
                 self._send(status, json.dumps({"errors": [{"message": f"injected {status}"}]}).encode(), extra)
                 return
             body = server.answer(operation, variables, payload.get("query") or "")
-            if operation == "Runs" and (faults.cost_per_request_s or faults.cost_per_run_s):
+            if operation in ("Runs", "ProjectsActivity") and (faults.cost_per_request_s or faults.cost_per_run_s):
                 time.sleep(faults.cost_per_request_s + faults.cost_per_run_s * body.count('{"node":'))
             if operation == "Runs" and faults.max_page_bytes is not None and len(body) > faults.max_page_bytes:
                 server.oversized_pages += 1

@@ -12,7 +12,7 @@ from dagster import (
     schedule,
 )
 
-from wandb_assets.defs.fleet.jobs import REFRESH_JOB, partition_range_tags, plan_tick, refresh_job
+from wandb_assets.defs.fleet.jobs import REFRESH_JOB, TICK_RUN_CONFIG, partition_range_tags, plan_tick, refresh_job
 
 IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 
@@ -31,4 +31,4 @@ def every_15_minutes(context: ScheduleEvaluationContext):
     today = context.scheduled_execution_time.astimezone(UTC).date()
     first, last, reason = plan_tick(today)
     context.log.info(f"Tick covers {first}..{last}: {reason}")
-    return RunRequest(tags=partition_range_tags(first, last))
+    return RunRequest(tags=partition_range_tags(first, last), run_config=TICK_RUN_CONFIG)

@@ -23,6 +23,7 @@ from wandb_assets.lib.fetch import Slice, WandbFetchError, id_slices, plan_slice
 from wandb_assets.lib.markdown import markdown_table
 from wandb_assets.lib.normalize import run_row, to_naive_utc
 from wandb_assets.lib.progress import FetchProgress, publish
+from wandb_assets.lib.projects import changed_projects
 from wandb_assets.lib.staging import (
     StagedFetch,
     day_file,
@@ -30,7 +31,7 @@ from wandb_assets.lib.staging import (
     refreshed_file,
     write_projects_report,
 )
-from wandb_assets.lib.warehouse import load_runs_window, record_projects, unfinished_runs_by_project
+from wandb_assets.lib.warehouse import load_runs_window, project_freshness, record_projects, unfinished_runs_by_project
 from wandb_assets.settings import pipeline_settings
 
 daily_partitions = DailyPartitionsDefinition(
@@ -55,6 +56,8 @@ class StagedRunsConfig(Config):
     progress_log_level: str = "info"
     #: Fetch only these of the mirrored projects (``entity/project``); empty: all of them.
     projects: list[str] = []
+    #: A tick: with several projects, read only those with something new (``projects.changed_projects``).
+    changed_only: bool = False
 
 
 def _window(context: AssetExecutionContext) -> tuple[datetime, datetime, list[str]]:
@@ -94,13 +97,27 @@ def staged_runs(
         raise WandbFetchError(f"No W&B project to mirror: {'; '.join(listing_failures.values()) or 'none listed'}")
     with warehouse.get_read_connection() as con:  # read-only: other readers do not stop it
         unfinished = unfinished_runs_by_project(con, start) if con is not None else {}
+        last_fetched, must_read = project_freshness(con)
     if pipeline.projects is None and "" in unfinished:  # a warehouse not yet migrated: its runs are this project's
         unfinished.setdefault(projects[0], []).extend(unfinished.pop(""))
+    unchanged: list[str] = []
+    if config.changed_only and pipeline.projects is not None:
+        try:
+            activity = wandb.latest_activity(projects, pipeline)
+        except WandbFetchError as exc:  # cannot tell: read them all, as before
+            context.log.warning(f"{exc}; reading every project")
+            activity = {}
+        now = datetime.now(UTC).replace(tzinfo=None)
+        projects, unchanged = changed_projects(
+            projects, activity, last_fetched, must_read, now, pipeline.project_recheck
+        )
+        context.log.info(
+            f"{len(projects)} project(s) changed or due, {len(unchanged)} unchanged since their last fetch (not read)"
+        )
+    pieces_per_project = plan_slices(start, end, pipeline.fetch_concurrency, len(projects))
     window_slices = [
         replace(piece, index=n, project=project)
-        for n, (project, piece) in enumerate(
-            (project, piece) for project in projects for piece in plan_slices(start, end, pipeline.fetch_concurrency)
-        )
+        for n, (project, piece) in enumerate((project, piece) for project in projects for piece in pieces_per_project)
     ]
     by_id: list[Slice] = []
     for project in projects:
@@ -141,7 +158,7 @@ def staged_runs(
             log(f"Fetch progress: {current.line()}")
 
     try:
-        stats = wandb.fetch_slices(slices, pipeline, handle_page, progress, report)
+        stats = wandb.fetch_slices(slices, pipeline, handle_page, progress, report, others_read=bool(unchanged))
         failed = stats.failed_projects
         kept = [piece for piece in window_slices + by_id if piece.project not in failed]
         targets = {day_file(pipeline.staging_dir, d): [p.index for p in kept if p.day == d] for d in days}
@@ -151,7 +168,12 @@ def staged_runs(
         checked_at = datetime.fromtimestamp(staged.started, UTC).replace(tzinfo=None)
         fetched_whole = [project for project in projects if project not in failed]
         write_projects_report(
-            pipeline.staging_dir, checked_at, fetched_whole, {**listing_failures, **failed}, bool(config.projects)
+            pipeline.staging_dir,
+            checked_at,
+            fetched_whole,
+            {**listing_failures, **failed},
+            bool(config.projects),
+            unchanged,
         )
     finally:
         staged.discard()
@@ -188,6 +210,7 @@ def staged_runs(
             "staging_folder": MetadataValue.path(str(day_file(pipeline.staging_dir, days[0]).parent)),
             "project": projects[0] if len(projects) == 1 else f"{len(projects)} projects",
             "projects": MetadataValue.json(projects),
+            "projects_unchanged": MetadataValue.json(unchanged),
             "failed_projects": MetadataValue.json({**listing_failures, **failed}),
             "malformed_runs": len(malformed),
             "malformed_fields": MetadataValue.json(dict(anomalies)),

@@ -14,6 +14,7 @@ from wandb_assets.lib.fetch import (
     fetch_run_pages,
     fetch_slices,
     get_api,
+    latest_activity,
     list_projects,
 )
 from wandb_assets.lib.progress import FetchProgress
@@ -100,9 +101,11 @@ class WandbResource(ConfigurableResource):
         handle_page: Callable[[Slice, list[dict]], None],
         progress: FetchProgress,
         report: Callable[[FetchProgress], None],
+        others_read: bool = False,
     ) -> FetchStats:
         """Fetch the slices concurrently (``lib.fetch.fetch_slices``), ``WANDB_ASSETS_FETCH_CONCURRENCY`` at most;
-        with ``WANDB_ASSETS_PROJECTS``, a failing project is skipped (``FetchStats.failed_projects``)."""
+        with ``WANDB_ASSETS_PROJECTS``, a failing project is skipped (``FetchStats.failed_projects``), and the
+        fetch fails when every project failed, unless ``others_read`` (a tick found the others unchanged)."""
         settings, api, entity = self._client(pipeline)
         return fetch_slices(
             api,
@@ -115,7 +118,13 @@ class WandbResource(ConfigurableResource):
             report=report,
             secret=settings.api_key,
             isolate_projects=pipeline.projects is not None,
+            others_read=others_read,
         )
+
+    def latest_activity(self, projects: list[str], pipeline: PipelineSettings) -> dict:
+        """Each project's newest run heartbeat (``lib.fetch.latest_activity``): one request per 25 projects."""
+        settings = self.wandb_settings()
+        return latest_activity(get_api(settings, pipeline), projects, settings.api_key)
 
     def project_path(self, pipeline: PipelineSettings) -> tuple[str, str, str]:
         """``(entity, project, app_url)`` for building run URLs; checks the key (and the server) on the way."""
