@@ -797,3 +797,62 @@ def test_a_tick_over_many_projects_reads_only_those_that_changed(wandb_server, w
     assert dict(query_read_only(warehouse_path, counts)) == {
         name: 3 if name in ("lab/p5", "test-team/p2") else 2 for name in names
     }
+
+
+def test_many_project_days_are_fetched_in_runs_of_whole_days_and_staged_per_day():
+    """20 projects x 31 days with 8 workers: 620 project-days, so slices of 620 // 32 = 19 days (two per
+    project: 19 + 12 days), not 620 one-day requests; a single project keeps its day slices."""
+    from wandb_assets.lib.fetch import plan_slices
+
+    start = datetime(2026, 5, 1)
+    end = datetime(2026, 6, 1)
+    spans = plan_slices(start, end, 8, projects=20)
+    assert [(s.day, s.last_day, len(s.days)) for s in spans] == [
+        ("2026-05-01", "2026-05-19", 19),
+        ("2026-05-20", "2026-05-31", 12),
+    ]
+    assert spans[1].filters == {"createdAt": {"$gte": "2026-05-20T00:00:00Z", "$lt": "2026-06-01T00:00:00Z"}}
+    assert len(plan_slices(start, end, 8)) == 31  # one project: one slice per day, as before
+    assert len(plan_slices(start, datetime(2026, 5, 3), 4, projects=2)) == 4  # few project-days: parts of days
+
+
+def test_a_backfill_of_several_projects_over_many_days_lands_every_run_on_its_day(
+    wandb_server, warehouse_path, instance, monkeypatch
+):
+    """Three projects x 12 days with 2 workers (36 project-days: slices of 4 days); a run every day at 23:59
+    and 00:00 in each project. Every run lands once, and each day's staged file holds that day's runs."""
+    from datetime import date, timedelta
+
+    from wandb_assets.localwandb import make_run_node
+    from wandb_assets.ticks import execute_backfill
+    from wandb_assets.warehouse import query_read_only
+
+    def nodes(tag: str) -> list[dict]:
+        first = datetime(2026, 6, 1)
+        return [
+            make_run_node(
+                f"{tag}{d}-{h}", display_name=None, state="finished", created_at=first + timedelta(days=d, hours=h)
+            )
+            for d in range(12)
+            for h in (0, 23.99)
+        ]
+
+    server = wandb_server(nodes("a"))
+    server.add_project("test-team", "b", nodes("b"))
+    server.add_project("lab", "c", nodes("c"))
+    monkeypatch.setenv("WANDB_ASSETS_PROJECTS", "test-team/*, lab/c")
+    monkeypatch.setenv("WANDB_ASSETS_FETCH_CONCURRENCY", "2")
+    result = execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 12))
+    assert result.success
+    meta = result.asset_materializations_for_node("staged_runs")[0].metadata
+    assert meta["slices"].value == 9  # 3 projects x (4 + 4 + 4 days)
+    assert query_read_only(warehouse_path, "SELECT count(*), count(DISTINCT (entity, project, run_id)) FROM runs") == [
+        (72, 72)
+    ]
+    per_day = query_read_only(warehouse_path, "SELECT created_at::DATE, count(*) FROM runs GROUP BY 1 ORDER BY 1")
+    assert per_day == [(date(2026, 6, 1) + timedelta(days=d), 6) for d in range(12)]
+    staging = warehouse_path.parent / "staging" / "runs"
+    for d in range(12):
+        day = (date(2026, 6, 1) + timedelta(days=d)).isoformat()
+        lines = (staging / f"{day}.ndjson").read_text().splitlines()[1:]  # after the header line
+        assert len(lines) == 6 and all(f'"created_at": "{day} ' in line for line in lines), day

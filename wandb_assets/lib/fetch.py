@@ -166,13 +166,34 @@ class Slice:
     filters: dict
     day: str | None
     project: str | None = None
+    #: The last UTC day of a slice of whole days (``day`` is its first); None: one day, or part of one.
+    last_day: str | None = None
+
+    @property
+    def days(self) -> tuple[str, ...]:
+        """Every UTC day the slice's runs were created on (none for a slice of run ids)."""
+        if self.day is None:
+            return ()
+        if self.last_day is None:
+            return (self.day,)
+        first, last = datetime.fromisoformat(self.day), datetime.fromisoformat(self.last_day)
+        return tuple((first + timedelta(days=n)).date().isoformat() for n in range((last - first).days + 1))
+
+
+#: Several projects in one fetch: about this many slices per worker in all (each slice costs a request, a
+#: small project's day one request for a few runs; fewer slices than this would leave workers idle at the tail).
+SLICES_PER_WORKER = 4
 
 
 def plan_slices(start: datetime, end: datetime, concurrency: int, projects: int = 1) -> list[Slice]:
     """Split ``[start, end)`` (whole UTC days) into day slices, or into hour-aligned parts of days when there
     are too few days (times the ``projects`` fetched alongside, each sliced alike) to keep ``concurrency``
-    requests busy (at least two slices per worker)."""
+    requests busy (at least two slices per worker). With several projects and more project-days than
+    ``SLICES_PER_WORKER`` per worker, runs of whole days instead: every slice is a request, and a request
+    costs a server the same whether it returns five runs or five hundred."""
     days = max(1, round((end - start) / timedelta(days=1))) * max(1, projects)
+    if projects > 1 and days >= SLICES_PER_WORKER * concurrency:
+        return _spans(start, end, max(1, days // (SLICES_PER_WORKER * concurrency)))
     wanted_parts = 1 if concurrency <= 1 else -(-2 * concurrency // days)
     parts = next(p for p in (1, 2, 3, 4, 6, 8, 12, 24) if p >= min(wanted_parts, 24))
     step = timedelta(hours=24 // parts)
@@ -181,6 +202,21 @@ def plan_slices(start: datetime, end: datetime, concurrency: int, projects: int 
     while moment < end:
         upper = min(moment + step, end)
         slices.append(Slice(len(slices), created_between(moment, upper), moment.date().isoformat()))
+        moment = upper
+    return slices
+
+
+def _spans(start: datetime, end: datetime, span_days: int) -> list[Slice]:
+    """``[start, end)`` in slices of ``span_days`` whole UTC days (the last one shorter)."""
+    slices: list[Slice] = []
+    moment = start
+    while moment < end:
+        upper = min(moment + timedelta(days=span_days), end)
+        last = (upper - timedelta(days=1)).date().isoformat()
+        first = moment.date().isoformat()
+        slices.append(
+            Slice(len(slices), created_between(moment, upper), first, last_day=last if last != first else None)
+        )
         moment = upper
     return slices
 
@@ -379,7 +415,7 @@ def fetch_slices(
                 if progress is not None:
                     if n == 0:
                         progress.expect(piece.index, total)
-                    progress.add(piece.day, len(nodes))
+                    progress.add(piece.day if len(piece.days) == 1 else None, len(nodes))
                 handle_page(piece, nodes)
         except (WandbFetchError, ConfigError) as exc:
             if not isolate_projects:
@@ -389,7 +425,7 @@ def fetch_slices(
             stop.set()
             return
         if progress is not None and not stop.is_set():
-            progress.slice_done(piece.day)
+            progress.slice_done(*(piece.days or (None,)))
 
     workers = max(1, min(policy.concurrency, len(slices)))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wandb-fetch") as pool:

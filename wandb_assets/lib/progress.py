@@ -44,11 +44,13 @@ class FetchProgress:
             if day is not None:
                 self.runs_by_day[day] += runs
 
-    def slice_done(self, day: str | None) -> None:
+    def slice_done(self, day: str | None, *more_days: str) -> None:
+        """One slice finished: of ``day`` (None: of no day), and of ``more_days`` for a slice of several days."""
         with self._lock:
             self.slices_done += 1
-            if day is not None:
-                self._slices_left[day] -= 1
+            for label in (day, *more_days):
+                if label is not None:
+                    self._slices_left[label] -= 1
 
     def elapsed(self) -> float:
         return self._clock() - self.started

@@ -84,28 +84,41 @@ class StagedFetch:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.work = Path(tempfile.mkdtemp(prefix=".fetch-", dir=self.folder))
 
-    def part(self, slice_index: int) -> Path:
-        return self.work / f"part-{slice_index:05d}.ndjson"
+    def part(self, slice_index: int, day: str | None = None) -> Path:
+        return self.work / (f"part-{slice_index:05d}.ndjson" if day is None else f"part-{slice_index:05d}-{day}.ndjson")
 
-    def write(self, slice_index: int, rows: Iterable[dict[str, Any]], fetched_at: datetime) -> None:
-        """Append rows to the slice's part file."""
-        with open(self.part(slice_index), "a") as handle:
-            handle.writelines(ndjson_lines(rows, fetched_at))
+    def write(
+        self, slice_index: int, rows: Iterable[dict[str, Any]], fetched_at: datetime, days: tuple[str, ...] = ()
+    ) -> None:
+        """Append rows to the slice's part file; a slice of several ``days`` has one part per day, each row in its
+        creation day's (a row without one in the first day's)."""
+        if len(days) <= 1:
+            with open(self.part(slice_index, days[0] if days else None), "a") as handle:
+                handle.writelines(ndjson_lines(rows, fetched_at))
+            return
+        by_day: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            created = row.get("created_at")
+            by_day.setdefault(created.date().isoformat() if isinstance(created, datetime) else days[0], []).append(row)
+        for day, day_rows in by_day.items():
+            with open(self.part(slice_index, day), "a") as handle:
+                handle.writelines(ndjson_lines(day_rows, fetched_at))
 
-    def publish(self, targets: dict[Path, list[int]], whole: list[str] | None = None) -> int:
-        """Concatenate each target's part files (in slice order) and rename the result over the target, one
+    def publish(self, targets: dict[Path, list[tuple[int, str | None]]], whole: list[str] | None = None) -> int:
+        """Concatenate each target's part files (``(slice index, day)``, in that order) and rename the result over
+        the target, one
         file at a time (each rename is atomic). Each file's modification time is when the fetch began: the load
         reads it as the file's freshness (``warehouse.fetched_since``). ``whole``: the projects
         (``entity/project``) every file holds whole, written as the file's first line (``warehouse.WHOLE_KEY``),
         so that the file and what it may replace are one rename. Returns the bytes published."""
         published = 0
         header = (json.dumps({WHOLE_KEY: sorted(whole)}) + "\n").encode() if whole is not None else b""
-        for target, slice_indexes in targets.items():
+        for target, parts in targets.items():
             temporary = self.work / f"publish-{target.name}"
             with open(temporary, "wb") as out:
                 out.write(header)
-                for index in slice_indexes:
-                    part = self.part(index)
+                for index, day in parts:
+                    part = self.part(index, day)
                     if part.exists():
                         with open(part, "rb") as handle:
                             shutil.copyfileobj(handle, out, 1024 * 1024)

@@ -125,11 +125,12 @@ def staged_runs(
         by_id += [replace(piece, project=project) for piece in pieces]
     older_unfinished = [run_id for project in projects for run_id in unfinished.get(project, [])]
     slices = window_slices + by_id
-    parts_per_day = Counter(piece.day for piece in window_slices)
+    parts_per_day = Counter(day for piece in window_slices for day in piece.days)
     progress = FetchProgress(dict(parts_per_day), other_slices=len(by_id))
     anomalies: Counter[str] = Counter()
     malformed: list[str] = []
     categories: Counter[str] = Counter()
+    runs_by_day: Counter[str] = Counter()
     tally = threading.Lock()
     staged = StagedFetch(pipeline.staging_dir)
 
@@ -143,10 +144,12 @@ def staged_runs(
         with tally:
             for row in rows:
                 categories[row["category"]] += 1
+                if piece.day is not None and isinstance(row["created_at"], datetime):
+                    runs_by_day[row["created_at"].date().isoformat()] += 1
                 if row["anomalies"]:
                     anomalies.update(row["anomalies"])
                     malformed.append(row["run_id"])
-        staged.write(piece.index, rows, fetched_at)
+        staged.write(piece.index, rows, fetched_at, piece.days)
 
     log = context.log.debug if config.progress_log_level == "debug" else context.log.info
     last_logged = [0.0]
@@ -161,8 +164,8 @@ def staged_runs(
         stats = wandb.fetch_slices(slices, pipeline, handle_page, progress, report, others_read=bool(unchanged))
         failed = stats.failed_projects
         kept = [piece for piece in window_slices + by_id if piece.project not in failed]
-        targets = {day_file(pipeline.staging_dir, d): [p.index for p in kept if p.day == d] for d in days}
-        targets[refreshed_file(pipeline.staging_dir, days[0])] = [p.index for p in kept if p.day is None]
+        targets = {day_file(pipeline.staging_dir, d): [(p.index, d) for p in kept if d in p.days] for d in days}
+        targets[refreshed_file(pipeline.staging_dir, days[0])] = [(p.index, None) for p in kept if p.day is None]
         # Each file says which projects it holds whole: a failed project's rows in the warehouse stay as they are.
         staged_bytes = staged.publish(targets, whole=[project for project in projects if project not in failed])
         checked_at = datetime.fromtimestamp(staged.started, UTC).replace(tzinfo=None)
@@ -191,7 +194,7 @@ def staged_runs(
         + (f", {stats.throttled_responses} throttled (429)" if stats.throttled_responses else "")
         + (f", page size lowered to {stats.page_size_final}" if stats.page_size_final < stats.page_size_initial else "")
     )
-    per_day = [(day, progress.runs_by_day.get(day, 0)) for day in days]
+    per_day = [(day, runs_by_day.get(day, 0)) for day in days]
     return MaterializeResult(
         metadata={
             "runs_fetched": fetched,
