@@ -798,6 +798,15 @@ def test_a_tick_over_many_projects_reads_only_those_that_changed(wandb_server, w
         name: 3 if name in ("lab/p5", "test-team/p2") else 2 for name in names
     }
 
+    # A project created between two ticks is listed by the next one (test-team/*) and read whole. (p2 and p5 are
+    # read once more: their new runs' heartbeats are within the 10-minute clock margin before their last read.)
+    server.add_project("test-team", "fresh", _nodes("f", 1, "fresh"))
+    requests, runs, meta = tick()
+    assert requests == {"GetProjects": 2, "ProjectsActivity": 1, "Runs": 12}
+    assert meta["projects"].value == ["lab/p5", "test-team/fresh", "test-team/p2"]
+    assert len(meta["projects_unchanged"].value) == 6
+    assert ("test-team/fresh", 1) in query_read_only(warehouse_path, counts)
+
 
 def test_many_project_days_are_fetched_in_runs_of_whole_days_and_staged_per_day():
     """20 projects x 31 days with 8 workers: 620 project-days, so slices of 620 // 32 = 19 days (two per

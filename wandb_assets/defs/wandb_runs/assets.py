@@ -115,9 +115,10 @@ def staged_runs(
             f"{len(projects)} project(s) changed or due, {len(unchanged)} unchanged since their last fetch (not read)"
         )
     pieces_per_project = plan_slices(start, end, pipeline.fetch_concurrency, len(projects))
+    # Piece by piece across the projects: every project progresses from the start, none waits behind a big one.
     window_slices = [
         replace(piece, index=n, project=project)
-        for n, (project, piece) in enumerate((project, piece) for project in projects for piece in pieces_per_project)
+        for n, (project, piece) in enumerate((project, piece) for piece in pieces_per_project for project in projects)
     ]
     by_id: list[Slice] = []
     for project in projects:
