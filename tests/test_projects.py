@@ -182,6 +182,8 @@ def _contents(con, new_columns: bool = False) -> dict[str, list]:
     contents = {}
     for table in tables:
         columns = "* EXCLUDE (entity, project)" if new_columns and table in PROJECT_TABLES else "*"
+        if new_columns and table == "runs":  # and the GPU columns of issue 22
+            columns = "* EXCLUDE (entity, project, gpu_count_source, gpu_model, gpu_util_pct)"
         contents[table] = sorted(map(repr, con.execute(f"SELECT {columns} FROM {table}").fetchall()))
     contents.pop("warehouse_meta")
     return contents
@@ -206,6 +208,14 @@ def test_a_warehouse_written_before_runs_had_a_project_is_migrated_in_place_and_
         ("offline", "team", "configured", 1),
         ("wandb", "team", "fleet", 24),
     ]
+    # Each run's GPU count says where it came from: these runs' configs hold compute.gpu_count or nothing.
+    assert (
+        con.execute("SELECT gpu_count_source, count(*) FROM runs GROUP BY 1 ORDER BY 1").fetchall()
+        == con.execute(
+            "SELECT CASE WHEN config::VARCHAR LIKE '%gpu_count%' THEN 'config' ELSE 'default' END, count(*) FROM runs "
+            "GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+    )
     # The stalled-run rule's step history takes the project of its run (so a same-id run elsewhere never mixes).
     assert con.execute("SELECT DISTINCT entity, project FROM run_progress").fetchall() == [("team", "fleet")]
     for table in ("push_to_main_sps", "success_rates", "gpu_hours"):  # two projects now: left to the rebuild

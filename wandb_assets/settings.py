@@ -92,6 +92,11 @@ class Settings(BaseSettings):
         None, "DuckLake on S3: endpoint override (MinIO, a proxy); else `AWS_ENDPOINT_URL`.", "AWS default"
     )
     WANDB_ASSETS_DEFAULT_GPUS_PER_RUN: int = _var(1, "GPU count assumed for a run that records none.", ge=0)
+    WANDB_ASSETS_GPU_COUNT_KEYS: str = _var(
+        "compute.gpu_count",
+        "Config keys (comma-separated dotted paths, nested objects or flat dotted keys alike) holding a run's GPU "
+        "count, first match wins; then W&B's metadata, the GPUs in its system metrics, the default.",
+    )
     WANDB_ASSETS_OFFLINE_DIRS: str = _var(
         "",
         "Folders (separated by `:`) searched recursively for offline `.wandb` run logs by the `offline_runs` "
@@ -287,6 +292,8 @@ class PipelineSettings:
     projects: ProjectSelection | None = None
     #: With ``projects``: a tick reads a quiet project whole at least this often.
     project_recheck: timedelta = timedelta(hours=6)
+    #: Config keys holding a run's GPU count (``WANDB_ASSETS_GPU_COUNT_KEYS``), first match wins.
+    gpu_count_keys: tuple[str, ...] = ("compute.gpu_count",)
 
 
 SecretLoader = Callable[[str], Mapping[str, str]]
@@ -298,6 +305,7 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
     return PipelineSettings(
         warehouse=warehouse_location(s),
         default_gpus_per_run=s.WANDB_ASSETS_DEFAULT_GPUS_PER_RUN,
+        gpu_count_keys=tuple(k.strip() for k in s.WANDB_ASSETS_GPU_COUNT_KEYS.split(",") if k.strip()),
         start_date=s.WANDB_ASSETS_START_DATE,
         http_timeout_s=s.WANDB_ASSETS_HTTP_TIMEOUT,
         http_retries=s.WANDB_ASSETS_HTTP_RETRIES,

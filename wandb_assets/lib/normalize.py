@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
+from wandb_assets.lib import gpus
 from wandb_assets.lib.naming import categorize, parse_ci_name
 
 #: The state sets every rule uses (gauges, derived tables, views, alerts): one definition each.
@@ -42,6 +43,9 @@ SPS_KEYS: dict[str, str] = {
 
 _MAX_JSON_LAYERS = 8
 _DECODER = json.JSONDecoder(strict=False)  # one decoder: json.loads(strict=False) builds one per call
+
+#: Where a run's GPU count is looked for in its config, first match wins (``WANDB_ASSETS_GPU_COUNT_KEYS``).
+DEFAULT_GPU_COUNT_KEYS: tuple[str, ...] = ("compute.gpu_count",)
 
 
 def decode_json_object(raw: Any) -> dict | None:
@@ -157,8 +161,19 @@ def run_url(app_url: str, entity: str, project: str, run_id: str) -> str:
     return _project_url(app_url, entity, project) + quote(str(run_id), safe="")
 
 
-def run_row(node: dict, *, entity: str, project: str, app_url: str, default_gpus: int) -> dict[str, Any]:
-    """Build one ``runs`` row from a GraphQL run node. Never raises on bad field values."""
+def run_row(
+    node: dict,
+    *,
+    entity: str,
+    project: str,
+    app_url: str,
+    default_gpus: int,
+    gpu_count_keys: tuple[str, ...] = DEFAULT_GPU_COUNT_KEYS,
+    metadata: dict | None = None,
+) -> dict[str, Any]:
+    """Build one ``runs`` row from a GraphQL run node (and the run's ``wandb-metadata.json``, when read). Never
+    raises on bad field values. The GPU count follows ``lib.gpus.gpu_count``'s precedence over
+    ``gpu_count_keys``, the metadata, the node's ``systemMetrics`` and ``default_gpus``."""
     anomalies: list[str] = []
     summary, summary_ok = normalize_summary(node.get("summaryMetrics"))
     if not summary_ok:
@@ -178,12 +193,15 @@ def run_row(node: dict, *, entity: str, project: str, app_url: str, default_gpus
     if ended_at is not None and created_at is not None:
         duration_hours = max((ended_at - created_at).total_seconds(), 0.0) / 3600.0
 
-    raw_gpus = lookup_dotted(config, "compute.gpu_count")
-    gpu_count = non_negative_int(raw_gpus)
-    if gpu_count is None:
-        if raw_gpus is not None:
-            anomalies.append("gpu_count")
-        gpu_count = default_gpus
+    system, system_ok = normalize_summary(node.get("systemMetrics"))
+    if not system_ok:
+        anomalies.append("system_metrics")
+    gpu_count, gpu_count_source, gpu_count_bad = gpus.gpu_count(config, metadata, system, gpu_count_keys, default_gpus)
+    if gpu_count_bad:
+        anomalies.append("gpu_count")
+    gpu_model, _ = gpus.canonical_gpu_model(lookup_dotted(config, "compute.gpu_type"))
+    if gpu_model is None:
+        gpu_model, _ = gpus.canonical_gpu_model((metadata or {}).get("gpu"))
 
     config_json, config_mended = mend_json_text(to_json(config))
     summary_json, summary_mended = mend_json_text(to_json(summary))
@@ -215,6 +233,9 @@ def run_row(node: dict, *, entity: str, project: str, app_url: str, default_gpus
         "ended_at": ended_at,
         "duration_hours": duration_hours,
         "gpu_count": gpu_count,
+        "gpu_count_source": gpu_count_source,
+        "gpu_model": gpu_model,
+        "gpu_util_pct": gpus.mean_utilisation(system),
         **compute,
         "sweep_id": sweep_id,
         "tags": [tag for tag, _ in tags],
@@ -234,7 +255,7 @@ def run_row(node: dict, *, entity: str, project: str, app_url: str, default_gpus
         "source": "wandb",
         "log_path": None,
     }
-    for column in ("gpu_type", "slurm_job_id", "hostname"):
+    for column in ("gpu_type", "gpu_model", "slurm_job_id", "hostname"):
         row[column], mended = mend_text(row[column])
         user_mended |= mended
     if user_mended or config_mended or summary_mended or any(m for _, m in (*texts.values(), *tags)):

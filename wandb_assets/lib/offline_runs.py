@@ -525,6 +525,7 @@ def read_changed_logs(
     now: datetime,
     stall: timedelta,
     default_gpus: int,
+    gpu_count_keys: tuple[str, ...] | None = None,
     workers: int = 1,
     gone_quiet: Iterable[str] = (),
     entity: str | None = None,
@@ -592,6 +593,7 @@ def read_changed_logs(
             project=run.project or project or "",
             app_url="",
             default_gpus=default_gpus,
+            **({"gpu_count_keys": gpu_count_keys} if gpu_count_keys is not None else {}),
         )
         row.update(url=None, source="offline", log_path=entry["path"])
         if run.damage:

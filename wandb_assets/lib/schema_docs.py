@@ -40,7 +40,13 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "heartbeat_at": "last heartbeat, UTC",
             "ended_at": "end time, UTC: the heartbeat of an ended run; NULL while alive",
             "duration_hours": "ended_at - created_at, hours; NULL while alive",
-            "gpu_count": "GPUs: config `compute.gpu_count`, else WANDB_ASSETS_DEFAULT_GPUS_PER_RUN",
+            "gpu_count": "GPUs: the first config key of WANDB_ASSETS_GPU_COUNT_KEYS holding a count, else W&B's "
+            "metadata, else the GPUs in the latest system sample, else WANDB_ASSETS_DEFAULT_GPUS_PER_RUN",
+            "gpu_count_source": "where gpu_count came from: config (WANDB_ASSETS_GPU_COUNT_KEYS), metadata (W&B's "
+            "wandb-metadata.json), system_metrics (the GPUs in the run's latest system sample) or default",
+            "gpu_model": "canonical GPU model (H100-80GB, A100-40GB, V100-16GB, RTX-4090, T4, ...) from config "
+            "compute.gpu_type, else W&B's metadata; an unknown name as recorded; NULL when neither says",
+            "gpu_util_pct": "mean utilisation of the run's GPUs in its latest system sample, percent; NULL without one",
             "gpu_type": "GPU model, config `compute.gpu_type` (wandb_assets.instrument)",
             "cpu_count": "CPUs given to the job, config `compute.cpu_count`",
             "memory_gb": "memory available to the job, GiB, config `compute.memory_gb`",

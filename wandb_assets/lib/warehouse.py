@@ -46,6 +46,9 @@ RUNS_COLUMNS: dict[str, str] = {
     "ended_at": "TIMESTAMP",
     "duration_hours": "DOUBLE",
     "gpu_count": "INTEGER",
+    "gpu_count_source": "VARCHAR",
+    "gpu_model": "VARCHAR",
+    "gpu_util_pct": "DOUBLE",
     "gpu_type": "VARCHAR",
     "cpu_count": "INTEGER",
     "memory_gb": "DOUBLE",
@@ -200,6 +203,15 @@ def _create_schema(con, lake: bool, home: tuple[str | None, str | None] | None) 
     migrated = "entity" not in existing
     if migrated:
         _migrate_run_projects(con, home)
+    if "gpu_count_source" not in existing:  # rows written before the source was kept: config or the default
+        flat, nested = (
+            """json_extract(config, '$."compute.gpu_count"')""",
+            "json_extract(config, '$.compute.gpu_count')",
+        )
+        con.execute(
+            f"UPDATE runs SET gpu_count_source = CASE WHEN coalesce({flat}, {nested}) IS NOT NULL "
+            "THEN 'config' ELSE 'default' END"
+        )
     con.execute("ALTER TABLE report_publications ADD COLUMN IF NOT EXISTS artifact VARCHAR")
     con.execute(LEDGER_SQL)
     con.execute(ALERT_SQL)

@@ -76,6 +76,7 @@ def make_run_node(
     username: str = "ci-bot",
     group: str | None = None,
     job_type: str | None = "train",
+    system_metrics: dict | None = None,
 ) -> dict[str, Any]:
     """Build a ``Runs`` node exactly as the W&B API serves it.
 
@@ -111,7 +112,7 @@ def make_run_node(
         "heartbeatAt": iso_z(heartbeat_at or created_at),
         "description": None,
         "notes": None,
-        "systemMetrics": "{}",
+        "systemMetrics": json.dumps(system_metrics or {}),
         "summaryMetrics": summary_value,
         "historyLineCount": 0,
         "user": {"name": username, "username": username},

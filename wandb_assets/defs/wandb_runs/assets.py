@@ -139,7 +139,14 @@ def staged_runs(
         fetched_at = datetime.now(UTC).replace(tzinfo=None)
         entity, _, project = (piece.project or "").partition("/")
         rows = [
-            run_row(node, entity=entity, project=project, app_url=app_url, default_gpus=pipeline.default_gpus_per_run)
+            run_row(
+                node,
+                entity=entity,
+                project=project,
+                app_url=app_url,
+                default_gpus=pipeline.default_gpus_per_run,
+                gpu_count_keys=pipeline.gpu_count_keys,
+            )
             for node in nodes
         ]
         with tally:

@@ -83,6 +83,7 @@ def offline_runs(
         now=now,
         stall=stall,
         default_gpus=settings.default_gpus_per_run,
+        gpu_count_keys=settings.gpu_count_keys,
         workers=min(4, os.cpu_count() or 1),
         gone_quiet=quiet,
         entity=mirrored.WANDB_ENTITY,  # the project the gauges and alerts are for (unset: every log)

@@ -1,0 +1,127 @@
+"""GPU count, model and utilisation of a run (``lib.gpus``), pure and through the pipeline."""
+
+from datetime import datetime
+
+import pytest
+
+from wandb_assets.lib.gpus import canonical_gpu_model, gpu_count, mean_utilisation, system_gpus
+
+#: Strings W&B records in ``wandb-metadata.json`` (``gpu``) or people log as ``compute.gpu_type``.
+REAL_MODELS = {
+    "NVIDIA H100 80GB HBM3": "H100-80GB",
+    "Tesla V100-SXM2-16GB": "V100-16GB",
+    "NVIDIA A100-SXM4-40GB": "A100-40GB",
+    "NVIDIA A100-SXM4-80GB": "A100-80GB",
+    "NVIDIA A100 80GB PCIe": "A100-80GB",
+    "NVIDIA A100-PCIE-40GB": "A100-40GB",
+    "NVIDIA GeForce RTX 4090": "RTX-4090",
+    "Tesla T4": "T4",
+    "NVIDIA L4": "L4",
+    "NVIDIA A10G": "A10G",
+    "NVIDIA RTX A6000": "RTX-A6000",
+    "NVIDIA RTX 6000 Ada Generation": "RTX-6000-Ada",
+    "NVIDIA GeForce RTX 3090 Ti": "RTX-3090Ti",
+    "NVIDIA GeForce RTX 2080 Ti": "RTX-2080Ti",
+    "NVIDIA GeForce GTX 1080 Ti": "GTX-1080Ti",
+    "Tesla P100-PCIE-16GB": "P100-16GB",
+    "Tesla K80": "K80",
+    "Tesla V100-PCIE-32GB": "V100-32GB",
+    "NVIDIA H100 NVL": "H100-94GB",
+    "NVIDIA H100 PCIe": "H100-80GB",
+    "NVIDIA H200": "H200-141GB",
+    "NVIDIA L40S": "L40S",
+    "NVIDIA A40": "A40",
+    "NVIDIA TITAN V": "TITAN-V",
+    "AMD Instinct MI250X": "MI250X",
+}
+
+
+@pytest.mark.parametrize(("raw", "canonical"), sorted(REAL_MODELS.items()))
+def test_the_strings_w_and_b_records_become_one_canonical_name_each(raw, canonical):
+    assert canonical_gpu_model(raw) == (canonical, True)
+    assert canonical_gpu_model(canonical) == (canonical, True)  # a canonical name (config compute.gpu_type) stays
+
+
+def test_an_unknown_model_is_kept_as_recorded_and_said_unknown_and_nothing_is_none():
+    assert canonical_gpu_model("  Apple M2 Max ") == ("Apple M2 Max", False)
+    assert canonical_gpu_model("") == (None, True)
+    assert canonical_gpu_model(None) == (None, True)
+    assert canonical_gpu_model(8) == (None, True)
+
+
+EIGHT_GPUS = {f"system.gpu.{i}.gpu": (97.0 if i == 3 else 0.0) for i in range(8)} | {
+    **{f"system.gpu.{i}.memory": 12.5 for i in range(8)},
+    "system.cpu": 40.0,
+    "system.gpu.process.0.gpu": 50.0,  # a per-process key: not a GPU index
+}
+KEYS = ("compute.gpu_count", "world_size", "dist/world_size", "resources.num_gpus")
+
+
+def test_precedence_config_keys_then_metadata_then_system_metrics_then_the_default():
+    metadata = {"gpu_count": 4, "gpu": "NVIDIA A100-SXM4-40GB"}
+    # (1) the first configured key holding a count, nested objects and flat dotted keys alike
+    assert gpu_count({"resources": {"num_gpus": 2}}, metadata, EIGHT_GPUS, KEYS, 1) == (2, "config", False)
+    assert gpu_count({"resources.num_gpus": "16"}, metadata, EIGHT_GPUS, KEYS, 1) == (16, "config", False)
+    assert gpu_count({"dist/world_size": 32.0, "world_size": 64}, metadata, {}, KEYS, 1) == (64, "config", False)
+    # a key that holds no count falls through, and says so
+    assert gpu_count({"compute": {"gpu_count": "eight"}}, metadata, {}, KEYS, 1) == (4, "metadata", True)
+    # (2) W&B's metadata
+    assert gpu_count({"lr": 0.1}, metadata, EIGHT_GPUS, KEYS, 1) == (4, "metadata", False)
+    # (3) distinct GPU indices of the latest system sample
+    assert gpu_count({}, {"gpu": "NVIDIA H100 80GB HBM3"}, EIGHT_GPUS, KEYS, 1) == (8, "system_metrics", False)
+    assert gpu_count({}, None, {"system.gpu.0.gpu": 5, "system.gpu.1.memoryAllocated": 3}, KEYS, 1)[:2] == (
+        2,
+        "system_metrics",
+    )
+    # (4) the default
+    assert gpu_count({}, {"gpu_count": 0}, {"system.cpu": 3.0}, KEYS, 1) == (1, "default", False)
+    assert gpu_count({"world_size": True}, None, {}, KEYS, 2) == (2, "default", True)  # a boolean is no count
+
+
+def test_utilisation_is_the_mean_over_the_gpus_of_the_latest_sample():
+    assert sorted(system_gpus(EIGHT_GPUS)) == list(range(8))
+    assert mean_utilisation(EIGHT_GPUS) == pytest.approx(97.0 / 8)
+    assert mean_utilisation({"system.gpu.0.gpu": float("nan"), "system.gpu.1.gpu": 50}) == 50.0
+    assert mean_utilisation({"system.cpu": 3}) is None
+
+
+def test_the_runs_table_carries_count_source_model_and_utilisation(wandb_server, warehouse_path, instance, monkeypatch):
+    """Four runs through the real client and a backfill, one per source; WANDB_ASSETS_GPU_COUNT_KEYS names
+    world_size before compute.gpu_count."""
+    from datetime import date
+
+    from wandb_assets.localwandb import make_run_node
+    from wandb_assets.ticks import execute_backfill
+    from wandb_assets.warehouse import query_read_only
+
+    at = datetime(2026, 6, 1, 12)
+    wandb_server(
+        [
+            make_run_node(
+                "cfg",
+                display_name=None,
+                state="finished",
+                created_at=at,
+                config={"world_size": 16, "compute": {"gpu_count": 2, "gpu_type": "NVIDIA H100 80GB HBM3"}},
+                system_metrics=EIGHT_GPUS,
+            ),
+            make_run_node("sys", display_name=None, state="finished", created_at=at, system_metrics=EIGHT_GPUS),
+            make_run_node("dflt", display_name=None, state="finished", created_at=at, config={"world_size": "x"}),
+            make_run_node(
+                "bad", display_name=None, state="finished", created_at=at, config={"compute.gpu_type": "Apple M2 Max"}
+            ),
+        ]
+    )
+    monkeypatch.setenv("WANDB_ASSETS_GPU_COUNT_KEYS", "world_size, compute.gpu_count")
+    monkeypatch.setenv("WANDB_ASSETS_DEFAULT_GPUS_PER_RUN", "3")
+    assert execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 1)).success
+    rows = query_read_only(
+        warehouse_path,
+        "SELECT run_id, gpu_count, gpu_count_source, gpu_model, round(gpu_util_pct, 3), anomalies FROM runs ORDER BY 1",
+    )
+    assert rows == [
+        ("bad", 3, "default", "Apple M2 Max", None, []),
+        ("cfg", 16, "config", "H100-80GB", 12.125, []),
+        ("dflt", 3, "default", None, None, ["gpu_count"]),
+        ("sys", 8, "system_metrics", None, 12.125, []),
+    ]

@@ -1,0 +1,155 @@
+"""What a run's GPUs were: how many (and where that number came from), which model, how busy. No Dagster here.
+
+W&B records the GPU count and model of every run in the run file ``wandb-metadata.json`` (``gpu_count``,
+``gpu``: "NVIDIA H100 80GB HBM3", "Tesla V100-SXM2-16GB"), and the runs query returns ``systemMetrics``, the
+run's latest system sample (``system.gpu.<i>.gpu`` = utilisation % of GPU ``i``). People also log the count in
+their config under many names. One precedence decides, and the row says which source won:
+config keys (``WANDB_ASSETS_GPU_COUNT_KEYS``) -> W&B metadata -> GPU indices in ``systemMetrics`` -> the default.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+#: Where a run's GPU count came from, most trusted first.
+SOURCE_CONFIG, SOURCE_METADATA, SOURCE_SYSTEM_METRICS, SOURCE_DEFAULT = (
+    "config",
+    "metadata",
+    "system_metrics",
+    "default",
+)
+GPU_COUNT_SOURCES = (SOURCE_CONFIG, SOURCE_METADATA, SOURCE_SYSTEM_METRICS, SOURCE_DEFAULT)
+
+#: ``system.gpu.<index>.<what>`` in a system-metrics sample (``gpu``: utilisation %, ``memory``: memory busy %).
+_SYSTEM_GPU_KEY = re.compile(r"^system\.gpu\.(\d+)\.([A-Za-z]+)$")
+
+
+def _lookup(config: Mapping[str, Any], dotted: str) -> Any:
+    """``a.b`` as a flat key or nested objects (``{"a": {"b": 1}}``), or a flat key holding the rest."""
+    if dotted in config:
+        return config[dotted]
+    head, dot, rest = dotted.partition(".")
+    if dot and isinstance(config.get(head), Mapping):
+        return _lookup(config[head], rest)
+    return None
+
+
+def _count(value: Any) -> int | None:
+    """A whole, positive GPU count from an int, a whole float or a digit string; else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def system_gpus(system_metrics: Mapping[str, Any]) -> dict[int, dict[str, float]]:
+    """``{gpu index: {"gpu": util %, "memory": memory %, ...}}`` from one system-metrics sample (finite numbers
+    only); an empty dict when the sample names no GPU."""
+    gpus: dict[int, dict[str, float]] = {}
+    for key, value in system_metrics.items():
+        match = _SYSTEM_GPU_KEY.match(key)
+        if match is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if value != value or value in (float("inf"), float("-inf")):
+            continue
+        gpus.setdefault(int(match.group(1)), {})[match.group(2)] = float(value)
+    return gpus
+
+
+def mean_utilisation(system_metrics: Mapping[str, Any]) -> float | None:
+    """The mean of ``system.gpu.<i>.gpu`` over the run's GPUs in the sample; None when it has none."""
+    values = [gpu["gpu"] for gpu in system_gpus(system_metrics).values() if "gpu" in gpu]
+    return sum(values) / len(values) if values else None
+
+
+def gpu_count(
+    config: Mapping[str, Any],
+    metadata: Mapping[str, Any] | None,
+    system_metrics: Mapping[str, Any],
+    keys: Iterable[str],
+    default: int,
+) -> tuple[int, str, bool]:
+    """``(count, source, malformed)``: the first of the config ``keys`` holding a positive whole number, else the
+    metadata's ``gpu_count``, else the number of distinct GPU indices in ``system_metrics``, else ``default``.
+    ``malformed``: a config key was present but held no usable count (the run's ``anomalies`` says so)."""
+    malformed = False
+    for key in keys:
+        raw = _lookup(config, key)
+        if raw is None:
+            continue
+        found = _count(raw)
+        if found is not None:
+            return found, SOURCE_CONFIG, malformed
+        malformed = True
+    found = _count((metadata or {}).get("gpu_count"))
+    if found is not None:
+        return found, SOURCE_METADATA, malformed
+    indices = system_gpus(system_metrics)
+    if indices:
+        return len(indices), SOURCE_SYSTEM_METRICS, malformed
+    return default, SOURCE_DEFAULT, malformed
+
+
+# ------------------------------------------------------------------------------------------------ GPU models
+
+#: (pattern over the upper-cased name without vendor words, canonical name), first match wins. Memory sizes
+#: come from the string where W&B records them (A100 40/80 GB, V100 16/32 GB), else the model's only size.
+_MODELS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), name)
+    for pattern, name in (
+        (r"\bGH200\b", "GH200"),
+        (r"\bH200\b", "H200-141GB"),
+        (r"\bH100\b.*(\bNVL\b|\b94\s?GB\b)", "H100-94GB"),
+        (r"\bH100\b", "H100-80GB"),
+        (r"\bH800\b", "H800-80GB"),
+        (r"\bB200\b", "B200"),
+        (r"\bA100\b.*\b80\s?GB\b", "A100-80GB"),
+        (r"\bA100\b.*\b40\s?GB\b", "A100-40GB"),
+        (r"\bA100\b", "A100"),
+        (r"\bA800\b.*\b80\s?GB\b", "A800-80GB"),
+        (r"\bV100\b.*\b32\s?GB\b", "V100-32GB"),
+        (r"\bV100\b.*\b16\s?GB\b", "V100-16GB"),
+        (r"\bV100\b", "V100"),
+        (r"\bP100\b.*\b12\s?GB\b", "P100-12GB"),
+        (r"\bP100\b", "P100-16GB"),
+        (r"\bL40S\b", "L40S"),
+        (r"\bL40\b", "L40"),
+        (r"\bL4\b", "L4"),
+        (r"\bA10G\b", "A10G"),
+        (r"\bA10\b", "A10"),
+        (r"\bA30\b", "A30"),
+        (r"\bA40\b", "A40"),
+        (r"\bT4\b", "T4"),
+        (r"\bK80\b", "K80"),
+        (r"\bP4\b", "P4"),
+        (r"\bRTX[\s-]+A(\d{4})\b", r"RTX-A\1"),
+        (r"\bRTX[\s-]+(\d{4})[\s-]+ADA\b", r"RTX-\1-Ada"),
+        (r"\bRTX[\s-]+(\d{4})\s*TI\b", r"RTX-\1Ti"),
+        (r"\bRTX[\s-]+(\d{4})\b", r"RTX-\1"),
+        (r"\bGTX[\s-]+(\d{3,4})\s*TI\b", r"GTX-\1Ti"),
+        (r"\bGTX[\s-]+(\d{3,4})\b", r"GTX-\1"),
+        (r"\bTITAN[\s-]+(RTX|V|XP|X)\b", r"TITAN-\1"),
+        (r"\bMI(\d{3}[A-Z]?)\b", r"MI\1"),
+    )
+)
+_VENDOR_WORDS = re.compile(r"\b(NVIDIA|TESLA|GEFORCE|AMD|INSTINCT|CORPORATION|GRAPHICS)\b")
+
+
+def canonical_gpu_model(raw: Any) -> tuple[str | None, bool]:
+    """``(name, known)``: a canonical GPU model such as ``H100-80GB``, ``A100-40GB``, ``V100-16GB``,
+    ``RTX-4090`` or ``T4`` from the string W&B records, with ``known`` True; an unknown string is kept as it is
+    (trimmed) with ``known`` False; nothing (None, empty, not a string) is ``(None, True)``."""
+    if not isinstance(raw, str) or not raw.strip():
+        return None, True
+    text = raw.strip()
+    upper = _VENDOR_WORDS.sub(" ", text.upper().replace("_", " "))
+    for pattern, name in _MODELS:
+        match = pattern.search(upper)
+        if match:
+            return match.expand(name), True
+    return text, False
