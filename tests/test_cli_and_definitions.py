@@ -59,6 +59,7 @@ def test_definitions_contents():
         "push_to_main_sps",
         "success_rates",
         "gpu_hours",
+        "gpu_usage",
         "fleet_snapshot",
         "datadog_feed",
         "fleet_alerts",

@@ -125,3 +125,146 @@ def test_the_runs_table_carries_count_source_model_and_utilisation(wandb_server,
         ("dflt", 3, "default", None, None, ["gpu_count"]),
         ("sys", 8, "system_metrics", None, 12.125, []),
     ]
+
+
+# ----------------------------------------------------------------------------------- prices, teams, gpu_usage
+
+
+def _usage_fleet() -> list[dict]:
+    """At 2026-06-10 12:00: alice's 8-GPU H100 run over midnight (22:00-02:00: 16 GPU-hours each day), bob's
+    2-GPU A100-40GB run running since 09:00 (6 GPU-hours so far), carol's 1-GPU run on a model without a price
+    (00:00-05:00), alice's 4-GPU H100 run in project b (10:00-11:00), and a pending run (no GPU-hours)."""
+    from tests.fleet import fleet_row
+
+    def row(run_id, project, user, model, gpus, state, start, end=None):
+        base = fleet_row(run_id, state, "regular", start, end, gpus, entity="team", project=project)
+        return base | {"user": user, "gpu_model": model}
+
+    d = datetime
+    return [
+        row("r1", "a", "alice", "H100-80GB", 8, "finished", d(2026, 6, 9, 22), d(2026, 6, 10, 2)),
+        row("r2", "a", "bob", "A100-40GB", 2, "running", d(2026, 6, 10, 9)),
+        row("r3", "b", "carol", "Apple M2 Max", 1, "finished", d(2026, 6, 10, 0), d(2026, 6, 10, 5)),
+        row("r4", "b", "alice", "H100-80GB", 4, "finished", d(2026, 6, 10, 10), d(2026, 6, 10, 11)),
+        row("r5", "b", "dan", "H100-80GB", 8, "pending", d(2026, 6, 10, 11)),
+    ]
+
+
+def test_gpu_usage_costs_by_day_user_team_and_model_hand_worked(memory_con):
+    """Prices H100-80GB 3.00 and A100-40GB 1.50 USD per GPU-hour (written with the names W&B records); teams
+    vision = alice, infra = bob; carol is unassigned and her model has no price: NULL, not 0."""
+    import yaml
+
+    from tests.fleet import load
+    from wandb_assets.lib.gpus import parse_prices, parse_teams
+    from wandb_assets.lib.warehouse import rebuild_gpu_usage
+
+    prices = parse_prices(yaml.safe_load("NVIDIA H100 80GB HBM3: 3.0\nA100-SXM4-40GB: 1.5\n"), "prices")
+    assert prices == {"H100-80GB": 3.0, "A100-40GB": 1.5}
+    teams = parse_teams(yaml.safe_load("vision: [alice]\ninfra: [bob]\n"), "teams")
+    load(memory_con, _usage_fleet())
+    assert rebuild_gpu_usage(memory_con, datetime(2026, 6, 10, 12), prices, teams) == 5
+    rows = memory_con.execute(
+        "SELECT day::VARCHAR, project, username, team, gpu_model, runs, round(gpu_hours, 6), round(cost_usd, 6) "
+        "FROM gpu_usage ORDER BY ALL"
+    ).fetchall()
+    assert rows == [
+        ("2026-06-09", "a", "alice", "vision", "H100-80GB", 1, 16.0, 48.0),
+        ("2026-06-10", "a", "alice", "vision", "H100-80GB", 1, 16.0, 48.0),
+        ("2026-06-10", "a", "bob", "infra", "A100-40GB", 1, 6.0, 9.0),
+        ("2026-06-10", "b", "alice", "vision", "H100-80GB", 1, 4.0, 12.0),
+        ("2026-06-10", "b", "carol", "unassigned", "Apple M2 Max", 1, 5.0, None),
+    ]
+    # The same GPU-hours as the gpu_hours table (one rule).
+    from wandb_assets.lib.warehouse import rebuild_gpu_hours
+
+    rebuild_gpu_hours(memory_con, datetime(2026, 6, 10, 12))
+    assert memory_con.execute("SELECT sum(gpu_hours) FROM gpu_hours WHERE category = 'all'").fetchone()[0] == 47.0
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[1, 2]", "must map GPU models to USD per GPU-hour"),
+        ("H100-80GB: cheap", "gives 'H100-80GB' the price 'cheap'"),
+        ("T4: -1", "gives 'T4' the price -1"),
+    ],
+)
+def test_a_malformed_price_file_is_one_sentence(text, says):
+    import yaml
+
+    from wandb_assets.lib.errors import ConfigError
+    from wandb_assets.lib.gpus import parse_prices
+
+    with pytest.raises(ConfigError, match=says):
+        parse_prices(yaml.safe_load(text), "WANDB_ASSETS_GPU_PRICES (p.yaml)")
+
+
+def test_a_user_in_two_teams_is_refused():
+    from wandb_assets.lib.errors import ConfigError
+    from wandb_assets.lib.gpus import parse_teams
+
+    with pytest.raises(ConfigError, match="puts 'alice' in two teams"):
+        parse_teams({"vision": ["alice"], "infra": ["alice"]}, "WANDB_ASSETS_TEAMS")
+
+
+def test_the_gpu_usage_asset_reads_the_price_and_team_files_and_lists_models_without_a_price(
+    wandb_server, warehouse_path, instance, monkeypatch, tmp_path
+):
+    from datetime import date
+
+    from wandb_assets.localwandb import make_run_node
+    from wandb_assets.ticks import execute_backfill
+    from wandb_assets.warehouse import query_read_only
+
+    at = datetime(2026, 6, 1, 10)
+    wandb_server(
+        [
+            make_run_node(
+                "h",
+                display_name=None,
+                state="finished",
+                created_at=at,
+                heartbeat_at=datetime(2026, 6, 1, 12),
+                config={"compute": {"gpu_count": 4, "gpu_type": "NVIDIA H100 80GB HBM3"}},
+                username="alice",
+            ),
+            make_run_node(
+                "t",
+                display_name=None,
+                state="finished",
+                created_at=at,
+                heartbeat_at=datetime(2026, 6, 1, 11),
+                config={"compute": {"gpu_count": 1, "gpu_type": "Tesla T4"}},
+                username="bob",
+            ),
+        ]
+    )
+    (tmp_path / "prices.yaml").write_text("H100-80GB: 2.5\n")
+    (tmp_path / "teams.yaml").write_text("vision: [alice]\n")
+    monkeypatch.setenv("WANDB_ASSETS_GPU_PRICES", str(tmp_path / "prices.yaml"))
+    monkeypatch.setenv("WANDB_ASSETS_TEAMS", str(tmp_path / "teams.yaml"))
+    result = execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 1))
+    assert result.success
+    meta = result.asset_materializations_for_node("gpu_usage")[0].metadata
+    assert (meta["gpu_hours_total"].value, meta["cost_usd_total"].value) == (9.0, 20.0)
+    assert meta["models_without_price"].value.splitlines()[2:] == ["| T4 | 1 |"]
+    assert query_read_only(
+        warehouse_path, "SELECT username, team, gpu_model, gpu_hours, cost_usd FROM gpu_usage ORDER BY 1"
+    ) == [("alice", "vision", "H100-80GB", 8.0, 20.0), ("bob", "unassigned", "T4", 1.0, None)]
+
+
+def test_a_price_file_that_cannot_be_read_is_one_sentence_naming_the_variable(tmp_path):
+    from wandb_assets.lib.errors import ConfigError
+    from wandb_assets.settings import pipeline_settings
+
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError) as caught:
+        pipeline_settings({"WANDB_PROJECT": "p", "WANDB_ASSETS_GPU_PRICES": str(missing)})
+    assert (
+        str(caught.value)
+        == f"WANDB_ASSETS_GPU_PRICES names {missing}, which cannot be read (No such file or directory)."
+    )
+    (tmp_path / "bad.yaml").write_text("a: [1\n")
+    with pytest.raises(ConfigError, match="WANDB_ASSETS_TEAMS names .*bad.yaml, which is not valid YAML."):
+        pipeline_settings({"WANDB_PROJECT": "p", "WANDB_ASSETS_TEAMS": str(tmp_path / "bad.yaml")})

@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from wandb_assets.lib.alerts import AlertThresholds
 from wandb_assets.lib.errors import ConfigError
+from wandb_assets.lib.gpus import parse_prices, parse_teams
 from wandb_assets.lib.lake import Lake, S3Options, is_lake, parse_catalog
 from wandb_assets.lib.projects import ProjectSelection, parse_projects
 
@@ -92,6 +93,17 @@ class Settings(BaseSettings):
         None, "DuckLake on S3: endpoint override (MinIO, a proxy); else `AWS_ENDPOINT_URL`.", "AWS default"
     )
     WANDB_ASSETS_DEFAULT_GPUS_PER_RUN: int = _var(1, "GPU count assumed for a run that records none.", ge=0)
+    WANDB_ASSETS_GPU_PRICES: Path | None = _var(
+        None,
+        "YAML file mapping GPU models to USD per GPU-hour (such as `H100-80GB: 2.99`); a model without a price "
+        "costs NULL, never 0.",
+        "the shipped `wandb_assets/data/gpu_prices.yaml`",
+    )
+    WANDB_ASSETS_TEAMS: Path | None = _var(
+        None,
+        "YAML file mapping teams to lists of W&B usernames (`vision: [alice, bob]`); unmapped users are `unassigned`.",
+        "(none: everyone unassigned)",
+    )
     WANDB_ASSETS_GPU_COUNT_KEYS: str = _var(
         "compute.gpu_count",
         "Config keys (comma-separated dotted paths, nested objects or flat dotted keys alike) holding a run's GPU "
@@ -294,6 +306,9 @@ class PipelineSettings:
     project_recheck: timedelta = timedelta(hours=6)
     #: Config keys holding a run's GPU count (``WANDB_ASSETS_GPU_COUNT_KEYS``), first match wins.
     gpu_count_keys: tuple[str, ...] = ("compute.gpu_count",)
+    #: USD per GPU-hour by canonical model (``WANDB_ASSETS_GPU_PRICES``) and team by username (``WANDB_ASSETS_TEAMS``).
+    gpu_prices: dict[str, float] = field(default_factory=dict)
+    teams: dict[str, str] = field(default_factory=dict)
 
 
 SecretLoader = Callable[[str], Mapping[str, str]]
@@ -306,6 +321,13 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
         warehouse=warehouse_location(s),
         default_gpus_per_run=s.WANDB_ASSETS_DEFAULT_GPUS_PER_RUN,
         gpu_count_keys=tuple(k.strip() for k in s.WANDB_ASSETS_GPU_COUNT_KEYS.split(",") if k.strip()),
+        gpu_prices=parse_prices(
+            _yaml(s.WANDB_ASSETS_GPU_PRICES or SHIPPED_GPU_PRICES, "WANDB_ASSETS_GPU_PRICES"),
+            f"WANDB_ASSETS_GPU_PRICES ({s.WANDB_ASSETS_GPU_PRICES or SHIPPED_GPU_PRICES})",
+        ),
+        teams=parse_teams(_yaml(s.WANDB_ASSETS_TEAMS, "WANDB_ASSETS_TEAMS"), "WANDB_ASSETS_TEAMS")
+        if s.WANDB_ASSETS_TEAMS
+        else {},
         start_date=s.WANDB_ASSETS_START_DATE,
         http_timeout_s=s.WANDB_ASSETS_HTTP_TIMEOUT,
         http_retries=s.WANDB_ASSETS_HTTP_RETRIES,
@@ -319,6 +341,24 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
         projects=parse_projects(s.WANDB_ASSETS_PROJECTS) if s.WANDB_ASSETS_PROJECTS is not None else None,
         project_recheck=timedelta(hours=s.WANDB_ASSETS_PROJECT_RECHECK_HOURS),
     )
+
+
+#: The default GPU prices (see the README, "GPU accounting").
+SHIPPED_GPU_PRICES = Path(__file__).resolve().parent / "data" / "gpu_prices.yaml"
+
+
+def _yaml(path: Path, variable: str) -> Any:
+    """A YAML file's document; a one-sentence ``ConfigError`` naming ``variable`` when it cannot be read."""
+    import yaml
+
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(
+            f"{variable} names {path}, which cannot be read ({exc.strerror or type(exc).__name__})."
+        ) from None
+    except yaml.YAMLError:
+        raise ConfigError(f"{variable} names {path}, which is not valid YAML.") from None
 
 
 def _default_staging_dir(s: Settings) -> Path:

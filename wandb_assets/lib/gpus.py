@@ -9,9 +9,12 @@ config keys (``WANDB_ASSETS_GPU_COUNT_KEYS``) -> W&B metadata -> GPU indices in 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from wandb_assets.lib.errors import ConfigError
 
 #: Where a run's GPU count came from, most trusted first.
 SOURCE_CONFIG, SOURCE_METADATA, SOURCE_SYSTEM_METRICS, SOURCE_DEFAULT = (
@@ -153,3 +156,35 @@ def canonical_gpu_model(raw: Any) -> tuple[str | None, bool]:
         if match:
             return match.expand(name), True
     return text, False
+
+
+# ------------------------------------------------------------------------------------------- prices and teams
+
+
+def parse_prices(document: Any, where: str) -> dict[str, float]:
+    """``{canonical model: USD per GPU-hour}`` from a parsed YAML mapping (keys may be raw names W&B records:
+    they are made canonical). One-sentence ``ConfigError`` naming ``where`` for anything else."""
+    if not isinstance(document, Mapping) or not document:
+        raise ConfigError(f"{where} must map GPU models to USD per GPU-hour (such as H100-80GB: 2.99).")
+    prices: dict[str, float] = {}
+    for raw, usd in document.items():
+        model, _ = canonical_gpu_model(str(raw))
+        if isinstance(usd, bool) or not isinstance(usd, (int, float)) or not math.isfinite(usd) or usd < 0:
+            raise ConfigError(f"{where} gives {raw!r} the price {usd!r}: a price is a number of USD, 0 or more.")
+        prices[model or str(raw)] = float(usd)
+    return prices
+
+
+def parse_teams(document: Any, where: str) -> dict[str, str]:
+    """``{W&B username: team}`` from a parsed YAML mapping of ``team: [username, ...]``; a user in two teams is a
+    ``ConfigError`` (a GPU-hour is counted once)."""
+    if not isinstance(document, Mapping):
+        raise ConfigError(f"{where} must map teams to lists of W&B usernames (such as vision: [alice, bob]).")
+    teams: dict[str, str] = {}
+    for team, users in document.items():
+        if not isinstance(users, list) or not all(isinstance(u, str) and u.strip() for u in users):
+            raise ConfigError(f"{where} gives team {team!r} {users!r}: list the W&B usernames of each team.")
+        for user in users:
+            if teams.setdefault(user.strip(), str(team)) != str(team):
+                raise ConfigError(f"{where} puts {user!r} in two teams ({teams[user.strip()]}, {team}).")
+    return teams

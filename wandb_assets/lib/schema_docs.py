@@ -112,6 +112,23 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "gpu_hours": "sum of gpu_count x hours of [created_at, ended_at or now] inside the day, GPU-hours",
         },
     ),
+    "gpu_usage": (
+        "table",
+        "GPU-hours and dollars per UTC day, project, user, team, category and GPU model (rebuilt each tick; "
+        "running runs count up to then).",
+        {
+            "day": "UTC day the GPU-hours were spent on",
+            **_PROJECT,
+            "username": "W&B user who ran them (NULL when W&B names none)",
+            "team": "team of the user (WANDB_ASSETS_TEAMS), unassigned when not mapped",
+            "category": "push_to_main, sweep or regular",
+            "gpu_model": "canonical GPU model (runs.gpu_model); NULL when no source names it",
+            "runs": "runs that used GPUs that day, count",
+            "gpu_hours": "GPUs times busy hours that day (the gpu_hours table's rule)",
+            "cost_usd": "gpu_hours times the model's USD per GPU-hour (WANDB_ASSETS_GPU_PRICES); NULL when the "
+            "model has no price (never 0)",
+        },
+    ),
     "fleet_metrics": (
         "table",
         "The 20 fleet gauges, one row per metric per snapshot (a time series).",

@@ -99,6 +99,10 @@ CREATE TABLE IF NOT EXISTS success_rates (
 CREATE TABLE IF NOT EXISTS gpu_hours (
     entity VARCHAR, project VARCHAR, day DATE, category VARCHAR, runs BIGINT, gpu_hours DOUBLE
 );
+CREATE TABLE IF NOT EXISTS gpu_usage (
+    day DATE, entity VARCHAR, project VARCHAR, username VARCHAR, team VARCHAR, category VARCHAR, gpu_model VARCHAR,
+    runs BIGINT, gpu_hours DOUBLE, cost_usd DOUBLE
+);
 CREATE TABLE IF NOT EXISTS fleet_metrics (snapshot_at TIMESTAMP, metric VARCHAR, value DOUBLE);
 CREATE TABLE IF NOT EXISTS project_metrics (
     snapshot_at TIMESTAMP, entity VARCHAR, project VARCHAR, metric VARCHAR, value DOUBLE
@@ -591,26 +595,62 @@ WHERE state IN ({ENDED_SQL}) AND ended_at IS NOT NULL
 GROUP BY GROUPING SETS ((entity, project, ended_at::DATE), (entity, project, ended_at::DATE, category))
 """
 
-GPU_HOURS_SQL = f"""
-WITH spans AS (
-    SELECT entity, project, category, gpu_count, created_at AS span_start,
-           {busy_until_sql("$now::TIMESTAMP")} AS span_end
+
+def _daily_gpu_hours_sql(columns: str) -> str:
+    """CTEs ``spans`` and ``daily``: each run's busy span (``busy_until_sql`` at ``$now``) cut at UTC midnights,
+    one row per run and day with ``day_start`` and ``gpu_hours`` (its GPUs times the hours of that day), carrying
+    the runs ``columns``. The one GPU-hours rule of the gpu_hours and gpu_usage tables."""
+    return f"""
+spans AS (
+    SELECT {columns}, gpu_count, created_at AS span_start, {busy_until_sql("$now::TIMESTAMP")} AS span_end
     FROM runs WHERE created_at IS NOT NULL
 ),
 daily AS (
-    SELECT entity, project, category, gpu_count, span_start, span_end,
-           -- range() excludes its end: a span ending exactly at midnight adds no 0-hour day after it
-           unnest(range(date_trunc('day', span_start), span_end, INTERVAL 1 DAY)) AS day_start
-    FROM spans WHERE span_end > span_start
-)
+    SELECT *, gpu_count * (epoch(least(span_end, day_start + INTERVAL 1 DAY))
+                           - epoch(greatest(span_start, day_start))) / 3600.0 AS gpu_hours
+    FROM (
+        SELECT *,
+               -- range() excludes its end: a span ending exactly at midnight adds no 0-hour day after it
+               unnest(range(date_trunc('day', span_start), span_end, INTERVAL 1 DAY)) AS day_start
+        FROM spans WHERE span_end > span_start
+    )
+)"""
+
+
+GPU_HOURS_SQL = f"""
+WITH {_daily_gpu_hours_sql("entity, project, category")}
 SELECT entity, project, day_start::DATE AS day,
        CASE WHEN GROUPING(category) = 1 THEN 'all' ELSE category END AS category,
-       count(*) AS runs,
-       sum(gpu_count * (epoch(least(span_end, day_start + INTERVAL 1 DAY))
-                        - epoch(greatest(span_start, day_start))) / 3600.0) AS gpu_hours
+       count(*) AS runs, sum(gpu_hours) AS gpu_hours
 FROM daily
 GROUP BY GROUPING SETS ((entity, project, day_start), (entity, project, day_start, category))
 """
+
+#: GPU-hours and dollars per UTC day, project, user, team, category and GPU model (``$prices``: JSON list of
+#: ``{model, usd}``; ``$teams``: JSON list of ``{user, team}``). A model without a price costs NULL, never 0.
+GPU_USAGE_SQL = f"""
+WITH prices AS (
+    SELECT unnest(from_json($prices::JSON, '[{{"model": "VARCHAR", "usd": "DOUBLE"}}]'), recursive := true)
+),
+teams AS (
+    SELECT unnest(from_json($teams::JSON, '[{{"user": "VARCHAR", "team": "VARCHAR"}}]'), recursive := true)
+),
+{_daily_gpu_hours_sql('entity, project, category, "user" AS username, gpu_model')}
+SELECT day_start::DATE AS day, entity, project, username, coalesce(t.team, 'unassigned') AS team, category,
+       gpu_model, count(*) AS runs, sum(gpu_hours) AS gpu_hours, sum(gpu_hours * p.usd) AS cost_usd
+FROM daily LEFT JOIN prices p ON p.model = daily.gpu_model LEFT JOIN teams t ON t.user = daily.username
+GROUP BY ALL
+"""
+
+
+def rebuild_gpu_usage(con, now: datetime, prices: dict[str, float], teams: dict[str, str]) -> int:
+    """Rebuild ``gpu_usage`` at ``now`` (running runs count up to it) with these prices and teams."""
+    params = {
+        "now": now,
+        "prices": json.dumps([{"model": m, "usd": usd} for m, usd in prices.items()]),
+        "teams": json.dumps([{"user": u, "team": t} for u, t in teams.items()]),
+    }
+    return _replace_table(con, "gpu_usage", GPU_USAGE_SQL, params)
 
 
 def rebuild_push_to_main_sps(con) -> int:

@@ -22,10 +22,12 @@ from wandb_assets.lib.markdown import markdown_table
 from wandb_assets.lib.warehouse import (
     PROJECT_SUMMARY_SQL,
     rebuild_gpu_hours,
+    rebuild_gpu_usage,
     rebuild_push_to_main_sps,
     rebuild_success_rates,
     record_snapshot,
 )
+from wandb_assets.settings import pipeline_settings
 
 COMMON = {
     "group_name": "fleet",
@@ -79,6 +81,34 @@ gpu_hours = derived_table_asset(
     "day DESC, category",
     "day",
 )
+
+
+@asset(
+    description="Per UTC day, project, user, team, category and GPU model: runs, GPU-hours (the gpu_hours rule) and "
+    "USD (WANDB_ASSETS_GPU_PRICES; a model without a price costs NULL and is listed here, never 0); teams from "
+    "WANDB_ASSETS_TEAMS (else unassigned). Rebuilt whole; running runs count up to now.",
+    **COMMON,
+)
+def gpu_usage(context: AssetExecutionContext, warehouse: WarehouseResource) -> MaterializeResult:
+    pipeline = pipeline_settings()
+    with warehouse.get_connection() as con:
+        rows = rebuild_gpu_usage(con, utc_now(), pipeline.gpu_prices, pipeline.teams)
+        unpriced = con.execute(
+            "SELECT coalesce(gpu_model, '(no model)'), round(sum(gpu_hours), 2) FROM gpu_usage "
+            "WHERE cost_usd IS NULL AND gpu_hours > 0 GROUP BY 1 ORDER BY 2 DESC"
+        ).fetchall()
+        totals = con.execute("SELECT round(sum(gpu_hours), 2), round(sum(cost_usd), 2) FROM gpu_usage").fetchone()
+    if unpriced:
+        context.log.warning(f"GPU models without a price (cost NULL): {', '.join(m for m, _ in unpriced)}")
+    return MaterializeResult(
+        metadata={
+            "rows": rows,
+            "gpu_hours_total": totals[0] or 0.0,
+            "cost_usd_total": totals[1] or 0.0,
+            "models_without_price": MetadataValue.md(markdown_table(["gpu_model", "GPU-hours"], unpriced)),
+            "writer_held_s": round(warehouse.last_writer_hold_s(), 3),
+        }
+    )
 
 
 class SnapshotConfig(Config):

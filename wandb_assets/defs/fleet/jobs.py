@@ -23,7 +23,7 @@ FALLBACK_LOOKBACK_DAYS = 7
 #: Dagster's run tags for a partition range in one run (the literal strings, as Dagster documents them).
 RANGE_START_TAG, RANGE_END_TAG = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
-DERIVED = AssetSelection.keys("push_to_main_sps", "success_rates", "gpu_hours")
+DERIVED = AssetSelection.keys("push_to_main_sps", "success_rates", "gpu_hours", "gpu_usage")
 #: Fetch and load the mirrored projects' runs, and record what the fetch found of each project.
 MIRROR = AssetSelection.keys("staged_runs", "runs", "wandb_projects")
 
