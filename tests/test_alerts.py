@@ -28,7 +28,7 @@ TH = AlertThresholds()
 ALL_RULES = set(RULE_FUNCTIONS)
 
 
-def test_the_eight_rules():
+def test_the_nine_rules():
     assert RULES == (
         "push_to_main_success_rate_low",
         "sps_regression",
@@ -36,6 +36,7 @@ def test_the_eight_rules():
         "stalled_run",
         "ci_silent",
         "long_running",
+        "idle_gpus",
         "project_unreachable",
         "pipeline_failure",
     )

@@ -125,6 +125,9 @@ def test_the_runs_table_carries_count_source_model_and_utilisation(wandb_server,
         ("dflt", 3, "default", None, None, ["gpu_count"]),
         ("sys", 8, "system_metrics", None, 12.125, []),
     ]
+    assert query_read_only(
+        warehouse_path, "SELECT latest_gpu_sample[4].utilisation, len(latest_gpu_sample) FROM runs WHERE run_id = 'sys'"
+    ) == [(97.0, 8)]  # GPU 3, the busy one (lists count from 1)
 
 
 # ----------------------------------------------------------------------------------- prices, teams, gpu_usage
@@ -268,3 +271,52 @@ def test_a_price_file_that_cannot_be_read_is_one_sentence_naming_the_variable(tm
     (tmp_path / "bad.yaml").write_text("a: [1\n")
     with pytest.raises(ConfigError, match="WANDB_ASSETS_TEAMS names .*bad.yaml, which is not valid YAML."):
         pipeline_settings({"WANDB_PROJECT": "p", "WANDB_ASSETS_TEAMS": str(tmp_path / "bad.yaml")})
+
+
+# -------------------------------------------------------------------------------------------- idle GPUs, live
+
+
+def _sampled(run_id: str, utilisation: list[float], user: str = "alice") -> dict:
+    from tests.fleet import fleet_row
+
+    row = fleet_row(run_id, "running", "regular", datetime(2026, 6, 10, 9), None, len(utilisation) or 8)
+    sample = [{"gpu_index": i, "utilisation": u, "memory": 40.0} for i, u in enumerate(utilisation)]
+    return row | {
+        "user": user,
+        "gpu_model": "H100-80GB",
+        "latest_gpu_sample": sample,
+        "heartbeat_at": datetime(2026, 6, 10, 13),
+    }
+
+
+def test_an_idle_run_is_alerted_once_after_30_minutes_of_idle_samples_and_resolved_once_when_it_works(memory_con):
+    """Ticks every 15 minutes from 12:00. ``idle8``: eight GPUs at 0-3 % on the 12:00, 12:15 and 12:30 samples,
+    busy again at 12:45: opened at 12:30 (not at 12:15: 15 minutes), resolved at 12:45. ``onebusy``: one GPU of
+    eight at 97 %: never idle. ``blind``: no system metrics: never idle."""
+    from datetime import timedelta
+
+    from tests.fleet import load
+    from wandb_assets.lib.alerts import AlertThresholds, idle_gpus, reconcile
+    from wandb_assets.lib.warehouse import record_snapshot
+
+    th = AlertThresholds(gpu_prices=(("H100-80GB", 2.99),))
+    idle, busy = [0.0, 3.0, 1.0, 0.0, 2.0, 0.0, 4.9, 0.0], [90.0] + [0.0] * 7
+    one_busy = [0.0, 0.0, 0.0, 97.0, 0.0, 0.0, 0.0, 0.0]
+    events = []
+    for k in range(4):
+        at = datetime(2026, 6, 10, 12) + timedelta(minutes=15 * k)
+        load(
+            memory_con,
+            [_sampled("idle8", busy if k == 3 else idle), _sampled("onebusy", one_busy), _sampled("blind", [])],
+        )
+        record_snapshot(memory_con, at)
+        found = idle_gpus(memory_con, at, th)
+        events.append([(t.event, t.condition.key) for t in reconcile(memory_con, found, {"idle_gpus"}, at, [])])
+        if k == 2:
+            (condition,) = found
+            assert condition.message == (
+                "Run idle8 of alice holds 8 H100-80GB GPU(s) idle (all below 5%) on every sample since "
+                "2026-06-10 12:00 UTC (30 min), burning $23.92/h (no link)."
+            )
+    assert events == [[], [], [("opened", "idle_gpus:idle8")], [("resolved", "idle_gpus:idle8")]]
+    assert memory_con.execute("SELECT count(*) FROM gpu_samples").fetchone()[0] == 4 * 16  # blind has no sample

@@ -183,7 +183,7 @@ def _contents(con, new_columns: bool = False) -> dict[str, list]:
     for table in tables:
         columns = "* EXCLUDE (entity, project)" if new_columns and table in PROJECT_TABLES else "*"
         if new_columns and table == "runs":  # and the GPU columns of issue 22
-            columns = "* EXCLUDE (entity, project, gpu_count_source, gpu_model, gpu_util_pct)"
+            columns = "* EXCLUDE (entity, project, gpu_count_source, gpu_model, gpu_util_pct, latest_gpu_sample)"
         contents[table] = sorted(map(repr, con.execute(f"SELECT {columns} FROM {table}").fetchall()))
     contents.pop("warehouse_meta")
     return contents
@@ -203,6 +203,7 @@ def test_a_warehouse_written_before_runs_had_a_project_is_migrated_in_place_and_
     after = _contents(con, new_columns=True)
     assert after.pop("project_metrics") == []  # new: per-project gauges start with the next snapshot
     assert after.pop("wandb_projects") == []  # new: filled by the next fetch
+    assert after.pop("gpu_usage") == [] and after.pop("gpu_samples") == []  # new: the next tick fills them
     assert after == before
     assert con.execute("SELECT source, entity, project, count(*) FROM runs GROUP BY ALL ORDER BY ALL").fetchall() == [
         ("offline", "team", "configured", 1),

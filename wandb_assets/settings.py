@@ -219,6 +219,15 @@ class Settings(BaseSettings):
     WANDB_ASSETS_ALERT_LONG_RUNNING_HOURS: float = _var(
         _TH.long_running_hours, "long_running: a run running, pending or preempting for longer than this.", gt=0
     )
+    WANDB_ASSETS_IDLE_GPU_PCT: float = _var(
+        _TH.idle_gpu_pct, "A GPU below this utilisation (percent) in a system sample is idle.", ge=0, le=100
+    )
+    WANDB_ASSETS_ALERT_IDLE_GPU_MINUTES: float = _var(
+        _TH.idle_gpu_minutes,
+        "idle_gpus: a running run whose GPUs were all idle on every sample for this long (a run without system "
+        "metrics is never idle).",
+        gt=0,
+    )
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, *args, **kwargs):
@@ -400,14 +409,17 @@ def alert_thresholds(environ: Mapping[str, str] | None = None) -> AlertThreshold
         **{
             name: getattr(s, _threshold_variable(name))
             for name in AlertThresholds.__dataclass_fields__
-            if name != "by_project"
+            if name not in ("by_project", "gpu_prices")
         },
         by_project=s.WANDB_ASSETS_PROJECTS is not None,
+        gpu_prices=tuple(pipeline_settings(environ).gpu_prices.items()),
     )
 
 
 def _threshold_variable(field_name: str) -> str:
-    return "WANDB_ASSETS_SPS_METRIC" if field_name == "sps_metric" else f"WANDB_ASSETS_ALERT_{field_name.upper()}"
+    if field_name in ("sps_metric", "idle_gpu_pct"):
+        return f"WANDB_ASSETS_{field_name.upper()}"
+    return f"WANDB_ASSETS_ALERT_{field_name.upper()}"
 
 
 def _secret_text(value: SecretStr | None) -> str | None:

@@ -53,6 +53,12 @@ class AlertThresholds:
     #: Several projects mirrored (``WANDB_ASSETS_PROJECTS``): every rule runs per project, and alert subjects and
     #: messages carry ``entity/project``. Off (one project), keys and messages are exactly as they always were.
     by_project: bool = False
+    #: idle_gpus: a GPU below this utilisation (percent) is idle (``WANDB_ASSETS_IDLE_GPU_PCT``) ...
+    idle_gpu_pct: float = 5.0
+    #: ... and a running run whose GPUs were all idle on every sample for this long is alerted.
+    idle_gpu_minutes: float = 30.0
+    #: USD per GPU-hour by canonical model (``WANDB_ASSETS_GPU_PRICES``), for what an idle run burns.
+    gpu_prices: tuple[tuple[str, float], ...] = ()
 
 
 def scoped(th: AlertThresholds, row: dict, subject: str | None, message: str) -> tuple[str, str]:
@@ -403,6 +409,72 @@ def long_running(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     return conditions
 
 
+IDLE_GPUS_SQL = """
+WITH samples AS (  -- per run and snapshot: its busiest GPU
+    SELECT entity, project, run_id, snapshot_at, max(utilisation) AS busiest
+    FROM gpu_samples WHERE snapshot_at <= $t GROUP BY ALL
+),
+last_busy AS (
+    SELECT entity, project, run_id, max(snapshot_at) FILTER (WHERE busiest >= $idle_pct) AS at
+    FROM samples GROUP BY ALL
+),
+idle AS (  -- the first sample after the last busy one: idle on every sample since
+    SELECT s.entity, s.project, s.run_id, min(s.snapshot_at) AS since, max(s.snapshot_at) AS latest
+    FROM samples s JOIN last_busy b USING (entity, project, run_id)
+    WHERE b.at IS NULL OR s.snapshot_at > b.at GROUP BY ALL
+),
+prices AS (
+    SELECT unnest(from_json($prices::JSON, '[{"model": "VARCHAR", "usd": "DOUBLE"}]'), recursive := true)
+)
+SELECT r.entity, r.project, r.run_id, r.name, r.url, r.log_path, r."user", r.gpu_count, r.gpu_model, i.since,
+       r.gpu_count * p.usd AS usd_per_hour
+FROM idle i JOIN runs r USING (entity, project, run_id) LEFT JOIN prices p ON p.model = r.gpu_model
+WHERE r.state = 'running' AND i.latest = $t AND i.since <= $since
+ORDER BY r.entity, r.project, r.run_id
+"""
+
+
+def idle_gpus(con, at: datetime, th: AlertThresholds) -> list[Condition]:
+    """A running run whose GPUs were all below ``idle_gpu_pct`` on every sample (``gpu_samples``, one per
+    snapshot) for at least ``idle_gpu_minutes``, sampled at this snapshot too. A run without system metrics has
+    no samples and is never called idle; one busy GPU of eight keeps a run busy."""
+    import json as _json
+
+    found = _rows(
+        con,
+        IDLE_GPUS_SQL,
+        {
+            "t": at,
+            "idle_pct": th.idle_gpu_pct,
+            "since": at - timedelta(minutes=th.idle_gpu_minutes),
+            "prices": _json.dumps([{"model": m, "usd": usd} for m, usd in th.gpu_prices]),
+        },
+    )
+    conditions = []
+    for r in found:
+        minutes = (at - r["since"]).total_seconds() / 60
+        burn = f"${r['usd_per_hour']:,.2f}/h" if r["usd_per_hour"] is not None else "price unknown"
+        subject, message = scoped(
+            th,
+            r,
+            r["run_id"],
+            f"Run {r['name'] or r['run_id']} of {r['user'] or 'unknown user'} holds {r['gpu_count']} "
+            f"{r['gpu_model'] or 'GPU'} GPU(s) idle (all below {th.idle_gpu_pct:g}%) on every sample since "
+            f"{r['since']:%Y-%m-%d %H:%M} UTC ({minutes:.0f} min), burning {burn} ({_link(r)}).",
+        )
+        details = {
+            "run_id": r["run_id"],
+            "url": r["url"],
+            "user": r["user"],
+            "gpu_count": r["gpu_count"],
+            "gpu_model": r["gpu_model"],
+            "idle_since": r["since"].isoformat(),
+            "usd_per_hour": r["usd_per_hour"],
+        } | _project_details(th, r)
+        conditions.append(Condition("idle_gpus", subject, "warning", message, details))
+    return conditions
+
+
 def project_unreachable(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     """A mirrored project the last fetch could not read (404, 403, repeated 5xx, a malformed page; ``entity/*``:
     its listing): one alert per project, whatever the mode, resolved when it reads again or is no longer
@@ -439,6 +511,7 @@ RULE_FUNCTIONS: dict[str, Callable[[Any, datetime, AlertThresholds], list[Condit
     "stalled_run": stalled_run,
     "ci_silent": ci_silent,
     "long_running": long_running,
+    "idle_gpus": idle_gpus,
     "project_unreachable": project_unreachable,
 }
 #: Every rule: those evaluated over the warehouse, and the one the pipeline-failure job opens and resolves.

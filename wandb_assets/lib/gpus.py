@@ -64,6 +64,16 @@ def system_gpus(system_metrics: Mapping[str, Any]) -> dict[int, dict[str, float]
     return gpus
 
 
+def gpu_sample(system_metrics: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The run's GPUs in one system sample, ``[{gpu_index, utilisation, memory}]`` by index (a GPU whose
+    utilisation the sample lacks is left out: it cannot be judged idle or busy)."""
+    return [
+        {"gpu_index": index, "utilisation": values["gpu"], "memory": values.get("memory")}
+        for index, values in sorted(system_gpus(system_metrics).items())
+        if "gpu" in values
+    ]
+
+
 def mean_utilisation(system_metrics: Mapping[str, Any]) -> float | None:
     """The mean of ``system.gpu.<i>.gpu`` over the run's GPUs in the sample; None when it has none."""
     values = [gpu["gpu"] for gpu in system_gpus(system_metrics).values() if "gpu" in gpu]

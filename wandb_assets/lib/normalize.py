@@ -236,6 +236,7 @@ def run_row(
         "gpu_count_source": gpu_count_source,
         "gpu_model": gpu_model,
         "gpu_util_pct": gpus.mean_utilisation(system),
+        "latest_gpu_sample": gpus.gpu_sample(system),
         **compute,
         "sweep_id": sweep_id,
         "tags": [tag for tag, _ in tags],

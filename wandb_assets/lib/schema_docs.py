@@ -40,6 +40,8 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "heartbeat_at": "last heartbeat, UTC",
             "ended_at": "end time, UTC: the heartbeat of an ended run; NULL while alive",
             "duration_hours": "ended_at - created_at, hours; NULL while alive",
+            "latest_gpu_sample": "the run's GPUs in the latest system sample W&B returned: gpu_index, utilisation "
+            "(system.gpu.<i>.gpu, percent), memory (system.gpu.<i>.memory, percent); [] without one",
             "gpu_count": "GPUs: the first config key of WANDB_ASSETS_GPU_COUNT_KEYS holding a count, else W&B's "
             "metadata, else the GPUs in the latest system sample, else WANDB_ASSETS_DEFAULT_GPUS_PER_RUN",
             "gpu_count_source": "where gpu_count came from: config (WANDB_ASSETS_GPU_COUNT_KEYS), metadata (W&B's "
@@ -127,6 +129,19 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "gpu_hours": "GPUs times busy hours that day (the gpu_hours table's rule)",
             "cost_usd": "gpu_hours times the model's USD per GPU-hour (WANDB_ASSETS_GPU_PRICES); NULL when the "
             "model has no price (never 0)",
+        },
+    ),
+    "gpu_samples": (
+        "table",
+        "Each running run's GPUs at every fleet snapshot (from its latest system sample), kept 8 days: what the "
+        "idle_gpus alert judges.",
+        {
+            "snapshot_at": "snapshot time, UTC",
+            **_PROJECT,
+            "run_id": "W&B run id",
+            "gpu_index": "the GPU's index on its machine (system.gpu.<i>)",
+            "utilisation": "GPU utilisation, percent",
+            "memory": "GPU memory busy, percent (NULL when not sampled)",
         },
     ),
     "fleet_metrics": (

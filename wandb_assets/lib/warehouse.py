@@ -49,6 +49,7 @@ RUNS_COLUMNS: dict[str, str] = {
     "gpu_count_source": "VARCHAR",
     "gpu_model": "VARCHAR",
     "gpu_util_pct": "DOUBLE",
+    "latest_gpu_sample": "STRUCT(gpu_index INTEGER, utilisation DOUBLE, memory DOUBLE)[]",
     "gpu_type": "VARCHAR",
     "cpu_count": "INTEGER",
     "memory_gb": "DOUBLE",
@@ -102,6 +103,10 @@ CREATE TABLE IF NOT EXISTS gpu_hours (
 CREATE TABLE IF NOT EXISTS gpu_usage (
     day DATE, entity VARCHAR, project VARCHAR, username VARCHAR, team VARCHAR, category VARCHAR, gpu_model VARCHAR,
     runs BIGINT, gpu_hours DOUBLE, cost_usd DOUBLE
+);
+CREATE TABLE IF NOT EXISTS gpu_samples (
+    snapshot_at TIMESTAMP, entity VARCHAR, project VARCHAR, run_id VARCHAR, gpu_index INTEGER, utilisation DOUBLE,
+    memory DOUBLE
 );
 CREATE TABLE IF NOT EXISTS fleet_metrics (snapshot_at TIMESTAMP, metric VARCHAR, value DOUBLE);
 CREATE TABLE IF NOT EXISTS project_metrics (
@@ -730,6 +735,18 @@ FROM gauges g LEFT JOIN counted c USING (entity, project) ORDER BY entity, proje
 """
 
 
+#: Each running run's GPUs at a snapshot, from the latest system sample W&B returned for it (``runs``).
+GPU_SAMPLES_SQL = """
+INSERT INTO gpu_samples BY NAME
+SELECT $snapshot_at::TIMESTAMP AS snapshot_at, entity, project, run_id, sample.gpu_index, sample.utilisation,
+       sample.memory
+FROM (SELECT entity, project, run_id, unnest(latest_gpu_sample) AS sample FROM runs
+      WHERE state = 'running' AND created_at <= $snapshot_at)
+"""
+#: How long the per-snapshot GPU samples are kept (the idle_gpus alert looks back half an hour).
+GPU_SAMPLES_KEPT = timedelta(days=8)
+
+
 @retry_on_conflict
 def record_snapshot(con, snapshot_at: datetime) -> dict[str, float | None]:
     """Compute the gauges at ``snapshot_at`` and store them as one ``fleet_metrics`` snapshot (the whole fleet)
@@ -744,6 +761,11 @@ def record_snapshot(con, snapshot_at: datetime) -> dict[str, float | None]:
         )
         con.execute("DELETE FROM project_metrics WHERE snapshot_at = $snapshot_at", {"snapshot_at": snapshot_at})
         con.execute(f"INSERT INTO project_metrics BY NAME {project_metrics_sql()}", {"snapshot_at": snapshot_at})
+        params = {"snapshot_at": snapshot_at, "kept": snapshot_at - GPU_SAMPLES_KEPT}
+        con.execute(
+            "DELETE FROM gpu_samples WHERE snapshot_at = $snapshot_at OR snapshot_at < $kept::TIMESTAMP", params
+        )
+        con.execute(GPU_SAMPLES_SQL, {"snapshot_at": snapshot_at})
     return gauges
 
 
