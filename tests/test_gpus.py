@@ -320,3 +320,72 @@ def test_an_idle_run_is_alerted_once_after_30_minutes_of_idle_samples_and_resolv
             )
     assert events == [[], [], [("opened", "idle_gpus:idle8")], [("resolved", "idle_gpus:idle8")]]
     assert memory_con.execute("SELECT count(*) FROM gpu_samples").fetchone()[0] == 4 * 16  # blind has no sample
+
+
+# ------------------------------------------------------------------------------ W&B's wandb-metadata.json, once
+
+
+def test_metadata_is_read_once_per_ended_run_across_fetches_and_a_missing_or_malformed_file_falls_back(
+    wandb_server, warehouse_path, instance, monkeypatch
+):
+    """Five runs: ``h100`` (metadata: 8 x "NVIDIA H100 80GB HBM3"), ``cfg`` (config compute.gpu_count 2 wins, the
+    metadata still names the model), ``nofile`` (no metadata file: its systemMetrics' 4 GPUs), ``broken`` (a file
+    that is not JSON: the default), ``alive`` (running: not asked). A second backfill of the day asks for nothing
+    again and keeps what was read; a run that finishes later is read then."""
+    from datetime import date
+
+    from wandb_assets.localwandb import make_run_node
+    from wandb_assets.ticks import execute_backfill
+    from wandb_assets.warehouse import query_read_only
+
+    at = datetime(2026, 6, 1, 12)
+    h100 = {"gpu_count": 8, "gpu": "NVIDIA H100 80GB HBM3", "os": "Linux"}
+    four = {f"system.gpu.{i}.gpu": 50.0 for i in range(4)}
+
+    def node(run_id: str, state: str = "finished", **kwargs) -> dict:
+        return make_run_node(run_id, display_name=None, state=state, created_at=at, **kwargs)
+
+    server = wandb_server(
+        [
+            node("h100", metadata=h100),
+            node("cfg", metadata={"gpu_count": 8, "gpu": "Tesla V100-SXM2-16GB"}, config={"compute.gpu_count": 2}),
+            node("nofile", system_metrics=four),
+            node("broken", metadata="{not json"),
+            node("alive", state="running", metadata=h100),
+        ]
+    )
+    day = date(2026, 6, 1)
+    result = execute_backfill(instance, day, day)
+    assert result.success
+    meta = result.asset_materializations_for_node("staged_runs")[0].metadata
+    assert meta["metadata_files"].value == {"read": 2, "missing": 1, "malformed": 1}
+    assert (server.count("RunFiles"), sorted(server.file_downloads)) == (
+        4,
+        ["test-team/test-project/broken", "test-team/test-project/cfg", "test-team/test-project/h100"],
+    )
+    rows = "SELECT run_id, gpu_count, gpu_count_source, gpu_model, wandb_metadata->>'status' FROM runs ORDER BY 1"
+    expected = [
+        ("alive", 1, "default", None, None),
+        ("broken", 1, "default", None, "malformed"),
+        ("cfg", 2, "config", "V100-16GB", "read"),
+        ("h100", 8, "metadata", "H100-80GB", "read"),
+        ("nofile", 4, "system_metrics", None, "missing"),
+    ]
+    assert query_read_only(warehouse_path, rows) == expected
+
+    server.requests.clear()
+    server.file_downloads.clear()
+    server.upsert_runs([node("alive", state="finished", metadata=h100)])  # it ended since
+    result = execute_backfill(instance, day, day)
+    assert result.success
+    assert (server.count("RunFiles"), server.file_downloads) == (1, ["test-team/test-project/alive"])
+    expected[0] = ("alive", 8, "metadata", "H100-80GB", "read")
+    assert query_read_only(warehouse_path, rows) == expected
+
+    # Turned off: nothing is asked, what was read is kept.
+    monkeypatch.setenv("WANDB_ASSETS_FETCH_METADATA", "false")
+    server.requests.clear()
+    server.upsert_runs([node("late", metadata=h100)])
+    assert execute_backfill(instance, day, day).success
+    assert server.count("RunFiles") == 0
+    assert query_read_only(warehouse_path, rows)[:5] == [*expected[:4], ("late", 1, "default", None, None)]

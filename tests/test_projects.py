@@ -183,7 +183,10 @@ def _contents(con, new_columns: bool = False) -> dict[str, list]:
     for table in tables:
         columns = "* EXCLUDE (entity, project)" if new_columns and table in PROJECT_TABLES else "*"
         if new_columns and table == "runs":  # and the GPU columns of issue 22
-            columns = "* EXCLUDE (entity, project, gpu_count_source, gpu_model, gpu_util_pct, latest_gpu_sample)"
+            columns = (
+                "* EXCLUDE (entity, project, gpu_count_source, gpu_model, gpu_util_pct, latest_gpu_sample, "
+                "wandb_metadata)"
+            )
         contents[table] = sorted(map(repr, con.execute(f"SELECT {columns} FROM {table}").fetchall()))
     contents.pop("warehouse_meta")
     return contents
@@ -802,7 +805,7 @@ def test_a_tick_over_many_projects_reads_only_those_that_changed(wandb_server, w
         "p5",
     )
     requests, runs, meta = tick()
-    assert requests == {"GetProjects": 2, "ProjectsActivity": 1, "Runs": 8}
+    assert requests == {"GetProjects": 2, "ProjectsActivity": 1, "Runs": 8, "RunFiles": 2}  # + each new run's metadata
     assert runs == ["lab/p5"] * 4 + ["test-team/p2"] * 4
     assert meta["projects"].value == ["lab/p5", "test-team/p2"]
     assert dict(query_read_only(warehouse_path, counts)) == {
@@ -813,7 +816,7 @@ def test_a_tick_over_many_projects_reads_only_those_that_changed(wandb_server, w
     # read once more: their new runs' heartbeats are within the 10-minute clock margin before their last read.)
     server.add_project("test-team", "fresh", _nodes("f", 1, "fresh"))
     requests, runs, meta = tick()
-    assert requests == {"GetProjects": 2, "ProjectsActivity": 1, "Runs": 12}
+    assert requests == {"GetProjects": 2, "ProjectsActivity": 1, "Runs": 12, "RunFiles": 1}  # (f0's metadata)
     assert meta["projects"].value == ["lab/p5", "test-team/fresh", "test-team/p2"]
     assert len(meta["projects_unchanged"].value) == 6
     assert ("test-team/fresh", 1) in query_read_only(warehouse_path, counts)

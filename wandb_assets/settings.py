@@ -104,6 +104,12 @@ class Settings(BaseSettings):
         "YAML file mapping teams to lists of W&B usernames (`vision: [alice, bob]`); unmapped users are `unassigned`.",
         "(none: everyone unassigned)",
     )
+    WANDB_ASSETS_FETCH_METADATA: bool = _var(
+        True,
+        "Read W&B's wandb-metadata.json (GPU count and model) once for each run first seen finished, crashed or "
+        "failed: two requests per run, in the same fetch budget.",
+        "true",
+    )
     WANDB_ASSETS_GPU_COUNT_KEYS: str = _var(
         "compute.gpu_count",
         "Config keys (comma-separated dotted paths, nested objects or flat dotted keys alike) holding a run's GPU "
@@ -317,6 +323,8 @@ class PipelineSettings:
     gpu_count_keys: tuple[str, ...] = ("compute.gpu_count",)
     #: USD per GPU-hour by canonical model (``WANDB_ASSETS_GPU_PRICES``) and team by username (``WANDB_ASSETS_TEAMS``).
     gpu_prices: dict[str, float] = field(default_factory=dict)
+    #: Read each ended run's wandb-metadata.json once (``WANDB_ASSETS_FETCH_METADATA``).
+    fetch_metadata: bool = True
     teams: dict[str, str] = field(default_factory=dict)
 
 
@@ -329,6 +337,7 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
     return PipelineSettings(
         warehouse=warehouse_location(s),
         default_gpus_per_run=s.WANDB_ASSETS_DEFAULT_GPUS_PER_RUN,
+        fetch_metadata=s.WANDB_ASSETS_FETCH_METADATA,
         gpu_count_keys=tuple(k.strip() for k in s.WANDB_ASSETS_GPU_COUNT_KEYS.split(",") if k.strip()),
         gpu_prices=parse_prices(
             _yaml(s.WANDB_ASSETS_GPU_PRICES or SHIPPED_GPU_PRICES, "WANDB_ASSETS_GPU_PRICES"),

@@ -367,6 +367,7 @@ def fetch_slices(
     secret: str = "",
     isolate_projects: bool = False,
     others_read: bool = False,
+    enrich: Callable[[Slice, list[dict], Throttle], None] | None = None,
 ) -> FetchStats:
     """Fetch every slice, ``policy.concurrency`` requests in flight at most, calling ``handle_page(slice,
     nodes)`` from the worker threads (each slice's pages in order). ``report(progress)`` runs on this thread
@@ -375,7 +376,9 @@ def fetch_slices(
     ``isolate_projects``: the slices of several projects share the one request budget (in-flight limit and 429
     back-off); a failure abandons only its own project's slices, and is raised only when every project failed
     and ``others_read`` does not say that other projects were found current without a fetch (else it is in
-    ``failed_projects``). Each project has its own page size: one that cannot serve pages does
+    ``failed_projects``). ``enrich(slice, nodes, throttle)`` runs on the worker before ``handle_page``, for more
+    requests about a page's runs in the same budget (``throttle``'s in-flight limit and 429 back-off). Each
+    project has its own page size: one that cannot serve pages does
     not shrink the others'."""
     api.flush()
     started = time.monotonic()
@@ -416,6 +419,8 @@ def fetch_slices(
                     if n == 0:
                         progress.expect(piece.index, total)
                     progress.add(piece.day if len(piece.days) == 1 else None, len(nodes))
+                if enrich is not None:
+                    enrich(piece, nodes, throttle)
                 handle_page(piece, nodes)
         except (WandbFetchError, ConfigError) as exc:
             if not isolate_projects:
@@ -527,3 +532,73 @@ def latest_activity(api, projects: list[str], secret: str = "") -> dict[str, dat
             moments = [parse_timestamp(node.get(k)) for k in ("heartbeatAt", "createdAt")]
             found[path] = max((m for m in moments if m is not None), default=None)
     return found
+
+
+#: The run file where W&B's client records the machine: ``gpu_count``, ``gpu`` (the model), and more.
+METADATA_FILE = "wandb-metadata.json"
+_RUN_FILES_QUERY = """query RunFiles($project: String!, $entity: String!, $name: String!, $fileNames: [String]) {
+  project(name: $project, entityName: $entity) {
+    run(name: $name) { files(names: $fileNames, first: 1) { edges { node { name url directUrl sizeBytes } } } }
+  }
+}"""
+#: Attempts at one metadata file (a 429 pauses every worker first, as for pages).
+METADATA_ATTEMPTS = 2
+
+
+def fetch_run_metadata(api, path: str, run_id: str, throttle: Throttle, folder: str, secret: str = "") -> dict:
+    """W&B's ``wandb-metadata.json`` of one run as ``{"status": "read", "gpu_count": ..., "gpu": ...}``, or
+    ``{"status": "missing"}`` (the run has no such file) or ``{"status": "malformed"}`` (not a JSON object). Two
+    requests in the fetch's budget (``throttle``): the file's URL (GraphQL ``RunFiles``), then the file (through
+    wandb-core, which signs the request as the client does). Raises ``WandbFetchError`` when a request keeps
+    failing (nothing is recorded: the next fetch asks again)."""
+    import json
+    import os
+    import tempfile
+
+    from wandb.proto.wandb_api_pb2 import ApiRequest, DownloadFileRequest
+
+    entity, _, project = path.partition("/")
+    variables = {"entity": entity, "project": project, "name": run_id, "fileNames": [METADATA_FILE]}
+
+    def attempt(call):
+        for n in range(METADATA_ATTEMPTS):
+            started = time.monotonic()
+            with throttle.slot():
+                try:
+                    result = call()
+                except Exception as exc:  # noqa: BLE001 - wandb-core reports failures as several types
+                    error = exc
+                else:
+                    throttle.succeeded()
+                    return result
+            if classify(error) == "throttled":
+                throttle.throttled(min(max(time.monotonic() - started, 0.5), 30.0))
+            elif classify(error) == "fatal" or n + 1 == METADATA_ATTEMPTS:
+                break
+        detail = _scrub(str(error), secret).replace("\n", " ")[:300]
+        raise WandbFetchError(f"Reading {METADATA_FILE} of {path}/{run_id} failed: {detail}")
+
+    data = attempt(lambda: api._service_api.execute_graphql(_RUN_FILES_QUERY, variables))
+    run = ((data or {}).get("project") or {}).get("run") or {}
+    edges = ((run.get("files") or {}).get("edges")) or []
+    if not edges:
+        return {"status": "missing"}
+    node = edges[0]["node"]
+    descriptor, target = tempfile.mkstemp(prefix="metadata-", suffix=".json", dir=folder)
+    os.close(descriptor)
+    try:
+        request = DownloadFileRequest(
+            path=target, url=node.get("directUrl") or node["url"], size=int(node.get("sizeBytes") or 0)
+        )
+        attempt(lambda: api._service_api.send_api_request(ApiRequest(download_file_request=request)))
+        with open(target, "rb") as handle:
+            raw = handle.read(4 * 1024 * 1024)
+    finally:
+        os.unlink(target)
+    try:
+        document = json.loads(raw)
+    except ValueError:
+        return {"status": "malformed"}
+    if not isinstance(document, dict):
+        return {"status": "malformed"}
+    return {"status": "read", "gpu_count": document.get("gpu_count"), "gpu": document.get("gpu")}

@@ -171,7 +171,8 @@ def run_row(
     gpu_count_keys: tuple[str, ...] = DEFAULT_GPU_COUNT_KEYS,
     metadata: dict | None = None,
 ) -> dict[str, Any]:
-    """Build one ``runs`` row from a GraphQL run node (and the run's ``wandb-metadata.json``, when read). Never
+    """Build one ``runs`` row from a GraphQL run node and what was read of its ``wandb-metadata.json`` (``{"status":
+    "read"|"missing"|"malformed", "gpu_count", "gpu"}`` from ``fetch.fetch_run_metadata``; None: not read). Never
     raises on bad field values. The GPU count follows ``lib.gpus.gpu_count``'s precedence over
     ``gpu_count_keys``, the metadata, the node's ``systemMetrics`` and ``default_gpus``."""
     anomalies: list[str] = []
@@ -196,12 +197,13 @@ def run_row(
     system, system_ok = normalize_summary(node.get("systemMetrics"))
     if not system_ok:
         anomalies.append("system_metrics")
-    gpu_count, gpu_count_source, gpu_count_bad = gpus.gpu_count(config, metadata, system, gpu_count_keys, default_gpus)
+    machine = metadata if metadata and metadata.get("status") == "read" else None
+    gpu_count, gpu_count_source, gpu_count_bad = gpus.gpu_count(config, machine, system, gpu_count_keys, default_gpus)
     if gpu_count_bad:
         anomalies.append("gpu_count")
     gpu_model, _ = gpus.canonical_gpu_model(lookup_dotted(config, "compute.gpu_type"))
     if gpu_model is None:
-        gpu_model, _ = gpus.canonical_gpu_model((metadata or {}).get("gpu"))
+        gpu_model, _ = gpus.canonical_gpu_model((machine or {}).get("gpu"))
 
     config_json, config_mended = mend_json_text(to_json(config))
     summary_json, summary_mended = mend_json_text(to_json(summary))
@@ -237,6 +239,7 @@ def run_row(
         "gpu_model": gpu_model,
         "gpu_util_pct": gpus.mean_utilisation(system),
         "latest_gpu_sample": gpus.gpu_sample(system),
+        "wandb_metadata": to_json(metadata) if metadata else None,
         **compute,
         "sweep_id": sweep_id,
         "tags": [tag for tag, _ in tags],

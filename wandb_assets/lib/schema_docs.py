@@ -42,6 +42,9 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "duration_hours": "ended_at - created_at, hours; NULL while alive",
             "latest_gpu_sample": "the run's GPUs in the latest system sample W&B returned: gpu_index, utilisation "
             "(system.gpu.<i>.gpu, percent), memory (system.gpu.<i>.memory, percent); [] without one",
+            "wandb_metadata": "what was read of W&B's wandb-metadata.json (read once per run first seen finished, "
+            "crashed or failed): {status: read, gpu_count, gpu}, {status: missing} or {status: malformed}; NULL: "
+            "not read (alive, WANDB_ASSETS_FETCH_METADATA=false, offline, or the read failed and is retried)",
             "gpu_count": "GPUs: the first config key of WANDB_ASSETS_GPU_COUNT_KEYS holding a count, else W&B's "
             "metadata, else the GPUs in the latest system sample, else WANDB_ASSETS_DEFAULT_GPUS_PER_RUN",
             "gpu_count_source": "where gpu_count came from: config (WANDB_ASSETS_GPU_COUNT_KEYS), metadata (W&B's "

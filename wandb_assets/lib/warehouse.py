@@ -50,6 +50,7 @@ RUNS_COLUMNS: dict[str, str] = {
     "gpu_model": "VARCHAR",
     "gpu_util_pct": "DOUBLE",
     "latest_gpu_sample": "STRUCT(gpu_index INTEGER, utilisation DOUBLE, memory DOUBLE)[]",
+    "wandb_metadata": "JSON",
     "gpu_type": "VARCHAR",
     "cpu_count": "INTEGER",
     "memory_gb": "DOUBLE",
@@ -338,7 +339,8 @@ def whole_projects(path: str | os.PathLike) -> list[str] | None:
 
 _STAGED_SPEC = ", ".join(f"'{c}': '{'VARCHAR' if t == 'JSON' else t}'" for c, t in RUNS_COLUMNS.items())
 _READ_STAGED = (
-    "SELECT * EXCLUDE (config, summary), config::JSON AS config, summary::JSON AS summary "
+    "SELECT * EXCLUDE (config, summary, wandb_metadata), config::JSON AS config, summary::JSON AS summary, "
+    "wandb_metadata::JSON AS wandb_metadata "
     f"FROM read_json($paths, format = 'newline_delimited', columns = {{{_STAGED_SPEC}}}) "
     "WHERE NOT (run_id IS NULL AND entity IS NULL AND project IS NULL)"  # a file's header line (WHOLE_KEY)
 )
@@ -835,6 +837,23 @@ def unfinished_runs_by_project(con, before: datetime) -> dict[str, list[str]]:
     ).fetchall():
         found.setdefault(path, []).append(run_id)
     return found
+
+
+#: What the load reads of W&B's ``wandb-metadata.json`` of ended runs created in ``[$start, $end)`` (read once per
+#: run: a later fetch of the run carries it over instead of asking again).
+METADATA_CACHE_SQL = """
+SELECT entity || '/' || project, run_id, wandb_metadata::VARCHAR FROM runs
+WHERE wandb_metadata IS NOT NULL AND created_at >= $start AND created_at < $end
+"""
+
+
+def cached_metadata(con, start: datetime, end: datetime) -> dict[tuple[str, str], dict]:
+    """``{(entity/project, run_id): {"status", "gpu_count", "gpu"}}`` already read for runs created in the window;
+    ``con`` read-only, or None (no warehouse yet)."""
+    if con is None or not has_table(con, "runs") or "wandb_metadata" not in _columns(con, "runs"):
+        return {}
+    rows = con.execute(METADATA_CACHE_SQL, {"start": start, "end": end}).fetchall()
+    return {(path, run_id): json.loads(text) for path, run_id, text in rows}
 
 
 def project_freshness(con) -> tuple[dict[str, datetime], set[str]]:

@@ -77,6 +77,7 @@ def make_run_node(
     group: str | None = None,
     job_type: str | None = "train",
     system_metrics: dict | None = None,
+    metadata: dict | str | None = None,
 ) -> dict[str, Any]:
     """Build a ``Runs`` node exactly as the W&B API serves it.
 
@@ -118,6 +119,8 @@ def make_run_node(
         "user": {"name": username, "username": username},
         "historyKeys": {"keys": {}, "lastStep": 0},
         "projectId": "1",
+        # The run file wandb-metadata.json (a dict, or raw text such as a malformed file); never in a Runs answer.
+        "_metadata": metadata,
     }
 
 
@@ -276,6 +279,8 @@ class LocalWandbServer:
         #: artifact collection -> versions (oldest first); each a dict with id, type, files, metadata, aliases
         self.artifacts: dict[str, list[dict[str, Any]]] = {}
         self.downloads: list[str] = []
+        #: ``entity/project/run`` of every wandb-metadata.json served (one download per run).
+        self.file_downloads: list[str] = []
         self.upsert_runs(runs or [])
         self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
         self._httpd.daemon_threads = True
@@ -538,6 +543,8 @@ class LocalWandbServer:
             if runs is None:
                 return json.dumps({"data": {"project": None}})
             return self._runs_page(runs, variables, lightweight="...LightweightRunFragment" in query)
+        if operation == "RunFiles":
+            return self._run_files(runs, variables)
         if operation == "Run":
             record = runs.records.get(variables.get("name", "")) if runs else None
             run = record["_json"] if record else "null"
@@ -547,6 +554,53 @@ class LocalWandbServer:
         if operation in ("GetSweep", "GetSweepLegacy"):
             return json.dumps({"data": {"project": {"sweep": None}}})
         return json.dumps({"errors": [{"message": f"operation {operation} is not supported"}], "data": None})
+
+    def _run_files(self, runs: _ProjectRuns | None, variables: dict) -> str:
+        """``run.files(names=[...])``: the run's files among ``fileNames`` (only ``wandb-metadata.json`` exists
+        here, when the run has it), each with the URL this server serves it at."""
+        if runs is None:
+            return json.dumps({"data": {"project": None}})
+        record = runs.records.get(variables.get("name", ""))
+        if record is None:
+            return json.dumps({"data": {"project": {"internalId": "UHJvamVjdDox", "run": None}}})
+        wanted = variables.get("fileNames") or ["wandb-metadata.json"]
+        edges = []
+        if record["node"].get("_metadata") is not None and "wandb-metadata.json" in wanted:
+            path = f"/files/{variables['entity']}/{variables['project']}/{record['node']['name']}/wandb-metadata.json"
+            body = self._metadata_bytes(record["node"])
+            node = {
+                "id": "file-1",
+                "name": "wandb-metadata.json",
+                "url": self.url + path,
+                "directUrl": self.url + path,
+                "sizeBytes": len(body),
+                "mimetype": "application/json",
+                "updatedAt": None,
+                "md5": None,
+            }
+            edges.append({"node": node, "cursor": "file-0"})
+        run = {
+            "fileCount": len(edges),
+            "files": {"edges": edges, "pageInfo": {"endCursor": None, "hasNextPage": False}},
+        }
+        return json.dumps({"data": {"project": {"internalId": "UHJvamVjdDox", "run": run}}})
+
+    @staticmethod
+    def _metadata_bytes(node: dict) -> bytes:
+        metadata = node.get("_metadata")
+        return (metadata if isinstance(metadata, str) else json.dumps(metadata)).encode()
+
+    def run_file(self, path: str) -> bytes | None:
+        """The bytes of ``/files/<entity>/<project>/<run>/wandb-metadata.json``, or None."""
+        parts = path.strip("/").split("/")
+        if len(parts) != 5 or parts[0] != "files" or parts[4] != "wandb-metadata.json":
+            return None
+        runs = self._projects.get((parts[1], parts[2]))
+        record = runs.records.get(parts[3]) if runs else None
+        if record is None or record["node"].get("_metadata") is None:
+            return None
+        self.file_downloads.append("/".join(parts[1:4]))
+        return self._metadata_bytes(record["node"])
 
     def _projects_activity(self, variables: dict) -> str:
         """``p<i>: project(name: $p<i>, entityName: $e<i>) { runs(first: 1, order: "-heartbeat_at") ... }`` for
@@ -638,7 +692,7 @@ def _handler_for(server: LocalWandbServer) -> type[BaseHTTPRequestHandler]:
             if page is not None:
                 self._send(200, page, {"Content-Type": "text/html; charset=utf-8"})
                 return
-            data = server.artifact_file(path)
+            data = server.artifact_file(path) if path.startswith("/artifact-files/") else server.run_file(path)
             if data is None:
                 self._send(404, b'{"error": "not found"}')
             else:

@@ -3,6 +3,7 @@ fetches (concurrently, with the warehouse closed) into per-day files, ``runs`` l
 
 import threading
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -31,12 +32,23 @@ from wandb_assets.lib.staging import (
     refreshed_file,
     write_projects_report,
 )
-from wandb_assets.lib.warehouse import load_runs_window, project_freshness, record_projects, unfinished_runs_by_project
+from wandb_assets.lib.warehouse import (
+    cached_metadata,
+    load_runs_window,
+    project_freshness,
+    record_projects,
+    unfinished_runs_by_project,
+)
 from wandb_assets.settings import pipeline_settings
 
 daily_partitions = DailyPartitionsDefinition(
     start_date=pipeline_settings().start_date.isoformat(), timezone="UTC", end_offset=1
 )
+
+#: Runs whose wandb-metadata.json is read, once: the states of a run whose client has written it and stopped.
+METADATA_STATES = ("finished", "crashed", "failed")
+#: Where ``read_metadata`` leaves a node's metadata for ``handle_page`` (a key W&B never sends).
+FETCHED_METADATA = "__wandb_assets_metadata__"
 
 #: Older unfinished runs are refreshed by id, this many per request (a filter stays a reasonable size).
 IDS_PER_REQUEST = 500
@@ -98,6 +110,7 @@ def staged_runs(
     with warehouse.get_read_connection() as con:  # read-only: other readers do not stop it
         unfinished = unfinished_runs_by_project(con, start) if con is not None else {}
         last_fetched, must_read = project_freshness(con)
+        known_metadata = cached_metadata(con, start, end)
     if pipeline.projects is None and "" in unfinished:  # a warehouse not yet migrated: its runs are this project's
         unfinished.setdefault(projects[0], []).extend(unfinished.pop(""))
     unchanged: list[str] = []
@@ -135,9 +148,34 @@ def staged_runs(
     tally = threading.Lock()
     staged = StagedFetch(pipeline.staging_dir)
 
+    metadata_read: Counter[str] = Counter()
+
+    def read_metadata(piece: Slice, nodes: list[dict], throttle) -> None:
+        """Each run of the page first seen ended: its wandb-metadata.json, once (kept in ``runs.wandb_metadata``),
+        read concurrently in the fetch's budget. A failed read is counted and asked again by a later fetch."""
+        wanted = [
+            node
+            for node in nodes
+            if node.get("state") in METADATA_STATES and (piece.project, node.get("name")) not in known_metadata
+        ]
+        if not wanted:
+            return
+
+        def one(node: dict) -> None:
+            try:
+                node[FETCHED_METADATA] = wandb.run_metadata(
+                    piece.project, node["name"], throttle, str(staged.work), pipeline
+                )
+            except WandbFetchError as exc:
+                node[FETCHED_METADATA] = {"status": "error", "error": str(exc)}
+
+        with ThreadPoolExecutor(max_workers=min(pipeline.fetch_concurrency, len(wanted))) as pool:
+            list(pool.map(one, wanted))
+
     def handle_page(piece: Slice, nodes: list[dict]) -> None:
         fetched_at = datetime.now(UTC).replace(tzinfo=None)
         entity, _, project = (piece.project or "").partition("/")
+        read_now = [node.pop(FETCHED_METADATA, None) for node in nodes]
         rows = [
             run_row(
                 node,
@@ -146,10 +184,16 @@ def staged_runs(
                 app_url=app_url,
                 default_gpus=pipeline.default_gpus_per_run,
                 gpu_count_keys=pipeline.gpu_count_keys,
+                metadata=(now if now and now["status"] != "error" else None)
+                or known_metadata.get((piece.project, node.get("name"))),
             )
-            for node in nodes
+            for node, now in zip(nodes, read_now, strict=True)
         ]
         with tally:
+            metadata_read.update(now["status"] for now in read_now if now)
+            errors = [now["error"] for now in read_now if now and now["status"] == "error"]
+            if errors and metadata_read["error"] == len(errors):  # the first failures: one line, not one per run
+                context.log.warning(f"{errors[0]} (read again by a later fetch)")
             for row in rows:
                 categories[row["category"]] += 1
                 if piece.day is not None and isinstance(row["created_at"], datetime):
@@ -169,7 +213,15 @@ def staged_runs(
             log(f"Fetch progress: {current.line()}")
 
     try:
-        stats = wandb.fetch_slices(slices, pipeline, handle_page, progress, report, others_read=bool(unchanged))
+        stats = wandb.fetch_slices(
+            slices,
+            pipeline,
+            handle_page,
+            progress,
+            report,
+            others_read=bool(unchanged),
+            enrich=read_metadata if pipeline.fetch_metadata else None,
+        )
         failed = stats.failed_projects
         kept = [piece for piece in window_slices + by_id if piece.project not in failed]
         targets = {day_file(pipeline.staging_dir, d): [(p.index, d) for p in kept if d in p.days] for d in days}
@@ -223,6 +275,7 @@ def staged_runs(
             "projects": MetadataValue.json(projects),
             "projects_unchanged": MetadataValue.json(unchanged),
             "failed_projects": MetadataValue.json({**listing_failures, **failed}),
+            "metadata_files": MetadataValue.json(dict(metadata_read)),
             "malformed_runs": len(malformed),
             "malformed_fields": MetadataValue.json(dict(anomalies)),
             "malformed_run_ids": MetadataValue.json(malformed[:50]),

@@ -11,6 +11,7 @@ from wandb_assets.lib.fetch import (
     Slice,
     WandbFetchError,
     default_entity,
+    fetch_run_metadata,
     fetch_run_pages,
     fetch_slices,
     get_api,
@@ -102,6 +103,7 @@ class WandbResource(ConfigurableResource):
         progress: FetchProgress,
         report: Callable[[FetchProgress], None],
         others_read: bool = False,
+        enrich: Callable | None = None,
     ) -> FetchStats:
         """Fetch the slices concurrently (``lib.fetch.fetch_slices``), ``WANDB_ASSETS_FETCH_CONCURRENCY`` at most;
         with ``WANDB_ASSETS_PROJECTS``, a failing project is skipped (``FetchStats.failed_projects``), and the
@@ -119,7 +121,13 @@ class WandbResource(ConfigurableResource):
             secret=settings.api_key,
             isolate_projects=pipeline.projects is not None,
             others_read=others_read,
+            enrich=enrich,
         )
+
+    def run_metadata(self, path: str, run_id: str, throttle, folder: str, pipeline: PipelineSettings) -> dict:
+        """One run's ``wandb-metadata.json`` (``lib.fetch.fetch_run_metadata``), in the fetch's budget."""
+        settings = self.wandb_settings()
+        return fetch_run_metadata(get_api(settings, pipeline), path, run_id, throttle, folder, settings.api_key)
 
     def latest_activity(self, projects: list[str], pipeline: PipelineSettings) -> dict:
         """Each project's newest run heartbeat (``lib.fetch.latest_activity``): one request per 25 projects."""
