@@ -536,61 +536,84 @@ def latest_activity(api, projects: list[str], secret: str = "") -> dict[str, dat
 
 #: The run file where W&B's client records the machine: ``gpu_count``, ``gpu`` (the model), and more.
 METADATA_FILE = "wandb-metadata.json"
-_RUN_FILES_QUERY = """query RunFiles($project: String!, $entity: String!, $name: String!, $fileNames: [String]) {
-  project(name: $project, entityName: $entity) {
-    run(name: $name) { files(names: $fileNames, first: 1) { edges { node { name url directUrl sizeBytes } } } }
-  }
-}"""
-#: Attempts at one metadata file (a 429 pauses every worker first, as for pages).
+#: Runs whose metadata file URL one request asks for (GraphQL aliases).
+RUNS_PER_FILES_REQUEST = 50
+#: Attempts at one request about metadata files (a 429 pauses every worker first, as for pages).
 METADATA_ATTEMPTS = 2
 
 
-def fetch_run_metadata(api, path: str, run_id: str, throttle: Throttle, folder: str, secret: str = "") -> dict:
-    """W&B's ``wandb-metadata.json`` of one run as ``{"status": "read", "gpu_count": ..., "gpu": ...}``, or
-    ``{"status": "missing"}`` (the run has no such file) or ``{"status": "malformed"}`` (not a JSON object). Two
-    requests in the fetch's budget (``throttle``): the file's URL (GraphQL ``RunFiles``), then the file (through
-    wandb-core, which signs the request as the client does). Raises ``WandbFetchError`` when a request keeps
-    failing (nothing is recorded: the next fetch asks again)."""
+def _files_query(count: int) -> str:
+    """``RunsMetadataFiles``: the ``wandb-metadata.json`` of ``count`` runs of one project (``$n<i>``)."""
+    names = ", ".join(f"$n{i}: String!" for i in range(count))
+    runs = " ".join(
+        f'r{i}: run(name: $n{i}) {{ files(names: ["{METADATA_FILE}"], first: 1) '
+        "{ edges { node { name url directUrl sizeBytes } } } }"
+        for i in range(count)
+    )
+    return (
+        f"query RunsMetadataFiles($entity: String!, $project: String!, {names}) "
+        f"{{ project(name: $project, entityName: $entity) {{ {runs} }} }}"
+    )
+
+
+def _in_budget(throttle: Throttle, call, what: str, secret: str):
+    """One request in the fetch's budget: a slot of ``throttle``, a 429 pausing every worker; retried once."""
+    for n in range(METADATA_ATTEMPTS):
+        started = time.monotonic()
+        with throttle.slot():
+            try:
+                result = call()
+            except Exception as exc:  # noqa: BLE001 - wandb-core reports failures as several types
+                error = exc
+            else:
+                throttle.succeeded()
+                return result
+        kind = classify(error)
+        if kind == "throttled":
+            throttle.throttled(min(max(time.monotonic() - started, 0.5), 30.0))
+        elif kind == "fatal" or n + 1 == METADATA_ATTEMPTS:
+            break
+    raise WandbFetchError(f"{what} failed: {_scrub(str(error), secret).replace(chr(10), ' ')[:300]}")
+
+
+def metadata_file_urls(api, path: str, run_ids: list[str], throttle: Throttle, secret: str = "") -> dict:
+    """``{run_id: (url, size) or None}``: where each run's ``wandb-metadata.json`` is (None: the run has none),
+    ``RUNS_PER_FILES_REQUEST`` runs per request. Raises ``WandbFetchError`` for a request that keeps failing."""
+    entity, _, project = path.partition("/")
+    found: dict[str, tuple[str, int] | None] = {}
+    for first in range(0, len(run_ids), RUNS_PER_FILES_REQUEST):
+        batch = run_ids[first : first + RUNS_PER_FILES_REQUEST]
+        variables = {"entity": entity, "project": project} | {f"n{i}": run_id for i, run_id in enumerate(batch)}
+        query = _files_query(len(batch))
+        data = _in_budget(
+            throttle,
+            lambda query=query, variables=variables: api._service_api.execute_graphql(query, variables),
+            f"Asking W&B where {len(batch)} runs' {METADATA_FILE} of {path} are",
+            secret,
+        )
+        project_data = (data or {}).get("project") or {}
+        for i, run_id in enumerate(batch):
+            edges = (((project_data.get(f"r{i}") or {}).get("files") or {}).get("edges")) or []
+            node = edges[0]["node"] if edges else None
+            found[run_id] = (node.get("directUrl") or node["url"], int(node.get("sizeBytes") or 0)) if node else None
+    return found
+
+
+def read_metadata_file(api, url: str, size: int, throttle: Throttle, folder: str, what: str, secret: str = "") -> dict:
+    """One ``wandb-metadata.json`` (downloaded through wandb-core, which signs the request as the client does) as
+    ``{"status": "read", "gpu_count", "gpu"}``, or ``{"status": "malformed"}`` when it is not a JSON object.
+    Raises ``WandbFetchError`` when the download keeps failing (nothing is recorded: a later fetch asks again)."""
     import json
     import os
     import tempfile
 
     from wandb.proto.wandb_api_pb2 import ApiRequest, DownloadFileRequest
 
-    entity, _, project = path.partition("/")
-    variables = {"entity": entity, "project": project, "name": run_id, "fileNames": [METADATA_FILE]}
-
-    def attempt(call):
-        for n in range(METADATA_ATTEMPTS):
-            started = time.monotonic()
-            with throttle.slot():
-                try:
-                    result = call()
-                except Exception as exc:  # noqa: BLE001 - wandb-core reports failures as several types
-                    error = exc
-                else:
-                    throttle.succeeded()
-                    return result
-            if classify(error) == "throttled":
-                throttle.throttled(min(max(time.monotonic() - started, 0.5), 30.0))
-            elif classify(error) == "fatal" or n + 1 == METADATA_ATTEMPTS:
-                break
-        detail = _scrub(str(error), secret).replace("\n", " ")[:300]
-        raise WandbFetchError(f"Reading {METADATA_FILE} of {path}/{run_id} failed: {detail}")
-
-    data = attempt(lambda: api._service_api.execute_graphql(_RUN_FILES_QUERY, variables))
-    run = ((data or {}).get("project") or {}).get("run") or {}
-    edges = ((run.get("files") or {}).get("edges")) or []
-    if not edges:
-        return {"status": "missing"}
-    node = edges[0]["node"]
     descriptor, target = tempfile.mkstemp(prefix="metadata-", suffix=".json", dir=folder)
     os.close(descriptor)
     try:
-        request = DownloadFileRequest(
-            path=target, url=node.get("directUrl") or node["url"], size=int(node.get("sizeBytes") or 0)
-        )
-        attempt(lambda: api._service_api.send_api_request(ApiRequest(download_file_request=request)))
+        request = ApiRequest(download_file_request=DownloadFileRequest(path=target, url=url, size=size))
+        _in_budget(throttle, lambda: api._service_api.send_api_request(request), f"Reading {what}", secret)
         with open(target, "rb") as handle:
             raw = handle.read(4 * 1024 * 1024)
     finally:

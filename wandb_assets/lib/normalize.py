@@ -172,7 +172,7 @@ def run_row(
     metadata: dict | None = None,
 ) -> dict[str, Any]:
     """Build one ``runs`` row from a GraphQL run node and what was read of its ``wandb-metadata.json`` (``{"status":
-    "read"|"missing"|"malformed", "gpu_count", "gpu"}`` from ``fetch.fetch_run_metadata``; None: not read). Never
+    "read"|"missing"|"malformed", "gpu_count", "gpu"}`` from ``fetch.read_metadata_file``; None: not read). Never
     raises on bad field values. The GPU count follows ``lib.gpus.gpu_count``'s precedence over
     ``gpu_count_keys``, the metadata, the node's ``systemMetrics`` and ``default_gpus``."""
     anomalies: list[str] = []

@@ -545,6 +545,14 @@ class LocalWandbServer:
             return self._runs_page(runs, variables, lightweight="...LightweightRunFragment" in query)
         if operation == "RunFiles":
             return self._run_files(runs, variables)
+        if operation == "RunsMetadataFiles":
+            if runs is None:
+                return json.dumps({"data": {"project": None}})
+            answers = {}
+            for key in sorted(k for k in variables if k[:1] == "n" and k[1:].isdigit()):
+                one = json.loads(self._run_files(runs, variables | {"name": variables[key]}))
+                answers[f"r{key[1:]}"] = one["data"]["project"]["run"]
+            return json.dumps({"data": {"project": answers}})
         if operation == "Run":
             record = runs.records.get(variables.get("name", "")) if runs else None
             run = record["_json"] if record else "null"

@@ -3,7 +3,6 @@ fetches (concurrently, with the warehouse closed) into per-day files, ``runs`` l
 
 import threading
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -161,16 +160,11 @@ def staged_runs(
         if not wanted:
             return
 
-        def one(node: dict) -> None:
-            try:
-                node[FETCHED_METADATA] = wandb.run_metadata(
-                    piece.project, node["name"], throttle, str(staged.work), pipeline
-                )
-            except WandbFetchError as exc:
-                node[FETCHED_METADATA] = {"status": "error", "error": str(exc)}
-
-        with ThreadPoolExecutor(max_workers=min(pipeline.fetch_concurrency, len(wanted))) as pool:
-            list(pool.map(one, wanted))
+        read = wandb.runs_metadata(
+            piece.project, [node["name"] for node in wanted], throttle, str(staged.work), pipeline
+        )
+        for node in wanted:
+            node[FETCHED_METADATA] = read[node["name"]]
 
     def handle_page(piece: Slice, nodes: list[dict]) -> None:
         fetched_at = datetime.now(UTC).replace(tzinfo=None)

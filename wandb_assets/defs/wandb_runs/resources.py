@@ -11,12 +11,13 @@ from wandb_assets.lib.fetch import (
     Slice,
     WandbFetchError,
     default_entity,
-    fetch_run_metadata,
     fetch_run_pages,
     fetch_slices,
     get_api,
     latest_activity,
     list_projects,
+    metadata_file_urls,
+    read_metadata_file,
 )
 from wandb_assets.lib.progress import FetchProgress
 from wandb_assets.settings import (
@@ -124,10 +125,33 @@ class WandbResource(ConfigurableResource):
             enrich=enrich,
         )
 
-    def run_metadata(self, path: str, run_id: str, throttle, folder: str, pipeline: PipelineSettings) -> dict:
-        """One run's ``wandb-metadata.json`` (``lib.fetch.fetch_run_metadata``), in the fetch's budget."""
+    def runs_metadata(
+        self, path: str, run_ids: list[str], throttle, folder: str, pipeline: PipelineSettings
+    ) -> dict[str, dict]:
+        """``{run_id: what was read of its wandb-metadata.json}`` (``{"status": "error", "error": ...}`` for a
+        read that failed): the files' URLs in one request per 50 runs, then the files concurrently, all in the
+        fetch's budget (``throttle``)."""
         settings = self.wandb_settings()
-        return fetch_run_metadata(get_api(settings, pipeline), path, run_id, throttle, folder, settings.api_key)
+        api = get_api(settings, pipeline)
+        try:
+            urls = metadata_file_urls(api, path, run_ids, throttle, settings.api_key)
+        except WandbFetchError as exc:
+            return dict.fromkeys(run_ids, {"status": "error", "error": str(exc)})
+
+        def one(run_id: str) -> dict:
+            if urls[run_id] is None:
+                return {"status": "missing"}
+            url, size = urls[run_id]
+            what = f"wandb-metadata.json of {path}/{run_id}"
+            try:
+                return read_metadata_file(api, url, size, throttle, folder, what, settings.api_key)
+            except WandbFetchError as exc:
+                return {"status": "error", "error": str(exc)}
+
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=max(1, min(pipeline.fetch_concurrency, len(run_ids)))) as pool:
+            return dict(zip(run_ids, pool.map(one, run_ids), strict=True))
 
     def latest_activity(self, projects: list[str], pipeline: PipelineSettings) -> dict:
         """Each project's newest run heartbeat (``lib.fetch.latest_activity``): one request per 25 projects."""
