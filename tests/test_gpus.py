@@ -315,7 +315,7 @@ def test_an_idle_run_is_alerted_once_after_30_minutes_of_idle_samples_and_resolv
         if k == 2:
             (condition,) = found
             assert condition.message == (
-                "Run idle8 of alice holds 8 H100-80GB GPU(s) idle (all below 5%) on every sample since "
+                "Run idle8 of alice holds 8 H100-80GB GPUs idle (all below 5%) on every sample since "
                 "2026-06-10 12:00 UTC (30 min), burning $23.92/h (no link)."
             )
     assert events == [[], [], [("opened", "idle_gpus:idle8")], [("resolved", "idle_gpus:idle8")]]

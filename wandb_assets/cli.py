@@ -337,8 +337,13 @@ def _demo_environment(folder: Path, warehouse: str | None) -> str:
     instance.setdefault("concurrency", {"pools": {"default_limit": 1}})
     (home / "dagster.yaml").write_text(yaml.safe_dump(instance, sort_keys=False))
     warehouse = warehouse or str(folder / "demo.duckdb")
+    teams = folder / "teams.yaml"  # the synthetic fleet's users in teams, for gpu_usage's dollars by team
+    teams.write_text("research: [alice, bob]\napplied: [carol, dan, erin]\nci: [ci-bot]\n")
     os.environ.update(
-        DAGSTER_HOME=str(home), WANDB_ASSETS_DUCKDB=warehouse, WANDB_ASSETS_STAGING_DIR=str(folder / "staging")
+        DAGSTER_HOME=str(home),
+        WANDB_ASSETS_DUCKDB=warehouse,
+        WANDB_ASSETS_STAGING_DIR=str(folder / "staging"),
+        WANDB_ASSETS_TEAMS=str(teams),
     )
     return warehouse
 

@@ -459,7 +459,8 @@ def idle_gpus(con, at: datetime, th: AlertThresholds) -> list[Condition]:
             r,
             r["run_id"],
             f"Run {r['name'] or r['run_id']} of {r['user'] or 'unknown user'} holds {r['gpu_count']} "
-            f"{r['gpu_model'] or 'GPU'} GPU(s) idle (all below {th.idle_gpu_pct:g}%) on every sample since "
+            f"{r['gpu_model'] + ' ' if r['gpu_model'] else ''}GPU{'' if r['gpu_count'] == 1 else 's'} idle "
+            f"(all below {th.idle_gpu_pct:g}%) on every sample since "
             f"{r['since']:%Y-%m-%d %H:%M} UTC ({minutes:.0f} min), burning {burn} ({_link(r)}).",
         )
         details = {

@@ -18,7 +18,7 @@ from typing import Any
 
 from wandb_assets.lib.alerts import ALERT_SQL
 from wandb_assets.lib.datadog_feed import LEDGER_SQL
-from wandb_assets.lib.gauges import compute_gauges, project_metrics_sql
+from wandb_assets.lib.gauges import RUNS_AS_OF_SQL, compute_gauges, project_metrics_sql
 from wandb_assets.lib.lake import in_lake, retry_on_conflict
 from wandb_assets.lib.normalize import SPS_KEYS
 from wandb_assets.lib.sql import (
@@ -737,14 +737,16 @@ FROM gauges g LEFT JOIN counted c USING (entity, project) ORDER BY entity, proje
 """
 
 
-#: Each running run's GPUs at a snapshot, from the latest system sample W&B returned for it (``runs``).
-GPU_SAMPLES_SQL = """
+#: Each running run's GPUs at a snapshot, from the latest system sample W&B returned for it (``{runs}``: the
+#: ``runs`` table, or ``RUNS_AS_OF_SQL`` for a replayed past snapshot, which repeats that latest sample).
+_GPU_SAMPLES_SQL = """
 INSERT INTO gpu_samples BY NAME
 SELECT $snapshot_at::TIMESTAMP AS snapshot_at, entity, project, run_id, sample.gpu_index, sample.utilisation,
        sample.memory
-FROM (SELECT entity, project, run_id, unnest(latest_gpu_sample) AS sample FROM runs
+FROM (SELECT entity, project, run_id, unnest(latest_gpu_sample) AS sample FROM {runs}
       WHERE state = 'running' AND created_at <= $snapshot_at)
 """
+GPU_SAMPLES_SQL = _GPU_SAMPLES_SQL.format(runs="runs")
 #: How long the per-snapshot GPU samples are kept (the idle_gpus alert looks back half an hour).
 GPU_SAMPLES_KEPT = timedelta(days=8)
 
@@ -775,16 +777,18 @@ def record_snapshot(con, snapshot_at: datetime) -> dict[str, float | None]:
 def replay_snapshots(con, moments: list[datetime], now: datetime) -> int:
     """Store a past snapshot at each of ``moments`` from the runs as they looked then (``RUNS_AS_OF_SQL``), so
     a new warehouse (the demo) has a history to chart. They are entered in the Datadog ledger as ``replayed``:
-    the feed never sends them (a gauge from the past would land at the wrong time). Returns how many."""
+    the feed never sends them (a gauge from the past would land at the wrong time). The GPU samples of a replayed
+    snapshot repeat each then-running run's latest sample (the only one W&B returns). Returns how many."""
     ensure_schema(con)  # (the Datadog ledger is part of the schema)
     rows = [(at, name, value) for at in moments for name, value in compute_gauges(con, at, as_of=True).items()]
     with transaction(con):
-        for table in ("fleet_metrics", "project_metrics", "datadog_deliveries"):
+        for table in ("fleet_metrics", "project_metrics", "gpu_samples", "datadog_deliveries"):
             con.execute(
                 f"DELETE FROM {table} WHERE snapshot_at IN (SELECT unnest($moments::TIMESTAMP[]))", {"moments": moments}
             )
         for at in moments:  # the per-project gauges as they were then, set-based like a live snapshot
             con.execute(f"INSERT INTO project_metrics BY NAME {project_metrics_sql(as_of=True)}", {"snapshot_at": at})
+            con.execute(_GPU_SAMPLES_SQL.format(runs=RUNS_AS_OF_SQL), {"snapshot_at": at})
         if rows:  # DuckDB refuses executemany with no parameter sets
             con.executemany("INSERT INTO fleet_metrics (snapshot_at, metric, value) VALUES (?, ?, ?)", rows)
             con.executemany(

@@ -14,6 +14,16 @@ from datetime import datetime, timedelta
 
 from wandb_assets.localwandb.server import make_run_node
 
+#: GPU models as W&B's client records them, with how often the synthetic fleet uses each.
+GPU_MODELS = {
+    "NVIDIA H100 80GB HBM3": 3,
+    "NVIDIA A100-SXM4-80GB": 4,
+    "NVIDIA A100-SXM4-40GB": 3,
+    "Tesla V100-SXM2-16GB": 2,
+    "NVIDIA GeForce RTX 4090": 1,
+    "Tesla T4": 1,
+    "NVIDIA RTX 6000 Ada Generation": 1,  # no shipped price: costs NULL
+}
 CI_CONFIGS = {"ppo_atari": 5200.0, "impala.large": 18400.0, "dqn_cartpole": 950.0, "muzero.v2": 2300.0}
 USERS = ["alice", "bob", "carol", "dan", "erin"]
 
@@ -30,6 +40,25 @@ def _ci_summary(rng: random.Random, base_sps: float, step: int) -> dict:
         "_runtime": 0,
         "loss": round(rng.uniform(0.05, 1.5), 4),
     }
+
+
+def _machine(rng: random.Random, state: str, config: dict) -> dict:
+    """What W&B would hold of a run's machine: ``wandb-metadata.json`` for most runs (GPU count and model; a few
+    runs have none, as in real projects) and a latest system sample with each GPU's utilisation."""
+    flat = config.get("compute.gpu_count")
+    nested = (config.get("compute") or {}).get("gpu_count") if isinstance(config.get("compute"), dict) else None
+    gpus = flat or nested or rng.choice([1, 2, 4, 8])
+    model = rng.choices(list(GPU_MODELS), weights=list(GPU_MODELS.values()))[0]
+    has_metadata = rng.random() < 0.75
+    machine: dict = {"metadata": {"gpu_count": gpus, "gpu": model, "os": "Linux"} if has_metadata else None}
+    if state != "pending" and rng.random() < 0.9:
+        busy = rng.uniform(35, 99)
+        machine["system_metrics"] = {
+            **{f"system.gpu.{i}.gpu": round(min(100.0, busy + rng.uniform(-10, 10)), 1) for i in range(gpus)},
+            **{f"system.gpu.{i}.memory": round(rng.uniform(20, 90), 1) for i in range(gpus)},
+            "system.cpu": round(rng.uniform(5, 60), 1),
+        }
+    return machine
 
 
 def _ended_state(rng: random.Random, end: datetime, now: datetime, weights: tuple[float, ...]) -> str:
@@ -49,6 +78,7 @@ def generate_fleet(
     (still ``running``, no heartbeat for two hours).
     """
     rng = random.Random(seed)
+    machines = random.Random(seed + 1_000)  # GPUs drawn apart: the rest of the fleet is what it always was
     nodes: list[dict] = []
     counter = 0
 
@@ -60,6 +90,7 @@ def generate_fleet(
             state = "finished"
         heartbeat = min(end, now) if state != "pending" else created
         run_id = f"{rng.getrandbits(40):010x}"[:8] + f"{counter:05d}"
+        kwargs.update(_machine(machines, state, kwargs.get("config") or {}))
         nodes.append(make_run_node(run_id, created_at=created, heartbeat_at=heartbeat, state=state, **kwargs))
 
     ci_share, sweep_share = 0.45, 0.25
@@ -166,6 +197,20 @@ def generate_fleet(
                 username="ci-bot",
                 job_type="benchmark",
             )
+        nodes.append(  # eight H100s at 0 % for three hours: the idle_gpus alert names it
+            make_run_node(
+                "idlegpu0001",
+                display_name="train-llama-idle",
+                state="running",
+                created_at=now - timedelta(hours=3),
+                heartbeat_at=now,
+                summary={"train/loss": 2.1, "_step": 5},
+                config={"compute": {"gpu_count": 8, "gpu_type": "H100-80GB"}},  # as wandb_assets.instrument logs
+                username="bob",
+                system_metrics={f"system.gpu.{i}.{k}": 0.0 for i in range(8) for k in ("gpu", "memory")},
+                metadata={"gpu_count": 8, "gpu": "NVIDIA H100 80GB HBM3"},
+            )
+        )
         nodes.append(
             make_run_node(
                 "stalled0001",
