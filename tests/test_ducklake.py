@@ -150,6 +150,7 @@ def test_a_backfill_and_ticks_on_the_lake_give_what_file_mode_gives(lake_env, tm
     assert file_mode["deliveries"] == [["dry_run", 2]]
     assert file_mode["runs"][0] == file_mode["runs"][1] > 200
     assert [key.split(":")[0] for (key,) in file_mode["alerts"]] == [
+        "idle_gpus",  # the synthetic fleet's eight idle H100s
         "push_to_main_success_rate_low",
         "sps_regression",
         "stalled_run",
