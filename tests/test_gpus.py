@@ -389,3 +389,31 @@ def test_metadata_is_read_once_per_ended_run_across_fetches_and_a_missing_or_mal
     assert execute_backfill(instance, day, day).success
     assert server.count("RunsMetadataFiles") == 0
     assert query_read_only(warehouse_path, rows)[:5] == [*expected[:4], ("late", 1, "default", None, None)]
+
+
+def test_idle_gpu_hours_come_from_the_samples_taken_while_a_run_ran(memory_con):
+    """Rebuilt at 12:45. ``done``: 8 GPUs, ran 11:00-12:40, samples 12:00 (8 idle), 12:15 (8 idle), 12:30 (4
+    idle): 0.25 x 8 + 0.25 x 8 + (12:40 - 12:30) x 4 = 4 + 2/3. ``live``: running, 2 GPUs, one sample at 12:00,
+    both idle: held until now, 0.75 h x 2 = 1.5.
+    ``gap``: 1 GPU, samples at 09:00 (idle) and 12:00 (busy): the idle one holds an hour at most = 1.0."""
+    from tests.fleet import fleet_row, load
+    from wandb_assets.lib.warehouse import rebuild_gpu_usage
+
+    d = datetime
+    load(
+        memory_con,
+        [
+            fleet_row("done", "finished", "regular", d(2026, 6, 10, 11), d(2026, 6, 10, 12, 40), 8),
+            fleet_row("live", "running", "regular", d(2026, 6, 10, 11), None, 2),
+            fleet_row("gap", "running", "regular", d(2026, 6, 10, 8), None, 1),
+        ],
+    )
+    samples = [("done", 12, 0, [0.0] * 8), ("done", 12, 15, [1.0] * 8), ("done", 12, 30, [0.0] * 4 + [80.0] * 4)]
+    samples += [("live", 12, 0, [2.0, 3.0]), ("gap", 9, 0, [0.0]), ("gap", 12, 0, [70.0])]
+    memory_con.executemany(
+        "INSERT INTO gpu_samples VALUES (?, 'test-team', 'test-project', ?, ?, ?, 10.0)",
+        [(d(2026, 6, 10, h, m), run, i, u) for run, h, m, utils in samples for i, u in enumerate(utils)],
+    )
+    rebuild_gpu_usage(memory_con, d(2026, 6, 10, 12, 45), {}, {})
+    idle = dict(memory_con.execute("SELECT day::VARCHAR, sum(idle_gpu_hours) FROM gpu_usage GROUP BY 1").fetchall())
+    assert idle == {"2026-06-10": pytest.approx(4 + 2 / 3 + 1.5 + 1.0)}

@@ -132,6 +132,9 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "gpu_hours": "GPUs times busy hours that day (the gpu_hours table's rule)",
             "cost_usd": "gpu_hours times the model's USD per GPU-hour (WANDB_ASSETS_GPU_PRICES); NULL when the "
             "model has no price (never 0)",
+            "idle_gpu_hours": "of those, GPU-hours idle (below WANDB_ASSETS_IDLE_GPU_PCT) in the samples taken while "
+            "the runs ran (gpu_samples: each holds until the run's next one, its end or now, an hour at most); 0 "
+            "without samples",
         },
     ),
     "gpu_samples": (

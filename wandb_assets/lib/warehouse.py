@@ -103,7 +103,7 @@ CREATE TABLE IF NOT EXISTS gpu_hours (
 );
 CREATE TABLE IF NOT EXISTS gpu_usage (
     day DATE, entity VARCHAR, project VARCHAR, username VARCHAR, team VARCHAR, category VARCHAR, gpu_model VARCHAR,
-    runs BIGINT, gpu_hours DOUBLE, cost_usd DOUBLE
+    runs BIGINT, gpu_hours DOUBLE, cost_usd DOUBLE, idle_gpu_hours DOUBLE
 );
 CREATE TABLE IF NOT EXISTS gpu_samples (
     snapshot_at TIMESTAMP, entity VARCHAR, project VARCHAR, run_id VARCHAR, gpu_index INTEGER, utilisation DOUBLE,
@@ -642,18 +642,42 @@ WITH prices AS (
 teams AS (
     SELECT unnest(from_json($teams::JSON, '[{{"user": "VARCHAR", "team": "VARCHAR"}}]'), recursive := true)
 ),
-{_daily_gpu_hours_sql('entity, project, category, "user" AS username, gpu_model')}
-SELECT day_start::DATE AS day, entity, project, username, coalesce(t.team, 'unassigned') AS team, category,
-       gpu_model, count(*) AS runs, sum(gpu_hours) AS gpu_hours, sum(gpu_hours * p.usd) AS cost_usd
-FROM daily LEFT JOIN prices p ON p.model = daily.gpu_model LEFT JOIN teams t ON t.user = daily.username
-GROUP BY ALL
+-- Idle GPU-hours from the samples taken while a run ran: each sample holds until the run's next one (or its end,
+-- or now), at most an hour (a longer gap is missed ticks, not known idleness); idle GPUs times those hours.
+sampled AS (
+    SELECT s.entity, s.project, s.run_id, s.snapshot_at, count(*) FILTER (WHERE s.utilisation < $idle_pct) AS idle
+    FROM gpu_samples s WHERE s.snapshot_at <= $now::TIMESTAMP GROUP BY ALL
+),
+held AS (
+    SELECT sampled.*, least(
+               coalesce(lead(snapshot_at) OVER (PARTITION BY entity, project, run_id ORDER BY snapshot_at),
+                        r.ended_at, $now::TIMESTAMP),
+               snapshot_at + INTERVAL 1 HOUR) AS until
+    FROM sampled JOIN runs r USING (entity, project, run_id)
+),
+idle AS (
+    SELECT entity, project, run_id, date_trunc('day', snapshot_at) AS day_start,
+           sum(idle * greatest(epoch(until) - epoch(snapshot_at), 0) / 3600.0) AS idle_gpu_hours
+    FROM held GROUP BY ALL
+),
+{_daily_gpu_hours_sql('entity, project, run_id, category, "user" AS username, gpu_model')}
+SELECT day_start::DATE AS day, d.entity, d.project, username, coalesce(t.team, 'unassigned') AS team, category,
+       gpu_model, count(*) AS runs, sum(gpu_hours) AS gpu_hours, sum(gpu_hours * p.usd) AS cost_usd,
+       coalesce(sum(i.idle_gpu_hours), 0) AS idle_gpu_hours
+FROM daily d LEFT JOIN prices p ON p.model = d.gpu_model LEFT JOIN teams t ON t.user = d.username
+LEFT JOIN idle i USING (entity, project, run_id, day_start)
+GROUP BY day_start, d.entity, d.project, username, team, category, gpu_model
 """
 
 
-def rebuild_gpu_usage(con, now: datetime, prices: dict[str, float], teams: dict[str, str]) -> int:
-    """Rebuild ``gpu_usage`` at ``now`` (running runs count up to it) with these prices and teams."""
+def rebuild_gpu_usage(
+    con, now: datetime, prices: dict[str, float], teams: dict[str, str], idle_pct: float = 5.0
+) -> int:
+    """Rebuild ``gpu_usage`` at ``now`` (running runs count up to it) with these prices and teams; a sampled GPU
+    below ``idle_pct`` is idle."""
     params = {
         "now": now,
+        "idle_pct": idle_pct,
         "prices": json.dumps([{"model": m, "usd": usd} for m, usd in prices.items()]),
         "teams": json.dumps([{"user": u, "team": t} for u, t in teams.items()]),
     }

@@ -27,7 +27,7 @@ from wandb_assets.lib.warehouse import (
     rebuild_success_rates,
     record_snapshot,
 )
-from wandb_assets.settings import pipeline_settings
+from wandb_assets.settings import alert_thresholds, pipeline_settings
 
 COMMON = {
     "group_name": "fleet",
@@ -92,7 +92,8 @@ gpu_hours = derived_table_asset(
 def gpu_usage(context: AssetExecutionContext, warehouse: WarehouseResource) -> MaterializeResult:
     pipeline = pipeline_settings()
     with warehouse.get_connection() as con:
-        rows = rebuild_gpu_usage(con, utc_now(), pipeline.gpu_prices, pipeline.teams)
+        idle_pct = alert_thresholds().idle_gpu_pct
+        rows = rebuild_gpu_usage(con, utc_now(), pipeline.gpu_prices, pipeline.teams, idle_pct)
         unpriced = con.execute(
             "SELECT coalesce(gpu_model, '(no model)'), round(sum(gpu_hours), 2) FROM gpu_usage "
             "WHERE cost_usd IS NULL AND gpu_hours > 0 GROUP BY 1 ORDER BY 2 DESC"
