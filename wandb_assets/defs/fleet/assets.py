@@ -147,7 +147,8 @@ def _number(value: float | int) -> MetadataValue:
 
 
 @asset(
-    description="Appends one snapshot of the 20 fleet gauges to fleet_metrics (snapshot_at, metric, value).",
+    description="Appends one snapshot of the 20 fleet gauges to fleet_metrics (snapshot_at, metric, value), the same "
+    "gauges per project to project_metrics, and each running run's GPUs to gpu_samples.",
     group_name="fleet",
     kinds={"duckdb"},
     owners=["team:ml-platform"],
