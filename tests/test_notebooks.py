@@ -26,7 +26,7 @@ from wandb_assets.warehouse import connect, open_snapshot, snapshot_path
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
-CHARTS = {"fleet_overview": 3, "push_to_main_throughput": 2, "sweeps": 1}
+CHARTS = {"fleet_overview": 3, "gpu_costs": 3, "push_to_main_throughput": 2, "sweeps": 1}
 ARTIFACTS = REPO / "test-artifacts" / "notebooks"
 NOW = datetime.now(UTC).replace(tzinfo=None, microsecond=0)
 
@@ -110,7 +110,7 @@ def images(notebook: nbformat.NotebookNode) -> int:
     )
 
 
-def test_there_are_the_three_notebooks():
+def test_there_are_the_four_notebooks():
     assert [p.stem for p in NOTEBOOKS] == sorted(CHARTS)
 
 

@@ -259,6 +259,31 @@ def sweeps(con, start=None, end=None):
     return con.execute(f"SELECT * FROM sweep_summary{where} ORDER BY gpu_hours DESC", params).df()
 
 
+def gpu_costs(con, start=None, end=None):
+    """GPU-hours, dollars and idle GPU-hours per UTC day, project, user, team, category and GPU model (the
+    ``gpu_usage`` table); ``start``/``end`` are days."""
+    where, params = _window("day", start, end)
+    return con.execute(f"SELECT * FROM gpu_usage{where} ORDER BY day, cost_usd DESC NULLS LAST", params).df()
+
+
+def top_idle_runs(con, limit: int = 10, now=None, idle_pct: float | None = None):
+    """The runs that left the most GPU-hours idle (from ``gpu_samples``; ``WANDB_ASSETS_IDLE_GPU_PCT``)."""
+    from wandb_assets.lib.warehouse import TOP_IDLE_RUNS_SQL
+    from wandb_assets.settings import load_settings
+
+    at = now or con.execute("SELECT max(snapshot_at) FROM gpu_samples").fetchone()[0] or datetime(1970, 1, 1)
+    pct = load_settings().WANDB_ASSETS_IDLE_GPU_PCT if idle_pct is None else idle_pct
+    return con.execute(TOP_IDLE_RUNS_SQL, {"now": at, "idle_pct": pct, "limit": limit}).df()
+
+
+def gpu_hours_by_source(con, now=None):
+    """GPU-hours by where each run's GPU count came from (``gpu_count_source``): the share that is a guess."""
+    from wandb_assets.lib.warehouse import GPU_HOURS_BY_SOURCE_SQL
+
+    at = now or con.execute("SELECT max(snapshot_at) FROM fleet_metrics").fetchone()[0] or datetime(1970, 1, 1)
+    return con.execute(GPU_HOURS_BY_SOURCE_SQL, {"now": at}).df()
+
+
 def alive_runs(con):
     """Runs alive now, oldest first (the ``alive_runs`` view)."""
     return con.execute("SELECT * FROM alive_runs ORDER BY created_at").df()

@@ -635,13 +635,9 @@ GROUP BY GROUPING SETS ((entity, project, day_start), (entity, project, day_star
 
 #: GPU-hours and dollars per UTC day, project, user, team, category and GPU model (``$prices``: JSON list of
 #: ``{model, usd}``; ``$teams``: JSON list of ``{user, team}``). A model without a price costs NULL, never 0.
-GPU_USAGE_SQL = f"""
-WITH prices AS (
-    SELECT unnest(from_json($prices::JSON, '[{{"model": "VARCHAR", "usd": "DOUBLE"}}]'), recursive := true)
-),
-teams AS (
-    SELECT unnest(from_json($teams::JSON, '[{{"user": "VARCHAR", "team": "VARCHAR"}}]'), recursive := true)
-),
+#: CTEs ``sampled``, ``held``, ``idle``: idle GPU-hours per run and UTC day from the samples taken while it ran
+#: (``gpu_samples``) up to ``$now``; a GPU below ``$idle_pct`` is idle. The one rule for gpu_usage and the notebooks.
+_IDLE_GPU_HOURS_SQL = """
 -- Idle GPU-hours from the samples taken while a run ran: each sample holds until the run's next one (or its end,
 -- or now), at most an hour (a longer gap is missed ticks, not known idleness); idle GPUs times those hours.
 sampled AS (
@@ -659,7 +655,17 @@ idle AS (
     SELECT entity, project, run_id, date_trunc('day', snapshot_at) AS day_start,
            sum(idle * greatest(epoch(until) - epoch(snapshot_at), 0) / 3600.0) AS idle_gpu_hours
     FROM held GROUP BY ALL
+)
+"""
+
+GPU_USAGE_SQL = f"""
+WITH prices AS (
+    SELECT unnest(from_json($prices::JSON, '[{{"model": "VARCHAR", "usd": "DOUBLE"}}]'), recursive := true)
 ),
+teams AS (
+    SELECT unnest(from_json($teams::JSON, '[{{"user": "VARCHAR", "team": "VARCHAR"}}]'), recursive := true)
+),
+{_IDLE_GPU_HOURS_SQL},
 {_daily_gpu_hours_sql('entity, project, run_id, category, "user" AS username, gpu_model')}
 SELECT day_start::DATE AS day, d.entity, d.project, username, coalesce(t.team, 'unassigned') AS team, category,
        gpu_model, count(*) AS runs, sum(gpu_hours) AS gpu_hours, sum(gpu_hours * p.usd) AS cost_usd,
@@ -667,6 +673,24 @@ SELECT day_start::DATE AS day, d.entity, d.project, username, coalesce(t.team, '
 FROM daily d LEFT JOIN prices p ON p.model = d.gpu_model LEFT JOIN teams t ON t.user = d.username
 LEFT JOIN idle i USING (entity, project, run_id, day_start)
 GROUP BY day_start, d.entity, d.project, username, team, category, gpu_model
+"""
+
+
+#: The runs that left the most GPU-hours idle (``$limit``), with who ran them, on what, and since when.
+TOP_IDLE_RUNS_SQL = f"""
+WITH {_IDLE_GPU_HOURS_SQL}
+SELECT r.entity || '/' || r.project AS project, r.run_id, r.name, r."user", r.state, r.gpu_count, r.gpu_model,
+       round(sum(i.idle_gpu_hours), 2) AS idle_gpu_hours, r.url
+FROM idle i JOIN runs r USING (entity, project, run_id)
+GROUP BY ALL HAVING sum(i.idle_gpu_hours) > 0 ORDER BY idle_gpu_hours DESC, r.run_id LIMIT $limit
+"""
+
+#: GPU-hours by where each run's GPU count came from (config, metadata, system_metrics, default): how much is a guess.
+GPU_HOURS_BY_SOURCE_SQL = f"""
+SELECT coalesce(gpu_count_source, 'unknown') AS gpu_count_source, count(*) AS runs,
+       sum(gpu_count * (epoch({busy_until_sql("$now::TIMESTAMP")}) - epoch(created_at)) / 3600.0) AS gpu_hours
+FROM runs WHERE created_at IS NOT NULL AND {busy_until_sql("$now::TIMESTAMP")} > created_at
+GROUP BY 1 ORDER BY gpu_hours DESC
 """
 
 
