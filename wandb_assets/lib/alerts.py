@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from wandb_assets.lib.gauges import compute_gauges, compute_project_gauges
+from wandb_assets.lib.gpus import PRICES_CTE, prices_param
 from wandb_assets.lib.lake import retry_on_conflict
 from wandb_assets.lib.regressions import find_regressions
 from wandb_assets.lib.sql import ALIVE_SQL, ENDED_SQL, FAILED_SQL, RATED_SQL, SPS_SQL_STATES, Connect, transaction
@@ -409,7 +410,7 @@ def long_running(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     return conditions
 
 
-IDLE_GPUS_SQL = """
+IDLE_GPUS_SQL = f"""
 WITH samples AS (  -- per run and snapshot: its busiest GPU
     SELECT entity, project, run_id, snapshot_at, max(utilisation) AS busiest
     FROM gpu_samples WHERE snapshot_at <= $t GROUP BY ALL
@@ -423,9 +424,7 @@ idle AS (  -- the first sample after the last busy one: idle on every sample sin
     FROM samples s JOIN last_busy b USING (entity, project, run_id)
     WHERE b.at IS NULL OR s.snapshot_at > b.at GROUP BY ALL
 ),
-prices AS (
-    SELECT unnest(from_json($prices::JSON, '[{"model": "VARCHAR", "usd": "DOUBLE"}]'), recursive := true)
-)
+{PRICES_CTE}
 SELECT r.entity, r.project, r.run_id, r.name, r.url, r.log_path, r."user", r.gpu_count, r.gpu_model, i.since,
        r.gpu_count * p.usd AS usd_per_hour
 FROM idle i JOIN runs r USING (entity, project, run_id) LEFT JOIN prices p ON p.model = r.gpu_model
@@ -438,8 +437,6 @@ def idle_gpus(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     """A running run whose GPUs were all below ``idle_gpu_pct`` on every sample (``gpu_samples``, one per
     snapshot) for at least ``idle_gpu_minutes``, sampled at this snapshot too. A run without system metrics has
     no samples and is never called idle; one busy GPU of eight keeps a run busy."""
-    import json as _json
-
     found = _rows(
         con,
         IDLE_GPUS_SQL,
@@ -447,7 +444,7 @@ def idle_gpus(con, at: datetime, th: AlertThresholds) -> list[Condition]:
             "t": at,
             "idle_pct": th.idle_gpu_pct,
             "since": at - timedelta(minutes=th.idle_gpu_minutes),
-            "prices": _json.dumps([{"model": m, "usd": usd} for m, usd in th.gpu_prices]),
+            "prices": prices_param(th.gpu_prices),
         },
     )
     conditions = []

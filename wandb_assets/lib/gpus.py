@@ -9,6 +9,7 @@ config keys (``WANDB_ASSETS_GPU_COUNT_KEYS``) -> W&B metadata -> GPU indices in 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -169,6 +170,17 @@ def canonical_gpu_model(raw: Any) -> tuple[str | None, bool]:
 
 
 # ------------------------------------------------------------------------------------------- prices and teams
+
+
+#: The CTE ``prices (model, usd)`` from ``$prices`` (``prices_param``): the one way SQL here reads the price table.
+PRICES_CTE = """prices AS (
+    SELECT unnest(from_json($prices::JSON, '[{"model": "VARCHAR", "usd": "DOUBLE"}]'), recursive := true)
+)"""
+
+
+def prices_param(prices: Iterable[tuple[str, float]]) -> str:
+    """``$prices`` for ``PRICES_CTE``: ``(canonical model, USD per GPU-hour)`` pairs as JSON."""
+    return json.dumps([{"model": model, "usd": usd} for model, usd in prices])
 
 
 def parse_prices(document: Any, where: str) -> dict[str, float]:

@@ -99,11 +99,12 @@ def changed_projects(
     recheck: timedelta,
 ) -> tuple[list[str], list[str]]:
     """``(to fetch, unchanged)``: which of ``projects`` a tick must read again. A project is read again when it
-    has never been read whole, when the warehouse holds a run of it as alive (its state may change without a
-    heartbeat: W&B marks a silent run crashed), when its newest activity (``activity``: newest run heartbeat,
-    from ``fetch.latest_activity``; a project missing from it could not be probed) is later than its last whole
-    fetch less ``CLOCK_MARGIN``, or when that fetch is older than ``recheck`` (edits that move no heartbeat:
-    tags, notes, summaries updated after the end). Everything else is unchanged since its last fetch."""
+    has never been read whole, when it is in ``must_read`` (the warehouse holds a run of it as alive, whose state
+    may change without a heartbeat as W&B marks a silent run crashed; or its last fetch failed), when its newest
+    activity (``activity``: newest run heartbeat, from ``fetch.latest_activity``; a project missing from it could
+    not be probed) is later than its last whole fetch less ``CLOCK_MARGIN``, or when that fetch is older than
+    ``recheck`` (edits that move no heartbeat: tags, notes, summaries updated after the end). Everything else is
+    unchanged since its last fetch."""
     must_read = set(must_read)
     fetch, unchanged = [], []
     for project in projects:

@@ -51,11 +51,13 @@ def write_projects_report(
     begun at ``checked_at`` read whole and which failed, and why; ``partial``: the fetch was asked for some of the
     mirrored projects only (says nothing of the others); ``unchanged``: projects a tick found nothing new in and
     did not read (readable, but not read whole now)."""
-    projects = [{"entity": p.split("/")[0], "project": p.split("/", 1)[1], "error": None} for p in fetched]
-    projects += [{"entity": p.split("/")[0], "project": p.split("/", 1)[1], "error": why} for p, why in failed.items()]
-    projects += [
-        {"entity": p.split("/")[0], "project": p.split("/", 1)[1], "error": None, "unchanged": True} for p in unchanged
-    ]
+
+    def row(path: str, error: str | None, unchanged: bool = False) -> dict:
+        entity, _, project = path.partition("/")
+        return {"entity": entity, "project": project, "error": error} | ({"unchanged": True} if unchanged else {})
+
+    projects = [row(p, None) for p in fetched] + [row(p, why) for p, why in failed.items()]
+    projects += [row(p, None, unchanged=True) for p in unchanged]
     target = projects_file(staging)
     temporary = target.with_name(f".{target.name}.{os.getpid()}")
     report = {"checked_at": checked_at.isoformat(), "projects": projects, "partial": partial}

@@ -19,6 +19,7 @@ from typing import Any
 from wandb_assets.lib.alerts import ALERT_SQL
 from wandb_assets.lib.datadog_feed import LEDGER_SQL
 from wandb_assets.lib.gauges import RUNS_AS_OF_SQL, compute_gauges, project_metrics_sql
+from wandb_assets.lib.gpus import PRICES_CTE, prices_param
 from wandb_assets.lib.lake import in_lake, retry_on_conflict
 from wandb_assets.lib.normalize import SPS_KEYS
 from wandb_assets.lib.sql import (
@@ -659,9 +660,7 @@ idle AS (
 """
 
 GPU_USAGE_SQL = f"""
-WITH prices AS (
-    SELECT unnest(from_json($prices::JSON, '[{{"model": "VARCHAR", "usd": "DOUBLE"}}]'), recursive := true)
-),
+WITH {PRICES_CTE},
 teams AS (
     SELECT unnest(from_json($teams::JSON, '[{{"user": "VARCHAR", "team": "VARCHAR"}}]'), recursive := true)
 ),
@@ -702,7 +701,7 @@ def rebuild_gpu_usage(
     params = {
         "now": now,
         "idle_pct": idle_pct,
-        "prices": json.dumps([{"model": m, "usd": usd} for m, usd in prices.items()]),
+        "prices": prices_param(prices.items()),
         "teams": json.dumps([{"user": u, "team": t} for u, t in teams.items()]),
     }
     return _replace_table(con, "gpu_usage", GPU_USAGE_SQL, params)
