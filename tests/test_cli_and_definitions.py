@@ -167,7 +167,7 @@ def test_cli_backfill_then_refresh(wandb_server, warehouse_path, dagster_home, c
     assert "wandb.push_to_main.overview.sps" in out
     con = duckdb.connect(str(warehouse_path), read_only=True)
     assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 8
-    assert con.execute("SELECT count(DISTINCT snapshot_at), count(*) FROM fleet_metrics").fetchone() == (1, 20)
+    assert con.execute("SELECT count(DISTINCT snapshot_at), count(*) FROM fleet_metrics").fetchone() == (1, 24)
     con.close()
     assert server.count("Runs") == RUNS_QUERIES
 

@@ -130,7 +130,7 @@ def test_dry_run_records_and_logs_without_sending(con, capture):
     assert ledger(con) == [(T, "dry_run", 0), (T15, "dry_run", 0)]
     # one short line per snapshot, the tags intact for the second one too (they were once split into letters)
     assert lines == [
-        f"Datadog dry run (no DD_API_KEY configured): would send 18 gauges for {t} with tags "
+        f"Datadog dry run (no DD_API_KEY configured): would send 22 gauges for {t} with tags "
         "source:wandb-assets,entity:team-x,project:proj-y,env:prod"
         for t in ("2026-06-10T12:00:00Z", "2026-06-10T12:15:00Z")
     ]

@@ -1,7 +1,7 @@
 """The warehouse as a DuckLake: catalog in the test PostgreSQL, Parquet files in moto's S3 server.
 
 The same fleet goes through a backfill and two ticks in file mode and in lake mode (each in its own
-process: the warehouse resource is built from the environment at import), and the 20 gauges of every
+process: the warehouse resource is built from the environment at import), and the 24 gauges of every
 snapshot, the open alerts and the feed's ledger must match exactly. A reader holding the lake open across a
 tick sees only committed snapshots and blocks nothing; a second writer waits for the `warehouse` pool.
 """
@@ -143,9 +143,9 @@ def _drive(env: dict[str, str], *snapshots: str, first: str = FIRST) -> dict:
 def test_a_backfill_and_ticks_on_the_lake_give_what_file_mode_gives(lake_env, tmp_path, fleet, s3_endpoint):
     file_mode = _drive(_env(tmp_path / "file", fleet, WANDB_ASSETS_DUCKDB=str(tmp_path / "file" / "w.duckdb")), *TICKS)
     lake_mode = _drive(lake_env, *TICKS)
-    # Hand-checked shape: 2 snapshots x 20 gauges; the fleet's three incidents are open; both snapshots sent
+    # Hand-checked shape: 2 snapshots x 24 gauges; the fleet's three incidents are open; both snapshots sent
     # (dry run: no Datadog key); every fetched run once.
-    assert len(file_mode["metrics"]) == len(lake_mode["metrics"]) == 40
+    assert len(file_mode["metrics"]) == len(lake_mode["metrics"]) == 48
     assert {m[0] for m in file_mode["metrics"]} == {"2026-06-10T11:30:00", "2026-06-10T12:00:00"}
     assert file_mode["deliveries"] == [["dry_run", 2]]
     assert file_mode["runs"][0] == file_mode["runs"][1] > 200
@@ -174,7 +174,7 @@ def test_a_backfill_and_ticks_on_the_lake_give_what_file_mode_gives(lake_env, tm
     con = _open_snapshot_in(lake_env)
     file_con = open_snapshot(tmp_path / "file" / "w.duckdb")
     try:
-        assert con.execute("SELECT count(*) FROM fleet_metrics").fetchone()[0] == 40
+        assert con.execute("SELECT count(*) FROM fleet_metrics").fetchone()[0] == 48
         with pytest.raises(duckdb.Error, match="read-only"):
             con.execute("DELETE FROM fleet_metrics")
         # The notebook helpers answer the same on both.

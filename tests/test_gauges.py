@@ -82,6 +82,11 @@ EXPECTED = {
     "wandb.sweep.runs_failed_24h": 0,
     "wandb.sweep.runs_active": 1,  # r11
     "wandb.sweep.success_rate_pct": 100.0,  # 1 / (1 + 0)
+    # No prices given and no system samples: nothing idle, every GPU-hour unpriced (tests/test_gpus.py prices some).
+    "wandb.gpu.idle_gpus": 0,
+    "wandb.gpu.cost_usd_24h": 0,
+    "wandb.gpu.unpriced_gpu_hours_24h": 140,
+    "wandb.gpu.idle_gpu_hours_24h": 0,
 }
 
 
@@ -90,7 +95,7 @@ def con(memory_con):
     return memory_con
 
 
-def test_gauge_names_are_exactly_the_twenty():
+def test_gauge_names_are_exactly_the_twenty_four():
     assert list(GAUGE_NAMES) == list(EXPECTED)
 
 
@@ -141,7 +146,7 @@ def test_record_snapshot_appends_a_time_series_and_replaces_same_instant(con):
     record_snapshot(con, T)
     record_snapshot(con, datetime(2026, 6, 10, 12, 15))
     rows = con.execute("SELECT snapshot_at, count(*) FROM fleet_metrics GROUP BY 1 ORDER BY 1").fetchall()
-    assert rows == [(T, 20), (datetime(2026, 6, 10, 12, 15), 20)]
+    assert rows == [(T, 24), (datetime(2026, 6, 10, 12, 15), 24)]
     nulls = con.execute("SELECT count(*) FROM fleet_metrics WHERE value IS NULL AND snapshot_at = $t", {"t": T})
     assert nulls.fetchone()[0] == 2  # epoch_steps_per_second and timing_per_epoch.sps
 
@@ -157,7 +162,11 @@ def test_gauges_are_shown_rounded_with_their_unit():
     assert (
         units["wandb.push_to_main.overview.steps_per_second"] == units["wandb.push_to_main.overview.sps"] == "steps/s"
     )
-    assert sorted(set(units.values())) == ["%", "GPU-hours", "hours", "runs", "steps/s"]
+    assert units["wandb.gpu.idle_gpus"] == "GPUs" and units["wandb.gpu.cost_usd_24h"] == "USD"
+    assert units["wandb.gpu.unpriced_gpu_hours_24h"] == units["wandb.gpu.idle_gpu_hours_24h"] == "GPU-hours"
+    assert sorted(set(units.values())) == ["%", "GPU-hours", "GPUs", "USD", "hours", "runs", "steps/s"]
+    assert rounded_gauge("wandb.gpu.idle_gpus", 8.0) == 8 and isinstance(rounded_gauge("wandb.gpu.idle_gpus", 8.0), int)
+    assert format_gauge("wandb.gpu.cost_usd_24h", 1234.567) == "1,234.57"
     assert rounded_gauge("wandb.runs.active", 24.0) == 24 and isinstance(rounded_gauge("wandb.runs.active", 24.0), int)
     assert rounded_gauge("wandb.push_to_main.success_rate_pct", 74.683544303) == 74.68
     assert rounded_gauge("wandb.push_to_main.success_rate_pct", None) is None
@@ -196,8 +205,8 @@ def test_a_replayed_snapshot_sees_the_runs_as_they_were_then(con):
     assert replay_snapshots(con, [moment, d(10, 10)], now) == 2
     assert replay_snapshots(con, [moment, d(10, 10)], now) == 2  # again: replaced, not doubled
     assert con.execute("SELECT snapshot_at, count(*) FROM fleet_metrics GROUP BY 1 ORDER BY 1").fetchall() == [
-        (moment, 20),
-        (d(10, 10), 20),
+        (moment, 24),
+        (d(10, 10), 24),
     ]
     assert con.execute("SELECT snapshot_at, status FROM datadog_deliveries ORDER BY 1").fetchall() == [
         (moment, "replayed"),

@@ -1,10 +1,12 @@
 """GPU count, model and utilisation of a run (``lib.gpus``), pure and through the pipeline."""
 
-from datetime import datetime
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
 from wandb_assets.lib.gpus import canonical_gpu_model, gpu_count, mean_utilisation, system_gpus
+
+STALL = timedelta(minutes=30)
 
 #: Strings W&B records in ``wandb-metadata.json`` (``gpu``) or people log as ``compute.gpu_type``.
 REAL_MODELS = {
@@ -255,6 +257,12 @@ def test_the_gpu_usage_asset_reads_the_price_and_team_files_and_lists_models_wit
     assert query_read_only(
         warehouse_path, "SELECT username, team, gpu_model, gpu_hours, cost_usd FROM gpu_usage ORDER BY 1"
     ) == [("alice", "vision", "H100-80GB", 8.0, 20.0), ("bob", "unassigned", "T4", 1.0, None)]
+    # each run's cost: 4 GPUs x 2 h x $2.5 = 20; the T4 has no price: NULL, never 0
+    assert query_read_only(warehouse_path, "SELECT run_id, cost_usd FROM runs ORDER BY 1") == [("h", 20.0), ("t", None)]
+    # a new price list prices every run again on the next load, those not re-read too: 1 GPU-hour x $0.35
+    (tmp_path / "prices.yaml").write_text("H100-80GB: 2.5\nT4: 0.35\n")
+    assert execute_backfill(instance, date(2026, 5, 31), date(2026, 5, 31)).success
+    assert query_read_only(warehouse_path, "SELECT run_id, cost_usd FROM runs ORDER BY 1") == [("h", 20.0), ("t", 0.35)]
 
 
 def test_a_price_file_that_cannot_be_read_is_one_sentence_naming_the_variable(tmp_path):
@@ -417,3 +425,138 @@ def test_idle_gpu_hours_come_from_the_samples_taken_while_a_run_ran(memory_con):
     rebuild_gpu_usage(memory_con, d(2026, 6, 10, 12, 45), {}, {})
     idle = dict(memory_con.execute("SELECT day::VARCHAR, sum(idle_gpu_hours) FROM gpu_usage GROUP BY 1").fetchall())
     assert idle == {"2026-06-10": pytest.approx(4 + 2 / 3 + 1.5 + 1.0)}
+
+
+def _log_with_gpu_stats(start: int, utilisation: list[tuple[float, float]], every: int, runtime: int) -> list:
+    """An offline log (the client's record types): a run record without any GPU config, one stats record per
+    ``every`` seconds with two GPUs' utilisation (as the client names them, without ``system.``), a clean exit."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    run = pb.Record()
+    run.run.run_id, run.run.entity, run.run.project = "gpuoff01", "offline-team", "offline-proj"
+    run.run.start_time.seconds = start
+    records = [run]
+    for i, (gpu0, gpu1) in enumerate(utilisation):
+        stats = pb.Record()
+        stats.stats.timestamp.seconds = start + i * every
+        for key, value in (("gpu.0.gpu", gpu0), ("gpu.1.gpu", gpu1), ("gpu.0.memory", 30.0), ("cpu", 12.5)):
+            item = stats.stats.item.add()
+            item.key, item.value_json = key, repr(value)
+        records.append(stats)
+    exit_record = pb.Record()
+    exit_record.exit.exit_code, exit_record.exit.runtime = 0, runtime
+    return [*records, exit_record]
+
+
+def test_an_offline_log_gives_its_idle_gpu_hours_from_its_own_stats_records(memory_con, tmp_path):
+    """Two GPUs sampled every 10 min from 23:40 to 00:20 UTC (end at +40 min): idle GPUs per sample 1, 2 | 1, 2,
+    each held 600 s, so 0.5 idle GPU-hours on each day; GPU-hours 2 GPUs x 20 min = 0.6667 per day. The count
+    and model come from the client's wandb-metadata.json beside the log; without it, from the stats records."""
+    from tests.offline_logs import legacy_log_bytes
+    from wandb_assets.lib.offline_runs import read_changed_logs
+    from wandb_assets.lib.warehouse import load_offline_runs, rebuild_gpu_usage, stage_rows
+
+    start = 1_700_005_200  # 2023-11-14 23:40:00 UTC
+    samples = [(0.0, 90.0), (2.0, 3.0), (50.0, 4.9), (1.0, 1.0)]
+    folder = tmp_path / "offline-run-20231114_234000-gpuoff01"
+    (folder / "files").mkdir(parents=True)
+    (folder / "run-gpuoff01.wandb").write_bytes(legacy_log_bytes(_log_with_gpu_stats(start, samples, 600, 2400)))
+    now = datetime(2023, 11, 16)
+    report = read_changed_logs([tmp_path], {}, now=now, stall=STALL, default_gpus=1, idle_pct=5.0)
+    (row,) = report.rows
+    assert (row["gpu_count"], row["gpu_count_source"]) == (2, "system_metrics")
+    assert (row["gpu_util_pct"], row["gpu_model"]) == (1.0, None)
+
+    (folder / "files" / "wandb-metadata.json").write_text('{"gpu_count": 2, "gpu": "NVIDIA H100 80GB HBM3"}')
+    report = read_changed_logs([tmp_path], {}, now=now, stall=STALL, default_gpus=1, idle_pct=5.0)
+    staged, _ = stage_rows(report.rows)
+    load_offline_runs(memory_con, staged, report.files, now)
+    assert memory_con.execute(
+        "SELECT gpu_count, gpu_count_source, gpu_model, wandb_metadata->>'status' FROM runs"
+    ).fetchone() == (2, "metadata", "H100-80GB", "read")
+    assert memory_con.execute("SELECT log_idle_gpu_hours FROM runs").fetchone()[0] == [
+        {"day": date(2023, 11, 14), "idle_gpu_hours": 0.5},
+        {"day": date(2023, 11, 15), "idle_gpu_hours": 0.5},
+    ]
+    rebuild_gpu_usage(memory_con, now, {"H100-80GB": 3.0}, {})
+    got = memory_con.execute(
+        "SELECT day, round(gpu_hours, 4), round(cost_usd, 4), idle_gpu_hours FROM gpu_usage ORDER BY day"
+    ).fetchall()
+    assert got == [(date(2023, 11, 14), 0.6667, 2.0, 0.5), (date(2023, 11, 15), 0.6667, 2.0, 0.5)]
+
+
+def test_a_sample_holds_until_the_next_an_hour_at_most_and_only_gpus_below_the_threshold_count():
+    """Samples at 0 s (one GPU of two idle), 7200 s (both idle; the 2 h gap holds one hour), end at 7500 s:
+    1 x 1 h + 2 x 300 s = 1.1667 h; a threshold of 1 % calls only the 0 % GPU idle in both."""
+    from wandb_assets.lib.gpus import idle_gpu_hours_by_day
+
+    at = datetime(2026, 6, 1, tzinfo=UTC).timestamp()
+    samples = [
+        (at, {"system.gpu.0.gpu": 0.0, "system.gpu.1.gpu": 80.0}),
+        (at + 7200, {"system.gpu.0.gpu": 0.0, "system.gpu.1.gpu": 3.0}),
+    ]
+    (day,) = idle_gpu_hours_by_day(samples, at + 7500, 5.0)
+    assert (day["day"], round(day["idle_gpu_hours"], 4)) == (date(2026, 6, 1), 1.1667)
+    (day,) = idle_gpu_hours_by_day(samples, at + 7500, 1.0)
+    assert round(day["idle_gpu_hours"], 4) == round(1 + 300 / 3600, 4)
+    assert idle_gpu_hours_by_day([], at, 5.0) == []
+
+
+def test_the_gpu_gauges_hand_worked(memory_con):
+    """At T = 06-01 12:00, W = (05-31 12:00, T]. ``a``: running since 10:00 on 2 H100s ($3/GPU-h), latest sample
+    GPU0 1 % (idle), GPU1 50 %; samples 11:00 (both idle, held 30 min), 11:30 (one idle, held to T). ``b``: 4 T4s
+    (no price) from 05-31 06:00 to 11:00 today: 23 h in W; samples 05-31 11:00 (held to 11:30, before W) and 11:30
+    (held an hour at most: 30 min in W), all four idle. ``c``: 1 A100-40GB ($1.5) 08:00-09:00, one idle sample at
+    08:00 held to its end. ``d``: 8 GPUs of no known model since 11:00, no system metrics.
+    GPU-hours 4 + 92 + 1 + 8 = 105; USD 4 x 3 + 1 x 1.5 = 13.5; unpriced 92 + 8 = 100;
+    idle GPU-hours (0.5 x 2 + 0.5 x 1) + 0.5 x 4 + 1 x 1 = 4.5; idle GPUs now: 1 (a's GPU0; d has no sample)."""
+    from tests.fleet import fleet_row, load
+    from wandb_assets.lib.gauges import compute_gauges
+    from wandb_assets.lib.warehouse import ensure_schema
+
+    t = datetime(2026, 6, 1, 12)
+
+    def row(run_id, state, created, ended, gpus, model, sample=()):
+        found = fleet_row(run_id, state, "regular", created, ended, gpus)
+        return found | {
+            "gpu_model": model,
+            "latest_gpu_sample": [{"gpu_index": i, "utilisation": u, "memory": None} for i, u in enumerate(sample)],
+        }
+
+    load(
+        memory_con,
+        [
+            row("a", "running", datetime(2026, 6, 1, 10), None, 2, "H100-80GB", [1.0, 50.0]) | {"heartbeat_at": t},
+            row("b", "finished", datetime(2026, 5, 31, 6), datetime(2026, 6, 1, 11), 4, "T4"),
+            row("c", "finished", datetime(2026, 6, 1, 8), datetime(2026, 6, 1, 9), 1, "A100-40GB"),
+            row("d", "running", datetime(2026, 6, 1, 11), None, 8, None) | {"heartbeat_at": t},
+        ],
+    )
+    ensure_schema(memory_con)
+    samples = [
+        ("a", datetime(2026, 6, 1, 11), [0.0, 0.0]),
+        ("a", datetime(2026, 6, 1, 11, 30), [1.0, 50.0]),
+        ("b", datetime(2026, 5, 31, 11), [0.0] * 4),
+        ("b", datetime(2026, 5, 31, 11, 30), [0.0, 1.0, 2.0, 3.0]),
+        ("c", datetime(2026, 6, 1, 8), [2.0]),
+    ]
+    memory_con.executemany(
+        "INSERT INTO gpu_samples VALUES (?, 'test-team', 'test-project', ?, ?, ?, NULL)",
+        [(at, run, i, u) for run, at, values in samples for i, u in enumerate(values)],
+    )
+    gauges = compute_gauges(memory_con, t, prices=(("H100-80GB", 3.0), ("A100-40GB", 1.5)), idle_pct=5.0)
+    got = {k: round(v, 4) for k, v in gauges.items() if k.startswith("wandb.gpu.") or "gpu_hours" in k}
+    assert got == {
+        "wandb.training.total_gpu_hours_24h": 105.0,
+        "wandb.gpu.idle_gpus": 1,
+        "wandb.gpu.cost_usd_24h": 13.5,
+        "wandb.gpu.unpriced_gpu_hours_24h": 100.0,
+        "wandb.gpu.idle_gpu_hours_24h": 4.5,
+    }
+    # a threshold of 1 %: a's 1 % GPU is busy now; idle hours 0.5 x 2 + 0.5 x 1 (b's 0 % GPU) + 0 (c at 2 %)
+    gauges = compute_gauges(memory_con, t, prices=(), idle_pct=1.0)
+    assert (
+        gauges["wandb.gpu.idle_gpus"],
+        gauges["wandb.gpu.idle_gpu_hours_24h"],
+        gauges["wandb.gpu.cost_usd_24h"],
+    ) == (0, 0.5 * 2 + 0.5 * 1, 0)

@@ -185,7 +185,7 @@ def _contents(con, new_columns: bool = False) -> dict[str, list]:
         if new_columns and table == "runs":  # and the GPU columns of issue 22
             columns = (
                 "* EXCLUDE (entity, project, gpu_count_source, gpu_model, gpu_util_pct, latest_gpu_sample, "
-                "wandb_metadata)"
+                "wandb_metadata, log_idle_gpu_hours, cost_usd)"
             )
         contents[table] = sorted(map(repr, con.execute(f"SELECT {columns} FROM {table}").fetchall()))
     contents.pop("warehouse_meta")
@@ -498,9 +498,9 @@ def test_the_gauges_of_each_project_and_of_the_whole_fleet_over_three_projects_i
         [0, 3, 0, 3.0, 100.0, None],
         [0, 0, 1, 4.0, None, 0.0],
     ]
-    assert memory_con.execute("SELECT count(*) FROM project_metrics").fetchone()[0] == 3 * 20
+    assert memory_con.execute("SELECT count(*) FROM project_metrics").fetchone()[0] == 3 * 24
     record_snapshot(memory_con, t)  # again: replaced, not doubled
-    assert memory_con.execute("SELECT count(*) FROM project_metrics").fetchone()[0] == 3 * 20
+    assert memory_con.execute("SELECT count(*) FROM project_metrics").fetchone()[0] == 3 * 24
 
 
 def test_every_rule_runs_per_project_with_the_project_in_its_key_and_message(memory_con):

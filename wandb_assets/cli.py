@@ -298,14 +298,15 @@ def _replay_history(now: datetime, hours: int) -> int:
     """Hourly snapshots over the ``hours`` before the current hour, as the runs looked then: a new warehouse
     otherwise has one snapshot and every chart of the gauges over time is a dot."""
     from wandb_assets.lib.warehouse import replay_snapshots
-    from wandb_assets.settings import pipeline_settings
+    from wandb_assets.settings import alert_thresholds, pipeline_settings
     from wandb_assets.warehouse import connect
 
     last_hour = now.replace(minute=0, second=0)
     moments = [last_hour - timedelta(hours=k) for k in range(hours, 0, -1)]
+    th = alert_thresholds()
     con = connect(pipeline_settings().warehouse, read_only=False)
     try:
-        return replay_snapshots(con, moments, now)
+        return replay_snapshots(con, moments, now, th.gpu_prices, th.idle_gpu_pct)
     finally:
         con.close()
 

@@ -164,7 +164,7 @@ def _day(value: date | datetime | str) -> date:
 
 
 def gauges_over_time(con, start=None, end=None):
-    """The 20 gauges as a time series: one row per snapshot, one column per metric (pandas)."""
+    """The fleet gauges as a time series: one row per snapshot, one column per metric (pandas)."""
     where, params = _window("snapshot_at", start, end)
     frame = con.execute(f"SELECT snapshot_at, metric, value FROM fleet_metrics{where}", params).df()
     return frame.pivot(index="snapshot_at", columns="metric", values="value").sort_index()

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from wandb_assets.lib.gauges import compute_gauges, compute_project_gauges
-from wandb_assets.lib.gpus import PRICES_CTE, prices_param
+from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, prices_param
 from wandb_assets.lib.lake import retry_on_conflict
 from wandb_assets.lib.regressions import find_regressions
 from wandb_assets.lib.sql import ALIVE_SQL, ENDED_SQL, FAILED_SQL, RATED_SQL, SPS_SQL_STATES, Connect, transaction
@@ -55,7 +55,7 @@ class AlertThresholds:
     #: messages carry ``entity/project``. Off (one project), keys and messages are exactly as they always were.
     by_project: bool = False
     #: idle_gpus: a GPU below this utilisation (percent) is idle (``WANDB_ASSETS_IDLE_GPU_PCT``) ...
-    idle_gpu_pct: float = 5.0
+    idle_gpu_pct: float = DEFAULT_IDLE_GPU_PCT
     #: ... and a running run whose GPUs were all idle on every sample for this long is alerted.
     idle_gpu_minutes: float = 30.0
     #: USD per GPU-hour by canonical model (``WANDB_ASSETS_GPU_PRICES``), for what an idle run burns.
@@ -105,10 +105,17 @@ def _push_to_main_rates(con, at: datetime, th: AlertThresholds) -> list[dict]:
     rated = {(r["entity"], r["project"]): r["rated"] for r in _rows(con, _RATED_SQL, {"t": at})}
     name = "wandb.push_to_main.success_rate_pct"
     if not th.by_project:
-        return [{"entity": None, "project": None, "rate": compute_gauges(con, at)[name], "rated": sum(rated.values())}]
+        return [
+            {
+                "entity": None,
+                "project": None,
+                "rate": compute_gauges(con, at, prices=th.gpu_prices, idle_pct=th.idle_gpu_pct)[name],
+                "rated": sum(rated.values()),
+            }
+        ]
     return [
         {"entity": e, "project": p, "rate": gauges[name], "rated": rated.get((e, p), 0)}
-        for (e, p), gauges in compute_project_gauges(con, at).items()
+        for (e, p), gauges in compute_project_gauges(con, at, th.gpu_prices, th.idle_gpu_pct).items()
     ]
 
 

@@ -603,11 +603,12 @@ def read_metadata_file(api, url: str, size: int, throttle: Throttle, folder: str
     """One ``wandb-metadata.json`` (downloaded through wandb-core, which signs the request as the client does) as
     ``{"status": "read", "gpu_count", "gpu"}``, or ``{"status": "malformed"}`` when it is not a JSON object.
     Raises ``WandbFetchError`` when the download keeps failing (nothing is recorded: a later fetch asks again)."""
-    import json
     import os
     import tempfile
 
     from wandb.proto.wandb_api_pb2 import ApiRequest, DownloadFileRequest
+
+    from wandb_assets.lib.gpus import machine_metadata
 
     descriptor, target = tempfile.mkstemp(prefix="metadata-", suffix=".json", dir=folder)
     os.close(descriptor)
@@ -618,10 +619,4 @@ def read_metadata_file(api, url: str, size: int, throttle: Throttle, folder: str
             raw = handle.read(4 * 1024 * 1024)
     finally:
         os.unlink(target)
-    try:
-        document = json.loads(raw)
-    except ValueError:
-        return {"status": "malformed"}
-    if not isinstance(document, dict):
-        return {"status": "malformed"}
-    return {"status": "read", "gpu_count": document.get("gpu_count"), "gpu": document.get("gpu")}
+    return machine_metadata(raw)

@@ -1,4 +1,5 @@
-"""The 20 fleet gauges: one definition each, evaluated in one set-based SQL query over ``runs``.
+"""The 24 fleet gauges (the old cron's 20, four of GPU cost and idleness): one definition each, evaluated in
+one set-based SQL query over ``runs`` (and ``gpu_samples`` for idle GPU-hours).
 
 Window ``W = (snapshot_at - 24 h, snapshot_at]``. A run has *ended in W* when its state is finished,
 failed, crashed, killed or preempted and its ``ended_at`` lies in W. *Alive* means state ``running``.
@@ -12,9 +13,12 @@ nothing. The part of that span inside W, times ``gpu_count``, is summed.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
+from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, prices_param
 from wandb_assets.lib.normalize import SPS_KEYS
 from wandb_assets.lib.sql import ENDED_SQL, FAILED_SQL, SPS_SQL_STATES, busy_until_sql, success_rate_sql
 
@@ -43,6 +47,10 @@ def _latest_sps(column: str) -> str:
         f"arg_max({column}, struct_pack(e := ended_at, id := run_id)) FILTER (WHERE is_ci AND ended_in_w"
         f" AND state IN ({SPS_SQL_STATES}) AND {column} IS NOT NULL)"
     )
+
+
+def _gpu_hours_24h(condition: str) -> str:
+    return f"coalesce(sum(gpu_hours_in_w) FILTER (WHERE {condition}), 0)"
 
 
 _CI = "is_ci"
@@ -118,19 +126,77 @@ GAUGES: tuple[Gauge, ...] = (
         "100 x completed / (completed + failed) among sweep runs ended in W; NULL when 0/0",
         _rate_pct(_SWEEP),
     ),
+    # GPU accounting (issue 22): what the GPUs cost and which of them sit idle. GPU-hours of the last 24 h are
+    # wandb.training.total_gpu_hours_24h above.
+    Gauge(
+        "wandb.gpu.idle_gpus",
+        "GPUs below WANDB_ASSETS_IDLE_GPU_PCT in the latest system sample of the runs alive now (a run without "
+        "system metrics counts none)",
+        "coalesce(sum(idle_gpus_now) FILTER (WHERE alive), 0)",
+    ),
+    Gauge(
+        "wandb.gpu.cost_usd_24h",
+        "USD of the GPU-hours in W of runs whose model has a price (WANDB_ASSETS_GPU_PRICES): GPU-hours x USD per "
+        "GPU-hour; the rest is wandb.gpu.unpriced_gpu_hours_24h",
+        "coalesce(sum(gpu_hours_in_w * usd_per_gpu_hour), 0)",
+    ),
+    Gauge(
+        "wandb.gpu.unpriced_gpu_hours_24h",
+        "GPU-hours in W of runs whose model has no price (or is unknown): not in wandb.gpu.cost_usd_24h",
+        _gpu_hours_24h("usd_per_gpu_hour IS NULL"),
+    ),
+    Gauge(
+        "wandb.gpu.idle_gpu_hours_24h",
+        "idle GPU-hours in W from the samples taken at each snapshot (gpu_samples: idle GPUs x the time until the "
+        "run's next sample, its end or the snapshot, an hour at most)",
+        "coalesce(sum(idle_gpu_hours_in_w), 0)",
+    ),
 )
 GAUGE_NAMES: tuple[str, ...] = tuple(g.name for g in GAUGES)
 
+
+def held_samples_sql(runs: str, now: str) -> str:
+    """CTEs ``sampled`` and ``held``: per run and snapshot of ``gpu_samples`` up to ``now``, its ``idle`` GPUs (below
+    ``$idle_pct``) and until when that sample holds: the run's next sample, its end or ``now``, an hour at most (a
+    longer gap is missed ticks, not known idleness). An offline run's own log has every sample: it is left to
+    ``log_idle_gpu_hours``. The one idle rule of the gauges, gpu_usage and the notebooks."""
+    return f"""
+sampled AS (
+    SELECT s.entity, s.project, s.run_id, s.snapshot_at, count(*) FILTER (WHERE s.utilisation < $idle_pct) AS idle
+    FROM gpu_samples s WHERE s.snapshot_at <= {now} GROUP BY ALL
+),
+held AS (
+    SELECT sampled.*, least(
+               coalesce(lead(snapshot_at) OVER (PARTITION BY entity, project, run_id ORDER BY snapshot_at),
+                        r.ended_at, {now}),
+               snapshot_at + INTERVAL 1 HOUR) AS until
+    FROM sampled JOIN {runs} r USING (entity, project, run_id)
+    WHERE r.log_idle_gpu_hours IS NULL
+)"""
+
+
 _GAUGE_SQL = """
 WITH w AS (SELECT $snapshot_at::TIMESTAMP AS t1, $snapshot_at::TIMESTAMP - INTERVAL 24 HOUR AS t0),
+{prices},
+{held},
+idle_in_w AS (
+    SELECT entity, project, run_id, sum(idle * greatest(
+        epoch(least(until, w.t1)) - epoch(greatest(snapshot_at, w.t0)), 0) / 3600.0) AS idle_gpu_hours_in_w
+    FROM held, w GROUP BY ALL
+),
 classified AS (
     SELECT runs.*, w.t0, w.t1,
         category = 'push_to_main' AS is_ci,
         state = 'running' AS alive,
         state IN ({ended})
             AND ended_at > w.t0 AND ended_at <= w.t1 AS ended_in_w,
-        {busy_until} AS busy_until
-    FROM {runs} AS runs, w
+        {busy_until} AS busy_until,
+        p.usd AS usd_per_gpu_hour,
+        len(list_filter(latest_gpu_sample, g -> g.utilisation < $idle_pct)) AS idle_gpus_now,
+        i.idle_gpu_hours_in_w
+    FROM {runs} AS runs CROSS JOIN w
+    LEFT JOIN prices p ON p.model = runs.gpu_model
+    LEFT JOIN idle_in_w i USING (entity, project, run_id)
     WHERE created_at <= w.t1
 ),
 flagged AS (
@@ -165,7 +231,13 @@ def gauge_query(as_of: bool = False, by_project: bool = False) -> str:
     group = " GROUP BY entity, project" if by_project else ""
     runs = RUNS_AS_OF_SQL if as_of else "runs"
     return _GAUGE_SQL.format(
-        columns=columns, ended=ENDED_SQL, busy_until=busy_until_sql("w.t1"), runs=runs, group=group
+        columns=columns,
+        ended=ENDED_SQL,
+        busy_until=busy_until_sql("w.t1"),
+        runs=runs,
+        group=group,
+        prices=PRICES_CTE,
+        held=held_samples_sql(runs, "$snapshot_at::TIMESTAMP"),
     )
 
 
@@ -177,20 +249,36 @@ FROM ({query}) UNPIVOT INCLUDE NULLS (value FOR metric IN (COLUMNS(* EXCLUDE (en
 
 
 def project_metrics_sql(as_of: bool = False) -> str:
-    """``SELECT snapshot_at, entity, project, metric, value``: the 20 gauges of each project at ``$snapshot_at``."""
+    """``SELECT snapshot_at, entity, project, metric, value``: the gauges of each project at ``$snapshot_at``."""
     return PROJECT_METRICS_SQL.format(query=gauge_query(as_of, by_project=True))
 
 
-def compute_gauges(con, snapshot_at: datetime, as_of: bool = False) -> dict[str, float | None]:
-    """Evaluate the 20 gauges against the ``runs`` table of a DuckDB connection (``as_of``: as the runs
-    looked at ``snapshot_at``, see ``RUNS_AS_OF_SQL``)."""
-    values = con.execute(gauge_query(as_of), {"snapshot_at": snapshot_at}).fetchone()
+def gauge_params(
+    snapshot_at: datetime, prices: Iterable[tuple[str, float]] = (), idle_pct: float = DEFAULT_IDLE_GPU_PCT
+) -> dict[str, Any]:
+    """The parameters of ``gauge_query``: the snapshot time, the GPU prices ``(model, USD per GPU-hour)`` and the
+    utilisation (percent) below which a GPU is idle."""
+    return {"snapshot_at": snapshot_at, "prices": prices_param(prices), "idle_pct": idle_pct}
+
+
+def compute_gauges(
+    con,
+    snapshot_at: datetime,
+    as_of: bool = False,
+    prices: Iterable[tuple[str, float]] = (),
+    idle_pct: float = DEFAULT_IDLE_GPU_PCT,
+) -> dict[str, float | None]:
+    """Evaluate every gauge against the ``runs`` table of a DuckDB connection (``as_of``: as the runs
+    looked at ``snapshot_at``, see ``RUNS_AS_OF_SQL``; ``prices``, ``idle_pct``: see ``gauge_params``)."""
+    values = con.execute(gauge_query(as_of), gauge_params(snapshot_at, prices, idle_pct)).fetchone()
     return dict(zip(GAUGE_NAMES, values, strict=True))
 
 
-def compute_project_gauges(con, snapshot_at: datetime) -> dict[tuple[str, str], dict[str, float | None]]:
+def compute_project_gauges(
+    con, snapshot_at: datetime, prices: Iterable[tuple[str, float]] = (), idle_pct: float = DEFAULT_IDLE_GPU_PCT
+) -> dict[tuple[str, str], dict[str, float | None]]:
     """``compute_gauges`` per ``(entity, project)``: the same definitions over each project's runs alone."""
-    rows = con.execute(gauge_query(by_project=True), {"snapshot_at": snapshot_at}).fetchall()
+    rows = con.execute(gauge_query(by_project=True), gauge_params(snapshot_at, prices, idle_pct)).fetchall()
     return {(row[0], row[1]): dict(zip(GAUGE_NAMES, row[2:], strict=True)) for row in sorted(rows)}
 
 
@@ -200,6 +288,10 @@ def gauge_unit(name: str) -> str:
         return "%"
     if "gpu_hours" in name:
         return "GPU-hours"
+    if "_usd" in name:
+        return "USD"
+    if name.endswith("_gpus"):
+        return "GPUs"
     if name.endswith("_hours"):
         return "hours"
     if name.endswith(("sps", "steps_per_second")):
@@ -211,7 +303,7 @@ def rounded_gauge(name: str, value: float | None) -> float | int | None:
     """A gauge as people read it: counts as whole numbers, everything else to two decimals."""
     if value is None:
         return None
-    return int(round(value)) if gauge_unit(name) == "runs" else round(float(value), 2)
+    return int(round(value)) if gauge_unit(name) in ("runs", "GPUs") else round(float(value), 2)
 
 
 def format_gauge(name: str, value: float | None) -> str:

@@ -26,6 +26,9 @@ SOURCE_CONFIG, SOURCE_METADATA, SOURCE_SYSTEM_METRICS, SOURCE_DEFAULT = (
 )
 GPU_COUNT_SOURCES = (SOURCE_CONFIG, SOURCE_METADATA, SOURCE_SYSTEM_METRICS, SOURCE_DEFAULT)
 
+#: A GPU below this utilisation (percent) in a system sample is idle, unless configured otherwise.
+DEFAULT_IDLE_GPU_PCT = 5.0
+
 #: ``system.gpu.<index>.<what>`` in a system-metrics sample (``gpu``: utilisation %, ``memory``: memory busy %).
 _SYSTEM_GPU_KEY = re.compile(r"^system\.gpu\.(\d+)\.([A-Za-z]+)$")
 
@@ -210,3 +213,40 @@ def parse_teams(document: Any, where: str) -> dict[str, str]:
             if teams.setdefault(user.strip(), str(team)) != str(team):
                 raise ConfigError(f"{where} puts {user!r} in two teams ({teams[user.strip()]}, {team}).")
     return teams
+
+
+#: A system sample stands for the time until the next one, at most this long (a longer gap is a pause in the
+#: record, not known idleness): the same hold as the per-tick samples of the warehouse's idle rule.
+MAX_SAMPLE_HOLD_S = 3600.0
+
+
+def idle_gpu_hours_by_day(
+    samples: Iterable[tuple[float, Mapping[str, Any]]], end: float | None, idle_pct: float
+) -> list[dict[str, Any]]:
+    """Idle GPU-hours per UTC day from a run's own system samples (an offline log's stats records, full
+    resolution): ``samples`` are ``(unix seconds, systemMetrics-style dict)`` in time order; each holds until the
+    next sample (the last until ``end``, the log's last record), at most ``MAX_SAMPLE_HOLD_S``; its GPUs below
+    ``idle_pct`` times that time count, on the day the sample was taken. ``[{"day": date, "idle_gpu_hours"}]``."""
+    from datetime import UTC, datetime
+
+    ordered = sorted(samples, key=lambda s: s[0])
+    days: dict[Any, float] = {}
+    for i, (at, metrics) in enumerate(ordered):
+        until = ordered[i + 1][0] if i + 1 < len(ordered) else (end if end is not None else at)
+        held = min(max(until - at, 0.0), MAX_SAMPLE_HOLD_S)
+        idle = sum(1 for gpu in gpu_sample(metrics) if gpu["utilisation"] < idle_pct)
+        day = datetime.fromtimestamp(at, UTC).date()
+        days[day] = days.get(day, 0.0) + idle * held / 3600.0
+    return [{"day": day, "idle_gpu_hours": hours} for day, hours in sorted(days.items())]
+
+
+def machine_metadata(raw: bytes | str) -> dict[str, Any]:
+    """What a ``wandb-metadata.json`` says about the machine: ``{"status": "read", "gpu_count", "gpu"}``, or
+    ``{"status": "malformed"}`` when it is not a JSON object (W&B's copy and the offline client's alike)."""
+    try:
+        document = json.loads(raw)
+    except ValueError:
+        return {"status": "malformed"}
+    if not isinstance(document, dict):
+        return {"status": "malformed"}
+    return {"status": "read", "gpu_count": document.get("gpu_count"), "gpu": document.get("gpu")}

@@ -77,6 +77,9 @@ class OfflineRun:
     records: int = 0
     history_items: int = 0
     damage: list[Damage] = field(default_factory=list)
+    #: The GPU part of each system-stats record, in log order: (unix seconds, ``{"system.gpu.<i>.<what>": value}``),
+    #: the keys as the runs query's ``systemMetrics`` names them (the log's stats items lack the ``system.`` prefix).
+    gpu_stats: list[tuple[float, dict[str, float]]] = field(default_factory=list)
 
 
 def find_run_logs(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[str]]:
@@ -402,7 +405,15 @@ def read_offline_run(path: str | os.PathLike) -> OfflineRun:
         run.cli_version = t.cli_version or run.cli_version
     for s in full.stats:
         if s.HasField("timestamp"):
-            times.append(s.timestamp.seconds + s.timestamp.nanos / 1e9)
+            at = s.timestamp.seconds + s.timestamp.nanos / 1e9
+            times.append(at)
+            sample = {}
+            for item in s.item:
+                key = item.key if item.key.startswith("system.") else "system." + item.key
+                if key.startswith("system.gpu."):
+                    sample[key] = _decode(item.value_json)
+            if sample:
+                run.gpu_stats.append((at, sample))
 
     # Summary records win (last write per key); history's last values fill the keys they lack. Summary
     # ``remove`` entries are rare and applied after the fold (exact unless a key was removed, then rewritten).
@@ -488,7 +499,23 @@ def offline_node(run: OfflineRun, now: datetime, stall: timedelta) -> dict[str, 
         "group": run.group or None,
         "jobType": run.job_type or None,
         "user": {},
+        # the last system sample, as the runs query's systemMetrics (GPU count and utilisation when nothing says more)
+        "systemMetrics": json.dumps(run.gpu_stats[-1][1]) if run.gpu_stats else None,
     }
+
+
+def local_metadata(log_path: str | os.PathLike) -> dict[str, Any] | None:
+    """The run's ``files/wandb-metadata.json`` beside its log (the client writes it offline too), in the shape
+    of ``fetch.read_metadata_file``: ``{"status": "read", "gpu_count", "gpu"}``, ``malformed``, or None when absent."""
+    from wandb_assets.lib.gpus import machine_metadata
+
+    try:
+        raw = (Path(log_path).parent / "files" / "wandb-metadata.json").read_bytes()[: 4 * 1024 * 1024]
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return {"status": "malformed"}
+    return machine_metadata(raw)
 
 
 @dataclass
@@ -530,6 +557,7 @@ def read_changed_logs(
     gone_quiet: Iterable[str] = (),
     entity: str | None = None,
     project: str | None = None,
+    idle_pct: float = 5.0,  # lib.gpus.DEFAULT_IDLE_GPU_PCT
 ) -> IngestReport:
     """Find the logs under ``paths``, read those new or changed since ``known`` (``{path: (size, mtime_ns)}``)
     and turn each into a ``runs`` row with the mirrored rules (``normalize.run_row``). One row per run id: of
@@ -539,7 +567,12 @@ def read_changed_logs(
     are read again although their bytes did not change, so the run becomes ``crashed`` (its meaning did).
     ``entity``/``project``: when given, a log of another entity or project is recorded but not loaded (a shared
     tree holds many teams' logs; the gauges and alerts are one project's). ``report.vanished``: logs of the
-    ledger under ``paths`` that no longer exist (the load crashes their runs once past the stall threshold)."""
+    ledger under ``paths`` that no longer exist (the load crashes their runs once past the stall threshold).
+
+    GPUs: the client's ``files/wandb-metadata.json`` next to the log gives the count and model (as W&B's copy does
+    for mirrored runs); the log's stats records give the latest sample and ``log_idle_gpu_hours``, idle GPU-hours
+    per day at full resolution (a GPU below ``idle_pct`` is idle)."""
+    from wandb_assets.lib.gpus import idle_gpu_hours_by_day
     from wandb_assets.lib.normalize import mend_text, run_row
 
     def stored(path: str) -> str:  # a non-UTF-8 byte in a path (a surrogate here) is U+FFFD in the warehouse
@@ -593,9 +626,12 @@ def read_changed_logs(
             project=run.project or project or "",
             app_url="",
             default_gpus=default_gpus,
+            metadata=local_metadata(run.path),
             **({"gpu_count_keys": gpu_count_keys} if gpu_count_keys is not None else {}),
         )
         row.update(url=None, source="offline", log_path=entry["path"])
+        last = run.last_record_at.replace(tzinfo=UTC).timestamp() if run.last_record_at else None
+        row["log_idle_gpu_hours"] = idle_gpu_hours_by_day(run.gpu_stats, last, idle_pct) or None
         if run.damage:
             row["anomalies"] = [*row["anomalies"], "log_damaged"]
         if entry["path"] != run.path and "text_encoding" not in row["anomalies"]:

@@ -42,6 +42,9 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "duration_hours": "ended_at - created_at, hours; NULL while alive",
             "latest_gpu_sample": "the run's GPUs in the latest system sample W&B returned: gpu_index, utilisation "
             "(system.gpu.<i>.gpu, percent), memory (system.gpu.<i>.memory, percent); [] without one",
+            "log_idle_gpu_hours": "offline runs: idle GPU-hours per UTC day from the log's own stats records (each "
+            "sample holds until the next, an hour at most; GPUs below WANDB_ASSETS_IDLE_GPU_PCT when read); NULL for "
+            "mirrored runs and logs without GPU stats",
             "wandb_metadata": "what was read of W&B's wandb-metadata.json (read once per run first seen finished, "
             "crashed or failed): {status: read, gpu_count, gpu}, {status: missing} or {status: malformed}; NULL: "
             "not read (alive, WANDB_ASSETS_FETCH_METADATA=false, offline, or the read failed and is retried)",
@@ -52,6 +55,10 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "gpu_model": "canonical GPU model (H100-80GB, A100-40GB, V100-16GB, RTX-4090, T4, ...) from config "
             "compute.gpu_type, else W&B's metadata; an unknown name as recorded; NULL when neither says",
             "gpu_util_pct": "mean utilisation of the run's GPUs in its latest system sample, percent; NULL without one",
+            "cost_usd": "USD: gpu_count x hours from created_at to ended_at (alive: to ingested_at) x the USD per "
+            "GPU-hour of gpu_model (WANDB_ASSETS_GPU_PRICES; a new price list prices every run again at the next "
+            "load); "
+            "NULL when the model has no price (never 0)",
             "gpu_type": "GPU model, config `compute.gpu_type` (wandb_assets.instrument)",
             "cpu_count": "CPUs given to the job, config `compute.cpu_count`",
             "memory_gb": "memory available to the job, GiB, config `compute.memory_gb`",
@@ -133,8 +140,8 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "cost_usd": "gpu_hours times the model's USD per GPU-hour (WANDB_ASSETS_GPU_PRICES); NULL when the "
             "model has no price (never 0)",
             "idle_gpu_hours": "of those, GPU-hours idle (below WANDB_ASSETS_IDLE_GPU_PCT) in the samples taken while "
-            "the runs ran (gpu_samples: each holds until the run's next one, its end or now, an hour at most); 0 "
-            "without samples",
+            "the runs ran (gpu_samples: each holds until the run's next one, its end or now, an hour at most), or "
+            "for offline runs from their logs (runs.log_idle_gpu_hours); 0 without samples",
         },
     ),
     "gpu_samples": (
@@ -152,7 +159,8 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
     ),
     "fleet_metrics": (
         "table",
-        "The 20 fleet gauges, one row per metric per snapshot (a time series).",
+        "The 24 fleet gauges (the old cron's 20, four of GPU cost and idleness), one row per metric per snapshot "
+        "(a time series).",
         {
             "snapshot_at": "snapshot time, UTC; the window is the 24 h before it",
             "metric": "gauge name, as sent to Datadog (see the README)",
@@ -161,7 +169,7 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
     ),
     "project_metrics": (
         "table",
-        "The same 20 gauges per W&B project at every snapshot (fleet_metrics holds them over the whole fleet).",
+        "The same 24 gauges per W&B project at every snapshot (fleet_metrics holds them over the whole fleet).",
         {
             "snapshot_at": "snapshot time, UTC; the window is the 24 h before it",
             **_PROJECT,

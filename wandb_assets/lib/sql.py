@@ -55,6 +55,12 @@ def busy_until_sql(now: str) -> str:
     return f"CASE WHEN state IN ({ENDED_SQL}) THEN ended_at WHEN state IN ({BUSY_SQL}) THEN {now} END"
 
 
+def run_gpu_hours_sql(now: str) -> str:
+    """A run's whole GPU-hours seen at ``now`` (``busy_until_sql``): ``gpu_count`` times its busy span in hours;
+    NULL when it occupies nothing."""
+    return f"gpu_count * greatest(epoch({busy_until_sql(now)}) - epoch(created_at), 0) / 3600.0"
+
+
 #: Opens a warehouse connection for a short ``with`` block. Steps that also talk to the network take one of
 #: these instead of a connection, so that they can close the warehouse before any request goes out.
 Connect = Callable[[], AbstractContextManager]

@@ -18,8 +18,8 @@ from typing import Any
 
 from wandb_assets.lib.alerts import ALERT_SQL
 from wandb_assets.lib.datadog_feed import LEDGER_SQL
-from wandb_assets.lib.gauges import RUNS_AS_OF_SQL, compute_gauges, project_metrics_sql
-from wandb_assets.lib.gpus import PRICES_CTE, prices_param
+from wandb_assets.lib.gauges import RUNS_AS_OF_SQL, compute_gauges, gauge_params, held_samples_sql, project_metrics_sql
+from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, prices_param
 from wandb_assets.lib.lake import in_lake, retry_on_conflict
 from wandb_assets.lib.normalize import SPS_KEYS
 from wandb_assets.lib.sql import (
@@ -28,6 +28,7 @@ from wandb_assets.lib.sql import (
     FAILED_SQL,
     NOW_UTC_SQL,
     busy_until_sql,
+    run_gpu_hours_sql,
     success_rate_sql,
     transaction,
 )
@@ -51,7 +52,9 @@ RUNS_COLUMNS: dict[str, str] = {
     "gpu_model": "VARCHAR",
     "gpu_util_pct": "DOUBLE",
     "latest_gpu_sample": "STRUCT(gpu_index INTEGER, utilisation DOUBLE, memory DOUBLE)[]",
+    "log_idle_gpu_hours": "STRUCT(day DATE, idle_gpu_hours DOUBLE)[]",
     "wandb_metadata": "JSON",
+    "cost_usd": "DOUBLE",
     "gpu_type": "VARCHAR",
     "cpu_count": "INTEGER",
     "memory_gb": "DOUBLE",
@@ -293,6 +296,8 @@ def _migrate_run_projects(con, home: tuple[str | None, str | None] | None) -> No
 def _iso(value: Any) -> str:
     if isinstance(value, datetime):
         return value.isoformat(sep=" ")
+    if isinstance(value, date):
+        return value.isoformat()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
@@ -375,6 +380,29 @@ def _whole_triples(
     return triples
 
 
+#: A run's ``cost_usd``: its GPU-hours up to its end (alive: up to when it was read, ``ingested_at``) times the USD
+#: per GPU-hour of its model (``$prices``, ``PRICES_CTE``); NULL when the model has no price.
+def _price_sql(table: str) -> str:
+    return f"""WITH {PRICES_CTE}
+UPDATE {table} SET cost_usd = {run_gpu_hours_sql("ingested_at")}
+    * (SELECT usd FROM prices WHERE prices.model = {table}.gpu_model)"""
+
+
+def _price_runs(con, prices: Iterable[tuple[str, float]] | None) -> None:
+    """Inside a load's transaction: price the incoming rows (``incoming_runs``) with ``prices``; when the prices
+    differ from those the warehouse last priced with (``warehouse_meta``), every run is priced again. None: rows
+    keep what they hold (a caller without settings, such as a test)."""
+    if prices is None:
+        return
+    param = prices_param(sorted(prices))
+    con.execute(_price_sql("incoming_runs"), {"prices": param})
+    last = con.execute("SELECT value FROM warehouse_meta WHERE key = 'gpu_prices'").fetchone()
+    if last is None or last[0] != param:
+        con.execute(_price_sql("runs"), {"prices": param})
+        con.execute("DELETE FROM warehouse_meta WHERE key = 'gpu_prices'")
+        con.execute("INSERT INTO warehouse_meta VALUES ('gpu_prices', $p)", {"p": param})
+
+
 @retry_on_conflict
 def load_runs_window(
     con,
@@ -383,6 +411,7 @@ def load_runs_window(
     end: datetime,
     refreshed: list[str] | None = None,
     projects: Iterable[tuple[str, str]] | None = None,
+    prices: Iterable[tuple[str, float]] | None = None,
 ) -> int:
     """Replace every run created in ``[start, end)``, and any other copy of a staged run id, with the rows
     staged in ``paths``: one transaction, so a failure leaves the table as it was. Returns rows loaded.
@@ -398,7 +427,7 @@ def load_runs_window(
 
     A run is (entity, project, run_id). ``projects``: the (entity, project) pairs whose window the files hold
     whole; only their rows in the window may be deleted (a project whose fetch failed keeps its rows). None: every
-    project's.
+    project's. ``prices``: ``(model, USD per GPU-hour)``, each run's ``cost_usd`` (see ``_price_runs``).
     """
     ensure_schema(con)
     paths = [paths] if isinstance(paths, str) else list(paths)
@@ -443,6 +472,7 @@ def load_runs_window(
             "OR (entity, project, run_id) IN (SELECT entity, project, run_id FROM incoming_runs)",
             {"start": start, "end": end, "fetched": window_fetched, "whole": whole},
         )
+        _price_runs(con, prices)
         con.execute(
             f"INSERT INTO runs BY NAME SELECT * REPLACE (coalesce(source, '{SOURCE_WANDB}') AS source) "
             "FROM incoming_runs"
@@ -487,6 +517,7 @@ def load_offline_runs(
     now: datetime,
     vanished_logs: Iterable[str] = (),
     stall_cutoff: datetime | None = None,
+    prices: Iterable[tuple[str, float]] | None = None,
 ) -> dict[str, int]:
     """Load offline runs staged in ``staged_path`` (NDJSON ``runs`` rows) and record the ``files`` read, in one
     transaction. Returns counts: ``loaded``, ``kept_mirrored``, ``kept_newer``, ``crashed_log_gone``.
@@ -523,6 +554,7 @@ def load_offline_runs(
             "AND run_id NOT IN (SELECT unnest($newer::VARCHAR[]))",
             {"newer": sorted(newer)},
         )
+        _price_runs(con, prices)
         con.execute(
             f"INSERT INTO runs BY NAME SELECT * REPLACE ('{SOURCE_OFFLINE}' AS source) FROM incoming_runs "
             "WHERE (entity, project, run_id) NOT IN (SELECT entity, project, run_id FROM runs)"
@@ -638,24 +670,18 @@ GROUP BY GROUPING SETS ((entity, project, day_start), (entity, project, day_star
 #: ``{model, usd}``; ``$teams``: JSON list of ``{user, team}``). A model without a price costs NULL, never 0.
 #: CTEs ``sampled``, ``held``, ``idle``: idle GPU-hours per run and UTC day from the samples taken while it ran
 #: (``gpu_samples``) up to ``$now``; a GPU below ``$idle_pct`` is idle. The one rule for gpu_usage and the notebooks.
-_IDLE_GPU_HOURS_SQL = """
--- Idle GPU-hours from the samples taken while a run ran: each sample holds until the run's next one (or its end,
--- or now), at most an hour (a longer gap is missed ticks, not known idleness); idle GPUs times those hours.
-sampled AS (
-    SELECT s.entity, s.project, s.run_id, s.snapshot_at, count(*) FILTER (WHERE s.utilisation < $idle_pct) AS idle
-    FROM gpu_samples s WHERE s.snapshot_at <= $now::TIMESTAMP GROUP BY ALL
-),
-held AS (
-    SELECT sampled.*, least(
-               coalesce(lead(snapshot_at) OVER (PARTITION BY entity, project, run_id ORDER BY snapshot_at),
-                        r.ended_at, $now::TIMESTAMP),
-               snapshot_at + INTERVAL 1 HOUR) AS until
-    FROM sampled JOIN runs r USING (entity, project, run_id)
-),
+_IDLE_GPU_HOURS_SQL = f"""{held_samples_sql("runs", "$now::TIMESTAMP")},
 idle AS (
     SELECT entity, project, run_id, date_trunc('day', snapshot_at) AS day_start,
            sum(idle * greatest(epoch(until) - epoch(snapshot_at), 0) / 3600.0) AS idle_gpu_hours
     FROM held GROUP BY ALL
+    UNION ALL  -- offline logs: idle GPU-hours per day from their stats records, judged when the log was read
+    SELECT entity, project, run_id, day_start, sum(idle_gpu_hours) FROM (
+        SELECT entity, project, run_id, u.day::TIMESTAMP AS day_start, u.idle_gpu_hours
+        FROM (SELECT entity, project, run_id, unnest(log_idle_gpu_hours) AS u FROM runs
+              WHERE log_idle_gpu_hours IS NOT NULL)
+        WHERE u.day::TIMESTAMP <= $now::TIMESTAMP
+    ) GROUP BY ALL
 )
 """
 
@@ -687,7 +713,7 @@ GROUP BY ALL HAVING sum(i.idle_gpu_hours) > 0 ORDER BY idle_gpu_hours DESC, r.ru
 #: GPU-hours by where each run's GPU count came from (config, metadata, system_metrics, default): how much is a guess.
 GPU_HOURS_BY_SOURCE_SQL = f"""
 SELECT coalesce(gpu_count_source, 'unknown') AS gpu_count_source, count(*) AS runs,
-       sum(gpu_count * (epoch({busy_until_sql("$now::TIMESTAMP")}) - epoch(created_at)) / 3600.0) AS gpu_hours
+       sum({run_gpu_hours_sql("$now::TIMESTAMP")}) AS gpu_hours
 FROM runs WHERE created_at IS NOT NULL AND {busy_until_sql("$now::TIMESTAMP")} > created_at
 GROUP BY 1 ORDER BY gpu_hours DESC
 """
@@ -799,43 +825,60 @@ GPU_SAMPLES_KEPT = timedelta(days=8)
 
 
 @retry_on_conflict
-def record_snapshot(con, snapshot_at: datetime) -> dict[str, float | None]:
-    """Compute the gauges at ``snapshot_at`` and store them as one ``fleet_metrics`` snapshot (the whole fleet)
-    and one ``project_metrics`` snapshot (the same gauges per project)."""
+def record_snapshot(
+    con, snapshot_at: datetime, prices: Iterable[tuple[str, float]] = (), idle_pct: float = DEFAULT_IDLE_GPU_PCT
+) -> dict[str, float | None]:
+    """Compute the gauges at ``snapshot_at`` (``prices``, ``idle_pct``: see ``gauges.gauge_params``) and store them as
+    one ``fleet_metrics`` snapshot (the whole fleet) and one ``project_metrics`` snapshot (the same gauges per
+    project), with each running run's GPUs in ``gpu_samples``. The samples are written first: the idle gauges of
+    this snapshot count the samples taken at it."""
     ensure_schema(con)
-    gauges = compute_gauges(con, snapshot_at)
     with transaction(con):
+        params = {"snapshot_at": snapshot_at, "kept": snapshot_at - GPU_SAMPLES_KEPT}
+        con.execute(
+            "DELETE FROM gpu_samples WHERE snapshot_at = $snapshot_at OR snapshot_at < $kept::TIMESTAMP", params
+        )
+        con.execute(GPU_SAMPLES_SQL, {"snapshot_at": snapshot_at})
+        gauges = compute_gauges(con, snapshot_at, prices=prices, idle_pct=idle_pct)
         con.execute("DELETE FROM fleet_metrics WHERE snapshot_at = $t", {"t": snapshot_at})
         con.executemany(
             "INSERT INTO fleet_metrics (snapshot_at, metric, value) VALUES (?, ?, ?)",
             [(snapshot_at, name, value) for name, value in gauges.items()],
         )
         con.execute("DELETE FROM project_metrics WHERE snapshot_at = $snapshot_at", {"snapshot_at": snapshot_at})
-        con.execute(f"INSERT INTO project_metrics BY NAME {project_metrics_sql()}", {"snapshot_at": snapshot_at})
-        params = {"snapshot_at": snapshot_at, "kept": snapshot_at - GPU_SAMPLES_KEPT}
         con.execute(
-            "DELETE FROM gpu_samples WHERE snapshot_at = $snapshot_at OR snapshot_at < $kept::TIMESTAMP", params
+            f"INSERT INTO project_metrics BY NAME {project_metrics_sql()}", gauge_params(snapshot_at, prices, idle_pct)
         )
-        con.execute(GPU_SAMPLES_SQL, {"snapshot_at": snapshot_at})
     return gauges
 
 
 @retry_on_conflict
-def replay_snapshots(con, moments: list[datetime], now: datetime) -> int:
+def replay_snapshots(
+    con,
+    moments: list[datetime],
+    now: datetime,
+    prices: Iterable[tuple[str, float]] = (),
+    idle_pct: float = DEFAULT_IDLE_GPU_PCT,
+) -> int:
     """Store a past snapshot at each of ``moments`` from the runs as they looked then (``RUNS_AS_OF_SQL``), so
     a new warehouse (the demo) has a history to chart. They are entered in the Datadog ledger as ``replayed``:
     the feed never sends them (a gauge from the past would land at the wrong time). The GPU samples of a replayed
     snapshot repeat each then-running run's latest sample (the only one W&B returns). Returns how many."""
     ensure_schema(con)  # (the Datadog ledger is part of the schema)
-    rows = [(at, name, value) for at in moments for name, value in compute_gauges(con, at, as_of=True).items()]
+    rows = []
     with transaction(con):
         for table in ("fleet_metrics", "project_metrics", "gpu_samples", "datadog_deliveries"):
             con.execute(
                 f"DELETE FROM {table} WHERE snapshot_at IN (SELECT unnest($moments::TIMESTAMP[]))", {"moments": moments}
             )
-        for at in moments:  # the per-project gauges as they were then, set-based like a live snapshot
-            con.execute(f"INSERT INTO project_metrics BY NAME {project_metrics_sql(as_of=True)}", {"snapshot_at": at})
+        for at in sorted(moments):  # samples first (the idle gauges count them), then the gauges as they were then
             con.execute(_GPU_SAMPLES_SQL.format(runs=RUNS_AS_OF_SQL), {"snapshot_at": at})
+            gauges = compute_gauges(con, at, as_of=True, prices=prices, idle_pct=idle_pct)
+            rows += [(at, name, value) for name, value in gauges.items()]
+            con.execute(
+                f"INSERT INTO project_metrics BY NAME {project_metrics_sql(as_of=True)}",
+                gauge_params(at, prices, idle_pct),
+            )
         if rows:  # DuckDB refuses executemany with no parameter sets
             con.executemany("INSERT INTO fleet_metrics (snapshot_at, metric, value) VALUES (?, ?, ?)", rows)
             con.executemany(

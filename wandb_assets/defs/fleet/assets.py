@@ -147,7 +147,7 @@ def _number(value: float | int) -> MetadataValue:
 
 
 @asset(
-    description="Appends one snapshot of the 20 fleet gauges to fleet_metrics (snapshot_at, metric, value), the same "
+    description="Appends one snapshot of the fleet gauges to fleet_metrics (snapshot_at, metric, value), the same "
     "gauges per project to project_metrics, and each running run's GPUs to gpu_samples.",
     group_name="fleet",
     kinds={"duckdb"},
@@ -159,8 +159,9 @@ def fleet_snapshot(
     context: AssetExecutionContext, config: SnapshotConfig, warehouse: WarehouseResource
 ) -> MaterializeResult:
     snapshot_at = configured_time(config.snapshot_at, "snapshot_at") or utc_now()
+    thresholds = alert_thresholds()  # the GPU prices and idle threshold of the GPU gauges
     with warehouse.get_connection() as con:
-        gauges = record_snapshot(con, snapshot_at)
+        gauges = record_snapshot(con, snapshot_at, thresholds.gpu_prices, thresholds.idle_gpu_pct)
         snapshots = con.execute("SELECT count(DISTINCT snapshot_at) FROM fleet_metrics").fetchone()[0]
         projects = con.execute(PROJECT_SUMMARY_SQL).fetchall()
     defined = sum(v is not None for v in gauges.values())

@@ -306,7 +306,12 @@ def runs(context: AssetExecutionContext, warehouse: WarehouseResource) -> Materi
     refreshed = refreshed_file(pipeline.staging_dir, days[0])
     with warehouse.get_connection() as con:
         loaded = load_runs_window(
-            con, [str(f) for f in files], start, end, [str(refreshed)] if refreshed.exists() else None
+            con,
+            [str(f) for f in files],
+            start,
+            end,
+            [str(refreshed)] if refreshed.exists() else None,
+            prices=pipeline.gpu_prices.items(),
         )
         preview = con.execute(PREVIEW_SQL, {"start": start, "end": end}).fetchall()
         total = con.execute("SELECT count(*) FROM runs").fetchone()[0]

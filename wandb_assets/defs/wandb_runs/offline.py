@@ -74,7 +74,8 @@ def offline_runs(
     settings, mirrored = pipeline_settings(), load_settings()
     paths = config.paths or list(settings.offline_dirs)
     now = configured_time(config.now, "now") or utc_now()
-    stall = timedelta(minutes=alert_thresholds().stall_heartbeat_minutes)
+    thresholds = alert_thresholds()
+    stall = timedelta(minutes=thresholds.stall_heartbeat_minutes)
     with warehouse.get_connection() as con:
         known, quiet = read_offline_file_states(con), offline_logs_gone_quiet(con, now, stall)
     report = read_changed_logs(  # the warehouse is closed while the logs are read
@@ -88,13 +89,16 @@ def offline_runs(
         gone_quiet=quiet,
         entity=mirrored.WANDB_ENTITY,  # the project the gauges and alerts are for (unset: every log)
         project=mirrored.WANDB_PROJECT,
+        idle_pct=thresholds.idle_gpu_pct,
     )
     for path in report.missing:
         context.log.warning(f"Offline logs: {path} does not exist")
     staged, _ = stage_rows(report.rows) if report.rows else (None, 0)
     try:
         with warehouse.get_connection() as con:
-            counts = load_offline_runs(con, staged, report.files, now, report.vanished, now - stall)
+            counts = load_offline_runs(
+                con, staged, report.files, now, report.vanished, now - stall, prices=settings.gpu_prices.items()
+            )
     finally:
         if staged:
             os.unlink(staged)
