@@ -560,3 +560,18 @@ def test_the_gpu_gauges_hand_worked(memory_con):
         gauges["wandb.gpu.idle_gpu_hours_24h"],
         gauges["wandb.gpu.cost_usd_24h"],
     ) == (0, 0.5 * 2 + 0.5 * 1, 0)
+
+
+def test_the_w_and_b_key_goes_only_to_the_w_and_b_host_never_to_a_signed_storage_url():
+    import base64
+
+    from wandb_assets.lib.fetch import metadata_headers
+
+    key = "local-" + "m" * 40
+    basic = "Basic " + base64.b64encode(f"api:{key}".encode()).decode()
+    assert metadata_headers("https://api.wandb.ai/files/e/p/r/wandb-metadata.json", "https://api.wandb.ai", key) == {
+        "Authorization": basic
+    }
+    signed = "https://storage.googleapis.com/wandb-production/abc/wandb-metadata.json?X-Goog-Signature=1"
+    assert metadata_headers(signed, "https://api.wandb.ai", key) == {}
+    assert metadata_headers("http://127.0.0.1:9/files/x", "http://127.0.0.1:8/", key) == {}  # another port

@@ -107,8 +107,15 @@ class Settings(BaseSettings):
     WANDB_ASSETS_FETCH_METADATA: bool = _var(
         True,
         "Read W&B's wandb-metadata.json (GPU count and model) once for each run first seen finished, crashed or "
-        "failed: two requests per run, in the same fetch budget.",
+        "failed: where the files are, one request per page of runs in the fetch budget; then one download per run.",
         "true",
+    )
+    WANDB_ASSETS_METADATA_DOWNLOADS: int = _var(
+        32,
+        "Most wandb-metadata.json downloads in flight (1-64). They go to W&B's file storage (signed URLs), not its "
+        "API: apart from WANDB_ASSETS_FETCH_CONCURRENCY; an HTTP 429 halves them too.",
+        ge=1,
+        le=64,
     )
     WANDB_ASSETS_GPU_COUNT_KEYS: str = _var(
         "compute.gpu_count",
@@ -325,6 +332,8 @@ class PipelineSettings:
     gpu_prices: dict[str, float] = field(default_factory=dict)
     #: Read each ended run's wandb-metadata.json once (``WANDB_ASSETS_FETCH_METADATA``).
     fetch_metadata: bool = True
+    #: Most metadata file downloads in flight (``WANDB_ASSETS_METADATA_DOWNLOADS``): storage, not the API.
+    metadata_downloads: int = 32
     teams: dict[str, str] = field(default_factory=dict)
 
 
@@ -338,6 +347,7 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
         warehouse=warehouse_location(s),
         default_gpus_per_run=s.WANDB_ASSETS_DEFAULT_GPUS_PER_RUN,
         fetch_metadata=s.WANDB_ASSETS_FETCH_METADATA,
+        metadata_downloads=s.WANDB_ASSETS_METADATA_DOWNLOADS,
         gpu_count_keys=tuple(k.strip() for k in s.WANDB_ASSETS_GPU_COUNT_KEYS.split(",") if k.strip()),
         gpu_prices=parse_prices(
             _yaml(s.WANDB_ASSETS_GPU_PRICES or SHIPPED_GPU_PRICES, "WANDB_ASSETS_GPU_PRICES"),

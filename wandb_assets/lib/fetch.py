@@ -537,23 +537,19 @@ def latest_activity(api, projects: list[str], secret: str = "") -> dict[str, dat
 #: The run file where W&B's client records the machine: ``gpu_count``, ``gpu`` (the model), and more.
 METADATA_FILE = "wandb-metadata.json"
 #: Runs whose metadata file URL one request asks for (GraphQL aliases).
-RUNS_PER_FILES_REQUEST = 50
+RUNS_PER_FILES_REQUEST = 1000
 #: Attempts at one request about metadata files (a 429 pauses every worker first, as for pages).
 METADATA_ATTEMPTS = 2
 
-
-def _files_query(count: int) -> str:
-    """``RunsMetadataFiles``: the ``wandb-metadata.json`` of ``count`` runs of one project (``$n<i>``)."""
-    names = ", ".join(f"$n{i}: String!" for i in range(count))
-    runs = " ".join(
-        f'r{i}: run(name: $n{i}) {{ files(names: ["{METADATA_FILE}"], first: 1) '
-        "{ edges { node { name url directUrl sizeBytes } } } }"
-        for i in range(count)
-    )
-    return (
-        f"query RunsMetadataFiles($entity: String!, $project: String!, {names}) "
-        f"{{ project(name: $project, entityName: $entity) {{ {runs} }} }}"
-    )
+#: ``RunsMetadataFiles``: where the ``wandb-metadata.json`` of up to ``RUNS_PER_FILES_REQUEST`` runs of one project
+#: are, in one request: the runs filtered by name (``{"name": {"$in": [...]}}``, as a refresh by id asks them), each
+#: with its file among ``files(names: [...])``, the connection the client's own ``RunFiles`` query reads.
+FILES_QUERY = (
+    "query RunsMetadataFiles($entity: String!, $project: String!, $filters: JSONString, $first: Int) "
+    "{ project(name: $project, entityName: $entity) { runs(filters: $filters, first: $first) { edges { node { name "
+    f'files(names: ["{METADATA_FILE}"], first: 1) {{ edges {{ node {{ name url directUrl sizeBytes }} }} }} '
+    "} } } } }"
+)
 
 
 def _in_budget(throttle: Throttle, call, what: str, secret: str):
@@ -579,44 +575,65 @@ def _in_budget(throttle: Throttle, call, what: str, secret: str):
 def metadata_file_urls(api, path: str, run_ids: list[str], throttle: Throttle, secret: str = "") -> dict:
     """``{run_id: (url, size) or None}``: where each run's ``wandb-metadata.json`` is (None: the run has none),
     ``RUNS_PER_FILES_REQUEST`` runs per request. Raises ``WandbFetchError`` for a request that keeps failing."""
+    import json
+
     entity, _, project = path.partition("/")
-    found: dict[str, tuple[str, int] | None] = {}
+    found: dict[str, tuple[str, int] | None] = dict.fromkeys(run_ids)
     for first in range(0, len(run_ids), RUNS_PER_FILES_REQUEST):
         batch = run_ids[first : first + RUNS_PER_FILES_REQUEST]
-        variables = {"entity": entity, "project": project} | {f"n{i}": run_id for i, run_id in enumerate(batch)}
-        query = _files_query(len(batch))
+        variables = {
+            "entity": entity,
+            "project": project,
+            "filters": json.dumps({"name": {"$in": batch}}),
+            "first": len(batch),
+        }
         data = _in_budget(
             throttle,
-            lambda query=query, variables=variables: api._service_api.execute_graphql(query, variables),
+            lambda variables=variables: api._service_api.execute_graphql(FILES_QUERY, variables),
             f"Asking W&B where {len(batch)} runs' {METADATA_FILE} of {path} are",
             secret,
         )
-        project_data = (data or {}).get("project") or {}
-        for i, run_id in enumerate(batch):
-            edges = (((project_data.get(f"r{i}") or {}).get("files") or {}).get("edges")) or []
-            node = edges[0]["node"] if edges else None
-            found[run_id] = (node.get("directUrl") or node["url"], int(node.get("sizeBytes") or 0)) if node else None
+        edges = ((((data or {}).get("project") or {}).get("runs") or {}).get("edges")) or []
+        for edge in edges:
+            run = edge.get("node") or {}
+            files = ((run.get("files") or {}).get("edges")) or []
+            node = files[0]["node"] if files else None
+            if run.get("name") in found and node:
+                found[run["name"]] = (node.get("directUrl") or node["url"], int(node.get("sizeBytes") or 0))
     return found
 
 
-def read_metadata_file(api, url: str, size: int, throttle: Throttle, folder: str, what: str, secret: str = "") -> dict:
-    """One ``wandb-metadata.json`` (downloaded through wandb-core, which signs the request as the client does) as
-    ``{"status": "read", "gpu_count", "gpu"}``, or ``{"status": "malformed"}`` when it is not a JSON object.
-    Raises ``WandbFetchError`` when the download keeps failing (nothing is recorded: a later fetch asks again)."""
-    import os
-    import tempfile
+#: The most of a ``wandb-metadata.json`` read (the file is a few KB; a bigger one is not what it should be).
+METADATA_MAX_BYTES = 4 * 1024 * 1024
 
-    from wandb.proto.wandb_api_pb2 import ApiRequest, DownloadFileRequest
 
+def metadata_headers(url: str, base_url: str, api_key: str) -> dict[str, str]:
+    """The W&B key goes only to W&B itself (a ``url`` served by the API host); a signed storage URL
+    (``directUrl``) carries its own authorisation and is sent nothing."""
+    import base64
+    from urllib.parse import urlsplit
+
+    if urlsplit(url).netloc != urlsplit(base_url).netloc:
+        return {}
+    return {"Authorization": "Basic " + base64.b64encode(f"api:{api_key}".encode()).decode()}
+
+
+def read_metadata_file(
+    http, url: str, headers: dict, throttle: Throttle, what: str, timeout_s: float, secret: str = ""
+) -> dict:
+    """One ``wandb-metadata.json`` as ``{"status": "read", "gpu_count", "gpu"}``, or ``{"status": "malformed"}`` when
+    it is not a JSON object. ``http``: a ``urllib3.PoolManager`` shared by the fetch (kept-alive connections: a
+    download costs a fraction of a millisecond of CPU, where a round trip through wandb-core and a temporary file
+    cost several). Raises ``WandbFetchError`` when the download keeps failing (a later fetch asks again)."""
     from wandb_assets.lib.gpus import machine_metadata
 
-    descriptor, target = tempfile.mkstemp(prefix="metadata-", suffix=".json", dir=folder)
-    os.close(descriptor)
-    try:
-        request = ApiRequest(download_file_request=DownloadFileRequest(path=target, url=url, size=size))
-        _in_budget(throttle, lambda: api._service_api.send_api_request(request), f"Reading {what}", secret)
-        with open(target, "rb") as handle:
-            raw = handle.read(4 * 1024 * 1024)
-    finally:
-        os.unlink(target)
-    return machine_metadata(raw)
+    def get() -> bytes:
+        response = http.request("GET", url, headers=headers, timeout=timeout_s, retries=False, preload_content=False)
+        try:
+            if response.status != 200:
+                raise WandbFetchError(f"HTTP {response.status}")
+            return response.read(METADATA_MAX_BYTES)
+        finally:
+            response.release_conn()
+
+    return machine_metadata(_in_budget(throttle, get, f"Reading {what}", secret))

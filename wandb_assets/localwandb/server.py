@@ -133,6 +133,9 @@ class Faults:
     #: request plus a cost per run returned), slept before answering.
     cost_per_request_s: float = 0.0
     cost_per_run_s: float = 0.0
+    #: ... and for one run file download (``wandb-metadata.json``), slept before serving it; the files query
+    #: (``RunsMetadataFiles``) is charged as a ``Runs`` page (per request, per run returned).
+    cost_per_file_s: float = 0.0
     #: HTTP status for injected failures (429, 500, 503...); None disables failures.
     fail_status: int | None = None
     #: How many more matching requests fail; a negative number means every one.
@@ -545,14 +548,16 @@ class LocalWandbServer:
             return self._runs_page(runs, variables, lightweight="...LightweightRunFragment" in query)
         if operation == "RunFiles":
             return self._run_files(runs, variables)
-        if operation == "RunsMetadataFiles":
+        if operation == "RunsMetadataFiles":  # runs(filters: {"name": {"$in": [...]}}) { name files(...) }
             if runs is None:
                 return json.dumps({"data": {"project": None}})
-            answers = {}
-            for key in sorted(k for k in variables if k[:1] == "n" and k[1:].isdigit()):
-                one = json.loads(self._run_files(runs, variables | {"name": variables[key]}))
-                answers[f"r{key[1:]}"] = one["data"]["project"]["run"]
-            return json.dumps({"data": {"project": answers}})
+            names = (json.loads(variables.get("filters") or "{}").get("name") or {}).get("$in") or []
+            edges = []
+            for name in names[: int(variables.get("first") or 50)]:
+                if name in runs.records:
+                    one = json.loads(self._run_files(runs, variables | {"name": name}))
+                    edges.append({"node": {"name": name, "files": one["data"]["project"]["run"]["files"]}})
+            return json.dumps({"data": {"project": {"runs": {"edges": edges}}}})
         if operation == "Run":
             record = runs.records.get(variables.get("name", "")) if runs else None
             run = record["_json"] if record else "null"
@@ -700,6 +705,8 @@ def _handler_for(server: LocalWandbServer) -> type[BaseHTTPRequestHandler]:
             if page is not None:
                 self._send(200, page, {"Content-Type": "text/html; charset=utf-8"})
                 return
+            if server.faults.cost_per_file_s and path.startswith("/files/"):
+                time.sleep(server.faults.cost_per_file_s)
             data = server.artifact_file(path) if path.startswith("/artifact-files/") else server.run_file(path)
             if data is None:
                 self._send(404, b'{"error": "not found"}')
@@ -741,8 +748,10 @@ def _handler_for(server: LocalWandbServer) -> type[BaseHTTPRequestHandler]:
                 self._send(status, json.dumps({"errors": [{"message": f"injected {status}"}]}).encode(), extra)
                 return
             body = server.answer(operation, variables, payload.get("query") or "")
-            if operation in ("Runs", "ProjectsActivity") and (faults.cost_per_request_s or faults.cost_per_run_s):
-                time.sleep(faults.cost_per_request_s + faults.cost_per_run_s * body.count('{"node":'))
+            charged = ("Runs", "ProjectsActivity", "RunsMetadataFiles")
+            if operation in charged and (faults.cost_per_request_s or faults.cost_per_run_s):
+                returned = body.count('"files":') if operation == "RunsMetadataFiles" else body.count('{"node":')
+                time.sleep(faults.cost_per_request_s + faults.cost_per_run_s * returned)
             if operation == "Runs" and faults.max_page_bytes is not None and len(body) > faults.max_page_bytes:
                 server.oversized_pages += 1
                 self._send(500, json.dumps({"errors": [{"message": "response too large"}]}).encode())

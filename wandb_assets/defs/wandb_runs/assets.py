@@ -31,6 +31,7 @@ from wandb_assets.lib.staging import (
     refreshed_file,
     write_projects_report,
 )
+from wandb_assets.lib.throttle import Throttle
 from wandb_assets.lib.warehouse import (
     cached_metadata,
     load_runs_window,
@@ -148,10 +149,12 @@ def staged_runs(
     staged = StagedFetch(pipeline.staging_dir)
 
     metadata_read: Counter[str] = Counter()
+    downloads = Throttle(pipeline.metadata_downloads)  # the fetch's metadata downloads, from storage, at most
 
     def read_metadata(piece: Slice, nodes: list[dict], throttle) -> None:
-        """Each run of the page first seen ended: its wandb-metadata.json, once (kept in ``runs.wandb_metadata``),
-        read concurrently in the fetch's budget. A failed read is counted and asked again by a later fetch."""
+        """Each run of the page first seen ended: its wandb-metadata.json, once (kept in ``runs.wandb_metadata``):
+        where the files are in the fetch's API budget, the files themselves ``downloads`` at a time. A failed read
+        is counted and asked again by a later fetch."""
         wanted = [
             node
             for node in nodes
@@ -160,9 +163,7 @@ def staged_runs(
         if not wanted:
             return
 
-        read = wandb.runs_metadata(
-            piece.project, [node["name"] for node in wanted], throttle, str(staged.work), pipeline
-        )
+        read = wandb.runs_metadata(piece.project, [node["name"] for node in wanted], throttle, downloads, pipeline)
         for node in wanted:
             node[FETCHED_METADATA] = read[node["name"]]
 

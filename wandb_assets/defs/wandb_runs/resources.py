@@ -1,5 +1,6 @@
 """The W&B resource: settings from the environment or AWS Secrets Manager, and paged run fetching."""
 
+import functools
 from collections.abc import Callable, Iterator
 
 from dagster import ConfigurableResource, InitResourceContext, ResourceDependency
@@ -17,6 +18,7 @@ from wandb_assets.lib.fetch import (
     latest_activity,
     list_projects,
     metadata_file_urls,
+    metadata_headers,
     read_metadata_file,
 )
 from wandb_assets.lib.progress import FetchProgress
@@ -28,6 +30,14 @@ from wandb_assets.settings import (
     parse_secret_string,
     resolve_wandb_settings,
 )
+
+
+@functools.cache
+def _download_pool(size: int):
+    """One ``urllib3.PoolManager`` per process and download limit: kept-alive connections to W&B's file storage."""
+    import urllib3
+
+    return urllib3.PoolManager(num_pools=8, maxsize=size, block=False)
 
 
 class SecretsManagerResource(ConfigurableResource):
@@ -126,11 +136,11 @@ class WandbResource(ConfigurableResource):
         )
 
     def runs_metadata(
-        self, path: str, run_ids: list[str], throttle, folder: str, pipeline: PipelineSettings
+        self, path: str, run_ids: list[str], throttle, downloads, pipeline: PipelineSettings
     ) -> dict[str, dict]:
         """``{run_id: what was read of its wandb-metadata.json}`` (``{"status": "error", "error": ...}`` for a
-        read that failed): the files' URLs in one request per 50 runs, then the files concurrently, all in the
-        fetch's budget (``throttle``)."""
+        read that failed): the files' URLs in one request per 1,000 runs in the fetch's API budget (``throttle``),
+        then the files concurrently from W&B's storage, ``downloads`` (a ``Throttle`` shared by the fetch) at most."""
         settings = self.wandb_settings()
         api = get_api(settings, pipeline)
         try:
@@ -141,16 +151,21 @@ class WandbResource(ConfigurableResource):
         def one(run_id: str) -> dict:
             if urls[run_id] is None:
                 return {"status": "missing"}
-            url, size = urls[run_id]
+            url, _ = urls[run_id]
             what = f"wandb-metadata.json of {path}/{run_id}"
+            headers = metadata_headers(url, settings.base_url or "https://api.wandb.ai", settings.api_key)
             try:
-                return read_metadata_file(api, url, size, throttle, folder, what, settings.api_key)
+                return read_metadata_file(
+                    http, url, headers, downloads, what, pipeline.http_timeout_s, settings.api_key
+                )
             except WandbFetchError as exc:
                 return {"status": "error", "error": str(exc)}
 
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(max_workers=max(1, min(pipeline.fetch_concurrency, len(run_ids)))) as pool:
+        http = _download_pool(pipeline.metadata_downloads)
+
+        with ThreadPoolExecutor(max_workers=max(1, min(pipeline.metadata_downloads, len(run_ids)))) as pool:
             return dict(zip(run_ids, pool.map(one, run_ids), strict=True))
 
     def latest_activity(self, projects: list[str], pipeline: PipelineSettings) -> dict:
