@@ -202,11 +202,17 @@ def postgres():
         ),
         **run,
     )
-    options = f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root}"
-    subprocess.run(
-        _as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"]),
-        **run,
-    )
+    for attempt in range(5):  # a free port can be taken by another worker's server before postgres binds it
+        options = f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root}"
+        start = [str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"]
+        try:
+            subprocess.run(_as_postgres(start), **run)
+            break
+        except subprocess.CalledProcessError:
+            log = (root / "log").read_text(errors="replace") if (root / "log").exists() else ""
+            if attempt == 4 or "Address already in use" not in "\n".join(log.splitlines()[-6:]):
+                raise
+            port = free_port()
     try:
         local = psycopg2.connect(host=str(root), port=port, user="postgres", dbname="postgres")
         local.autocommit = True
