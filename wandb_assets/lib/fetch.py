@@ -547,7 +547,7 @@ METADATA_ATTEMPTS = 2
 FILES_QUERY = (
     "query RunsMetadataFiles($entity: String!, $project: String!, $filters: JSONString, $first: Int) "
     "{ project(name: $project, entityName: $entity) { runs(filters: $filters, first: $first) { edges { node { name "
-    f'files(names: ["{METADATA_FILE}"], first: 1) {{ edges {{ node {{ name url directUrl sizeBytes }} }} }} '
+    f'files(names: ["{METADATA_FILE}"], first: 1) {{ edges {{ node {{ name url directUrl }} }} }} '
     "} } } } }"
 )
 
@@ -573,12 +573,12 @@ def _in_budget(throttle: Throttle, call, what: str, secret: str):
 
 
 def metadata_file_urls(api, path: str, run_ids: list[str], throttle: Throttle, secret: str = "") -> dict:
-    """``{run_id: (url, size) or None}``: where each run's ``wandb-metadata.json`` is (None: the run has none),
+    """``{run_id: url or None}``: where each run's ``wandb-metadata.json`` is (None: the run has none),
     ``RUNS_PER_FILES_REQUEST`` runs per request. Raises ``WandbFetchError`` for a request that keeps failing."""
     import json
 
     entity, _, project = path.partition("/")
-    found: dict[str, tuple[str, int] | None] = dict.fromkeys(run_ids)
+    found: dict[str, str | None] = dict.fromkeys(run_ids)
     for first in range(0, len(run_ids), RUNS_PER_FILES_REQUEST):
         batch = run_ids[first : first + RUNS_PER_FILES_REQUEST]
         variables = {
@@ -599,7 +599,7 @@ def metadata_file_urls(api, path: str, run_ids: list[str], throttle: Throttle, s
             files = ((run.get("files") or {}).get("edges")) or []
             node = files[0]["node"] if files else None
             if run.get("name") in found and node:
-                found[run["name"]] = (node.get("directUrl") or node["url"], int(node.get("sizeBytes") or 0))
+                found[run["name"]] = node.get("directUrl") or node["url"]
     return found
 
 

@@ -49,10 +49,6 @@ def _latest_sps(column: str) -> str:
     )
 
 
-def _gpu_hours_24h(condition: str) -> str:
-    return f"coalesce(sum(gpu_hours_in_w) FILTER (WHERE {condition}), 0)"
-
-
 _CI = "is_ci"
 _SWEEP = "category = 'sweep'"
 _ANY = "TRUE"
@@ -143,7 +139,7 @@ GAUGES: tuple[Gauge, ...] = (
     Gauge(
         "wandb.gpu.unpriced_gpu_hours_24h",
         "GPU-hours in W of runs whose model has no price (or is unknown): not in wandb.gpu.cost_usd_24h",
-        _gpu_hours_24h("usd_per_gpu_hour IS NULL"),
+        "coalesce(sum(gpu_hours_in_w) FILTER (WHERE usd_per_gpu_hour IS NULL), 0)",
     ),
     Gauge(
         "wandb.gpu.idle_gpu_hours_24h",

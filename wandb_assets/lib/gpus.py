@@ -13,6 +13,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from wandb_assets.lib.errors import ConfigError
@@ -227,8 +228,6 @@ def idle_gpu_hours_by_day(
     resolution): ``samples`` are ``(unix seconds, systemMetrics-style dict)`` in time order; each holds until the
     next sample (the last until ``end``, the log's last record), at most ``MAX_SAMPLE_HOLD_S``; its GPUs below
     ``idle_pct`` times that time count, on the day the sample was taken. ``[{"day": date, "idle_gpu_hours"}]``."""
-    from datetime import UTC, datetime
-
     ordered = sorted(samples, key=lambda s: s[0])
     days: dict[Any, float] = {}
     for i, (at, metrics) in enumerate(ordered):

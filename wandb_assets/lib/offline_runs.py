@@ -36,6 +36,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, idle_gpu_hours_by_day, machine_metadata
+
 BLOCK = 32 * 1024
 HEADER = b":W&B" + struct.pack("<HB", 0xBEE1, 0)
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
@@ -507,8 +509,6 @@ def offline_node(run: OfflineRun, now: datetime, stall: timedelta) -> dict[str, 
 def local_metadata(log_path: str | os.PathLike) -> dict[str, Any] | None:
     """The run's ``files/wandb-metadata.json`` beside its log (the client writes it offline too), in the shape
     of ``fetch.read_metadata_file``: ``{"status": "read", "gpu_count", "gpu"}``, ``malformed``, or None when absent."""
-    from wandb_assets.lib.gpus import machine_metadata
-
     try:
         raw = (Path(log_path).parent / "files" / "wandb-metadata.json").read_bytes()[: 4 * 1024 * 1024]
     except FileNotFoundError:
@@ -557,7 +557,7 @@ def read_changed_logs(
     gone_quiet: Iterable[str] = (),
     entity: str | None = None,
     project: str | None = None,
-    idle_pct: float = 5.0,  # lib.gpus.DEFAULT_IDLE_GPU_PCT
+    idle_pct: float = DEFAULT_IDLE_GPU_PCT,
 ) -> IngestReport:
     """Find the logs under ``paths``, read those new or changed since ``known`` (``{path: (size, mtime_ns)}``)
     and turn each into a ``runs`` row with the mirrored rules (``normalize.run_row``). One row per run id: of
@@ -572,7 +572,6 @@ def read_changed_logs(
     GPUs: the client's ``files/wandb-metadata.json`` next to the log gives the count and model (as W&B's copy does
     for mirrored runs); the log's stats records give the latest sample and ``log_idle_gpu_hours``, idle GPU-hours
     per day at full resolution (a GPU below ``idle_pct`` is idle)."""
-    from wandb_assets.lib.gpus import idle_gpu_hours_by_day
     from wandb_assets.lib.normalize import mend_text, run_row
 
     def stored(path: str) -> str:  # a non-UTF-8 byte in a path (a surrogate here) is U+FFFD in the warehouse

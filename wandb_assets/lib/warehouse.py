@@ -666,10 +666,9 @@ FROM daily
 GROUP BY GROUPING SETS ((entity, project, day_start), (entity, project, day_start, category))
 """
 
-#: GPU-hours and dollars per UTC day, project, user, team, category and GPU model (``$prices``: JSON list of
-#: ``{model, usd}``; ``$teams``: JSON list of ``{user, team}``). A model without a price costs NULL, never 0.
-#: CTEs ``sampled``, ``held``, ``idle``: idle GPU-hours per run and UTC day from the samples taken while it ran
-#: (``gpu_samples``) up to ``$now``; a GPU below ``$idle_pct`` is idle. The one rule for gpu_usage and the notebooks.
+#: CTEs ``sampled``, ``held``, ``idle``: idle GPU-hours per run and UTC day up to ``$now``, from the samples taken
+#: while it ran (``gauges.held_samples_sql``), or for an offline run from its log (``runs.log_idle_gpu_hours``); a GPU
+#: below ``$idle_pct`` is idle. The one rule for gpu_usage and the notebooks.
 _IDLE_GPU_HOURS_SQL = f"""{held_samples_sql("runs", "$now::TIMESTAMP")},
 idle AS (
     SELECT entity, project, run_id, date_trunc('day', snapshot_at) AS day_start,
@@ -685,6 +684,8 @@ idle AS (
 )
 """
 
+#: GPU-hours and dollars per UTC day, project, user, team, category and GPU model (``$prices``: JSON list of
+#: ``{model, usd}``; ``$teams``: JSON list of ``{user, team}``). A model without a price costs NULL, never 0.
 GPU_USAGE_SQL = f"""
 WITH {PRICES_CTE},
 teams AS (
@@ -720,7 +721,7 @@ GROUP BY 1 ORDER BY gpu_hours DESC
 
 
 def rebuild_gpu_usage(
-    con, now: datetime, prices: dict[str, float], teams: dict[str, str], idle_pct: float = 5.0
+    con, now: datetime, prices: dict[str, float], teams: dict[str, str], idle_pct: float = DEFAULT_IDLE_GPU_PCT
 ) -> int:
     """Rebuild ``gpu_usage`` at ``now`` (running runs count up to it) with these prices and teams; a sampled GPU
     below ``idle_pct`` is idle."""

@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote
 
+from wandb_assets.lib.fetch import METADATA_FILE
 from wandb_assets.lib.normalize import decode_json_object, parse_timestamp, to_naive_utc
 from wandb_assets.localwandb.filters import matches, sort_runs
 
@@ -552,11 +553,11 @@ class LocalWandbServer:
             if runs is None:
                 return json.dumps({"data": {"project": None}})
             names = (json.loads(variables.get("filters") or "{}").get("name") or {}).get("$in") or []
-            edges = []
-            for name in names[: int(variables.get("first") or 50)]:
-                if name in runs.records:
-                    one = json.loads(self._run_files(runs, variables | {"name": name}))
-                    edges.append({"node": {"name": name, "files": one["data"]["project"]["run"]["files"]}})
+            edges = [
+                {"node": {"name": name, "files": self._files(runs.records[name], variables, [METADATA_FILE])}}
+                for name in names[: int(variables.get("first") or 50)]
+                if name in runs.records
+            ]
             return json.dumps({"data": {"project": {"runs": {"edges": edges}}}})
         if operation == "Run":
             record = runs.records.get(variables.get("name", "")) if runs else None
@@ -576,14 +577,20 @@ class LocalWandbServer:
         record = runs.records.get(variables.get("name", ""))
         if record is None:
             return json.dumps({"data": {"project": {"internalId": "UHJvamVjdDox", "run": None}}})
-        wanted = variables.get("fileNames") or ["wandb-metadata.json"]
+        files = self._files(record, variables, variables.get("fileNames") or [METADATA_FILE])
+        run = {"fileCount": len(files["edges"]), "files": files}
+        return json.dumps({"data": {"project": {"internalId": "UHJvamVjdDox", "run": run}}})
+
+    def _files(self, record: dict, variables: dict, wanted: list[str]) -> dict:
+        """A run's ``files`` connection among ``wanted``: its ``wandb-metadata.json`` when it has one, with the URL
+        this server serves it at (``variables``: the request's entity and project)."""
         edges = []
-        if record["node"].get("_metadata") is not None and "wandb-metadata.json" in wanted:
-            path = f"/files/{variables['entity']}/{variables['project']}/{record['node']['name']}/wandb-metadata.json"
+        if record["node"].get("_metadata") is not None and METADATA_FILE in wanted:
+            path = f"/files/{variables['entity']}/{variables['project']}/{record['node']['name']}/{METADATA_FILE}"
             body = self._metadata_bytes(record["node"])
             node = {
                 "id": "file-1",
-                "name": "wandb-metadata.json",
+                "name": METADATA_FILE,
                 "url": self.url + path,
                 "directUrl": self.url + path,
                 "sizeBytes": len(body),
@@ -592,11 +599,7 @@ class LocalWandbServer:
                 "md5": None,
             }
             edges.append({"node": node, "cursor": "file-0"})
-        run = {
-            "fileCount": len(edges),
-            "files": {"edges": edges, "pageInfo": {"endCursor": None, "hasNextPage": False}},
-        }
-        return json.dumps({"data": {"project": {"internalId": "UHJvamVjdDox", "run": run}}})
+        return {"edges": edges, "pageInfo": {"endCursor": None, "hasNextPage": False}}
 
     @staticmethod
     def _metadata_bytes(node: dict) -> bytes:
@@ -606,7 +609,7 @@ class LocalWandbServer:
     def run_file(self, path: str) -> bytes | None:
         """The bytes of ``/files/<entity>/<project>/<run>/wandb-metadata.json``, or None."""
         parts = path.strip("/").split("/")
-        if len(parts) != 5 or parts[0] != "files" or parts[4] != "wandb-metadata.json":
+        if len(parts) != 5 or parts[0] != "files" or parts[4] != METADATA_FILE:
             return None
         runs = self._projects.get((parts[1], parts[2]))
         record = runs.records.get(parts[3]) if runs else None

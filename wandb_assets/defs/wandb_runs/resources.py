@@ -149,9 +149,9 @@ class WandbResource(ConfigurableResource):
             return dict.fromkeys(run_ids, {"status": "error", "error": str(exc)})
 
         def one(run_id: str) -> dict:
-            if urls[run_id] is None:
+            url = urls[run_id]
+            if url is None:
                 return {"status": "missing"}
-            url, _ = urls[run_id]
             what = f"wandb-metadata.json of {path}/{run_id}"
             headers = metadata_headers(url, settings.base_url or "https://api.wandb.ai", settings.api_key)
             try:
