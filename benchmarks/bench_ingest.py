@@ -119,6 +119,10 @@ def _run_child(command: list[str], env: dict) -> tuple[str, float, float]:
     child.returncode = os.waitstatus_to_exitcode(status)
     out.seek(0)
     err.seek(0)
+    if os.environ.get("BENCH_LOG_DIR"):  # keep every child's log, to see where its time went
+        log = Path(os.environ["BENCH_LOG_DIR"]) / f"{time.strftime('%H%M%S')}-{command[-5].replace('/', '_')}.log"
+        log.write_text(err.read())
+        err.seek(0)
     if child.returncode != 0:
         sys.exit(f"{' '.join(command[-4:])} failed:\n{err.read()[-3000:]}")
     return out.read(), seconds, usage.ru_maxrss / 1024

@@ -367,8 +367,11 @@ def test_metadata_is_read_once_per_ended_run_across_fetches_and_a_missing_or_mal
     assert result.success
     meta = result.asset_materializations_for_node("staged_runs")[0].metadata
     assert meta["metadata_files"].value == {"read": 2, "missing": 1, "malformed": 1}
-    assert (server.count("RunsMetadataFiles"), sorted(server.file_downloads)) == (
-        1,  # the four ended runs' file URLs in one request
+    operations = {operation for operation, _ in server.requests}
+    assert (operations, server.count("Runs"), server.pages_with_files, sorted(server.file_downloads)) == (
+        {"Viewer", "Runs"},  # where the files are comes with the pages: no request of its own
+        8,  # the day in 8 parts, one page each
+        8,
         ["test-team/test-project/broken", "test-team/test-project/cfg", "test-team/test-project/h100"],
     )
     rows = "SELECT run_id, gpu_count, gpu_count_source, gpu_model, wandb_metadata->>'status' FROM runs ORDER BY 1"
@@ -386,16 +389,18 @@ def test_metadata_is_read_once_per_ended_run_across_fetches_and_a_missing_or_mal
     server.upsert_runs([node("alive", state="finished", metadata=h100)])  # it ended since
     result = execute_backfill(instance, day, day)
     assert result.success
-    assert (server.count("RunsMetadataFiles"), server.file_downloads) == (1, ["test-team/test-project/alive"])
+    assert (server.count("Runs"), server.file_downloads) == (8, ["test-team/test-project/alive"])
     expected[0] = ("alive", 8, "metadata", "H100-80GB", "read")
     assert query_read_only(warehouse_path, rows) == expected
 
     # Turned off: nothing is asked, what was read is kept.
     monkeypatch.setenv("WANDB_ASSETS_FETCH_METADATA", "false")
     server.requests.clear()
+    server.pages_with_files = 0
+    server.file_downloads.clear()
     server.upsert_runs([node("late", metadata=h100)])
     assert execute_backfill(instance, day, day).success
-    assert server.count("RunsMetadataFiles") == 0
+    assert (server.count("Runs"), server.pages_with_files, server.file_downloads) == (8, 0, [])
     assert query_read_only(warehouse_path, rows)[:5] == [*expected[:4], ("late", 1, "default", None, None)]
 
 

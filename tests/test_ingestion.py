@@ -199,8 +199,8 @@ def test_requests_in_flight_never_exceed_the_configured_concurrency(
     assert 1 <= server.max_in_flight <= 3  # the property; how many overlapped depends on the machine's load
     metadata = staged_metadata(result)
     assert metadata["max_requests_in_flight"] == server.max_in_flight
-    # 6 pages, and for each page where its 5 finished runs' wandb-metadata.json are (none has one: no download)
-    assert (metadata["requests"], metadata["slices"]) == (6 + 6, 6)
+    # 6 pages; where the finished runs' wandb-metadata.json are comes with each page (none has one: no download)
+    assert (metadata["requests"], metadata["slices"], server.pages_with_files) == (6, 6, 6)
     assert metadata["metadata_files"] == {"missing": 30}
     assert metadata["runs_fetched"] == 30
     assert query_read_only(str(warehouse_path), "SELECT count(*), count(DISTINCT run_id) FROM runs") == [(30, 30)]
@@ -553,3 +553,71 @@ def test_writer_hold_is_measured_per_writer_connection(warehouse_path):
     with warehouse.get_read_connection():
         time.sleep(0.3)
     assert warehouse.last_writer_hold_s() == second  # a reader is not a writer: the value is untouched
+
+
+def _fetch_with(server, slices, handle_page, enrich, concurrency: int = 1):
+    """``lib.fetch.fetch_slices`` through the real client against ``server``, ``concurrency`` requests at most."""
+    import wandb
+
+    from wandb_assets.lib.fetch import FetchPolicy, fetch_slices
+
+    api = wandb.Api(overrides={"base_url": server.url}, api_key=API_KEY, timeout=20)
+    progress = FetchProgress({piece.day: 1 for piece in slices})
+    stats = fetch_slices(
+        api,
+        server.entity,
+        server.project,
+        slices,
+        FetchPolicy(concurrency=concurrency),
+        handle_page,
+        progress=progress,
+        enrich=enrich,
+        with_metadata_file=True,
+    )
+    return stats, progress
+
+
+def test_a_pages_metadata_is_read_while_the_next_pages_are_fetched(wandb_server, monkeypatch, tmp_path):
+    """With one request in flight, the first page's enrichment (its downloads) waits while the fetch goes on: it
+    runs beside the fetch, not in its request slot, and the fetch stops after the pages that may wait (two per
+    worker: the second page waiting, the third fetched and held back). Every page is handled once, every day done."""
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    server = wandb_server(fleet(days=4, per_day=3))
+    slices = plan_slices(datetime(2026, 6, 1), datetime(2026, 6, 5), concurrency=1)
+    assert len(slices) == 4
+    saw_pages: list[int] = []
+    handled: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    def enrich(piece, nodes):
+        if not saw_pages:  # the first page: wait for the fetch to go on without it
+            deadline = time.monotonic() + 10
+            while server.count("Runs") < 3 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.5)  # were the backlog unbounded, the fourth page would be asked meanwhile
+            saw_pages.append(server.count("Runs"))
+
+    def handle_page(piece, nodes):
+        with lock:
+            handled.append((piece.day, len(nodes)))
+
+    stats, progress = _fetch_with(server, slices, handle_page, enrich)
+    assert saw_pages == [3]
+    assert sorted(handled) == [("2026-06-01", 3), ("2026-06-02", 3), ("2026-06-03", 3), ("2026-06-04", 3)]
+    assert (stats.requests, stats.max_in_flight, progress.runs, server.pages_with_files) == (4, 1, 12, 4)
+    assert "4/4 days done" in progress.line()
+
+
+def test_a_page_that_cannot_be_handled_fails_the_fetch_and_stops_it(wandb_server, monkeypatch, tmp_path):
+    """A failure while handling a page (here: the staging disk) is raised by the fetch, which asks no more pages."""
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    server = wandb_server(fleet(days=6, per_day=2))
+    slices = plan_slices(datetime(2026, 6, 1), datetime(2026, 6, 7), concurrency=1)
+
+    def handle_page(piece, nodes):
+        time.sleep(0.2)
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        _fetch_with(server, slices, handle_page, lambda piece, nodes: None)
+    assert server.count("Runs") < 6

@@ -107,7 +107,7 @@ class Settings(BaseSettings):
     WANDB_ASSETS_FETCH_METADATA: bool = _var(
         True,
         "Read W&B's wandb-metadata.json (GPU count and model) once for each run first seen finished, crashed or "
-        "failed: where the files are, one request per page of runs in the fetch budget; then one download per run.",
+        "failed: each page of runs also says where their files are (no extra request); then one download per run.",
         "true",
     )
     WANDB_ASSETS_METADATA_DOWNLOADS: int = _var(

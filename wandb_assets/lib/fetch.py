@@ -1,10 +1,10 @@
 """Fetch run nodes from W&B through the public API: slices of a window fetched concurrently, politely.
 
 One ``wandb.Api`` per process and settings, shared by the worker threads (wandb-core serves concurrent
-requests); ``api.flush()`` before each fetch so a poll never reuses the client's cached ``Runs`` object.
-Paging drives the public ``Runs`` paginator ourselves, one GraphQL page at a time, and reads the raw nodes:
-iterating ``for run in runs`` with ``lazy=False`` would raise on a single malformed summary and lose the
-whole page, and it would also build a ``Run`` object (and an empty directory) per run that we do not need.
+requests). Pages are our own ``Runs`` query (``runs_query``) sent through the client's GraphQL transport, one
+page at a time, read as raw nodes: the client's paginator (``for run in api.runs(..., lazy=False)``) would raise
+on a single malformed summary and lose the whole page, build a ``Run`` object (and an empty directory) per run
+that we do not need, and ask fields nothing here reads (``historyKeys`` can outweigh the rest of a run).
 
 wandb-core retries a failed request once (honouring ``Retry-After``) and then reports the HTTP status;
 everything else happens here, where the whole fetch can react: a ``Throttle`` (AIMD on requests in flight)
@@ -255,6 +255,40 @@ def _page_bytes(nodes: list[dict]) -> int:
     )
 
 
+#: The run file where W&B's client records the machine: ``gpu_count``, ``gpu`` (the model), and more.
+METADATA_FILE = "wandb-metadata.json"
+
+#: The fields of a run that ``normalize.run_row`` reads: the client's ``RunFragment`` (``lazy=False``) less what
+#: nothing here uses (``historyKeys`` alone can be larger than the rest of a run; ``id``, ``commit``, ``notes``...).
+RUN_FIELDS = (
+    "name displayName sweepName state config group jobType createdAt heartbeatAt "
+    "systemMetrics summaryMetrics tags user { name username }"
+)
+#: Asked per run when metadata is read: where its ``wandb-metadata.json`` is (no run has more than one).
+RUN_METADATA_FILE_FIELD = f'files(names: ["{METADATA_FILE}"], first: 1) {{ edges {{ node {{ name url directUrl }} }} }}'
+
+
+def runs_query(with_metadata_file: bool = False) -> str:
+    """``Runs``: one page of a project's runs matching ``$filters``, as the client's own query pages them (cursor,
+    ``runCount``), asking only ``RUN_FIELDS``; ``with_metadata_file``: also each run's ``RUN_METADATA_FILE_FIELD``,
+    so where the files are costs no request of its own."""
+    fields = RUN_FIELDS + (" " + RUN_METADATA_FILE_FIELD if with_metadata_file else "")
+    return (
+        "query Runs($project: String!, $entity: String!, $cursor: String, $perPage: Int = 50, $order: String, "
+        "$filters: JSONString) { project(name: $project, entityName: $entity) { runCount(filters: $filters) "
+        "runs(filters: $filters, after: $cursor, first: $perPage, order: $order) { edges { node { "
+        + fields
+        + " } cursor } pageInfo { endCursor hasNextPage } } } }"
+    )
+
+
+def metadata_file_url(node: dict) -> str | None:
+    """Where a run node's ``wandb-metadata.json`` is (asked with ``RUN_METADATA_FILE_FIELD``), or None: it has none."""
+    files = ((node.get("files") or {}).get("edges")) or []
+    file = files[0].get("node") if files else None
+    return (file.get("directUrl") or file.get("url")) if file else None
+
+
 def iter_run_pages(
     api,
     entity: str,
@@ -266,31 +300,36 @@ def iter_run_pages(
     page_size: PageSize | None = None,
     secret: str = "",
     cancelled: threading.Event | None = None,
+    with_metadata_file: bool = False,
 ) -> Iterator[tuple[list[dict], int]]:
     """Yield ``(nodes, runs matching filters)`` for each page, oldest first.
 
-    Drives the public ``Runs`` paginator one GraphQL page at a time and reads the raw nodes (see the module
-    docstring). ``throttle`` and ``page_size`` are shared by every slice of one fetch. wandb-core retries a
-    failed request once (honouring ``Retry-After``); what it then reports is handled here: 429 pauses every
-    worker for about as long as the server asked and halves concurrency; a 5xx or a timeout retries the
-    same cursor with half the page size; at the smallest size, up to ``policy.retries`` retries with back-off.
+    Sends our own ``Runs`` query (``runs_query``) page by page through the client's GraphQL transport
+    (wandb-core) and reads the raw nodes (see the module docstring); ``with_metadata_file``: each node also
+    says where its ``wandb-metadata.json`` is (``metadata_file_url``). ``throttle`` and ``page_size`` are shared
+    by every slice of one fetch. wandb-core retries a failed request once (honouring ``Retry-After``); what it
+    then reports is handled here: 429 pauses every worker for about as long as the server asked and halves
+    concurrency; a 5xx or a timeout retries the same cursor with half the page size; at the smallest size, up
+    to ``policy.retries`` retries with back-off.
     """
+    import json
+
     throttle = throttle or Throttle(1)
     page_size = page_size or PageSize(policy.page_size, policy.min_page_size)
     path = f"{entity}/{project}"
-    runs = api.runs(path, filters=filters, order="+created_at", per_page=page_size.size, lazy=False)
+    query = runs_query(with_metadata_file)
+    variables = {"project": project, "entity": entity, "order": "+created_at", "filters": json.dumps(filters)}
+    cursor: str | None = None
     page_number, failures, throttled_since = 0, 0, None
-    while runs.more:
+    while True:
         if cancelled is not None and cancelled.is_set():
             return
         size = page_size.size
-        runs.per_page = size
-        runs.update_variables()
         error: BaseException | None = None
         with throttle.slot():
             started = time.monotonic()
             try:
-                runs._update_response()  # one GraphQL page; the public iterator has no per-page hook
+                response = api._service_api.execute_graphql(query, {**variables, "perPage": size, "cursor": cursor})
             except Exception as exc:  # noqa: BLE001 - classified below
                 error = exc
             elapsed = time.monotonic() - started
@@ -298,15 +337,20 @@ def iter_run_pages(
             throttle.succeeded()
             failures, throttled_since = 0, None
             page_number += 1
-            project_data = (runs.last_response or {}).get("project")
+            project_data = (response or {}).get("project")
             if project_data is None:
                 raise ConfigError(f"W&B project {path} was not found: check WANDB_ENTITY and WANDB_PROJECT.")
-            edges = (project_data.get("runs") or {}).get("edges") or []
+            runs = project_data.get("runs") or {}
+            edges = runs.get("edges") or []
             nodes = [edge["node"] for edge in edges]
+            more = bool((runs.get("pageInfo") or {}).get("hasNextPage")) and bool(edges)
+            cursor = edges[-1].get("cursor") if edges else cursor
             if _page_bytes(nodes) > policy.page_bytes_max:
                 page_size.shrink(size)
             if nodes or page_number == 1:
                 yield nodes, int(project_data.get("runCount") or 0)
+            if not more:
+                return
             continue
         kind = classify(error)
         if kind == "throttled":
@@ -331,7 +375,6 @@ def iter_run_pages(
 
 def fetch_run_pages(api, entity: str, project: str, filters: dict, policy: FetchPolicy, secret: str = ""):
     """The nodes matching ``filters``, one list per page (one query, sequential; see ``fetch_slices``)."""
-    api.flush()
     for nodes, _ in iter_run_pages(api, entity, project, filters, policy, secret=secret):
         yield nodes
 
@@ -353,6 +396,80 @@ class FetchStats:
     failed_projects: dict[str, str] = field(default_factory=dict)
 
 
+#: Pages fetched but not yet handled, per request in flight (what a fetch holds in memory beyond its requests).
+PAGES_WAITING_PER_WORKER = 2
+
+
+class _PageFinisher:
+    """Pages handed over by the fetching workers, enriched (their runs' metadata files downloaded) and handled on
+    threads of their own, so that one page's downloads overlap the next pages' requests instead of holding one
+    of the fetch's request slots. At most ``PAGES_WAITING_PER_WORKER`` pages per worker wait (memory); a slice is
+    done when its last page is handled. The first failure cancels the fetch and is raised by ``finish``."""
+
+    def __init__(self, workers: int, enrich, handle_page, slice_done, cancelled: threading.Event) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="wandb-page")
+        self.room = threading.Semaphore(PAGES_WAITING_PER_WORKER * max(1, workers))
+        self.enrich, self.handle_page, self.slice_done, self.cancelled = enrich, handle_page, slice_done, cancelled
+        self.lock = threading.Lock()
+        self.unhandled: dict[int, int] = {}  # slice index -> its pages handed over and not yet handled
+        self.fetched: set[int] = set()  # slices whose every page was handed over
+        self.futures: list = []
+        self.error: BaseException | None = None
+
+    def submit(self, piece: Slice, nodes: list[dict]) -> bool:
+        """Hand a page over (waiting while the backlog is full); False: the fetch was cancelled meanwhile."""
+        while not self.room.acquire(timeout=0.2):
+            if self.cancelled.is_set():
+                return False
+        with self.lock:
+            self.unhandled[piece.index] = self.unhandled.get(piece.index, 0) + 1
+            self.futures.append(self.pool.submit(self._handle, piece, nodes))
+        return True
+
+    def _handle(self, piece: Slice, nodes: list[dict]) -> None:
+        try:
+            if self.cancelled.is_set():
+                return
+            self.enrich(piece, nodes)
+            self.handle_page(piece, nodes)
+        except BaseException as exc:
+            with self.lock:
+                self.error = self.error or exc
+            self.cancelled.set()
+            return
+        finally:
+            self.room.release()
+        with self.lock:
+            self.unhandled[piece.index] -= 1
+            done = piece.index in self.fetched and not self.unhandled[piece.index]
+        if done:
+            self.slice_done(piece)
+
+    def slice_fetched(self, piece: Slice) -> None:
+        """Every page of ``piece`` was handed over: it is done now if they are all handled."""
+        with self.lock:
+            self.fetched.add(piece.index)
+            done = not self.unhandled.get(piece.index)
+        if done:
+            self.slice_done(piece)
+
+    def finish(self, report) -> None:
+        """Wait for every page handed over (``report()`` now and then); raise the first failure."""
+        while True:
+            with self.lock:
+                waiting = [future for future in self.futures if not future.done()]
+            if not waiting:
+                break
+            wait(waiting, timeout=0.5)
+            report()
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        """Stop: pages not yet started are dropped (the fetch failed or finished), running ones end first."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
 def fetch_slices(
     api,
     entity: str,
@@ -367,7 +484,8 @@ def fetch_slices(
     secret: str = "",
     isolate_projects: bool = False,
     others_read: bool = False,
-    enrich: Callable[[Slice, list[dict], Throttle], None] | None = None,
+    enrich: Callable[[Slice, list[dict]], None] | None = None,
+    with_metadata_file: bool = False,
 ) -> FetchStats:
     """Fetch every slice, ``policy.concurrency`` requests in flight at most, calling ``handle_page(slice,
     nodes)`` from the worker threads (each slice's pages in order). ``report(progress)`` runs on this thread
@@ -376,11 +494,10 @@ def fetch_slices(
     ``isolate_projects``: the slices of several projects share the one request budget (in-flight limit and 429
     back-off); a failure abandons only its own project's slices, and is raised only when every project failed
     and ``others_read`` does not say that other projects were found current without a fetch (else it is in
-    ``failed_projects``). ``enrich(slice, nodes, throttle)`` runs on the worker before ``handle_page``, for more
-    requests about a page's runs in the same budget (``throttle``'s in-flight limit and 429 back-off). Each
-    project has its own page size: one that cannot serve pages does
-    not shrink the others'."""
-    api.flush()
+    ``failed_projects``). ``enrich(slice, nodes)`` runs before ``handle_page`` (reading the runs' metadata files:
+    ``with_metadata_file`` asks where they are with each page); with it, pages are handled on threads of their own
+    (``_PageFinisher``), so the workers go on fetching while a page's files download. Each project has its own
+    page size: one that cannot serve pages does not shrink the others'."""
     started = time.monotonic()
     throttle = Throttle(policy.concurrency)
     page_sizes: dict[str, PageSize] = {}
@@ -413,15 +530,19 @@ def fetch_slices(
                     page_size=page_size_of(path),
                     secret=secret,
                     cancelled=stop,
+                    with_metadata_file=with_metadata_file,
                 )
             ):
+                if cancelled.is_set():
+                    return
                 if progress is not None:
                     if n == 0:
                         progress.expect(piece.index, total)
                     progress.add(piece.day if len(piece.days) == 1 else None, len(nodes))
-                if enrich is not None:
-                    enrich(piece, nodes, throttle)
-                handle_page(piece, nodes)
+                if finisher is None:
+                    handle_page(piece, nodes)
+                elif not finisher.submit(piece, nodes):
+                    return
         except (WandbFetchError, ConfigError) as exc:
             if not isolate_projects:
                 raise
@@ -429,24 +550,42 @@ def fetch_slices(
                 failed.setdefault(path, str(exc))
             stop.set()
             return
-        if progress is not None and not stop.is_set():
+        if stop.is_set():
+            return
+        if finisher is not None:
+            finisher.slice_fetched(piece)
+        elif progress is not None:
             progress.slice_done(*(piece.days or (None,)))
 
+    def slice_done(piece: Slice) -> None:
+        stop = abandoned.get(piece.project or own) if isolate_projects else cancelled
+        if progress is not None and not (stop is not None and stop.is_set()):
+            progress.slice_done(*(piece.days or (None,)))
+
+    finisher = (
+        _PageFinisher(policy.concurrency, enrich, handle_page, slice_done, cancelled) if enrich is not None else None
+    )
     workers = max(1, min(policy.concurrency, len(slices)))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wandb-fetch") as pool:
-        pending = {pool.submit(work, piece) for piece in slices}
-        try:
-            while pending:
-                done, pending = wait(pending, timeout=report_every_s, return_when=FIRST_EXCEPTION)
-                for future in done:
-                    future.result()  # raises the first failure
-                if report is not None and progress is not None:
-                    report(progress)
-        except BaseException:
-            cancelled.set()
-            for future in pending:
-                future.cancel()
-            raise
+    try:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wandb-fetch") as pool:
+            pending = {pool.submit(work, piece) for piece in slices}
+            try:
+                while pending:
+                    done, pending = wait(pending, timeout=report_every_s, return_when=FIRST_EXCEPTION)
+                    for future in done:
+                        future.result()  # raises the first failure
+                    if report is not None and progress is not None:
+                        report(progress)
+            except BaseException:
+                cancelled.set()
+                for future in pending:
+                    future.cancel()
+                raise
+        if finisher is not None:
+            finisher.finish(lambda: report(progress) if report is not None and progress is not None else None)
+    finally:
+        if finisher is not None:
+            finisher.close()
     projects = {piece.project or own for piece in slices}
     if isolate_projects and failed and set(failed) >= projects and not others_read:
         raise WandbFetchError("Every project failed: " + "; ".join(failed[p] for p in sorted(failed)))
@@ -534,32 +673,18 @@ def latest_activity(api, projects: list[str], secret: str = "") -> dict[str, dat
     return found
 
 
-#: The run file where W&B's client records the machine: ``gpu_count``, ``gpu`` (the model), and more.
-METADATA_FILE = "wandb-metadata.json"
-#: Runs whose metadata file URL one request asks for (GraphQL aliases).
-RUNS_PER_FILES_REQUEST = 1000
-#: Attempts at one request about metadata files (a 429 pauses every worker first, as for pages).
+#: Attempts at one metadata file download (a 429 pauses every download first).
 METADATA_ATTEMPTS = 2
-
-#: ``RunsMetadataFiles``: where the ``wandb-metadata.json`` of up to ``RUNS_PER_FILES_REQUEST`` runs of one project
-#: are, in one request: the runs filtered by name (``{"name": {"$in": [...]}}``, as a refresh by id asks them), each
-#: with its file among ``files(names: [...])``, the connection the client's own ``RunFiles`` query reads.
-FILES_QUERY = (
-    "query RunsMetadataFiles($entity: String!, $project: String!, $filters: JSONString, $first: Int) "
-    "{ project(name: $project, entityName: $entity) { runs(filters: $filters, first: $first) { edges { node { name "
-    f'files(names: ["{METADATA_FILE}"], first: 1) {{ edges {{ node {{ name url directUrl }} }} }} '
-    "} } } } }"
-)
 
 
 def _in_budget(throttle: Throttle, call, what: str, secret: str):
-    """One request in the fetch's budget: a slot of ``throttle``, a 429 pausing every worker; retried once."""
+    """One request in a budget: a slot of ``throttle``, a 429 pausing every request of it; retried once."""
     for n in range(METADATA_ATTEMPTS):
         started = time.monotonic()
         with throttle.slot():
             try:
                 result = call()
-            except Exception as exc:  # noqa: BLE001 - wandb-core reports failures as several types
+            except Exception as exc:  # noqa: BLE001 - urllib3 and our own status check raise several types
                 error = exc
             else:
                 throttle.succeeded()
@@ -570,37 +695,6 @@ def _in_budget(throttle: Throttle, call, what: str, secret: str):
         elif kind == "fatal" or n + 1 == METADATA_ATTEMPTS:
             break
     raise WandbFetchError(f"{what} failed: {_scrub(str(error), secret).replace(chr(10), ' ')[:300]}")
-
-
-def metadata_file_urls(api, path: str, run_ids: list[str], throttle: Throttle, secret: str = "") -> dict:
-    """``{run_id: url or None}``: where each run's ``wandb-metadata.json`` is (None: the run has none),
-    ``RUNS_PER_FILES_REQUEST`` runs per request. Raises ``WandbFetchError`` for a request that keeps failing."""
-    import json
-
-    entity, _, project = path.partition("/")
-    found: dict[str, str | None] = dict.fromkeys(run_ids)
-    for first in range(0, len(run_ids), RUNS_PER_FILES_REQUEST):
-        batch = run_ids[first : first + RUNS_PER_FILES_REQUEST]
-        variables = {
-            "entity": entity,
-            "project": project,
-            "filters": json.dumps({"name": {"$in": batch}}),
-            "first": len(batch),
-        }
-        data = _in_budget(
-            throttle,
-            lambda variables=variables: api._service_api.execute_graphql(FILES_QUERY, variables),
-            f"Asking W&B where {len(batch)} runs' {METADATA_FILE} of {path} are",
-            secret,
-        )
-        edges = ((((data or {}).get("project") or {}).get("runs") or {}).get("edges")) or []
-        for edge in edges:
-            run = edge.get("node") or {}
-            files = ((run.get("files") or {}).get("edges")) or []
-            node = files[0]["node"] if files else None
-            if run.get("name") in found and node:
-                found[run["name"]] = node.get("directUrl") or node["url"]
-    return found
 
 
 #: The most of a ``wandb-metadata.json`` read (the file is a few KB; a bigger one is not what it should be).

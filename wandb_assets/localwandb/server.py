@@ -134,8 +134,10 @@ class Faults:
     #: request plus a cost per run returned), slept before answering.
     cost_per_request_s: float = 0.0
     cost_per_run_s: float = 0.0
-    #: ... and for one run file download (``wandb-metadata.json``), slept before serving it; the files query
-    #: (``RunsMetadataFiles``) is charged as a ``Runs`` page (per request, per run returned).
+    #: ... for each run whose ``files`` a ``Runs`` page also asks (a lookup and a signed URL per run: half a run's
+    #: cost in the benchmarks) ...
+    cost_per_run_files_s: float = 0.0
+    #: ... and for one run file download (``wandb-metadata.json``), slept before serving it.
     cost_per_file_s: float = 0.0
     #: HTTP status for injected failures (429, 500, 503...); None disables failures.
     fail_status: int | None = None
@@ -275,6 +277,8 @@ class LocalWandbServer:
         self.max_in_flight = 0
         #: Runs pages refused for exceeding ``faults.max_page_bytes``.
         self.oversized_pages = 0
+        #: ``Runs`` pages answered with each run's ``files`` (the query asked where the metadata files are).
+        self.pages_with_files = 0
         self._flight_lock = threading.Lock()
         self._lock = threading.Lock()  # the artifacts
         #: (entity, project) -> its runs; the first is the one given here (the artifacts live there too).
@@ -546,19 +550,11 @@ class LocalWandbServer:
         if operation == "Runs":
             if runs is None:
                 return json.dumps({"data": {"project": None}})
-            return self._runs_page(runs, variables, lightweight="...LightweightRunFragment" in query)
+            return self._runs_page(
+                runs, variables, lightweight="...LightweightRunFragment" in query, with_files=_asks_files(query)
+            )
         if operation == "RunFiles":
             return self._run_files(runs, variables)
-        if operation == "RunsMetadataFiles":  # runs(filters: {"name": {"$in": [...]}}) { name files(...) }
-            if runs is None:
-                return json.dumps({"data": {"project": None}})
-            names = (json.loads(variables.get("filters") or "{}").get("name") or {}).get("$in") or []
-            edges = [
-                {"node": {"name": name, "files": self._files(runs.records[name], variables, [METADATA_FILE])}}
-                for name in names[: int(variables.get("first") or 50)]
-                if name in runs.records
-            ]
-            return json.dumps({"data": {"project": {"runs": {"edges": edges}}}})
         if operation == "Run":
             record = runs.records.get(variables.get("name", "")) if runs else None
             run = record["_json"] if record else "null"
@@ -658,15 +654,27 @@ class LocalWandbServer:
         info = {"__typename": "PageInfo", "endCursor": end_cursor, "hasNextPage": start + len(page) < len(listed)}
         return json.dumps({"data": {"models": {"pageInfo": info, "edges": nodes}}})
 
-    def _runs_page(self, runs: _ProjectRuns, variables: dict, lightweight: bool = False) -> str:
+    def _runs_page(
+        self, runs: _ProjectRuns, variables: dict, lightweight: bool = False, with_files: bool = False
+    ) -> str:
+        """One page of ``Runs``; ``with_files``: each node also carries its ``files`` connection (the query asked
+        ``files(names: [...])`` of every run)."""
         selected = runs.select(variables.get("filters") or "{}", variables.get("order") or "+created_at")
         per_page = int(variables.get("perPage") or 50)
         cursor = variables.get("cursor")
         start = int(base64.b64decode(cursor).decode().split(":")[1]) + 1 if cursor else 0
         page = selected[start : start + per_page]
         field = "_light_json" if lightweight else "_json"
+        self.pages_with_files += with_files
+
+        def node(record: dict) -> str:
+            if not with_files:
+                return record[field]
+            files = json.dumps(self._files(record, variables, [METADATA_FILE]))
+            return record[field][:-1] + ',"files":' + files + "}"
+
         edges = ",".join(
-            '{"node":' + r[field] + ',"cursor":"' + base64.b64encode(f"cursor:{start + i}".encode()).decode() + '"}'
+            '{"node":' + node(r) + ',"cursor":"' + base64.b64encode(f"cursor:{start + i}".encode()).decode() + '"}'
             for i, r in enumerate(page)
         )
         end_cursor = base64.b64encode(f"cursor:{start + len(page) - 1}".encode()).decode() if page else None
@@ -682,6 +690,11 @@ class LocalWandbServer:
             + ("true" if has_next else "false")
             + "}}}}}"
         )
+
+
+def _asks_files(query: str) -> bool:
+    """A ``Runs`` query that asks each run's ``files`` too (``lib.fetch.RUN_METADATA_FILE_FIELD``)."""
+    return "files(names:" in query
 
 
 def _handler_for(server: LocalWandbServer) -> type[BaseHTTPRequestHandler]:
@@ -751,10 +764,14 @@ def _handler_for(server: LocalWandbServer) -> type[BaseHTTPRequestHandler]:
                 self._send(status, json.dumps({"errors": [{"message": f"injected {status}"}]}).encode(), extra)
                 return
             body = server.answer(operation, variables, payload.get("query") or "")
-            charged = ("Runs", "ProjectsActivity", "RunsMetadataFiles")
+            charged = ("Runs", "ProjectsActivity")
             if operation in charged and (faults.cost_per_request_s or faults.cost_per_run_s):
-                returned = body.count('"files":') if operation == "RunsMetadataFiles" else body.count('{"node":')
-                time.sleep(faults.cost_per_request_s + faults.cost_per_run_s * returned)
+                # Runs returned: a run edge ends with its cursor (the files inside a node have none).
+                returned = body.count(',"cursor":"') if operation == "Runs" else body.count('{"node":')
+                files = returned if operation == "Runs" and _asks_files(payload.get("query") or "") else 0
+                time.sleep(
+                    faults.cost_per_request_s + faults.cost_per_run_s * returned + faults.cost_per_run_files_s * files
+                )
             if operation == "Runs" and faults.max_page_bytes is not None and len(body) > faults.max_page_bytes:
                 server.oversized_pages += 1
                 self._send(500, json.dumps({"errors": [{"message": "response too large"}]}).encode())

@@ -19,7 +19,7 @@ from dagster import (
 
 from wandb_assets.defs.wandb_runs.resources import WandbResource
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
-from wandb_assets.lib.fetch import Slice, WandbFetchError, id_slices, plan_slices
+from wandb_assets.lib.fetch import Slice, WandbFetchError, id_slices, metadata_file_url, plan_slices
 from wandb_assets.lib.markdown import markdown_table
 from wandb_assets.lib.normalize import run_row, to_naive_utc
 from wandb_assets.lib.progress import FetchProgress, publish
@@ -151,19 +151,21 @@ def staged_runs(
     metadata_read: Counter[str] = Counter()
     downloads = Throttle(pipeline.metadata_downloads)  # the fetch's metadata downloads, from storage, at most
 
-    def read_metadata(piece: Slice, nodes: list[dict], throttle) -> None:
-        """Each run of the page first seen ended: its wandb-metadata.json, once (kept in ``runs.wandb_metadata``):
-        where the files are in the fetch's API budget, the files themselves ``downloads`` at a time. A failed read
-        is counted and asked again by a later fetch."""
+    def read_metadata(piece: Slice, nodes: list[dict]) -> None:
+        """Each run of the page first seen ended: its wandb-metadata.json, once (kept in ``runs.wandb_metadata``),
+        from where the page says it is, ``downloads`` at a time. A failed read is counted and asked again by a
+        later fetch."""
+        urls = {node.get("name"): metadata_file_url(node) for node in nodes}
         wanted = [
             node
             for node in nodes
             if node.get("state") in METADATA_STATES and (piece.project, node.get("name")) not in known_metadata
         ]
+        for node in nodes:
+            node.pop("files", None)
         if not wanted:
             return
-
-        read = wandb.runs_metadata(piece.project, [node["name"] for node in wanted], throttle, downloads, pipeline)
+        read = wandb.runs_metadata(piece.project, {n["name"]: urls[n["name"]] for n in wanted}, downloads, pipeline)
         for node in wanted:
             node[FETCHED_METADATA] = read[node["name"]]
 

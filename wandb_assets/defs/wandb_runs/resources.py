@@ -17,7 +17,6 @@ from wandb_assets.lib.fetch import (
     get_api,
     latest_activity,
     list_projects,
-    metadata_file_urls,
     metadata_headers,
     read_metadata_file,
 )
@@ -133,20 +132,17 @@ class WandbResource(ConfigurableResource):
             isolate_projects=pipeline.projects is not None,
             others_read=others_read,
             enrich=enrich,
+            with_metadata_file=enrich is not None,
         )
 
     def runs_metadata(
-        self, path: str, run_ids: list[str], throttle, downloads, pipeline: PipelineSettings
+        self, path: str, urls: dict[str, str | None], downloads, pipeline: PipelineSettings
     ) -> dict[str, dict]:
         """``{run_id: what was read of its wandb-metadata.json}`` (``{"status": "error", "error": ...}`` for a
-        read that failed): the files' URLs in one request per 1,000 runs in the fetch's API budget (``throttle``),
-        then the files concurrently from W&B's storage, ``downloads`` (a ``Throttle`` shared by the fetch) at most."""
+        read that failed) for ``urls`` (``{run_id: where its file is, None: it has none}``, as the runs page said):
+        the files concurrently from W&B's storage, ``downloads`` (a ``Throttle`` shared by the fetch) at most."""
         settings = self.wandb_settings()
-        api = get_api(settings, pipeline)
-        try:
-            urls = metadata_file_urls(api, path, run_ids, throttle, settings.api_key)
-        except WandbFetchError as exc:
-            return dict.fromkeys(run_ids, {"status": "error", "error": str(exc)})
+        run_ids = list(urls)
 
         def one(run_id: str) -> dict:
             url = urls[run_id]
