@@ -83,8 +83,18 @@ def test_definitions_contents():
     # the pipeline_failure alert: the sensor-launched offline job included
     for name in ("pipeline_failure_opens", "pipeline_failure_resolves"):
         watched = {job.name for job in defs.get_sensor_def(name)._monitored_jobs}  # noqa: SLF001 (no public accessor)
-        assert watched == {"refresh", "backfill", "offline", "feed"}, name
-    assert {j.name for j in defs.jobs} == {"refresh", "backfill", "feed", "pipeline_alert", "report", "offline"}
+        assert watched == {"refresh", "backfill", "offline", "feed", "warehouse_maintenance"}, name
+    assert {j.name for j in defs.jobs} == {
+        "refresh",
+        "backfill",
+        "feed",
+        "pipeline_alert",
+        "report",
+        "offline",
+        "warehouse_maintenance",
+    }
+    maintenance = defs.get_schedule_def("daily_warehouse_maintenance")
+    assert (maintenance.cron_schedule, maintenance.default_status.value) == ("40 3 * * *", "RUNNING")
 
 
 def test_no_module_imports_the_definitions_back():

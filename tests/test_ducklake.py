@@ -8,6 +8,7 @@ tick sees only committed snapshots and blocks nothing; a second writer waits for
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -494,3 +495,81 @@ def test_a_warehouse_file_from_a_newer_duckdb_fails_with_one_sentence(tmp_path, 
     )
     with pytest.raises(RuntimeError, match="rebuild it with `uv run wandb-assets backfill`"):
         open_snapshot(path, exact=True)
+
+
+def test_daily_maintenance_merges_the_lakes_files_expires_its_snapshots_and_keeps_every_row(
+    folder_lake_env, monkeypatch
+):
+    """A backfill and two ticks leave a snapshot per commit and small (or inlined) writes. Maintenance a month
+    later (the retention is 7 days) keeps only the current snapshot, leaves fewer live data files, deletes the
+    files nothing refers to, and every row of every table is as it was. The daily job runs it in the pool."""
+    from datetime import timedelta
+
+    from wandb_assets.lib.clock import utc_now
+    from wandb_assets.lib.maintenance import maintain_lake
+
+    _drive(folder_lake_env, *TICKS)
+    done = subprocess.run(  # the job, as the schedule starts it (now: nothing old enough to expire)
+        [
+            sys.executable,
+            "-c",
+            "from wandb_assets.definitions import defs; "
+            "print(defs.get_job_def('warehouse_maintenance').execute_in_process().success)",
+        ],
+        env=folder_lake_env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.stdout.strip().splitlines()[-1] == "True", done.stderr[-2000:]
+    merged = re.search(r"DuckLake maintenance: (\d+) -> (\d+) snapshots, (\d+) -> (\d+) data files", done.stderr)
+    assert merged, done.stderr[-2000:]
+    snapshots, snapshots_now, files, files_now = map(int, merged.groups())
+    assert snapshots_now > snapshots, merged.group(0)  # its own commits (flush, rewrite, merge)
+    catalog = warehouse_location(value=folder_lake_env["WANDB_ASSETS_DUCKDB"]).catalog
+    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
+    con = lake.connect(Lake(catalog, folder_lake_env["WANDB_ASSETS_DUCKLAKE_DATA_PATH"]))
+    try:
+        listed = con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'warehouse'").fetchall()
+        tables = [name for (name,) in listed]
+        before = {t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall() for t in tables}
+        assert len(before["runs"]) > 100 and len(before["fleet_metrics"]) == 2 * 24
+        result = maintain_lake(con, utc_now() + timedelta(days=30), timedelta(days=7))
+        after = {t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall() for t in tables}
+    finally:
+        con.close()
+    assert after == before
+    assert result["snapshots_before"] > 10 and result["snapshots_after"] == 1
+    assert result["data_files_after"] == result["data_files_before"] == files_now  # nothing left to merge
+    assert result["files_deleted"] > 0
+
+
+def test_maintenance_merges_the_small_files_of_window_rewrites(tmp_path):
+    """Three delete-and-insert windows of 500 rows leave three small files: merged into one, rows unchanged, and
+    (a month later) the older snapshots expired and the replaced files deleted from the folder."""
+    from datetime import timedelta
+
+    from wandb_assets.lib.clock import utc_now
+    from wandb_assets.lib.maintenance import maintain_lake
+
+    con = duckdb.connect(config=lake.connection_config(None))
+    lake.load_extensions(con, None)
+    con.execute(f"ATTACH 'ducklake:{tmp_path}/catalog.ducklake' AS w (DATA_PATH '{tmp_path}/files/')")
+    con.execute("USE w")
+    con.execute("CREATE TABLE t (a INTEGER, window_id INTEGER)")
+    for window in (0, 1, 2, 0, 1, 2):  # the second round replaces the first
+        con.execute("BEGIN")
+        con.execute("DELETE FROM t WHERE window_id = ?", [window])
+        con.execute("INSERT INTO t SELECT range, ? FROM range(500)", [window])
+        con.execute("COMMIT")
+
+    def files() -> list[str]:
+        return sorted(p.name for p in (tmp_path / "files").rglob("*.parquet"))
+
+    assert len(files()) == 6
+    done = maintain_lake(con, utc_now() + timedelta(days=30), timedelta(days=7))
+    assert (done["data_files_before"], done["data_files_after"]) == (3, 1)
+    assert (done["snapshots_before"], done["snapshots_after"]) == (8, 1)  # creation, table, 6 windows; then 1
+    assert done["files_deleted"] == 6 and len(files()) == 1
+    assert con.execute("SELECT count(*), sum(a), count(DISTINCT window_id) FROM t").fetchone() == (1500, 374250, 3)

@@ -621,3 +621,76 @@ def test_a_page_that_cannot_be_handled_fails_the_fetch_and_stops_it(wandb_server
     with pytest.raises(OSError, match="No space left"):
         _fetch_with(server, slices, handle_page, lambda piece, nodes: None)
     assert server.count("Runs") < 6
+
+
+def test_prune_staged_deletes_only_day_files_older_than_the_retention_and_never_what_was_just_read(tmp_path):
+    from wandb_assets.lib.staging import RUNS_FOLDER, prune_staged
+
+    folder = tmp_path / RUNS_FOLDER
+    (folder / ".fetch-abc").mkdir(parents=True)
+    names = [
+        "2026-05-30.ndjson",
+        "2026-05-31.ndjson",
+        "refreshed-before-2026-05-31.ndjson",
+        "2026-06-01.ndjson",
+        "refreshed-before-2026-06-01.ndjson",
+        "2026-06-02.ndjson",
+        "notes.ndjson",
+    ]
+    for name in names:
+        (folder / name).write_text("{}\n")
+    (tmp_path / "projects.json").write_text("{}")
+    today = date(2026, 6, 3)
+    assert prune_staged(tmp_path, today, 0) == []
+    pruned = prune_staged(tmp_path, today, 2, keep=[folder / "2026-05-30.ndjson"])  # cutoff 2026-06-01
+    assert [p.name for p in pruned] == ["2026-05-31.ndjson", "refreshed-before-2026-05-31.ndjson"]
+    assert sorted(p.name for p in folder.iterdir()) == sorted([".fetch-abc", *names[:1], *names[3:]])
+    assert (tmp_path / "projects.json").exists()
+
+
+def test_a_load_prunes_staged_days_past_the_retention_and_a_runs_only_reload_of_its_window_still_works(
+    wandb_server, warehouse_path, instance, monkeypatch
+):
+    """Days of June 2026 are months old: the first backfill keeps its own files (it just read them), the second
+    prunes the first's; reloading the second's window from staging alone works, reloading a pruned day says
+    what to do, and the warehouse keeps every row."""
+    from dagster import materialize
+
+    from wandb_assets.defs.wandb_runs.assets import runs
+    from wandb_assets.defs.warehouse.resources import warehouse_resource
+
+    monkeypatch.setenv("WANDB_ASSETS_STAGING_RETENTION_DAYS", "30")
+    wandb_server(fleet(days=5, per_day=2))
+    first = execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 3))
+    assert first.success, failure_message(first)
+    loaded = first.asset_materializations_for_node("runs")[0].metadata
+    assert loaded["staged_files_pruned"].value == 0
+    assert sorted(staged_files(warehouse_path)) == [
+        "2026-06-01.ndjson",
+        "2026-06-02.ndjson",
+        "2026-06-03.ndjson",
+        "refreshed-before-2026-06-01.ndjson",
+    ]
+    second = execute_backfill(instance, date(2026, 6, 4), date(2026, 6, 5))
+    assert second.success, failure_message(second)
+    assert second.asset_materializations_for_node("runs")[0].metadata["staged_files_pruned"].value == 4
+    assert sorted(staged_files(warehouse_path)) == [
+        "2026-06-04.ndjson",
+        "2026-06-05.ndjson",
+        "refreshed-before-2026-06-04.ndjson",
+    ]
+    assert query_read_only(str(warehouse_path), "SELECT count(*) FROM runs") == [(10,)]
+
+    def reload(partitions: str):
+        return materialize(
+            [runs],
+            partition_key=partitions,
+            resources={"warehouse": warehouse_resource()},
+            instance=instance,
+            raise_on_error=False,
+        )
+
+    assert reload("2026-06-05").success
+    gone = reload("2026-06-01")
+    assert "No staged runs for 1 day(s) (2026-06-01.ndjson)" in failure_message(gone)
+    assert query_read_only(str(warehouse_path), "SELECT count(*) FROM runs") == [(10,)]

@@ -149,6 +149,19 @@ class Settings(BaseSettings):
         "Folder of the staged runs files (one NDJSON file per day) the `runs` asset loads.",
         "`staging/` beside the warehouse",
     )
+    WANDB_ASSETS_STAGING_RETENTION_DAYS: int = _var(
+        0,
+        "Staged day files of runs created more than this many days ago are deleted after a load (the warehouse "
+        "holds their rows; a `runs`-only reload of such days needs staged_runs again); the files a load just read "
+        "are always kept. 0 keeps every file.",
+        ge=0,
+    )
+    WANDB_ASSETS_LAKE_SNAPSHOT_RETENTION_DAYS: int = _var(
+        7,
+        "DuckLake: the daily maintenance expires snapshots older than this many days (time travel reaches that "
+        "far back) after merging small files.",
+        ge=1,
+    )
     WANDB_ASSETS_LOCK_WAIT: float = _var(
         60.0, "Seconds a writer retries (with back-off) while another process locks the warehouse.", "60", ge=0
     )
@@ -321,6 +334,11 @@ class PipelineSettings:
     unfinished_window_days: int = 7
     fetch_concurrency: int = 4
     staging_dir: Path = Path("staging")
+    #: Staged day files older than this many days are pruned after a load (``WANDB_ASSETS_STAGING_RETENTION_DAYS``);
+    #: 0 keeps them all.
+    staging_retention_days: int = 0
+    #: DuckLake snapshots older than this are expired by the daily maintenance.
+    lake_snapshot_retention: timedelta = timedelta(days=7)
     offline_dirs: tuple[str, ...] = ()
     #: ``WANDB_ASSETS_PROJECTS`` parsed; None: the one project of WANDB_ENTITY/WANDB_PROJECT.
     projects: ProjectSelection | None = None
@@ -365,6 +383,8 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
         unfinished_window_days=s.WANDB_ASSETS_UNFINISHED_WINDOW_DAYS,
         fetch_concurrency=s.WANDB_ASSETS_FETCH_CONCURRENCY,
         staging_dir=s.WANDB_ASSETS_STAGING_DIR or _default_staging_dir(s),
+        staging_retention_days=s.WANDB_ASSETS_STAGING_RETENTION_DAYS,
+        lake_snapshot_retention=timedelta(days=s.WANDB_ASSETS_LAKE_SNAPSHOT_RETENTION_DAYS),
         offline_dirs=tuple(d for d in s.WANDB_ASSETS_OFFLINE_DIRS.split(os.pathsep) if d.strip()),
         projects=parse_projects(s.WANDB_ASSETS_PROJECTS) if s.WANDB_ASSETS_PROJECTS is not None else None,
         project_recheck=timedelta(hours=s.WANDB_ASSETS_PROJECT_RECHECK_HOURS),

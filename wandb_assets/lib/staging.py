@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterable
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,28 @@ def day_file(staging: Path, day: date | str) -> Path:
 def refreshed_file(staging: Path, first_day: date | str) -> Path:
     """Older unfinished runs refreshed by id by the fetch whose window starts on ``first_day``."""
     return Path(staging) / RUNS_FOLDER / f"refreshed-before-{first_day}.ndjson"
+
+
+def prune_staged(staging: Path, today: date, retention_days: int, keep: Iterable[Path] = ()) -> list[Path]:
+    """Delete the staged day files (and refreshed-by-id files) of days more than ``retention_days`` before
+    ``today`` (UTC), except ``keep`` (what the load that calls this just read: a ``runs``-only rerun of the same
+    window still finds it). Other files (a fetch's private folder, the projects report) are never touched.
+    Returns the files deleted, oldest first. ``retention_days`` 0 deletes nothing."""
+    if retention_days <= 0:
+        return []
+    cutoff = today - timedelta(days=retention_days)
+    kept = {Path(path).resolve() for path in keep}
+    pruned: list[Path] = []
+    for path in sorted((Path(staging) / RUNS_FOLDER).glob("*.ndjson")):
+        name = path.name.removesuffix(".ndjson").removeprefix("refreshed-before-")
+        try:
+            day = date.fromisoformat(name)
+        except ValueError:
+            continue
+        if day < cutoff and path.resolve() not in kept:
+            path.unlink(missing_ok=True)
+            pruned.append(path)
+    return pruned
 
 
 def projects_file(staging: Path) -> Path:

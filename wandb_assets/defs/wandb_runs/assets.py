@@ -19,6 +19,7 @@ from dagster import (
 
 from wandb_assets.defs.wandb_runs.resources import WandbResource
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
+from wandb_assets.lib.clock import utc_now
 from wandb_assets.lib.fetch import Slice, WandbFetchError, id_slices, metadata_file_url, plan_slices
 from wandb_assets.lib.markdown import markdown_table
 from wandb_assets.lib.normalize import run_row, to_naive_utc
@@ -27,6 +28,7 @@ from wandb_assets.lib.projects import changed_projects
 from wandb_assets.lib.staging import (
     StagedFetch,
     day_file,
+    prune_staged,
     read_projects_report,
     refreshed_file,
     write_projects_report,
@@ -320,9 +322,18 @@ def runs(context: AssetExecutionContext, warehouse: WarehouseResource) -> Materi
         total = con.execute("SELECT count(*) FROM runs").fetchone()[0]
     held = warehouse.last_writer_hold_s()
     context.log.info(f"Loaded {loaded} staged runs of {start:%Y-%m-%d} .. {end:%Y-%m-%d} (exclusive) in {held:.2f} s")
+    pruned = prune_staged(
+        pipeline.staging_dir, utc_now().date(), pipeline.staging_retention_days, keep=[*files, refreshed]
+    )
+    if pruned:
+        context.log.info(
+            f"Pruned {len(pruned)} staged file(s) older than {pipeline.staging_retention_days} days "
+            f"({pruned[0].name} .. {pruned[-1].name}; WANDB_ASSETS_STAGING_RETENTION_DAYS)"
+        )
     return MaterializeResult(
         metadata={
             "rows_written": loaded,
+            "staged_files_pruned": len(pruned),
             "rows_total": total,
             "window_start_utc": start.isoformat(),
             "window_end_utc": end.isoformat(),
