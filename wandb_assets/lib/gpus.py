@@ -60,6 +60,8 @@ def system_gpus(system_metrics: Mapping[str, Any]) -> dict[int, dict[str, float]
     only); an empty dict when the sample names no GPU."""
     gpus: dict[int, dict[str, float]] = {}
     for key, value in system_metrics.items():
+        if not key.startswith("system.gpu."):  # most of a sample: CPU, memory, disk, network (no regex for those)
+            continue
         match = _SYSTEM_GPU_KEY.match(key)
         if match is None or isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
@@ -69,19 +71,24 @@ def system_gpus(system_metrics: Mapping[str, Any]) -> dict[int, dict[str, float]
     return gpus
 
 
-def gpu_sample(system_metrics: Mapping[str, Any]) -> list[dict[str, Any]]:
+def gpu_sample(system_metrics: Mapping[str, Any], found: dict[int, dict[str, float]] | None = None) -> list[dict]:
     """The run's GPUs in one system sample, ``[{gpu_index, utilisation, memory}]`` by index (a GPU whose
-    utilisation the sample lacks is left out: it cannot be judged idle or busy)."""
+    utilisation the sample lacks is left out: it cannot be judged idle or busy). ``found``: ``system_gpus`` of
+    the sample, when the caller has it already."""
     return [
         {"gpu_index": index, "utilisation": values["gpu"], "memory": values.get("memory")}
-        for index, values in sorted(system_gpus(system_metrics).items())
+        for index, values in sorted((system_gpus(system_metrics) if found is None else found).items())
         if "gpu" in values
     ]
 
 
-def mean_utilisation(system_metrics: Mapping[str, Any]) -> float | None:
-    """The mean of ``system.gpu.<i>.gpu`` over the run's GPUs in the sample; None when it has none."""
-    values = [gpu["gpu"] for gpu in system_gpus(system_metrics).values() if "gpu" in gpu]
+def mean_utilisation(
+    system_metrics: Mapping[str, Any], found: dict[int, dict[str, float]] | None = None
+) -> float | None:
+    """The mean of ``system.gpu.<i>.gpu`` over the run's GPUs in the sample; None when it has none (``found``:
+    as for ``gpu_sample``)."""
+    gpus = system_gpus(system_metrics) if found is None else found
+    values = [gpu["gpu"] for gpu in gpus.values() if "gpu" in gpu]
     return sum(values) / len(values) if values else None
 
 
@@ -91,10 +98,12 @@ def gpu_count(
     system_metrics: Mapping[str, Any],
     keys: Iterable[str],
     default: int,
+    found: dict[int, dict[str, float]] | None = None,
 ) -> tuple[int, str, bool]:
     """``(count, source, malformed)``: the first of the config ``keys`` holding a positive whole number, else the
     metadata's ``gpu_count``, else the number of distinct GPU indices in ``system_metrics``, else ``default``.
-    ``malformed``: a config key was present but held no usable count (the run's ``anomalies`` says so)."""
+    ``malformed``: a config key was present but held no usable count (the run's ``anomalies`` says so). ``found``:
+    as for ``gpu_sample``."""
     malformed = False
     for key in keys:
         raw = _lookup(config, key)
@@ -107,7 +116,7 @@ def gpu_count(
     found = _count((metadata or {}).get("gpu_count"))
     if found is not None:
         return found, SOURCE_METADATA, malformed
-    indices = system_gpus(system_metrics)
+    indices = system_gpus(system_metrics) if found is None else found
     if indices:
         return len(indices), SOURCE_SYSTEM_METRICS, malformed
     return default, SOURCE_DEFAULT, malformed

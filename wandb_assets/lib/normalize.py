@@ -198,7 +198,10 @@ def run_row(
     if not system_ok:
         anomalies.append("system_metrics")
     machine = metadata if metadata and metadata.get("status") == "read" else None
-    gpu_count, gpu_count_source, gpu_count_bad = gpus.gpu_count(config, machine, system, gpu_count_keys, default_gpus)
+    found = gpus.system_gpus(system)  # once: count, utilisation and sample all read it
+    gpu_count, gpu_count_source, gpu_count_bad = gpus.gpu_count(
+        config, machine, system, gpu_count_keys, default_gpus, found
+    )
     if gpu_count_bad:
         anomalies.append("gpu_count")
     gpu_model, _ = gpus.canonical_gpu_model(lookup_dotted(config, "compute.gpu_type"))
@@ -237,8 +240,8 @@ def run_row(
         "gpu_count": gpu_count,
         "gpu_count_source": gpu_count_source,
         "gpu_model": gpu_model,
-        "gpu_util_pct": gpus.mean_utilisation(system),
-        "latest_gpu_sample": gpus.gpu_sample(system),
+        "gpu_util_pct": gpus.mean_utilisation(system, found),
+        "latest_gpu_sample": gpus.gpu_sample(system, found),
         "wandb_metadata": to_json(metadata) if metadata else None,
         **compute,
         "sweep_id": sweep_id,

@@ -170,9 +170,10 @@ def _check(rule, summary, description: str):
         with warehouse.get_connection() as con:
             at = latest_snapshot_at(con)
             conditions = rule(con, at, thresholds) if at else []
-            found = "No fleet snapshot yet." if at is None else summary(con, at, thresholds)
-        if conditions:  # the result's description is what was found, pass or fail
-            found = conditions[0].message + (f" (and {len(conditions) - 1} more)" if len(conditions) > 1 else "")
+            if conditions:  # the result's description is what was found, pass or fail
+                found = conditions[0].message + (f" (and {len(conditions) - 1} more)" if len(conditions) > 1 else "")
+            else:
+                found = "No fleet snapshot yet." if at is None else summary(con, at, thresholds)
         rows = [TableRecord({"subject": c.subject, "severity": c.severity, "finding": c.message}) for c in conditions]
         return AssetCheckResult(
             passed=not conditions,
