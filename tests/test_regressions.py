@@ -109,3 +109,18 @@ def test_slow_drift_is_absorbed_not_paged(seed):
     """Infrastructure wander: 8% down over 200 runs (0.04% a run) in 3% noise is no regression."""
     values = noisy([2000.0 * (1 - 0.0004 * i) for i in range(200)], noise=0.03, seed=100 + seed)
     assert find_regressions(values) == []
+
+
+def test_a_series_seen_before_is_answered_from_memory_with_the_same_regressions():
+    """The asset check and fleet_alerts of one tick ask about the same series: the second answer is remembered
+    (and is a fresh list: a caller changing it cannot change the next answer)."""
+    from wandb_assets.lib.regressions import _remembered, find_regressions
+
+    series = [1000.0 + (i % 5) for i in range(40)] + [800.0 + (i % 5) for i in range(10)]
+    first = find_regressions(series)
+    hits = _remembered.cache_info().hits
+    first.clear()
+    again = find_regressions(list(series))
+    assert _remembered.cache_info().hits == hits + 1
+    # found at the third slow run: 801 (median of 800, 801, 802) against 1002 (median of 1000..1004): -20.06 %
+    assert [(r.last_good, r.first_slow, round(r.change_pct, 2)) for r in again] == [(39, 40, -20.06)]
