@@ -124,3 +124,38 @@ def test_a_series_seen_before_is_answered_from_memory_with_the_same_regressions(
     assert _remembered.cache_info().hits == hits + 1
     # found at the third slow run: 801 (median of 800, 801, 802) against 1002 (median of 1000..1004): -20.06 %
     assert [(r.last_good, r.first_slow, round(r.change_pct, 2)) for r in again] == [(39, 40, -20.06)]
+
+
+def test_the_sliding_baseline_gives_what_sorting_each_window_afresh_gives():
+    """Windows that stay, slide by one, slide by several, shrink from the left or jump elsewhere: each (level,
+    spread) equals the definition computed from scratch (median, 1.4826 x MAD, 10-90 % range / 2.563)."""
+    from statistics import median
+
+    from wandb_assets.lib.regressions import MIN_SPREAD, _quantile, _SlidingBaseline
+
+    def from_scratch(window: list[float]) -> tuple[float, float]:
+        ordered = sorted(window)
+        level = median(ordered)
+        mad = 1.4826 * median([abs(x - level) for x in ordered])
+        return level, max(mad, (_quantile(ordered, 0.9) - _quantile(ordered, 0.1)) / 2.563, MIN_SPREAD)
+
+    rng = random.Random(11)
+    logs = [math.log(1000 * (1 + rng.gauss(0, 0.05)) * (0.8 if rng.random() < 0.3 else 1)) for _ in range(600)]
+    sliding = _SlidingBaseline(logs)
+    lo, hi, checked = 0, 25, 0
+    for _ in range(2000):
+        move = rng.random()
+        if move < 0.5:
+            lo, hi = lo + 1, hi + 1  # slide by one
+        elif move < 0.6:
+            lo, hi = lo + 3, hi + 2  # slide by several, shrinking
+        elif move < 0.7:
+            lo = rng.randrange(0, 560)
+            hi = lo + rng.randint(20, 30)  # jump elsewhere
+        if hi > len(logs):
+            lo, hi = 0, 25
+        if hi - lo < 20:
+            lo = hi - 20
+        assert sliding.of(lo, hi) == from_scratch(logs[lo:hi]), (lo, hi)
+        checked += 1
+    assert checked == 2000

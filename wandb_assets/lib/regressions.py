@@ -20,6 +20,7 @@ Why this shape (see ``benchmarks/regressions.py`` for the measurements):
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from dataclasses import dataclass, replace
@@ -69,15 +70,6 @@ def _quantile(ordered: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def _baseline(logs: list[float]) -> tuple[float, float]:
-    """(level, spread) of a regime's runs, robust to outliers and aware of two modes."""
-    ordered = sorted(logs)
-    level = median(ordered)
-    mad = 1.4826 * median([abs(x - level) for x in ordered])
-    spread_q = (_quantile(ordered, 0.9) - _quantile(ordered, 0.1)) / 2.563
-    return level, max(mad, spread_q, MIN_SPREAD)
-
-
 def find_regressions(values: list[float]) -> list[Regression]:
     """Every drop in a commit-ordered series of SPS values (oldest first), oldest first.
 
@@ -93,6 +85,46 @@ def _remembered(values: tuple) -> tuple[Regression, ...]:
     return tuple(_find(values))
 
 
+class _SlidingBaseline:
+    """The baseline of ``logs[lo:hi]`` (``_baseline_of_sorted``), the window kept sorted as it moves: the same
+    window again costs nothing, one moved on by a run an insertion and a removal instead of a sort (the same
+    numbers either way: median, MAD and quantiles are read off the same sorted values)."""
+
+    def __init__(self, logs: list[float]) -> None:
+        self.logs = logs
+        self.lo = self.hi = 0
+        self.ordered: list[float] = []
+        self.result = (0.0, 0.0)
+
+    def of(self, lo: int, hi: int) -> tuple[float, float]:
+        if (lo, hi) == (self.lo, self.hi) and self.ordered:
+            return self.result
+        if self.lo <= lo <= self.hi <= hi and hi - self.hi <= BASELINE_WINDOW:
+            for y in self.logs[self.lo : lo]:
+                del self.ordered[bisect.bisect_left(self.ordered, y)]
+            for y in self.logs[self.hi : hi]:
+                bisect.insort(self.ordered, y)
+        else:
+            self.ordered = sorted(self.logs[lo:hi])
+        self.lo, self.hi = lo, hi
+        self.result = _baseline_of_sorted(self.ordered)
+        return self.result
+
+
+def _median_of_sorted(ordered: list[float]) -> float:
+    """``statistics.median`` of values already sorted (the same arithmetic, without sorting them again)."""
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
+def _baseline_of_sorted(ordered: list[float]) -> tuple[float, float]:
+    """(level, spread) of a regime's runs, already sorted: robust to outliers and aware of two modes."""
+    level = _median_of_sorted(ordered)
+    mad = 1.4826 * _median_of_sorted(sorted([abs(x - level) for x in ordered]))
+    spread_q = (_quantile(ordered, 0.9) - _quantile(ordered, 0.1)) / 2.563
+    return level, max(mad, spread_q, MIN_SPREAD)
+
+
 def _find(values: tuple) -> list[Regression]:
     points = [
         (i, math.log(v)) for i, v in enumerate(values) if isinstance(v, (int, float)) and v > 0 and math.isfinite(v)
@@ -103,6 +135,7 @@ def _find(values: tuple) -> list[Regression]:
     low_start = high_start = None  # where each excursion began
     level = spread = 0.0
     open_drops: list[int] = []  # indexes in ``found`` of regressions not recovered yet
+    baseline = _SlidingBaseline([y for _, y in points])
     position = 0
     while position < len(points):
         index, y = points[position]
@@ -110,10 +143,13 @@ def _find(values: tuple) -> list[Regression]:
             position += 1
             continue
         # Baseline: the runs of this regime before any excursion under way (never the runs being judged).
-        excursion = min(s for s in (low_start, high_start, position) if s is not None)
-        window = [p[1] for p in points[max(regime_start, excursion - BASELINE_WINDOW) : excursion]]
-        if len(window) >= MIN_BASELINE:
-            level, spread = _baseline(window)
+        excursion = position  # the first run of an excursion under way, if any
+        if low_start is not None and low_start < excursion:
+            excursion = low_start
+        if high_start is not None and high_start < excursion:
+            excursion = high_start
+        if excursion - max(regime_start, excursion - BASELINE_WINDOW) >= MIN_BASELINE:
+            level, spread = baseline.of(max(regime_start, excursion - BASELINE_WINDOW), excursion)
         z = max(-CLIP, min(CLIP, (y - level) / spread))
         low = max(0.0, low - z - SLACK)
         high = max(0.0, high + z - SLACK)
