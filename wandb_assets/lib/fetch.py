@@ -554,8 +554,8 @@ def fetch_slices(
             return
         if finisher is not None:
             finisher.slice_fetched(piece)
-        elif progress is not None:
-            progress.slice_done(*(piece.days or (None,)))
+        else:
+            slice_done(piece)
 
     def slice_done(piece: Slice) -> None:
         stop = abandoned.get(piece.project or own) if isolate_projects else cancelled

@@ -113,9 +113,9 @@ def gpu_count(
         if found is not None:
             return found, SOURCE_CONFIG, malformed
         malformed = True
-    found = _count((metadata or {}).get("gpu_count"))
-    if found is not None:
-        return found, SOURCE_METADATA, malformed
+    from_metadata = _count((metadata or {}).get("gpu_count"))
+    if from_metadata is not None:
+        return from_metadata, SOURCE_METADATA, malformed
     indices = system_gpus(system_metrics) if found is None else found
     if indices:
         return len(indices), SOURCE_SYSTEM_METRICS, malformed

@@ -148,8 +148,9 @@ def _find(values: tuple) -> list[Regression]:
             excursion = low_start
         if high_start is not None and high_start < excursion:
             excursion = high_start
-        if excursion - max(regime_start, excursion - BASELINE_WINDOW) >= MIN_BASELINE:
-            level, spread = baseline.of(max(regime_start, excursion - BASELINE_WINDOW), excursion)
+        window_start = max(regime_start, excursion - BASELINE_WINDOW)
+        if excursion - window_start >= MIN_BASELINE:
+            level, spread = baseline.of(window_start, excursion)
         z = max(-CLIP, min(CLIP, (y - level) / spread))
         low = max(0.0, low - z - SLACK)
         high = max(0.0, high + z - SLACK)

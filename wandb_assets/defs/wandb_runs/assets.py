@@ -157,17 +157,17 @@ def staged_runs(
         """Each run of the page first seen ended: its wandb-metadata.json, once (kept in ``runs.wandb_metadata``),
         from where the page says it is, ``downloads`` at a time. A failed read is counted and asked again by a
         later fetch."""
-        urls = {node.get("name"): metadata_file_url(node) for node in nodes}
         wanted = [
             node
             for node in nodes
             if node.get("state") in METADATA_STATES and (piece.project, node.get("name")) not in known_metadata
         ]
+        urls = {node["name"]: metadata_file_url(node) for node in wanted}
         for node in nodes:
             node.pop("files", None)
         if not wanted:
             return
-        read = wandb.runs_metadata(piece.project, {n["name"]: urls[n["name"]] for n in wanted}, downloads, pipeline)
+        read = wandb.runs_metadata(piece.project, urls, downloads, pipeline)
         for node in wanted:
             node[FETCHED_METADATA] = read[node["name"]]
 
