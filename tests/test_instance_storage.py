@@ -1,0 +1,122 @@
+"""The repository's SQLite instance storage: a batch of asset events stored in one transaction per shard, and read
+back exactly as Dagster's own storage stores them one by one.
+
+Real parts: the repository's ``dagster.yaml`` (``storage: custom:``) loaded as Dagster loads it, real SQLite files,
+one real partitioned job run; the reference is Dagster's ``storage: sqlite:`` in the same folder layout.
+"""
+
+import yaml
+from dagster import (
+    AssetKey,
+    DagsterEventType,
+    DagsterInstance,
+    Definitions,
+    EventRecordsFilter,
+    MaterializeResult,
+    StaticPartitionsDefinition,
+    asset,
+    define_asset_job,
+)
+from dagster._core.instance.ref import InstanceRef
+from dagster._core.storage.event_log import SqliteEventLogStorage
+
+from tests.conftest import REPO
+from wandb_assets.instance_storage import BatchedSqliteEventLogStorage, BatchedSqliteStorage
+
+DAYS = StaticPartitionsDefinition(["2026-01-01", "2026-01-02", "2026-01-03"])
+
+
+@asset(partitions_def=DAYS)
+def per_day(context) -> MaterializeResult:
+    return MaterializeResult(metadata={"days": len(context.partition_keys)})
+
+
+@asset(partitions_def=DAYS, deps=[per_day])
+def per_day_after(context) -> MaterializeResult:
+    return MaterializeResult(metadata={"days": len(context.partition_keys)})
+
+
+DEFS = Definitions(assets=[per_day, per_day_after], jobs=[define_asset_job("both", [per_day, per_day_after])])
+
+
+def _instance(home, storage: dict) -> DagsterInstance:
+    config = yaml.safe_load((REPO / "dagster.yaml").read_text())
+    config["storage"] = storage
+    for key in ("local_artifact_storage", "compute_logs"):
+        config[key]["config"]["base_dir"] = str(home / key)
+    home.mkdir()
+    (home / "dagster.yaml").write_text(yaml.safe_dump(config))
+    return DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))
+
+
+def _backfill(instance: DagsterInstance) -> list[tuple]:
+    """One run over the three partitions; what the event log then says of the two assets, cross-run (index
+    shard) and in the run (its shard)."""
+    result = DEFS.resolve_job_def("both").execute_in_process(
+        instance=instance,
+        tags={"dagster/asset_partition_range_start": "2026-01-01", "dagster/asset_partition_range_end": "2026-01-03"},
+    )
+    assert result.success
+    seen = []
+    for key in ("per_day", "per_day_after"):
+        for kind in (DagsterEventType.ASSET_MATERIALIZATION, DagsterEventType.ASSET_MATERIALIZATION_PLANNED):
+            records = instance.get_event_records(EventRecordsFilter(kind, asset_key=AssetKey(key)), ascending=True)
+            # (Dagster emits a step's partitions in set order: which comes first varies from process to process.)
+            seen.append((key, kind.value, sorted(r.partition_key for r in records), {r.run_id for r in records}))
+            if kind == DagsterEventType.ASSET_MATERIALIZATION:
+                stored_last = records[-1]
+        latest = instance.get_latest_materialization_event(AssetKey(key))  # the asset's row: the last one stored
+        seen.append((key, "latest", latest.dagster_event.partition == stored_last.partition_key, latest.run_id))
+        seen.append((key, "materialized", sorted(instance.get_materialized_partitions(AssetKey(key)))))
+    logged = instance.all_logs(result.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+    seen.append(("run shard", sorted((e.dagster_event.asset_key.path[0], e.dagster_event.partition) for e in logged)))
+    this_run = (result.run_id, {result.run_id})
+    return [tuple("run" if part in this_run else part for part in row) for row in seen]
+
+
+EXPECTED = [
+    ("per_day", "ASSET_MATERIALIZATION", ["2026-01-01", "2026-01-02", "2026-01-03"], "run"),
+    ("per_day", "ASSET_MATERIALIZATION_PLANNED", ["2026-01-01", "2026-01-02", "2026-01-03"], "run"),
+    ("per_day", "latest", True, "run"),
+    ("per_day", "materialized", ["2026-01-01", "2026-01-02", "2026-01-03"]),
+    ("per_day_after", "ASSET_MATERIALIZATION", ["2026-01-01", "2026-01-02", "2026-01-03"], "run"),
+    ("per_day_after", "ASSET_MATERIALIZATION_PLANNED", ["2026-01-01", "2026-01-02", "2026-01-03"], "run"),
+    ("per_day_after", "latest", True, "run"),
+    ("per_day_after", "materialized", ["2026-01-01", "2026-01-02", "2026-01-03"]),
+    (
+        "run shard",
+        [("per_day", d) for d in ("2026-01-01", "2026-01-02", "2026-01-03")]
+        + [("per_day_after", d) for d in ("2026-01-01", "2026-01-02", "2026-01-03")],
+    ),
+]
+
+
+def test_the_repository_instance_stores_a_runs_asset_events_in_batches_read_back_as_dagster_stores_them(
+    tmp_path, monkeypatch
+):
+    batches = []
+    original = BatchedSqliteEventLogStorage.store_event_batch
+
+    def counted(self, events):
+        batches.append(sorted({e.dagster_event_type.value for e in events}) + [len(events)])
+        return original(self, events)
+
+    monkeypatch.setattr(BatchedSqliteEventLogStorage, "store_event_batch", counted)
+    monkeypatch.setenv("DAGSTER_EVENT_BATCH_SIZE", "1000")
+    repository = yaml.safe_load((REPO / "dagster.yaml").read_text())["storage"]
+    repository["custom"]["config"]["base_dir"] = str(tmp_path / "batched" / "storage")  # not the repository's
+    with _instance(tmp_path / "batched", repository) as instance:
+        assert type(instance.event_log_storage) is BatchedSqliteEventLogStorage  # as loaded from dagster.yaml
+        assert instance.get_ref().storage_data.class_name == BatchedSqliteStorage.__name__
+        assert _backfill(instance) == EXPECTED
+    # the planned events of the run (2 assets x 3 partitions) as one batch, then each step's materializations
+    assert batches == [
+        ["ASSET_MATERIALIZATION_PLANNED", 6],
+        ["ASSET_MATERIALIZATION", 3],
+        ["ASSET_MATERIALIZATION", 3],
+    ]
+    # Dagster's own storage, event by event, reads back the same
+    monkeypatch.delenv("DAGSTER_EVENT_BATCH_SIZE")
+    with _instance(tmp_path / "dagster", {"sqlite": {"base_dir": str(tmp_path / "dagster" / "storage")}}) as plain:
+        assert type(plain.event_log_storage) is SqliteEventLogStorage
+        assert _backfill(plain) == EXPECTED
