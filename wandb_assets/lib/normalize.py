@@ -78,7 +78,8 @@ CLIENT_CONFIG_KEYS = ("_wandb", "wandb_version")
 
 
 def _unwrap(value: Any) -> Any:
-    if isinstance(value, dict) and "value" in value and set(value) <= {"value", "desc"}:
+    """``v`` of ``{"value": v}`` or ``{"value": v, "desc": d}`` (W&B's config wrapping); anything else as it is."""
+    if isinstance(value, dict) and "value" in value and (len(value) == 1 or (len(value) == 2 and "desc" in value)):
         return value["value"]
     return value
 
@@ -292,7 +293,7 @@ _JSON_SURROGATE = re.compile(r"(\\\\)|(\\ud[89ab][0-9a-f]{2}\\ud[c-f][0-9a-f]{2}
 
 def mend_text(value: Any) -> tuple[Any, bool]:
     """``(value, mended)``: a string with every lone surrogate replaced by U+FFFD; anything else as it is."""
-    if isinstance(value, str) and _SURROGATE.search(value):
+    if isinstance(value, str) and not value.isascii() and _SURROGATE.search(value):  # ASCII holds no surrogate
         return _SURROGATE.sub("\ufffd", value), True
     return value, False
 
