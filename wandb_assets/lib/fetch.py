@@ -512,9 +512,13 @@ def fetch_slices(
         with lock:
             return page_sizes.setdefault(key, PageSize(policy.page_size, policy.min_page_size))
 
+    def stop_of(piece: Slice) -> threading.Event:
+        """Set when ``piece`` is to be dropped: its project was abandoned (``isolate_projects``), or the fetch."""
+        return abandoned.setdefault(piece.project or own, threading.Event()) if isolate_projects else cancelled
+
     def work(piece: Slice) -> None:
         path = piece.project or own
-        stop = abandoned.setdefault(path, threading.Event()) if isolate_projects else cancelled
+        stop = stop_of(piece)
         if stop.is_set():
             return
         slice_entity, _, slice_project = path.partition("/")
@@ -558,8 +562,7 @@ def fetch_slices(
             slice_done(piece)
 
     def slice_done(piece: Slice) -> None:
-        stop = abandoned.get(piece.project or own) if isolate_projects else cancelled
-        if progress is not None and not (stop is not None and stop.is_set()):
+        if progress is not None and not stop_of(piece).is_set():
             progress.slice_done(*(piece.days or (None,)))
 
     finisher = (
@@ -697,10 +700,6 @@ def _in_budget(throttle: Throttle, call, what: str, secret: str):
     raise WandbFetchError(f"{what} failed: {_scrub(str(error), secret).replace(chr(10), ' ')[:300]}")
 
 
-#: The most of a ``wandb-metadata.json`` read (the file is a few KB; a bigger one is not what it should be).
-METADATA_MAX_BYTES = 4 * 1024 * 1024
-
-
 def metadata_headers(url: str, base_url: str, api_key: str) -> dict[str, str]:
     """The W&B key goes only to W&B itself (a ``url`` served by the API host); a signed storage URL
     (``directUrl``) carries its own authorisation and is sent nothing."""
@@ -719,7 +718,7 @@ def read_metadata_file(
     it is not a JSON object. ``http``: a ``urllib3.PoolManager`` shared by the fetch (kept-alive connections: a
     download costs a fraction of a millisecond of CPU, where a round trip through wandb-core and a temporary file
     cost several). Raises ``WandbFetchError`` when the download keeps failing (a later fetch asks again)."""
-    from wandb_assets.lib.gpus import machine_metadata
+    from wandb_assets.lib.gpus import METADATA_MAX_BYTES, machine_metadata
 
     def get() -> bytes:
         response = http.request("GET", url, headers=headers, timeout=timeout_s, retries=False, preload_content=False)

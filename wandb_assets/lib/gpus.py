@@ -109,9 +109,9 @@ def gpu_count(
         raw = _lookup(config, key)
         if raw is None:
             continue
-        found = _count(raw)
-        if found is not None:
-            return found, SOURCE_CONFIG, malformed
+        count = _count(raw)
+        if count is not None:
+            return count, SOURCE_CONFIG, malformed
         malformed = True
     from_metadata = _count((metadata or {}).get("gpu_count"))
     if from_metadata is not None:
@@ -246,6 +246,11 @@ def idle_gpu_hours_by_day(
         day = datetime.fromtimestamp(at, UTC).date()
         days[day] = days.get(day, 0.0) + idle * held / 3600.0
     return [{"day": day, "idle_gpu_hours": hours} for day, hours in sorted(days.items())]
+
+
+#: The most of a ``wandb-metadata.json`` read, from W&B or beside an offline log (the file is a few KB; a bigger one
+#: is not what it should be).
+METADATA_MAX_BYTES = 4 * 1024 * 1024
 
 
 def machine_metadata(raw: bytes | str) -> dict[str, Any]:
