@@ -36,6 +36,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from wandb_assets.lib.fetch import METADATA_FILE
 from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, METADATA_MAX_BYTES, idle_gpu_hours_by_day, machine_metadata
 
 BLOCK = 32 * 1024
@@ -510,7 +511,7 @@ def local_metadata(log_path: str | os.PathLike) -> dict[str, Any] | None:
     """The run's ``files/wandb-metadata.json`` beside its log (the client writes it offline too), in the shape
     of ``fetch.read_metadata_file``: ``{"status": "read", "gpu_count", "gpu"}``, ``malformed``, or None when absent."""
     try:
-        with open(Path(log_path).parent / "files" / "wandb-metadata.json", "rb") as handle:
+        with open(Path(log_path).parent / "files" / METADATA_FILE, "rb") as handle:
             raw = handle.read(METADATA_MAX_BYTES)
     except FileNotFoundError:
         return None
