@@ -144,6 +144,13 @@ class Settings(BaseSettings):
     WANDB_ASSETS_FETCH_CONCURRENCY: int = _var(
         4, "Most W&B requests in flight while fetching (1-8); halved on HTTP 429, grown back after.", ge=1, le=8
     )
+    WANDB_ASSETS_STAGING_PROCESSES: int = _var(
+        2,
+        "Worker processes that normalise fetched runs beside the fetch once it has passed 4,000 runs (0: all in "
+        "the fetching process, whose Python computes on one core at a time).",
+        ge=0,
+        le=16,
+    )
     WANDB_ASSETS_STAGING_DIR: Path | None = _var(
         None,
         "Folder of the staged runs files (one NDJSON file per day) the `runs` asset loads.",
@@ -334,6 +341,8 @@ class PipelineSettings:
     unfinished_window_days: int = 7
     fetch_concurrency: int = 4
     staging_dir: Path = Path("staging")
+    #: Worker processes that normalise a big fetch's pages (``WANDB_ASSETS_STAGING_PROCESSES``); 0: none.
+    staging_processes: int = 2
     #: Staged day files older than this many days are pruned after a load (``WANDB_ASSETS_STAGING_RETENTION_DAYS``);
     #: 0 keeps them all.
     staging_retention_days: int = 0
@@ -384,6 +393,7 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
         fetch_concurrency=s.WANDB_ASSETS_FETCH_CONCURRENCY,
         staging_dir=s.WANDB_ASSETS_STAGING_DIR or _default_staging_dir(s),
         staging_retention_days=s.WANDB_ASSETS_STAGING_RETENTION_DAYS,
+        staging_processes=s.WANDB_ASSETS_STAGING_PROCESSES,
         lake_snapshot_retention=timedelta(days=s.WANDB_ASSETS_LAKE_SNAPSHOT_RETENTION_DAYS),
         offline_dirs=tuple(d for d in s.WANDB_ASSETS_OFFLINE_DIRS.split(os.pathsep) if d.strip()),
         projects=parse_projects(s.WANDB_ASSETS_PROJECTS) if s.WANDB_ASSETS_PROJECTS is not None else None,

@@ -22,10 +22,13 @@ from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResou
 from wandb_assets.lib.clock import utc_now
 from wandb_assets.lib.fetch import Slice, WandbFetchError, id_slices, metadata_file_url, plan_slices
 from wandb_assets.lib.markdown import markdown_table
-from wandb_assets.lib.normalize import run_row, to_naive_utc
+from wandb_assets.lib.normalize import to_naive_utc
 from wandb_assets.lib.progress import FetchProgress, publish
 from wandb_assets.lib.projects import changed_projects
 from wandb_assets.lib.staging import (
+    Page,
+    PageStager,
+    RowRules,
     StagedFetch,
     day_file,
     prune_staged,
@@ -143,12 +146,11 @@ def staged_runs(
     slices = window_slices + by_id
     parts_per_day = Counter(day for piece in window_slices for day in piece.days)
     progress = FetchProgress(dict(parts_per_day), other_slices=len(by_id))
-    anomalies: Counter[str] = Counter()
-    malformed: list[str] = []
-    categories: Counter[str] = Counter()
-    runs_by_day: Counter[str] = Counter()
     tally = threading.Lock()
     staged = StagedFetch(pipeline.staging_dir)
+    rules = RowRules(app_url, pipeline.default_gpus_per_run, tuple(pipeline.gpu_count_keys))
+    stager = PageStager(staged, rules, pipeline.staging_processes)
+    pages_handed: Counter[int] = Counter()
 
     metadata_read: Counter[str] = Counter()
     downloads = Throttle(pipeline.metadata_downloads)  # the fetch's metadata downloads, from storage, at most
@@ -175,32 +177,18 @@ def staged_runs(
         fetched_at = datetime.now(UTC).replace(tzinfo=None)
         entity, _, project = (piece.project or "").partition("/")
         read_now = [node.pop(FETCHED_METADATA, None) for node in nodes]
-        rows = [
-            run_row(
-                node,
-                entity=entity,
-                project=project,
-                app_url=app_url,
-                default_gpus=pipeline.default_gpus_per_run,
-                gpu_count_keys=pipeline.gpu_count_keys,
-                metadata=(now if now and now["status"] != "error" else None)
-                or known_metadata.get((piece.project, node.get("name"))),
-            )
+        metadata = [
+            (now if now and now["status"] != "error" else None) or known_metadata.get((piece.project, node.get("name")))
             for node, now in zip(nodes, read_now, strict=True)
         ]
         with tally:
+            pages_handed[piece.index] += 1
+            page_number = pages_handed[piece.index]
             metadata_read.update(now["status"] for now in read_now if now)
             errors = [now["error"] for now in read_now if now and now["status"] == "error"]
             if errors and metadata_read["error"] == len(errors):  # the first failures: one line, not one per run
                 context.log.warning(f"{errors[0]} (read again by a later fetch)")
-            for row in rows:
-                categories[row["category"]] += 1
-                if piece.day is not None and isinstance(row["created_at"], datetime):
-                    runs_by_day[row["created_at"].date().isoformat()] += 1
-                if row["anomalies"]:
-                    anomalies.update(row["anomalies"])
-                    malformed.append(row["run_id"])
-        staged.write(piece.index, rows, fetched_at, piece.days)
+        stager.stage(Page(piece.index, page_number, piece.days, entity, project, nodes, metadata, fetched_at))
 
     log = context.log.debug if config.progress_log_level == "debug" else context.log.info
     last_logged = [0.0]
@@ -221,6 +209,7 @@ def staged_runs(
             others_read=bool(unchanged),
             enrich=read_metadata if pipeline.fetch_metadata else None,
         )
+        staged_tally = stager.finish()  # pages still being staged by worker processes
         failed = stats.failed_projects
         kept = [piece for piece in window_slices + by_id if piece.project not in failed]
         targets = {day_file(pipeline.staging_dir, d): [(p.index, d) for p in kept if d in p.days] for d in days}
@@ -238,7 +227,10 @@ def staged_runs(
             unchanged,
         )
     finally:
+        stager.close()
         staged.discard()
+    anomalies, malformed = staged_tally.anomalies, staged_tally.malformed
+    categories, runs_by_day = staged_tally.categories, staged_tally.runs_by_day
     publish(progress, finished=True)
     fetched = progress.runs
     if malformed:
