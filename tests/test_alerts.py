@@ -13,10 +13,13 @@ from wandb_assets.lib.alerts import (
     RULES,
     AlertThresholds,
     Condition,
+    change_points,
     drain_outbox,
     evaluate_rules,
+    find_change_points,
     pipeline_failure,
     reconcile,
+    record_change_points,
     sps_regression,
 )
 from wandb_assets.lib.channels import post_webhook
@@ -178,6 +181,42 @@ def test_an_unrecovered_regression_keeps_one_alert_over_400_ticks(con):
             for t in reconcile(con, sps_regression(con, at, TH), {"sps_regression"}, at, [])
         ]
     assert events == [(153, "opened", "sps_regression:ppo:ppo0148")]  # the review's series: found at run 153
+
+
+def test_the_change_points_recorded_are_what_the_detector_finds_and_are_read_back_while_the_series_holds(con):
+    """Regress at commit 30 (100 -> 85), fixed at commit 52: one change point, recovered. Recorded, it is read back
+    from ``sps_change_points`` (an edit made there shows); a new run, or a run fetched again, finds it anew."""
+    values = flat(100.0, 30) + flat(85.0, 22) + flat(100.0, 6)
+    rows = main_runs("ppo", values)
+    load(con, fresh_ci() + rows)
+    assert record_change_points(con, T, "overview/sps") == 1
+    (point,) = change_points(con, T, "overview/sps")
+    assert point == find_change_points(con, T, "overview/sps")[0]
+    assert {k: point[k] for k in ("ci_config", "last_good_commit", "first_slow_commit", "recovered_commit")} == {
+        "ci_config": "ppo",
+        "last_good_commit": "ppo0029",
+        "first_slow_commit": "ppo0030",
+        "recovered_commit": "ppo0052",  # the first of the six back at 100
+    }
+    assert (point["detected_commit"], round(point["before"], 9), round(point["after"], 9), point["recovered"]) == (
+        "ppo0032",  # the third slow run: the alert opened when run 33 (index 32) ended
+        100.0,
+        85.0,
+        True,
+    )
+    assert (point["first_slow_run_id"], point["first_slow_url"]) == ("ppo-30", "http://wandb.local/runs/ppo-30")
+    con.execute("UPDATE sps_change_points SET before = 99.0")  # the same series: the table is what is read
+    assert change_points(con, T, "overview/sps")[0]["before"] == 99.0
+    assert change_points(con, T, "charts/SPS") == []  # another metric: found anew (nothing logged it)
+    con.execute("UPDATE runs SET ingested_at = ingested_at + INTERVAL 1 MINUTE WHERE run_id = 'ppo-10'")
+    assert round(change_points(con, T, "overview/sps")[0]["before"], 9) == 100.0  # run 10 fetched again: anew
+    assert record_change_points(con, T, "overview/sps") == 1
+    con.execute("UPDATE sps_change_points SET before = 99.0")
+    assert change_points(con, T + timedelta(hours=1), "overview/sps")[0]["before"] == 99.0  # later, the same runs
+    extra = fleet_row("ppo-late", "finished", "push_to_main", T - timedelta(minutes=6), T - timedelta(minutes=1))
+    extra.update(ci_branch="main", ci_config="ppo", ci_commit="ppo9999", url="u", summary='{"overview/sps": 100}')
+    load(con, fresh_ci() + rows + [extra])
+    assert round(change_points(con, T, "overview/sps")[0]["before"], 9) == 100.0  # one more run: found anew
 
 
 def test_failure_spike(con):

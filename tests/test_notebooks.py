@@ -278,6 +278,13 @@ def test_helpers_answer_the_common_questions(notebook_warehouse):
     assert backtest[["first_slow_commit", "detected_commit", "recovered_commit"]].values.tolist() == [
         ["badc0de", "badc0f2", None]
     ]
+    # the tick's alert evaluation recorded it, and the helper read it from there (the series has not changed)
+    recorded = con.execute("SELECT ci_config, first_slow_commit, recovered FROM sps_change_points").fetchall()
+    assert recorded == [("ppo_atari", "badc0de", False)]
+    from wandb_assets.lib import alerts
+
+    latest = con.execute("SELECT max(ended_at) FROM runs").fetchone()[0]
+    assert alerts._recorded_mark(con) == alerts._series_mark(con, latest, "overview/sps")
     sweeps = warehouse.sweeps(con)
     # two sweep ids a day for 8 days, plus the runs known only by a ".sweep" name (3 of 15 a day)
     assert len(sweeps) == 2 * 8 + 1

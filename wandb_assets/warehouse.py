@@ -201,36 +201,17 @@ def sps_regressions(con):
 
 def change_points(con, config: str | None = None, since=None, metric: str | None = None):
     """The regressions the detector finds in the warehouse's main-branch history (a backtest: what would have
-    paged, and when), one row per regression; ``since`` keeps those first slow on or after that day."""
+    paged, and when), one row per regression; ``since`` keeps those first slow on or after that day. Read from
+    ``sps_change_points`` (recorded by each tick's alert evaluation) while the main series are what they were
+    then; found anew otherwise (a second or two at a million runs)."""
     import pandas as pd
 
-    from wandb_assets.lib.alerts import main_series
-    from wandb_assets.lib.regressions import find_regressions
+    from wandb_assets.lib.alerts import change_points as found
     from wandb_assets.settings import load_settings
 
     metric = metric or load_settings().WANDB_ASSETS_SPS_METRIC
     latest = con.execute("SELECT max(ended_at) FROM runs").fetchone()[0]
-    rows = []
-    for (_, _, name), runs in (main_series(con, latest, metric) if latest else {}).items():
-        if config is not None and name != config:
-            continue
-        for r in find_regressions([run["sps"] for run in runs]):
-            slow = runs[r.first_slow]
-            rows.append(
-                {
-                    "ci_config": name,
-                    "last_good_commit": runs[r.last_good]["ci_commit"],
-                    "first_slow_commit": slow["ci_commit"],
-                    "first_slow_created_at": slow["created_at"],
-                    "detected_commit": runs[r.detected_at]["ci_commit"],
-                    "before": r.before,
-                    "after": r.after,
-                    "change_pct": r.change_pct,
-                    "confirming_runs": r.confirming_runs,
-                    "recovered_commit": runs[r.recovered_at]["ci_commit"] if r.recovered_at is not None else None,
-                    "first_slow_url": slow["url"],
-                }
-            )
+    rows = [row for row in (found(con, latest, metric) if latest else []) if config in (None, row["ci_config"])]
     frame = pd.DataFrame(rows, columns=CHANGE_POINT_COLUMNS)
     if since is not None and len(frame):
         frame = frame[frame.first_slow_created_at >= pd.Timestamp(_day(since))]

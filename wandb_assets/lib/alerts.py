@@ -21,7 +21,32 @@ from wandb_assets.lib.lake import retry_on_conflict
 from wandb_assets.lib.regressions import find_regressions
 from wandb_assets.lib.sql import ALIVE_SQL, ENDED_SQL, FAILED_SQL, RATED_SQL, SPS_SQL_STATES, Connect, transaction
 
-ALERT_SQL = """
+#: ``sps_change_points``: the detector's answer, one row per regression (``find_change_points``).
+CHANGE_POINT_TYPES: dict[str, str] = {
+    "ordinal": "INTEGER",
+    "entity": "VARCHAR",
+    "project": "VARCHAR",
+    "ci_config": "VARCHAR",
+    "metric": "VARCHAR",
+    "evaluated_at": "TIMESTAMP",
+    "last_good_commit": "VARCHAR",
+    "last_good_url": "VARCHAR",
+    "first_slow_commit": "VARCHAR",
+    "first_slow_run_id": "VARCHAR",
+    "first_slow_created_at": "TIMESTAMP",
+    "first_slow_url": "VARCHAR",
+    "detected_commit": "VARCHAR",
+    "before": "DOUBLE",
+    "after": "DOUBLE",
+    "change_pct": "DOUBLE",
+    "noise_pct": "DOUBLE",
+    "confirming_runs": "INTEGER",
+    "recovered_commit": "VARCHAR",
+    "recovered": "BOOLEAN",
+}
+
+ALERT_SQL = (
+    """
 CREATE TABLE IF NOT EXISTS alerts (
     alert_key VARCHAR, rule VARCHAR, subject VARCHAR, severity VARCHAR, message VARCHAR, details JSON,
     opened_at TIMESTAMP, last_seen_at TIMESTAMP, resolved_at TIMESTAMP
@@ -33,7 +58,13 @@ CREATE TABLE IF NOT EXISTS alert_notifications (
 CREATE TABLE IF NOT EXISTS run_progress (
     run_id VARCHAR, observed_at TIMESTAMP, step DOUBLE, entity VARCHAR, project VARCHAR
 );
+CREATE TABLE IF NOT EXISTS sps_change_points (
 """
+    + ",\n".join(f"    {column} {kind}" for column, kind in CHANGE_POINT_TYPES.items())
+    + """
+);
+"""
+)
 
 
 @dataclass(frozen=True)
@@ -220,6 +251,96 @@ def main_series(con, at: datetime, metric: str) -> dict[tuple[str, str, str], li
     return series
 
 
+def find_change_points(con, at: datetime, metric: str) -> list[dict]:
+    """Every regression the detector finds in each CI config's main series up to ``at``, recovered ones too, oldest
+    first per config: one ``sps_change_points`` row each (the runs it names looked up in the series)."""
+    rows = []
+    for (entity, project, config), runs in main_series(con, at, metric).items():
+        for regression in find_regressions([r["sps"] for r in runs]):
+            good, slow = runs[regression.last_good], runs[regression.first_slow]
+            recovered = runs[regression.recovered_at] if regression.recovered_at is not None else None
+            rows.append(
+                {
+                    "ordinal": len(rows),
+                    "entity": entity,
+                    "project": project,
+                    "ci_config": config,
+                    "metric": metric,
+                    "evaluated_at": at,
+                    "last_good_commit": good["ci_commit"],
+                    "last_good_url": good["url"],
+                    "first_slow_commit": slow["ci_commit"],
+                    "first_slow_run_id": slow["run_id"],
+                    "first_slow_created_at": slow["created_at"],
+                    "first_slow_url": slow["url"],
+                    "detected_commit": runs[regression.detected_at]["ci_commit"],
+                    "before": regression.before,
+                    "after": regression.after,
+                    "change_pct": regression.change_pct,
+                    "noise_pct": regression.noise_pct,
+                    "confirming_runs": regression.confirming_runs,
+                    "recovered_commit": recovered["ci_commit"] if recovered else None,
+                    "recovered": recovered is not None,
+                }
+            )
+    return rows
+
+
+#: What the main series up to ``$t`` are made of, cheaply (no summary is read): how many runs, the latest time among
+#: them, and each run's copy (a run fetched again, or replaced by a load, has another ``ingested_at``). The same as
+#: when ``sps_change_points`` was recorded: the same rows, so the detector would find the same.
+_SERIES_MARK_SQL = f"""
+SELECT count(*), greatest(max(ended_at), max(created_at)), sum(hash(entity, project, run_id, ingested_at))::VARCHAR
+FROM runs
+WHERE category = 'push_to_main' AND ci_branch = 'main' AND ci_config IS NOT NULL
+  AND state IN ({SPS_SQL_STATES}) AND ended_at <= $t AND created_at <= $t
+"""
+_CHANGE_POINTS_KEY = "sps_change_points"
+
+
+def _series_mark(con, at: datetime, metric: str) -> str:
+    count, last, copies = con.execute(_SERIES_MARK_SQL, {"t": at}).fetchone()
+    return json.dumps({"metric": metric, "runs": count, "last": last.isoformat() if last else None, "copies": copies})
+
+
+def record_change_points(con, at: datetime, metric: str) -> int:
+    """Rebuild ``sps_change_points`` as of ``at`` (a writer connection; the detector runs only when the series
+    changed since the last rebuild). Returns the rows."""
+    con.execute(ALERT_SQL)
+    mark = _series_mark(con, at, metric)
+    if _recorded_mark(con) == mark:
+        return con.execute("SELECT count(*) FROM sps_change_points").fetchone()[0]
+    rows = find_change_points(con, at, metric)
+    with transaction(con):
+        con.execute("DELETE FROM sps_change_points")
+        if rows:
+            con.execute(
+                "INSERT INTO sps_change_points BY NAME "
+                "SELECT unnest(from_json($rows::JSON, $shape), recursive := true)",
+                {"rows": json.dumps(rows, default=str), "shape": json.dumps([CHANGE_POINT_TYPES])},
+            )
+        con.execute("DELETE FROM warehouse_meta WHERE key = $k", {"k": _CHANGE_POINTS_KEY})
+        con.execute("INSERT INTO warehouse_meta VALUES ($k, $v)", {"k": _CHANGE_POINTS_KEY, "v": mark})
+    return len(rows)
+
+
+def _recorded_mark(con) -> str | None:
+    try:
+        found = con.execute("SELECT value FROM warehouse_meta WHERE key = $k", {"k": _CHANGE_POINTS_KEY}).fetchone()
+    except Exception:  # noqa: BLE001 - a warehouse (or a snapshot) from before the table: nothing recorded
+        return None
+    return found[0] if found else None
+
+
+def change_points(con, at: datetime, metric: str) -> list[dict]:
+    """``find_change_points`` as of ``at``, read from ``sps_change_points`` when it was recorded for the same series
+    (the same metric, runs and latest time: a tick and every reader after it until the next load), else found
+    now. At a million runs the detector takes over a second; reading the table, milliseconds."""
+    if _recorded_mark(con) == _series_mark(con, at, metric):
+        return _rows(con, "SELECT * FROM sps_change_points ORDER BY ordinal", {})
+    return find_change_points(con, at, metric)
+
+
 def sps_regression(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     """One condition per regression of a CI config on main that has not recovered (``lib.regressions``).
 
@@ -228,42 +349,41 @@ def sps_regression(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     """
     metric = th.sps_metric
     conditions = []
-    for (_, _, config), runs in main_series(con, at, metric).items():
-        for regression in find_regressions([r["sps"] for r in runs]):
-            if regression.recovered_at is not None:
-                continue
-            good, slow = runs[regression.last_good], runs[regression.first_slow]
-            subject, message = scoped(
-                th,
-                slow,
-                f"{config}:{slow['ci_commit']}",
-                f"SPS regression on main for {config}: {metric} fell {-regression.change_pct:.1f}% from "
-                f"{regression.before:,.1f} to {regression.after:,.1f} (noise {regression.noise_pct:.1f}%). "
-                f"Last good commit {good['ci_commit']} ({good['url']}), first slow commit {slow['ci_commit']} "
-                f"({slow['url']}); {regression.confirming_runs} slow run(s) confirm it.",
+    for point in change_points(con, at, metric):
+        if point["recovered"]:
+            continue
+        config, slow = point["ci_config"], point["first_slow_commit"]
+        subject, message = scoped(
+            th,
+            point,
+            f"{config}:{slow}",
+            f"SPS regression on main for {config}: {metric} fell {-point['change_pct']:.1f}% from "
+            f"{point['before']:,.1f} to {point['after']:,.1f} (noise {point['noise_pct']:.1f}%). "
+            f"Last good commit {point['last_good_commit']} ({point['last_good_url']}), first slow commit {slow} "
+            f"({point['first_slow_url']}); {point['confirming_runs']} slow run(s) confirm it.",
+        )
+        conditions.append(
+            Condition(
+                "sps_regression",
+                subject,
+                "warning",
+                message,
+                _project_details(th, point)
+                | {
+                    "ci_config": config,
+                    "metric": metric,
+                    "last_good_commit": point["last_good_commit"],
+                    "last_good_url": point["last_good_url"],
+                    "first_slow_commit": slow,
+                    "first_slow_url": point["first_slow_url"],
+                    "run_id": point["first_slow_run_id"],
+                    "before": point["before"],
+                    "after": point["after"],
+                    "change_pct": point["change_pct"],
+                    "confirming_runs": point["confirming_runs"],
+                },
             )
-            conditions.append(
-                Condition(
-                    "sps_regression",
-                    subject,
-                    "warning",
-                    message,
-                    _project_details(th, slow)
-                    | {
-                        "ci_config": config,
-                        "metric": metric,
-                        "last_good_commit": good["ci_commit"],
-                        "last_good_url": good["url"],
-                        "first_slow_commit": slow["ci_commit"],
-                        "first_slow_url": slow["url"],
-                        "run_id": slow["run_id"],
-                        "before": regression.before,
-                        "after": regression.after,
-                        "change_pct": regression.change_pct,
-                        "confirming_runs": regression.confirming_runs,
-                    },
-                )
-            )
+        )
     return conditions
 
 

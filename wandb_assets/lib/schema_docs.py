@@ -268,6 +268,33 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             **_PROJECT,
         },
     ),
+    "sps_change_points": (
+        "table",
+        "Every SPS regression the detector finds on main, recovered ones too, as of the last alert evaluation "
+        "(`fleet_alerts`); the `sps_regression` rule and the `change_points` helper read it while the main series "
+        "are unchanged (the same runs and copies), else they run the detector again.",
+        {
+            "ordinal": "the order found in: by project and CI config, each config's regressions oldest first",
+            **_PROJECT,
+            "ci_config": "CI config of the series",
+            "metric": "summary key watched (`WANDB_ASSETS_SPS_METRIC`)",
+            "evaluated_at": "the snapshot time it was evaluated at, UTC",
+            "last_good_commit": "last commit of the old regime",
+            "last_good_url": "its run's W&B page",
+            "first_slow_commit": "first commit of the slow regime",
+            "first_slow_run_id": "its W&B run id",
+            "first_slow_created_at": "its creation time, UTC",
+            "first_slow_url": "its run's W&B page",
+            "detected_commit": "the commit at which the detector found it (the tick that would have paged)",
+            "before": "robust level of the old regime, steps/s",
+            "after": "robust level of the slow regime, steps/s",
+            "change_pct": "after against before, percent (negative: slower)",
+            "noise_pct": "the old regime's noise, percent",
+            "confirming_runs": "slow runs that confirm it, count",
+            "recovered_commit": "first commit of a later regime back within the noise of before; NULL while slow",
+            "recovered": "true when it recovered (its alert resolved)",
+        },
+    ),
     "report_publications": (
         "table",
         "What the fleet report run has published: one row per fleet snapshot logged to a report run, written "

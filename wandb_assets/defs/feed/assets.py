@@ -26,6 +26,7 @@ from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResou
 from wandb_assets.lib.alerts import (
     RULE_FUNCTIONS,
     evaluate_rules,
+    record_change_points,
     sps_regression,
     sps_regression_summary,
     success_rate_low,
@@ -110,7 +111,8 @@ OPEN_ALERT_COLUMNS = ["rule", "subject", "severity", "opened (UTC)", "message"]
     description="Alert lifecycle (alerts, alert_notifications): rules evaluated at the latest snapshot; "
     "an alert notifies when it opens and when it resolves, through an outbox that survives channel outages "
     "(delivery at least once). pipeline_failure alerts are not evaluated here: their own job opens and resolves "
-    "them.",
+    "them. Also records every SPS change point the detector finds, recovered ones too (sps_change_points), "
+    "which the sps_regression rule and the change_points helper read while the series is unchanged.",
     kinds={"duckdb"},
     **FEED,
 )
@@ -123,9 +125,11 @@ def fleet_alerts(
 ) -> MaterializeResult:
     now = config.resolve()
     notifier = Notifier(warehouse, datadog, channels, context.log)
+    thresholds = alert_thresholds()
     with warehouse.get_connection() as con:
         at = latest_snapshot_at(con)
-        conditions = evaluate_rules(con, at, alert_thresholds()) if at else []
+        change_points = record_change_points(con, at, thresholds.sps_metric) if at else 0
+        conditions = evaluate_rules(con, at, thresholds) if at else []
         transitions = notifier.record(con, conditions, set(RULE_FUNCTIONS), now)
     sent, _ = notifier.send(now)
     with warehouse.get_connection() as con:
@@ -138,6 +142,7 @@ def fleet_alerts(
         metadata={
             "evaluated_at_snapshot": at.isoformat() if at else "",
             "open_alerts": len(open_rows),
+            "sps_change_points": change_points,
             "opened": len([t for t in transitions if t.event == "opened"]),
             "resolved": len([t for t in transitions if t.event == "resolved"]),
             "notifications_sent": sent,
