@@ -146,7 +146,7 @@ class Settings(BaseSettings):
     )
     WANDB_ASSETS_STAGING_PROCESSES: int = _var(
         2,
-        "Worker processes that normalise fetched runs beside the fetch once it has passed 4,000 runs (0: all in "
+        "Worker processes that normalise fetched runs beside the fetch once it has passed 1,000 runs (0: all in "
         "the fetching process, whose Python computes on one core at a time).",
         ge=0,
         le=16,
