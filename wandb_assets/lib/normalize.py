@@ -321,4 +321,8 @@ def to_json(value: dict) -> str:
     DuckDB's JSON type accepts the tokens and ``->>``/``::DOUBLE`` and Python's ``json.loads`` read them
     back as the numbers, so a non-finite summary value never turns into the string "nan".
     """
-    return json.dumps(value, default=str)
+    return _ENCODER.encode(value)
+
+
+#: One encoder for every ``to_json``: ``json.dumps`` with ``default`` builds one per call; decoded JSON has no cycles.
+_ENCODER = json.JSONEncoder(default=str, check_circular=False)
