@@ -73,8 +73,9 @@ def test_a_worker_that_dies_is_reported_not_waited_for():
 
 
 def hostile_nodes() -> list[dict]:
-    """Runs of 2026-06-01 and 02 with what real W&B data holds: NaN and Infinity, string-encoded summaries, lone
-    surrogates, a malformed summary, crashed and CI runs, no display name."""
+    """Runs of 2026-06-01 and 02 with what real W&B data holds: NaN and Infinity, summaries JSON-encoded one to
+    three times or sent as objects, lone surrogates, a malformed summary, nested configs, crashed and CI runs, no
+    display name."""
     nodes = []
     for n in range(40):
         day = 1 + n % 2
@@ -85,11 +86,15 @@ def hostile_nodes() -> list[dict]:
                 state=("finished", "crashed", "running", "failed")[n % 4],
                 created_at=datetime(2026, 6, day, n % 24, n % 60),
                 heartbeat_at=datetime(2026, 6, day, 23, 0),
-                config={"compute.gpu_count": (8, "4", 2.5, None)[n % 4], "lr": math.nan if n % 5 == 0 else 0.1},
+                config={
+                    "compute.gpu_count": (8, "4", 2.5, None)[n % 4],
+                    "lr": math.nan if n % 5 == 0 else 0.1,
+                    "slurm": {"job_id": 1000 + n, "nodes": [{"host": f"gpu{n}"}]},  # nested
+                },
                 summary={"overview/sps": (math.nan, math.inf, 1234.5, "fast")[n % 4], "_step": n, "tag": "caf\udce9"}
                 if n % 7
                 else "{not json",
-                summary_encoding=("json", "double", "triple")[n % 3] if n % 7 else "raw",
+                summary_encoding=("json", "double", "triple", "object")[n % 4] if n % 7 else "raw",
                 tags=[f"t{n}", "x\udce9"] if n % 6 == 0 else [f"t{n}"],
                 system_metrics={f"system.gpu.{i}.gpu": 10.0 * i + n for i in range(n % 3)},
             )
@@ -125,6 +130,8 @@ def test_pages_staged_by_worker_processes_are_the_bytes_staged_in_process(tmp_pa
     lines = {day: [json.loads(line) for line in text.splitlines()] for day, text in here.items()}
     assert [len(rows) for rows in lines.values()] == [20, 20]
     assert [row["run_id"] for row in lines["2026-06-01"]][:3] == ["h000", "h002", "h004"]  # pages in order
+    h001 = next(row for row in lines["2026-06-02"] if row["run_id"] == "h001")
+    assert (h001["slurm_job_id"], json.loads(h001["config"])["slurm"]["nodes"]) == ("1001", [{"host": "gpu1"}])
     assert sorted(there_tally.malformed) == sorted(here_tally.malformed)
     assert there_tally.categories == here_tally.categories == {"push_to_main": 26, "regular": 14}
     assert there_tally.runs_by_day == here_tally.runs_by_day == {"2026-06-01": 20, "2026-06-02": 20}
