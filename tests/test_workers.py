@@ -7,11 +7,17 @@ backfill through the wandb client then loads identical warehouse rows either way
 
 import json
 import math
+import os
+import re
+import signal
+import threading
+import time
 from datetime import date, datetime
+from pathlib import Path
 
 import pytest
 
-from tests.test_ingestion import staged_metadata
+from tests.test_ingestion import staged_files, staged_metadata
 from wandb_assets.lib import staging
 from wandb_assets.lib.staging import Page, PageStager, RowRules, StagedFetch, day_file
 from wandb_assets.lib.workers import ProcessPool, WorkerError
@@ -183,3 +189,43 @@ def test_a_backfill_normalising_in_worker_processes_loads_the_same_rows(
     # 8 pages of 5 runs: the first two (10 runs) staged here, the other six by the workers
     assert pages == {"0": 0, "2": 6}
     assert len(rows["2"]) == 40 and rows["2"] == rows["0"]
+
+
+def _kill_a_worker_when_it_starts(stop: threading.Event) -> None:
+    """Kill the first page worker of this process that appears (SIGKILL, as the kernel's OOM killer would)."""
+    while not stop.is_set():
+        for stat in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                command = stat.read_bytes().split(b"\0")
+                parent = int((stat.parent / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if parent == os.getpid() and b"wandb_assets.lib.workers" in command:
+                os.kill(int(stat.parent.name), signal.SIGKILL)
+                return
+        time.sleep(0.01)
+
+
+def test_a_worker_killed_mid_fetch_fails_the_backfill_and_leaves_the_warehouse_and_staging_as_they_were(
+    wandb_server, warehouse_path, instance, monkeypatch
+):
+    monkeypatch.setenv("WANDB_ASSETS_PAGE_SIZE", "5")
+    monkeypatch.setenv("WANDB_ASSETS_FETCH_CONCURRENCY", "1")
+    server = wandb_server(hostile_nodes())
+    assert execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 2)).success  # in process: 40 runs < 1,000
+    rows_before = query_read_only(warehouse_path, "SELECT * FROM runs ORDER BY run_id")
+    files_before = staged_files(warehouse_path)
+    monkeypatch.setattr(staging, "PROCESSES_FROM_RUNS", 10)
+    server.faults.cost_per_request_s = 0.2  # 8 pages: time for the killer to find the worker
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_a_worker_when_it_starts, args=(stop,), daemon=True)
+    killer.start()
+    try:
+        result = execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 2))
+    finally:
+        stop.set()
+        killer.join()
+    assert not result.success
+    assert re.search(r"WorkerError: A worker process exited \(code -9\) during stage_page\.", failure_message(result))
+    assert query_read_only(warehouse_path, "SELECT * FROM runs ORDER BY run_id") == rows_before
+    assert staged_files(warehouse_path) == files_before
