@@ -207,6 +207,7 @@ def test_a_warehouse_written_before_runs_had_a_project_is_migrated_in_place_and_
     assert after.pop("project_metrics") == []  # new: per-project gauges start with the next snapshot
     assert after.pop("wandb_projects") == []  # new: filled by the next fetch
     assert after.pop("gpu_usage") == [] and after.pop("gpu_samples") == []  # new: the next tick fills them
+    assert after.pop("sps_change_points") == []  # new: the next alert evaluation fills it
     assert after == before
     assert con.execute("SELECT source, entity, project, count(*) FROM runs GROUP BY ALL ORDER BY ALL").fetchall() == [
         ("offline", "team", "configured", 1),
