@@ -177,7 +177,7 @@ def success_rate_summary(con, at: datetime, th: AlertThresholds) -> str:
 def sps_regression_summary(con, at: datetime, th: AlertThresholds) -> str:
     """What the SPS-regression check found when it did not fire, as one sentence."""
     configs, runs = con.execute(  # counted in SQL: the series themselves are not needed for a sentence
-        f"SELECT count(DISTINCT (entity, project, ci_config)), count(*) FROM ({MAIN_SERIES_SQL})",
+        f"SELECT count(DISTINCT (entity, project, ci_config)), count(*) FROM ({_SERIES_RUNS_SQL})",
         {"t": at, "key": summary_key_path(th.sps_metric)},
     ).fetchone()
     return (
@@ -225,14 +225,32 @@ def _project_details(th: AlertThresholds, row: dict) -> dict:
 #: detector is causal and O(n log w), so every tick sees the regimes, baselines and alert keys earlier ticks saw.
 #: (A window of the last N runs would lose a regression's baseline as it slides, re-key the alert, and
 #: eventually resolve it although the throughput never recovered.)
-MAIN_SERIES_SQL = f"""
+_SERIES_RUNS_SQL = f"""
 SELECT entity, project, ci_config, run_id, ci_commit, url, created_at,
-       TRY_CAST(json_extract(summary, $key) AS DOUBLE) AS sps
+       TRY_CAST(json_extract(summary, $key) AS DOUBLE) AS sps, coalesce(ci_timestamp, created_at) AS commit_time
 FROM runs
 WHERE category = 'push_to_main' AND ci_branch = 'main' AND ci_config IS NOT NULL
   AND state IN ({SPS_SQL_STATES}) AND ended_at <= $t AND created_at <= $t
   AND isfinite(TRY_CAST(json_extract(summary, $key) AS DOUBLE)) AND TRY_CAST(json_extract(summary, $key) AS DOUBLE) > 0
-ORDER BY entity, project, ci_config, coalesce(ci_timestamp, created_at), created_at, run_id
+"""
+#: Commit order within a series: the CI timestamp in the name, then created_at; the run id breaks ties.
+_COMMIT_ORDER = "commit_time, created_at, run_id"
+#: Each series as one list of values in commit order: what the detector reads, without a Python row per run.
+_SERIES_VALUES_SQL = f"""
+SELECT entity, project, ci_config, list(sps ORDER BY {_COMMIT_ORDER}) AS sps
+FROM ({_SERIES_RUNS_SQL}) GROUP BY ALL ORDER BY ALL
+"""
+#: The runs at given positions (0 = oldest) of given series (``$wanted``: JSON ``[{entity, project, ci_config,
+#: position}]``): the few a regression names.
+_SERIES_RUNS_AT_SQL = f"""
+WITH wanted AS (
+    SELECT unnest(from_json($wanted::JSON, '[{{"entity": "VARCHAR", "project": "VARCHAR", "ci_config": "VARCHAR",
+                                              "position": "BIGINT"}}]'), recursive := true)
+), placed AS (
+    SELECT *, row_number() OVER (PARTITION BY entity, project, ci_config ORDER BY {_COMMIT_ORDER}) - 1 AS position
+    FROM ({_SERIES_RUNS_SQL})
+)
+SELECT placed.* FROM placed JOIN wanted USING (entity, project, ci_config, position)
 """
 
 
@@ -241,48 +259,59 @@ def summary_key_path(metric: str) -> str:
     return '$."' + metric.replace('"', '\\"') + '"'
 
 
-def main_series(con, at: datetime, metric: str) -> dict[tuple[str, str, str], list[dict]]:
-    """Per (entity, project, CI config): its main runs up to ``at`` in commit order, each with its finite SPS
-    value. A config of one project never mixes with the same config name of another."""
-    rows = _rows(con, MAIN_SERIES_SQL, {"t": at, "key": summary_key_path(metric)})
-    series: dict[tuple[str, str, str], list[dict]] = {}
-    for row in rows:
-        series.setdefault((row["entity"], row["project"], row["ci_config"]), []).append(row)
-    return series
-
-
 def find_change_points(con, at: datetime, metric: str) -> list[dict]:
     """Every regression the detector finds in each CI config's main series up to ``at``, recovered ones too, oldest
-    first per config: one ``sps_change_points`` row each (the runs it names looked up in the series)."""
+    first per config: one ``sps_change_points`` row each. Each series comes as one list of values; only the runs a
+    regression names are read as rows (at a million runs, 313,606 Python rows cost 0.7 s an evaluation)."""
+    params = {"t": at, "key": summary_key_path(metric)}
+    found = [
+        ((entity, project, config), regression)
+        for entity, project, config, values in con.execute(_SERIES_VALUES_SQL, params).fetchall()
+        for regression in find_regressions(values)
+    ]
+    if not found:
+        return []
+    wanted = {
+        (*series, position)
+        for series, r in found
+        for position in (r.last_good, r.first_slow, r.detected_at, r.recovered_at)
+        if position is not None
+    }
+    keys = ("entity", "project", "ci_config", "position")
+    named = {
+        tuple(row[key] for key in keys): row
+        for row in _rows(
+            con, _SERIES_RUNS_AT_SQL, params | {"wanted": json.dumps([dict(zip(keys, w, strict=True)) for w in wanted])}
+        )
+    }
     rows = []
-    for (entity, project, config), runs in main_series(con, at, metric).items():
-        for regression in find_regressions([r["sps"] for r in runs]):
-            good, slow = runs[regression.last_good], runs[regression.first_slow]
-            recovered = runs[regression.recovered_at] if regression.recovered_at is not None else None
-            rows.append(
-                {
-                    "ordinal": len(rows),
-                    "entity": entity,
-                    "project": project,
-                    "ci_config": config,
-                    "metric": metric,
-                    "evaluated_at": at,
-                    "last_good_commit": good["ci_commit"],
-                    "last_good_url": good["url"],
-                    "first_slow_commit": slow["ci_commit"],
-                    "first_slow_run_id": slow["run_id"],
-                    "first_slow_created_at": slow["created_at"],
-                    "first_slow_url": slow["url"],
-                    "detected_commit": runs[regression.detected_at]["ci_commit"],
-                    "before": regression.before,
-                    "after": regression.after,
-                    "change_pct": regression.change_pct,
-                    "noise_pct": regression.noise_pct,
-                    "confirming_runs": regression.confirming_runs,
-                    "recovered_commit": recovered["ci_commit"] if recovered else None,
-                    "recovered": recovered is not None,
-                }
-            )
+    for series, regression in found:
+        good, slow = named[(*series, regression.last_good)], named[(*series, regression.first_slow)]
+        recovered = named[(*series, regression.recovered_at)] if regression.recovered_at is not None else None
+        rows.append(
+            {
+                "ordinal": len(rows),
+                "entity": series[0],
+                "project": series[1],
+                "ci_config": series[2],
+                "metric": metric,
+                "evaluated_at": at,
+                "last_good_commit": good["ci_commit"],
+                "last_good_url": good["url"],
+                "first_slow_commit": slow["ci_commit"],
+                "first_slow_run_id": slow["run_id"],
+                "first_slow_created_at": slow["created_at"],
+                "first_slow_url": slow["url"],
+                "detected_commit": named[(*series, regression.detected_at)]["ci_commit"],
+                "before": regression.before,
+                "after": regression.after,
+                "change_pct": regression.change_pct,
+                "noise_pct": regression.noise_pct,
+                "confirming_runs": regression.confirming_runs,
+                "recovered_commit": recovered["ci_commit"] if recovered else None,
+                "recovered": recovered is not None,
+            }
+        )
     return rows
 
 
