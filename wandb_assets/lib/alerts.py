@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import duckdb
+
 from wandb_assets.lib.gauges import compute_gauges, compute_project_gauges
 from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, prices_param
 from wandb_assets.lib.lake import retry_on_conflict
@@ -356,7 +358,7 @@ def record_change_points(con, at: datetime, metric: str) -> int:
 def _recorded_mark(con) -> str | None:
     try:
         found = con.execute("SELECT value FROM warehouse_meta WHERE key = $k", {"k": _CHANGE_POINTS_KEY}).fetchone()
-    except Exception:  # noqa: BLE001 - a warehouse (or a snapshot) from before the table: nothing recorded
+    except duckdb.CatalogException:  # a warehouse (or a snapshot) from before the table: nothing recorded
         return None
     return found[0] if found else None
 

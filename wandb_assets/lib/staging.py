@@ -116,9 +116,14 @@ class StagedFetch:
         stem = f"part-{slice_index:05d}-{page:06d}"
         return self.work / (f"{stem}.ndjson" if day is None else f"{stem}-{day}.ndjson")
 
-    def parts(self, slice_index: int, day: str | None) -> list[Path]:
-        """The slice's part files for ``day`` (None: those of a slice without days), pages in order."""
-        return sorted(self.work.glob(f"part-{slice_index:05d}-??????{'' if day is None else '-' + day}.ndjson"))
+    def parts(self) -> dict[tuple[int, str | None], list[Path]]:
+        """Every part file written, by ``(slice index, day)`` (None: a slice without days), pages in order: one
+        listing of the folder, whoever wrote them (a page may have been staged by a worker process)."""
+        found: dict[tuple[int, str | None], list[Path]] = {}
+        for path in sorted(self.work.glob("part-*.ndjson")):
+            _, index, _page, *day = path.stem.split("-", 3)
+            found.setdefault((int(index), day[0] if day else None), []).append(path)
+        return found
 
     def write(
         self,
@@ -151,12 +156,13 @@ class StagedFetch:
         so that the file and what it may replace are one rename. Returns the bytes published."""
         published = 0
         header = (json.dumps({WHOLE_KEY: sorted(whole)}) + "\n").encode() if whole is not None else b""
+        written = self.parts()
         for target, parts in targets.items():
             temporary = self.work / f"publish-{target.name}"
             with open(temporary, "wb") as out:
                 out.write(header)
                 for index, day in parts:
-                    for part in self.parts(index, day):
+                    for part in written.get((index, day), []):
                         with open(part, "rb") as handle:
                             shutil.copyfileobj(handle, out, 1024 * 1024)
             published += temporary.stat().st_size
