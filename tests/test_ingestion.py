@@ -419,13 +419,17 @@ def test_runs_refreshed_by_id_never_replace_a_copy_fetched_later(memory_con, tmp
     assert memory_con.execute("SELECT state FROM runs").fetchall() == [("crashed",)]
 
 
-def _staged_at(path: Path, runs: list[tuple], fetched_at: datetime, source: str | None = None) -> str:
+def _staged_at(
+    path: Path, runs: list[tuple], fetched_at: datetime, source: str | None = None, asked: list[str] | None = None
+) -> str:
     """A staged file of ``(run_id, state, created_at)`` rows fetched at ``fetched_at`` (naive UTC), whose
-    modification time says so, as ``StagedFetch.publish`` sets it."""
+    modification time says so, as ``StagedFetch.publish`` sets it. ``asked``: the run ids of ``team/proj`` the fetch
+    asked for by id (a header as a by-id file has)."""
+    import json
     import os
     from datetime import UTC
 
-    from wandb_assets.lib.warehouse import ndjson_lines
+    from wandb_assets.lib.warehouse import ASKED_KEY, WHOLE_KEY, ndjson_lines
 
     rows = [
         {
@@ -439,7 +443,8 @@ def _staged_at(path: Path, runs: list[tuple], fetched_at: datetime, source: str 
         }
         for r, st, c in runs
     ]
-    path.write_text("".join(ndjson_lines(rows, fetched_at)))
+    header = json.dumps({WHOLE_KEY: ["team/proj"], ASKED_KEY: {"team/proj": asked}}) + "\n" if asked is not None else ""
+    path.write_text(header + "".join(ndjson_lines(rows, fetched_at)))
     stamp = fetched_at.replace(tzinfo=UTC).timestamp()
     os.utime(path, (stamp, stamp))
     return str(path)
@@ -491,7 +496,12 @@ def test_an_alive_run_w_and_b_no_longer_returns_by_id_is_marked_vanished(memory_
     assert unfinished_run_ids(memory_con, start) == ["alive1", "alive2"]
     assert read_oldest_unfinished_day(memory_con) == old.date()
     empty = _staged_at(tmp_path / "window", [], datetime(2026, 6, 1, 12))
-    by_id = _staged_at(tmp_path / "by-id", [("alive2", "finished", old + timedelta(days=1))], datetime(2026, 6, 1, 12))
+    by_id = _staged_at(
+        tmp_path / "by-id",
+        [("alive2", "finished", old + timedelta(days=1))],
+        datetime(2026, 6, 1, 12),
+        asked=["alive1", "alive2"],
+    )
     load_runs_window(memory_con, [empty], start, start + timedelta(days=1), [by_id])
     got = memory_con.execute("SELECT run_id, state, anomalies FROM runs ORDER BY run_id").fetchall()
     assert got == [
@@ -503,7 +513,7 @@ def test_an_alive_run_w_and_b_no_longer_returns_by_id_is_marked_vanished(memory_
     assert unfinished_run_ids(memory_con, start) == [] and read_oldest_unfinished_day(memory_con) is None
     # An old by-id file (fetched before alive1 was last seen) vanishes nothing.
     memory_con.execute("UPDATE runs SET state = 'running', anomalies = [] WHERE run_id = 'alive1'")
-    stale = _staged_at(tmp_path / "stale", [], datetime(2026, 5, 21))
+    stale = _staged_at(tmp_path / "stale", [], datetime(2026, 5, 21), asked=["alive1"])
     load_runs_window(memory_con, [empty], start, start + timedelta(days=1), [stale])
     assert memory_con.execute("SELECT state FROM runs WHERE run_id = 'alive1'").fetchall() == [("running",)]
 

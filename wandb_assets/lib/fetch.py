@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from wandb_assets.lib.errors import ConfigError
+from wandb_assets.lib.errors import ConfigError, FetchWideError
 from wandb_assets.lib.progress import FetchProgress
 from wandb_assets.lib.throttle import PageSize, Throttle
 
@@ -341,8 +341,17 @@ def iter_run_pages(
             if project_data is None:
                 raise ConfigError(f"W&B project {path} was not found: check WANDB_ENTITY and WANDB_PROJECT.")
             runs = project_data.get("runs") or {}
-            edges = runs.get("edges") or []
-            nodes = [edge["node"] for edge in edges]
+            edges = (runs.get("edges") if isinstance(runs, dict) else None) or []
+            nodes = (
+                [edge.get("node") if isinstance(edge, dict) else None for edge in edges]
+                if isinstance(edges, list)
+                else [None]
+            )
+            if not all(isinstance(node, dict) for node in nodes):
+                raise WandbFetchError(
+                    f"W&B sent a malformed page of {path} {_describe(filters)} (page {page_number}): an edge without "
+                    "a run node"
+                )
             more = bool((runs.get("pageInfo") or {}).get("hasNextPage")) and bool(edges)
             cursor = edges[-1].get("cursor") if edges else cursor
             if _page_bytes(nodes) > policy.page_bytes_max:
@@ -406,10 +415,11 @@ class _PageFinisher:
     of the fetch's request slots. At most ``PAGES_WAITING_PER_WORKER`` pages per worker wait (memory); a slice is
     done when its last page is handled. The first failure cancels the fetch and is raised by ``finish``."""
 
-    def __init__(self, workers: int, enrich, handle_page, slice_done, cancelled: threading.Event) -> None:
+    def __init__(self, workers: int, enrich, handle_page, slice_done, cancelled: threading.Event, isolate=None) -> None:
         self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="wandb-page")
         self.room = threading.Semaphore(PAGES_WAITING_PER_WORKER * max(1, workers))
         self.enrich, self.handle_page, self.slice_done, self.cancelled = enrich, handle_page, slice_done, cancelled
+        self.isolate = isolate  # (slice, error) -> True when the failure is its project's alone (abandoned)
         self.lock = threading.Lock()
         self.unhandled: dict[int, int] = {}  # slice index -> its pages handed over and not yet handled
         self.fetched: set[int] = set()  # slices whose every page was handed over
@@ -433,9 +443,10 @@ class _PageFinisher:
             self.enrich(piece, nodes)
             self.handle_page(piece, nodes)
         except BaseException as exc:
-            with self.lock:
-                self.error = self.error or exc
-            self.cancelled.set()
+            if self.isolate is None or not self.isolate(piece, exc):
+                with self.lock:
+                    self.error = self.error or exc
+                self.cancelled.set()
             return
         finally:
             self.room.release()
@@ -547,12 +558,9 @@ def fetch_slices(
                     handle_page(piece, nodes)
                 elif not finisher.submit(piece, nodes):
                     return
-        except (WandbFetchError, ConfigError) as exc:
-            if not isolate_projects:
+        except Exception as exc:  # noqa: BLE001 - isolated per project unless fetch-wide (below)
+            if not fail_project(piece, exc):
                 raise
-            with lock:
-                failed.setdefault(path, str(exc))
-            stop.set()
             return
         if stop.is_set():
             return
@@ -561,12 +569,26 @@ def fetch_slices(
         else:
             slice_done(piece)
 
+    def fail_project(piece: Slice, exc: BaseException) -> bool:
+        """Abandon ``piece``'s project for ``exc`` (True), when projects are isolated and ``exc`` is that project's
+        alone: anything raised while its pages are fetched, normalised or staged, but a ``FetchWideError`` or an
+        interruption (False: the fetch fails)."""
+        if not isolate_projects or isinstance(exc, FetchWideError) or not isinstance(exc, Exception):
+            return False
+        why = str(exc) if isinstance(exc, (WandbFetchError, ConfigError)) else f"{type(exc).__name__}: {exc}"
+        with lock:
+            failed.setdefault(piece.project or own, _scrub(why, secret).replace("\n", " ")[:500])
+        stop_of(piece).set()
+        return True
+
     def slice_done(piece: Slice) -> None:
         if progress is not None and not stop_of(piece).is_set():
             progress.slice_done(*(piece.days or (None,)))
 
     finisher = (
-        _PageFinisher(policy.concurrency, enrich, handle_page, slice_done, cancelled) if enrich is not None else None
+        _PageFinisher(policy.concurrency, enrich, handle_page, slice_done, cancelled, fail_project)
+        if enrich is not None
+        else None
     )
     workers = max(1, min(policy.concurrency, len(slices)))
     try:

@@ -31,7 +31,13 @@ GPU_COUNT_SOURCES = (SOURCE_CONFIG, SOURCE_METADATA, SOURCE_SYSTEM_METRICS, SOUR
 DEFAULT_IDLE_GPU_PCT = 5.0
 
 #: ``system.gpu.<index>.<what>`` in a system-metrics sample (``gpu``: utilisation %, ``memory``: memory busy %).
-_SYSTEM_GPU_KEY = re.compile(r"^system\.gpu\.(\d+)\.([A-Za-z]+)$")
+_SYSTEM_GPU_KEY = re.compile(r"^system\.gpu\.([0-9]{1,4})\.([A-Za-z]+)$")  # ASCII digits, an index below MAX_GPUS
+
+#: The most GPUs a count may say one run holds (a larger number is a mistake, counted in the run's anomalies;
+#: 4,096 is more than any machine or job W&B has recorded, and far inside the warehouse's INTEGER columns).
+MAX_GPUS = 4096
+#: The most CPUs a count may say: beyond it the count is a mistake (and would overflow an INTEGER column).
+MAX_CPUS = 1 << 20
 
 
 def _lookup(config: Mapping[str, Any], dotted: str) -> Any:
@@ -44,15 +50,27 @@ def _lookup(config: Mapping[str, Any], dotted: str) -> Any:
     return None
 
 
-def _count(value: Any) -> int | None:
-    """A whole, positive GPU count from an int, a whole float or a digit string; else None."""
+def whole_count(value: Any, minimum: int, maximum: int) -> int | None:
+    """A whole count in ``[minimum, maximum]`` from an int, a whole float or a string of ASCII digits; else None
+    (``"²"`` passes ``str.isdigit`` and fails ``int``; NaN, booleans and containers are no count). The one count
+    rule of GPU and CPU counts, from config, metadata and offline logs alike."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, str):
+        text = value.strip()
+        if not (text.isascii() and text.isdigit()) or len(text) > 18:
+            return None
+        value = int(text)
+    elif isinstance(value, float):
+        if not (math.isfinite(value) and value.is_integer()):
+            return None
         value = int(value)
-    return value if isinstance(value, int) and value > 0 else None
+    return value if isinstance(value, int) and minimum <= value <= maximum else None
+
+
+def _count(value: Any) -> int | None:
+    """A whole GPU count, 1 to ``MAX_GPUS``; else None."""
+    return whole_count(value, 1, MAX_GPUS)
 
 
 #: ``system.gpu.<index>.<what>`` keys already read, as ``(index, what)`` (None: not such a key). The same few dozen

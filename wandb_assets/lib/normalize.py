@@ -29,6 +29,10 @@ BUSY_STATES = ("running", "preempting")
 FAILED_STATES = ("failed", "crashed")
 #: What a success rate rates: finished / (finished + failed + crashed).
 RATED_STATES = ("finished", *FAILED_STATES)
+#: A run W&B stopped returning while the warehouse held it alive (deleted, or moved to another project: asked for by
+#: id, it was not in the answer), or whose project left the mirror set (anomaly ``unmirrored``). Neither alive nor
+#: ended: it is last seen at ``heartbeat_at`` and occupies its GPUs up to then, never after (its past stays).
+VANISHED = "vanished"
 #: Ended runs whose throughput counts (a crashed CI run may still have logged its SPS).
 SPS_STATES = ("finished", "crashed")
 
@@ -122,15 +126,9 @@ def finite_float(value: Any) -> float | None:
     return result if math.isfinite(result) else None
 
 
-def non_negative_int(value: Any) -> int | None:
-    """A whole, non-negative count from an int, a whole float or a digit string; else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip())
-    if isinstance(value, (int, float)) and math.isfinite(value) and float(value).is_integer() and value >= 0:
-        return int(value)
-    return None
+def non_negative_int(value: Any, maximum: int = gpus.MAX_CPUS) -> int | None:
+    """A whole count, 0 to ``maximum``, from an int, a whole float or a string of ASCII digits; else None."""
+    return gpus.whole_count(value, 0, maximum)
 
 
 def parse_timestamp(raw: Any) -> datetime | None:
@@ -174,8 +172,38 @@ def run_row(
 ) -> dict[str, Any]:
     """Build one ``runs`` row from a GraphQL run node and what was read of its ``wandb-metadata.json`` (``{"status":
     "read"|"missing"|"malformed", "gpu_count", "gpu"}`` from ``fetch.read_metadata_file``; None: not read). Never
-    raises on bad field values. The GPU count follows ``lib.gpus.gpu_count``'s precedence over
-    ``gpu_count_keys``, the metadata, the node's ``systemMetrics`` and ``default_gpus``."""
+    raises: a bad field is NULL and named in ``anomalies``; a node that cannot be read at all (not even an object)
+    is kept as its id alone, with the anomaly ``unreadable``. ``run_id`` is None only for a node with no usable id
+    (``name``): such a row cannot be stored, and ``stage_page`` counts it instead. The GPU count follows
+    ``lib.gpus.gpu_count``'s precedence over ``gpu_count_keys``, the metadata, the node's ``systemMetrics`` and
+    ``default_gpus``."""
+    try:
+        return _run_row(
+            node if isinstance(node, dict) else {},
+            entity=entity,
+            project=project,
+            app_url=app_url,
+            default_gpus=default_gpus,
+            gpu_count_keys=gpu_count_keys,
+            metadata=metadata if isinstance(metadata, dict) else None,
+        ) | ({} if isinstance(node, dict) else {"anomalies": ["unreadable"]})
+    except Exception:  # noqa: BLE001 - the last line of defence: one run never stops the others
+        run_id = mend_text(_text(node.get("name")) if isinstance(node, dict) else None)[0]
+        return {
+            "entity": entity,
+            "project": project,
+            "run_id": run_id,
+            "state": "unknown",
+            "category": "regular",
+            "gpu_count": None,
+            "url": run_url(app_url, entity, project, run_id) if run_id else None,
+            "anomalies": ["unreadable"],
+            "source": "wandb",
+        }
+
+
+def _run_row(node: dict, *, entity, project, app_url, default_gpus, gpu_count_keys, metadata) -> dict[str, Any]:
+    """``run_row`` without its last line of defence (the same arguments)."""
     anomalies: list[str] = []
     summary, summary_ok = normalize_summary(node.get("summaryMetrics"))
     if not summary_ok:
@@ -189,7 +217,7 @@ def run_row(
     if created_at is None:
         anomalies.append("created_at")
     heartbeat_at = parse_timestamp(node.get("heartbeatAt"))
-    state = node.get("state") or "unknown"
+    state = mend_text(_text(node.get("state")))[0] or "unknown"
     ended_at = heartbeat_at if state in ENDED_STATES else None
     duration_hours = None
     if ended_at is not None and created_at is not None:
@@ -209,21 +237,33 @@ def run_row(
     if gpu_model is None:
         gpu_model, _ = gpus.canonical_gpu_model((machine or {}).get("gpu"))
 
+    raw_cpus = lookup_dotted(config, "compute.cpu_count")
+    cpu_count = non_negative_int(raw_cpus)
+    if raw_cpus is not None and cpu_count is None:
+        anomalies.append("cpu_count")
+    if (
+        machine is not None
+        and machine.get("gpu_count") is not None
+        and gpus.whole_count(machine.get("gpu_count"), 1, gpus.MAX_GPUS) is None
+    ):
+        anomalies.append("metadata_gpu_count")
+    metadata_json, metadata_mended = mend_json_text(to_json(metadata)) if metadata else (None, False)
     config_json, config_mended = mend_json_text(to_json(config))
     summary_json, summary_mended = mend_json_text(to_json(summary))
     compute = {
         "gpu_type": _text(lookup_dotted(config, "compute.gpu_type")),
-        "cpu_count": non_negative_int(lookup_dotted(config, "compute.cpu_count")),
+        "cpu_count": cpu_count,
         "memory_gb": finite_float(lookup_dotted(config, "compute.memory_gb")),
         "slurm_job_id": _text(lookup_dotted(config, "slurm.job_id")),
         "hostname": _text(lookup_dotted(config, "system.hostname")),
     }
     texts = {  # the text fields W&B users set freely: each mended of lone surrogates
-        key: mend_text(node.get(key)) for key in ("name", "displayName", "sweepName", "group", "jobType")
+        key: mend_text(_text(node.get(key))) for key in ("name", "displayName", "sweepName", "group", "jobType")
     }
-    user = node.get("user") or {}
-    username, user_mended = mend_text(user.get("username") or user.get("name"))
-    tags = [mend_text(tag) for tag in node.get("tags") or []]
+    user = node.get("user") if isinstance(node.get("user"), dict) else {}
+    username, user_mended = mend_text(_text(user.get("username") or user.get("name")))
+    raw_tags = node.get("tags") if isinstance(node.get("tags"), list) else []
+    tags = [mend_text(tag) for tag in map(_text, raw_tags) if tag is not None]
     run_id, display_name = texts["name"][0], texts["displayName"][0]
     sweep_id = texts["sweepName"][0] or None
     ci = parse_ci_name(display_name)
@@ -243,7 +283,7 @@ def run_row(
         "gpu_model": gpu_model,
         "gpu_util_pct": gpus.mean_utilisation(system, found),
         "latest_gpu_sample": gpus.gpu_sample(system, found),
-        "wandb_metadata": to_json(metadata) if metadata else None,
+        "wandb_metadata": metadata_json,
         **compute,
         "sweep_id": sweep_id,
         "tags": [tag for tag, _ in tags],
@@ -266,7 +306,7 @@ def run_row(
     for column in ("gpu_type", "gpu_model", "slurm_job_id", "hostname"):
         row[column], mended = mend_text(row[column])
         user_mended |= mended
-    if user_mended or config_mended or summary_mended or any(m for _, m in (*texts.values(), *tags)):
+    if user_mended or config_mended or summary_mended or metadata_mended or any(m for _, m in (*texts.values(), *tags)):
         anomalies.append("text_encoding")
     for key, column in SPS_KEYS.items():
         value = summary.get(key)

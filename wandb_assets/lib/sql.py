@@ -12,6 +12,7 @@ from wandb_assets.lib.normalize import (
     FAILED_STATES,
     RATED_STATES,
     SPS_STATES,
+    VANISHED,
 )
 
 
@@ -48,11 +49,14 @@ def success_rate_sql(completed: str, failed: str) -> str:
 def busy_until_sql(now: str) -> str:
     """The one GPU-hours rule, as SQL: when a run stops occupying its GPUs, seen at time ``now``.
 
-    An ended run occupies ``[created_at, ended_at]``; a running or preempting run ``[created_at, now]``;
-    a pending run (or an ended run without an end time) nothing (NULL). GPU-hours = ``gpu_count`` times
-    the part of that span one wants, in hours.
+    An ended run occupies ``[created_at, ended_at]``; a running or preempting run ``[created_at, now]``; a vanished
+    run ``[created_at, heartbeat_at]`` (last seen; ``now`` at most); a pending run (or an ended run without an end
+    time) nothing (NULL). GPU-hours = ``gpu_count`` times the part of that span one wants, in hours.
     """
-    return f"CASE WHEN state IN ({ENDED_SQL}) THEN ended_at WHEN state IN ({BUSY_SQL}) THEN {now} END"
+    return (
+        f"CASE WHEN state IN ({ENDED_SQL}) THEN ended_at WHEN state IN ({BUSY_SQL}) THEN {now} "
+        f"WHEN state = '{VANISHED}' THEN least(heartbeat_at, {now}) END"
+    )
 
 
 def run_gpu_hours_sql(now: str) -> str:

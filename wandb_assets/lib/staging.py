@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from wandb_assets.lib.normalize import run_row
-from wandb_assets.lib.warehouse import WHOLE_KEY, ndjson_lines
+from wandb_assets.lib.warehouse import ASKED_KEY, WHOLE_KEY, ndjson_lines
 from wandb_assets.lib.workers import ProcessPool
 
 RUNS_FOLDER = "runs"
@@ -147,17 +147,28 @@ class StagedFetch:
             with open(self.part(slice_index, page, day), "w") as handle:
                 handle.writelines(ndjson_lines(day_rows, fetched_at))
 
-    def publish(self, targets: dict[Path, list[tuple[int, str | None]]], whole: list[str] | None = None) -> int:
+    def publish(
+        self,
+        targets: dict[Path, list[tuple[int, str | None]]],
+        whole: list[str] | None = None,
+        asked: dict[Path, dict[str, list[str]]] | None = None,
+    ) -> int:
         """Concatenate each target's part files (``(slice index, day)``, in that order) and rename the result over
         the target, one
         file at a time (each rename is atomic). Each file's modification time is when the fetch began: the load
         reads it as the file's freshness (``warehouse.fetched_since``). ``whole``: the projects
         (``entity/project``) every file holds whole, written as the file's first line (``warehouse.WHOLE_KEY``),
-        so that the file and what it may replace are one rename. Returns the bytes published."""
+        so that the file and what it may replace are one rename. ``asked``: per target, the runs asked for by id
+        (``{entity/project: [run ids]}``, ``warehouse.ASKED_KEY`` in its header). Returns the bytes published."""
         published = 0
-        header = (json.dumps({WHOLE_KEY: sorted(whole)}) + "\n").encode() if whole is not None else b""
         written = self.parts()
         for target, parts in targets.items():
+            header = b""
+            if whole is not None:
+                fields: dict[str, Any] = {WHOLE_KEY: sorted(whole)}
+                if asked and target in asked:
+                    fields[ASKED_KEY] = asked[target]
+                header = (json.dumps(fields) + "\n").encode()
             temporary = self.work / f"publish-{target.name}"
             with open(temporary, "wb") as out:
                 out.write(header)
@@ -215,8 +226,10 @@ class Page:
 
 
 def stage_page(staged: StagedFetch, page: Page, rules: RowRules) -> PageTally:
-    """Normalise a page's nodes into ``runs`` rows and write them to its part files; what they held."""
-    rows = [
+    """Normalise a page's nodes into ``runs`` rows and write them to its part files; what they held. A node with no
+    usable id cannot be stored (a run is its id): it is counted (``run_id`` in the anomalies, ``(no id)`` among the
+    malformed) and left out."""
+    made = [
         run_row(
             node,
             entity=page.entity,
@@ -228,7 +241,11 @@ def stage_page(staged: StagedFetch, page: Page, rules: RowRules) -> PageTally:
         )
         for node, metadata in zip(page.nodes, page.metadata, strict=True)
     ]
+    rows = [row for row in made if row["run_id"] is not None]
     tally = PageTally()
+    for _ in range(len(made) - len(rows)):
+        tally.anomalies["run_id"] += 1
+        tally.malformed.append("(no id)")
     for row in rows:
         tally.categories[row["category"]] += 1
         if page.days and isinstance(row["created_at"], datetime):

@@ -21,7 +21,7 @@ from wandb_assets.lib.datadog_feed import LEDGER_SQL
 from wandb_assets.lib.gauges import RUNS_AS_OF_SQL, compute_gauges, gauge_params, held_samples_sql, project_metrics_sql
 from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, prices_param
 from wandb_assets.lib.lake import in_lake, retry_on_conflict
-from wandb_assets.lib.normalize import SPS_KEYS
+from wandb_assets.lib.normalize import SPS_KEYS, VANISHED
 from wandb_assets.lib.sql import (
     ALIVE_SQL,
     ENDED_SQL,
@@ -335,17 +335,36 @@ def stage_rows(rows: Iterable[dict[str, Any]], folder: str | None = None) -> tup
 
 
 #: The first line of a staged file may be ``{"__whole__": ["entity/project", ...]}``: the projects whose rows it
-#: holds whole (a fetch that failed for a project leaves that project out, so its rows are not replaced).
+#: holds whole (a fetch that failed for a project leaves that project out, so its rows are not replaced). A file of
+#: runs refreshed by id also says which runs were asked for: ``"__asked__": {"entity/project": [run ids]}``; only
+#: those may be judged vanished (a run the fetch never asked for says nothing about W&B).
 WHOLE_KEY = "__whole__"
+ASKED_KEY = "__asked__"
+
+
+def staged_header(path: str | os.PathLike) -> dict[str, Any] | None:
+    """A staged file's header line (``WHOLE_KEY``, ``ASKED_KEY``), or None when it has none."""
+    with open(path, "rb") as handle:
+        first = handle.readline()
+    if not first.startswith(b'{"' + WHOLE_KEY.encode() + b'"'):
+        return None
+    return json.loads(first)
 
 
 def whole_projects(path: str | os.PathLike) -> list[str] | None:
     """The projects a staged file holds whole (its header line), or None when it says nothing (every project)."""
-    with open(path, "rb") as handle:
-        first = handle.readline(1 << 20)
-    if not first.startswith(b'{"' + WHOLE_KEY.encode() + b'"'):
-        return None
-    return list(json.loads(first)[WHOLE_KEY])
+    header = staged_header(path)
+    return None if header is None else list(header[WHOLE_KEY])
+
+
+def asked_runs(paths: Iterable[str | os.PathLike]) -> list[tuple[str, str, str]]:
+    """``(entity, project, run_id)`` of every run the fetches that wrote ``paths`` asked W&B for by id."""
+    asked: list[tuple[str, str, str]] = []
+    for path in paths:
+        for name, ids in ((staged_header(path) or {}).get(ASKED_KEY) or {}).items():
+            entity, _, project = name.partition("/")
+            asked += [(entity, project, run_id) for run_id in ids]
+    return asked
 
 
 _STAGED_SPEC = ", ".join(f"'{c}': '{'VARCHAR' if t == 'JSON' else t}'" for c, t in RUNS_COLUMNS.items())
@@ -354,6 +373,8 @@ _READ_STAGED = (
     "wandb_metadata::JSON AS wandb_metadata "
     f"FROM read_json($paths, format = 'newline_delimited', columns = {{{_STAGED_SPEC}}}) "
     "WHERE NOT (run_id IS NULL AND entity IS NULL AND project IS NULL)"  # a file's header line (WHOLE_KEY)
+    # A run W&B sent twice (a page boundary shifted while runs were created) is one row: the copy read last.
+    " QUALIFY row_number() OVER (PARTITION BY entity, project, run_id ORDER BY ingested_at DESC) = 1"
 )
 
 
@@ -363,15 +384,8 @@ def fetched_since(path: str | os.PathLike) -> datetime:
     return datetime.fromtimestamp(os.stat(path).st_mtime, UTC).replace(tzinfo=None)
 
 
-#: State of a run W&B stopped returning while the warehouse held it alive (deleted, or moved to another project):
-#: asked for by id, it was not in the answer. Not alive, not ended: it occupies no GPU from then on.
-VANISHED = "vanished"
-
-
-def _whole_triples(
-    paths: list[str], projects: Iterable[tuple[str, str]] | None, any_day: bool = False
-) -> list[list[str]] | None:
-    """``[day, entity, project]`` for every project a file holds whole on its day (``*`` for any day), or None
+def _whole_triples(paths: list[str], projects: Iterable[tuple[str, str]] | None) -> list[list[str]] | None:
+    """``[day, entity, project]`` for every project a file holds whole on its day (``*``: any day), or None
     when the load may replace every project (no file says otherwise and ``projects`` is None)."""
     if projects is not None:
         return [["*", entity, project] for entity, project in projects]
@@ -380,17 +394,26 @@ def _whole_triples(
         listed = whole_projects(path)
         if listed is None:
             return None  # a file from before headers (or a test's): it holds every project of its window
-        day = "*" if any_day else Path(path).name.removesuffix(".ndjson")
+        day = Path(path).name.removesuffix(".ndjson")
         triples += [[day, *name.split("/", 1)] for name in listed]
     return triples
 
 
 #: A run's ``cost_usd``: its GPU-hours up to its end (alive: up to when it was read, ``ingested_at``) times the USD
 #: per GPU-hour of its model (``$prices``, ``PRICES_CTE``); NULL when the model has no price.
-def _price_sql(table: str) -> str:
+def _price_sql(table: str, where: str = "TRUE") -> str:
     return f"""WITH {PRICES_CTE}
 UPDATE {table} SET cost_usd = {run_gpu_hours_sql("ingested_at")}
-    * (SELECT usd FROM prices WHERE prices.model = {table}.gpu_model)"""
+    * (SELECT usd FROM prices WHERE prices.model = {table}.gpu_model) WHERE {where}"""
+
+
+def _reprice_vanished(con) -> None:
+    """Inside a load's transaction: the runs just marked vanished cost their GPU-hours up to when they were last
+    seen, at the prices the warehouse last priced with (none recorded: they keep what they hold)."""
+    last = con.execute("SELECT value FROM warehouse_meta WHERE key = 'gpu_prices'").fetchone()
+    if last is not None:
+        vanished = "(entity, project, run_id) IN (SELECT entity, project, run_id FROM just_vanished)"
+        con.execute(_price_sql("runs", vanished), {"prices": last[0]})
 
 
 def _price_runs(con, prices: Iterable[tuple[str, float]] | None) -> None:
@@ -427,8 +450,10 @@ def load_runs_window(
     published after a quicker one, cannot turn back the clock or drop runs a later fetch found.
 
     ``refreshed`` holds the runs fetched by id: every run the warehouse held alive, created before ``start``. Each
-    replaces the warehouse's copy only if fetched later; an alive run W&B did not return although it was asked
-    for (held since before that fetch began) is marked ``vanished`` and counted in its ``anomalies``.
+    replaces the warehouse's copy only if fetched later. A run those fetches asked for by id (``asked_runs``: their
+    header) that W&B did not return, held alive since before that fetch began, is marked ``vanished`` and counted in
+    its ``anomalies``: its GPU-hours and cost stop at its last heartbeat, its past days stay. A run never asked
+    for (loaded by another fetch meanwhile) is never judged.
 
     A run is (entity, project, run_id). ``projects``: the (entity, project) pairs whose window the files hold
     whole; only their rows in the window may be deleted (a project whose fetch failed keeps its rows). None: every
@@ -439,20 +464,33 @@ def load_runs_window(
     window_fetched = min((fetched_since(p) for p in paths), default=None)
     refreshed_fetched = min((fetched_since(p) for p in refreshed or []), default=None)
     whole = _whole_triples(paths, projects)
-    refreshed_whole = _whole_triples(refreshed or [], None, any_day=True)
     with transaction(con):
         con.execute(f"CREATE OR REPLACE TEMP TABLE incoming_runs AS {_READ_STAGED}", {"paths": paths})
         if refreshed:
             con.execute(f"CREATE OR REPLACE TEMP TABLE refreshed_runs AS {_READ_STAGED}", {"paths": refreshed})
+            asked = asked_runs(refreshed)
             con.execute(
-                f"""UPDATE runs SET state = '{VANISHED}', anomalies = list_append(anomalies, '{VANISHED}')
+                f"""CREATE OR REPLACE TEMP TABLE just_vanished AS
+                SELECT entity, project, run_id FROM runs
                 WHERE coalesce(source, '{SOURCE_WANDB}') = '{SOURCE_WANDB}' AND state IN ({ALIVE_SQL})
-                  AND created_at < $start AND ingested_at <= $fetched
-                  AND ($whole IS NULL OR list_contains($whole, ['*', entity, project]))
+                  AND ingested_at <= $fetched
+                  AND (entity, project, run_id) IN (
+                      SELECT unnest($e::VARCHAR[]), unnest($p::VARCHAR[]), unnest($r::VARCHAR[]))
                   AND (entity, project, run_id) NOT IN (SELECT entity, project, run_id FROM refreshed_runs)
                   AND (entity, project, run_id) NOT IN (SELECT entity, project, run_id FROM incoming_runs)""",
-                {"start": start, "fetched": refreshed_fetched, "whole": refreshed_whole},
+                {
+                    "fetched": refreshed_fetched,
+                    "e": [a[0] for a in asked],
+                    "p": [a[1] for a in asked],
+                    "r": [a[2] for a in asked],
+                },
             )
+            con.execute(
+                f"""UPDATE runs SET state = '{VANISHED}', anomalies = list_append(anomalies, '{VANISHED}')
+                WHERE (entity, project, run_id) IN (SELECT entity, project, run_id FROM just_vanished)"""
+            )
+            _reprice_vanished(con)
+            con.execute("DROP TABLE just_vanished")
             con.execute(
                 "INSERT INTO incoming_runs BY NAME SELECT * FROM refreshed_runs "
                 "WHERE (entity, project, run_id) NOT IN (SELECT entity, project, run_id FROM incoming_runs)"
@@ -921,19 +959,25 @@ def unfinished_run_ids(con, before: datetime) -> list[str]:
 
 
 def unfinished_runs_by_project(con, before: datetime) -> dict[str, list[str]]:
-    """``unfinished_run_ids`` per ``entity/project`` (``""`` for a warehouse not yet migrated: its one project)."""
+    """``unfinished_run_ids`` per ``entity/project``. A warehouse not yet migrated (written before runs carried
+    their project) gives each run the project of its URL, as the migration will (``""`` for a row without one)."""
     if not has_table(con, "runs"):
         return {}
     migrated = con.execute(
         "SELECT count(*) FROM duckdb_columns() WHERE table_name = 'runs' AND column_name = 'entity' "
         "AND database_name = current_database()"
     ).fetchone()[0]
-    project = "entity || '/' || project" if migrated else "''"
+    from_url = "url_decode(regexp_extract(url, $pattern, 1)) || '/' || url_decode(regexp_extract(url, $pattern, 2))"
+    project = (
+        "entity || '/' || project"
+        if migrated
+        else f"CASE WHEN regexp_matches(url, $pattern) THEN {from_url} ELSE '' END"
+    )
     found: dict[str, list[str]] = {}
     for path, run_id in con.execute(
         f"SELECT {project}, run_id FROM runs WHERE state IN ({ALIVE_SQL}) AND created_at < $before "
         f"AND coalesce(source, '{SOURCE_WANDB}') = '{SOURCE_WANDB}' ORDER BY ALL",
-        {"before": before},
+        {"before": before, "pattern": _URL_PROJECT} if not migrated else {"before": before},
     ).fetchall():
         found.setdefault(path, []).append(run_id)
     return found

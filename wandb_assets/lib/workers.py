@@ -19,10 +19,12 @@ import threading
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
+from wandb_assets.lib.errors import FetchWideError
+
 _LENGTH = struct.Struct("!Q")
 
 
-class WorkerError(RuntimeError):
+class WorkerError(FetchWideError):
     """A call failed in a worker process, or the worker itself died."""
 
 

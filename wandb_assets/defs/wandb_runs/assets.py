@@ -116,7 +116,7 @@ def staged_runs(
         unfinished = unfinished_runs_by_project(con, start) if con is not None else {}
         last_fetched, must_read = project_freshness(con)
         known_metadata = cached_metadata(con, start, end)
-    if pipeline.projects is None and "" in unfinished:  # a warehouse not yet migrated: its runs are this project's
+    if pipeline.projects is None and "" in unfinished:  # a warehouse not yet migrated, rows without a URL
         unfinished.setdefault(projects[0], []).extend(unfinished.pop(""))
     unchanged: list[str] = []
     if config.changed_only and pipeline.projects is not None:
@@ -214,8 +214,13 @@ def staged_runs(
         kept = [piece for piece in window_slices + by_id if piece.project not in failed]
         targets = {day_file(pipeline.staging_dir, d): [(p.index, d) for p in kept if d in p.days] for d in days}
         targets[refreshed_file(pipeline.staging_dir, days[0])] = [(p.index, None) for p in kept if p.day is None]
+        # Only the runs asked for by id (and not returned) may be judged vanished: the header says which.
         # Each file says which projects it holds whole: a failed project's rows in the warehouse stay as they are.
-        staged_bytes = staged.publish(targets, whole=[project for project in projects if project not in failed])
+        refreshed_path = refreshed_file(pipeline.staging_dir, days[0])
+        asked = {project: unfinished.get(project, []) for project in projects if project not in failed}
+        staged_bytes = staged.publish(
+            targets, whole=[project for project in projects if project not in failed], asked={refreshed_path: asked}
+        )
         checked_at = datetime.fromtimestamp(staged.started, UTC).replace(tzinfo=None)
         fetched_whole = [project for project in projects if project not in failed]
         write_projects_report(
