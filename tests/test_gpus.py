@@ -580,3 +580,38 @@ def test_the_w_and_b_key_goes_only_to_the_w_and_b_host_never_to_a_signed_storage
     signed = "https://storage.googleapis.com/wandb-production/abc/wandb-metadata.json?X-Goog-Signature=1"
     assert metadata_headers(signed, "https://api.wandb.ai", key) == {}
     assert metadata_headers("http://127.0.0.1:9/files/x", "http://127.0.0.1:8/", key) == {}  # another port
+
+
+def test_idle_gpu_hours_never_exceed_gpu_hours_when_a_sample_sees_the_whole_nodes_gpus(memory_con):
+    """Finding 8 of code-review-2026-11c. A run configured with 2 GPUs whose system sample lists the node's 8 (NVML
+    sees them all), 6 of them idle: each sample counts 6 x 2/8 = 1.5 idle GPUs of the run. Sampled every 15 min from
+    00:15 to 06:00 (5.75 h held): 8.625 idle GPU-hours of 12 GPU-hours (it was 34.5 of 12, 46 with all 8 idle)."""
+    from datetime import datetime, timedelta
+
+    from wandb_assets.lib.gauges import compute_gauges
+    from wandb_assets.lib.gpus import idle_gpu_hours_by_day
+    from wandb_assets.lib.warehouse import GPU_SAMPLES_SQL, ensure_schema, rebuild_gpu_usage
+
+    ensure_schema(memory_con)
+    sample = [{"gpu_index": i, "utilisation": 0.0 if i < 6 else 90.0, "memory": 1.0} for i in range(8)]
+    memory_con.execute(
+        "INSERT INTO runs (entity, project, run_id, state, category, created_at, heartbeat_at, gpu_count, "
+        "gpu_count_source, latest_gpu_sample, ingested_at) VALUES ('e', 'p', 'r', 'running', 'regular', "
+        "TIMESTAMP '2026-06-01 00:00', TIMESTAMP '2026-06-01 06:00', 2, 'config', $s, TIMESTAMP '2026-06-01 06:00')",
+        {"s": sample},
+    )
+    at = datetime(2026, 6, 1, 0, 15)
+    while at <= datetime(2026, 6, 1, 6):
+        memory_con.execute(GPU_SAMPLES_SQL, {"snapshot_at": at})
+        at += timedelta(minutes=15)
+    now = datetime(2026, 6, 1, 6)
+    rebuild_gpu_usage(memory_con, now, {}, {})
+    assert memory_con.execute("SELECT gpu_hours, idle_gpu_hours FROM gpu_usage").fetchall() == [(12.0, 8.625)]
+    gauges = compute_gauges(memory_con, now)
+    assert gauges["wandb.gpu.idle_gpus"] == 1.5
+    assert (gauges["wandb.training.total_gpu_hours_24h"], gauges["wandb.gpu.idle_gpu_hours_24h"]) == (12.0, 8.625)
+    # An offline log's samples, the same rule: 8 GPUs seen, all idle, a run of 2, two samples an hour apart.
+    seen = {f"system.gpu.{i}.gpu": 0.0 for i in range(8)}
+    start = datetime(2026, 6, 1, tzinfo=UTC).timestamp()
+    got = idle_gpu_hours_by_day([(start, seen), (start + 3600, seen)], start + 7200, 5.0, gpu_count=2)
+    assert got == [{"day": date(2026, 6, 1), "idle_gpu_hours": 4.0}]

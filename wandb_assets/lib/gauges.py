@@ -151,18 +151,26 @@ GAUGES: tuple[Gauge, ...] = (
 GAUGE_NAMES: tuple[str, ...] = tuple(g.name for g in GAUGES)
 
 
+def idle_of_run(idle: str, sampled: str, gpu_count: str) -> str:
+    """The one rule of a run's idle GPUs in a sample, as SQL: the idle GPUs counted, scaled to the run's
+    ``gpu_count`` when the sample sees more GPUs than the run holds (NVML lists the whole node: 6 idle of 8 seen, on a
+    run of 2, is 1.5), so idle GPU-hours never exceed GPU-hours."""
+    return f"({idle}) * least(1.0, coalesce(({gpu_count}) / nullif({sampled}, 0), 1.0))"
+
+
 def held_samples_sql(runs: str, now: str) -> str:
     """CTEs ``sampled`` and ``held``: per run and snapshot of ``gpu_samples`` up to ``now``, its ``idle`` GPUs (below
-    ``$idle_pct``) and until when that sample holds: the run's next sample, its end or ``now``, an hour at most (a
+    ``$idle_pct``, ``idle_of_run``) and until when that sample holds: the run's next sample, its end or ``now``, an hour at most (a
     longer gap is missed ticks, not known idleness). An offline run's own log has every sample: it is left to
     ``log_idle_gpu_hours``. The one idle rule of the gauges, gpu_usage and the notebooks."""
     return f"""
 sampled AS (
-    SELECT s.entity, s.project, s.run_id, s.snapshot_at, count(*) FILTER (WHERE s.utilisation < $idle_pct) AS idle
+    SELECT s.entity, s.project, s.run_id, s.snapshot_at, count(*) FILTER (WHERE s.utilisation < $idle_pct) AS idle,
+           count(*) AS gpus
     FROM gpu_samples s WHERE s.snapshot_at <= {now} GROUP BY ALL
 ),
 held AS (
-    SELECT sampled.*, least(
+    SELECT sampled.* REPLACE ({idle_of_run("sampled.idle", "sampled.gpus", "r.gpu_count")} AS idle), least(
                coalesce(lead(snapshot_at) OVER (PARTITION BY entity, project, run_id ORDER BY snapshot_at),
                         r.ended_at, {now}),
                snapshot_at + INTERVAL 1 HOUR) AS until
@@ -188,7 +196,7 @@ classified AS (
             AND ended_at > w.t0 AND ended_at <= w.t1 AS ended_in_w,
         {busy_until} AS busy_until,
         p.usd AS usd_per_gpu_hour,
-        len(list_filter(latest_gpu_sample, g -> g.utilisation < $idle_pct)) AS idle_gpus_now,
+        {idle_now} AS idle_gpus_now,
         i.idle_gpu_hours_in_w
     FROM {runs} AS runs CROSS JOIN w
     LEFT JOIN prices p ON p.model = runs.gpu_model
@@ -234,6 +242,9 @@ def gauge_query(as_of: bool = False, by_project: bool = False) -> str:
         group=group,
         prices=PRICES_CTE,
         held=held_samples_sql(runs, "$snapshot_at::TIMESTAMP"),
+        idle_now=idle_of_run(
+            "len(list_filter(latest_gpu_sample, g -> g.utilisation < $idle_pct))", "len(latest_gpu_sample)", "gpu_count"
+        ),
     )
 
 

@@ -263,18 +263,22 @@ MAX_SAMPLE_HOLD_S = 3600.0
 
 
 def idle_gpu_hours_by_day(
-    samples: Iterable[tuple[float, Mapping[str, Any]]], end: float | None, idle_pct: float
+    samples: Iterable[tuple[float, Mapping[str, Any]]], end: float | None, idle_pct: float, gpu_count: int | None = None
 ) -> list[dict[str, Any]]:
     """Idle GPU-hours per UTC day from a run's own system samples (an offline log's stats records, full
     resolution): ``samples`` are ``(unix seconds, systemMetrics-style dict)`` in time order; each holds until the
     next sample (the last until ``end``, the log's last record), at most ``MAX_SAMPLE_HOLD_S``; its GPUs below
-    ``idle_pct`` times that time count, on the day the sample was taken. ``[{"day": date, "idle_gpu_hours"}]``."""
+    ``idle_pct`` times that time count, on the day the sample was taken, never more GPUs than the run's ``gpu_count``
+    (``gauges.idle_of_run``: a sample that sees more is scaled). ``[{"day": date, "idle_gpu_hours"}]``."""
     ordered = sorted(samples, key=lambda s: s[0])
     days: dict[Any, float] = {}
     for i, (at, metrics) in enumerate(ordered):
         until = ordered[i + 1][0] if i + 1 < len(ordered) else (end if end is not None else at)
         held = min(max(until - at, 0.0), MAX_SAMPLE_HOLD_S)
-        idle = sum(1 for gpu in gpu_sample(metrics) if gpu["utilisation"] < idle_pct)
+        seen = gpu_sample(metrics)
+        idle = sum(1 for gpu in seen if gpu["utilisation"] < idle_pct)
+        if gpu_count and len(seen) > gpu_count:
+            idle *= gpu_count / len(seen)
         day = datetime.fromtimestamp(at, UTC).date()
         days[day] = days.get(day, 0.0) + idle * held / 3600.0
     return [{"day": day, "idle_gpu_hours": hours} for day, hours in sorted(days.items())]

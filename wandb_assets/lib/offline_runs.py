@@ -632,7 +632,7 @@ def read_changed_logs(
         )
         row.update(url=None, source="offline", log_path=entry["path"])
         last = run.last_record_at.replace(tzinfo=UTC).timestamp() if run.last_record_at else None
-        row["log_idle_gpu_hours"] = idle_gpu_hours_by_day(run.gpu_stats, last, idle_pct) or None
+        row["log_idle_gpu_hours"] = idle_gpu_hours_by_day(run.gpu_stats, last, idle_pct, row["gpu_count"]) or None
         if run.damage:
             row["anomalies"] = [*row["anomalies"], "log_damaged"]
         if entry["path"] != run.path and "text_encoding" not in row["anomalies"]:
