@@ -161,8 +161,8 @@ def idle_of_run(idle: str, sampled: str, gpu_count: str) -> str:
 def held_samples_sql(runs: str, now: str) -> str:
     """CTEs ``sampled`` and ``held``: per run and snapshot of ``gpu_samples`` up to ``now``, its ``idle`` GPUs (below
     ``$idle_pct``, ``idle_of_run``) and until when that sample holds: the run's next sample, its end or ``now``, an
-    hour at most (a longer gap is missed ticks, not known idleness). An offline run's own log has every sample: it is left to
-    ``log_idle_gpu_hours``. The one idle rule of the gauges, gpu_usage and the notebooks."""
+    hour at most (a longer gap is missed ticks, not known idleness). An offline run's own log has every sample: it
+    is left to ``log_idle_gpu_hours``. The one idle rule of the gauges, gpu_usage and the notebooks."""
     return f"""
 sampled AS (
     SELECT s.entity, s.project, s.run_id, s.snapshot_at, count(*) FILTER (WHERE s.utilisation < $idle_pct) AS idle,
