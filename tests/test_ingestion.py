@@ -4,11 +4,12 @@ The pure parts (throttle, page size, slicing, progress) are tested directly; the
 through the real wandb client against the local server, which counts requests in flight.
 """
 
+import os
 import subprocess
 import sys
 import threading
 import time
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -647,14 +648,27 @@ def test_prune_staged_deletes_only_day_files_older_than_the_retention_and_never_
         "2026-06-02.ndjson",
         "notes.ndjson",
     ]
+    fetched = datetime(2026, 6, 1, 12, tzinfo=UTC).timestamp()  # (as publish stamps them: when their fetch began)
     for name in names:
         (folder / name).write_text("{}\n")
+        os.utime(folder / name, (fetched, fetched))
     (tmp_path / "projects.json").write_text("{}")
+    # A backfill just published an old day, not yet loaded (a tick's load may run between its fetch and its load):
+    # its fetch is today's, so it stays (finding 14 of code-review-2026-11c).
+    (folder / "2026-05-29.ndjson").write_text("{}\n")
     today = date(2026, 6, 3)
     assert prune_staged(tmp_path, today, 0) == []
-    pruned = prune_staged(tmp_path, today, 2, keep=[folder / "2026-05-30.ndjson"])  # cutoff 2026-06-01
-    assert [p.name for p in pruned] == ["2026-05-31.ndjson", "refreshed-before-2026-05-31.ndjson"]
-    assert sorted(p.name for p in folder.iterdir()) == sorted([".fetch-abc", *names[:1], *names[3:]])
+    assert prune_staged(tmp_path, today, 2, keep=[folder / "2026-05-30.ndjson"]) == []  # fetched 06-01: too new
+    pruned = prune_staged(tmp_path, date(2026, 6, 4), 2, keep=[folder / "2026-05-30.ndjson"])  # cutoff 2026-06-02
+    assert [p.name for p in pruned] == [
+        "2026-05-31.ndjson",
+        "2026-06-01.ndjson",
+        "refreshed-before-2026-05-31.ndjson",
+        "refreshed-before-2026-06-01.ndjson",
+    ]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [".fetch-abc", "2026-05-29.ndjson", "2026-05-30.ndjson", "2026-06-02.ndjson", "notes.ndjson"]
+    )
     assert (tmp_path / "projects.json").exists()
 
 
@@ -681,6 +695,9 @@ def test_a_load_prunes_staged_days_past_the_retention_and_a_runs_only_reload_of_
         "2026-06-03.ndjson",
         "refreshed-before-2026-06-01.ndjson",
     ]
+    long_ago = datetime(2026, 6, 4, tzinfo=UTC).timestamp()  # fetched months ago, as their days were
+    for path in (warehouse_path.parent / "staging" / "runs").iterdir():
+        os.utime(path, (long_ago, long_ago))
     second = execute_backfill(instance, date(2026, 6, 4), date(2026, 6, 5))
     assert second.success, failure_message(second)
     assert second.asset_materializations_for_node("runs")[0].metadata["staged_files_pruned"].value == 4
@@ -704,3 +721,18 @@ def test_a_load_prunes_staged_days_past_the_retention_and_a_runs_only_reload_of_
     gone = reload("2026-06-01")
     assert "No staged runs for 1 day(s) (2026-06-01.ndjson)" in failure_message(gone)
     assert query_read_only(str(warehouse_path), "SELECT count(*) FROM runs") == [(10,)]
+
+
+@pytest.mark.parametrize("folder", ["staging[1]", "stag*ing", "stag?ng"])
+def test_a_staging_folder_named_with_glob_characters_loads_its_own_files_only(memory_con, tmp_path, folder):
+    """Finding 16 of code-review-2026-11c: DuckDB's reader globbed the path, so ``staging[1]`` loaded ``staging1``."""
+    from wandb_assets.lib.warehouse import load_runs_window
+
+    paths = {}
+    for name in (folder, "staging1", "stagging", "stagXng", "staging"):
+        (tmp_path / name).mkdir(exist_ok=True)
+        paths[name] = _staged_at(
+            tmp_path / name / "2026-06-01.ndjson", [(name, "finished", datetime(2026, 6, 1, 1))], datetime(2026, 6, 2)
+        )
+    load_runs_window(memory_con, [paths[folder]], datetime(2026, 6, 1), datetime(2026, 6, 2))
+    assert memory_con.execute("SELECT run_id FROM runs").fetchall() == [(folder,)]

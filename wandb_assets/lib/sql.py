@@ -26,6 +26,13 @@ def sql_list(states: tuple[str, ...]) -> str:
     return ", ".join(f"'{state}'" for state in states)
 
 
+def literal_path(path: str) -> str:
+    """``path`` as a file name DuckDB's readers take literally: they expand ``*``, ``?`` and ``[...]`` as a glob,
+    so a staging folder named ``staging[1]`` would read ``staging1``'s files. Each such character is put in a
+    class of its own (``[[]``, ``[*]``, ``[?]``)."""
+    return "".join(f"[{c}]" if c in "[*?" else c for c in str(path))
+
+
 #: The state sets of ``lib.normalize`` as SQL lists: every query uses these, none spells a state list itself.
 ENDED_SQL = sql_list(ENDED_STATES)
 ALIVE_SQL = sql_list(ALIVE_STATES)

@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ def refreshed_file(staging: Path, first_day: date | str) -> Path:
 
 def prune_staged(staging: Path, today: date, retention_days: int, keep: Iterable[Path] = ()) -> list[Path]:
     """Delete the staged day files (and refreshed-by-id files) of days more than ``retention_days`` before
-    ``today`` (UTC), except ``keep`` (what the load that calls this just read: a ``runs``-only rerun of the same
+    ``today`` (UTC) whose fetch (modification time, ``publish``) is as old too, except ``keep`` (what the load that calls this just read: a ``runs``-only rerun of the same
     window still finds it). Other files (a fetch's private folder, the projects report) are never touched.
     Returns the files deleted, oldest first. ``retention_days`` 0 deletes nothing."""
     if retention_days <= 0:
@@ -55,7 +55,13 @@ def prune_staged(staging: Path, today: date, retention_days: int, keep: Iterable
             day = date.fromisoformat(name)
         except ValueError:
             continue
-        if day < cutoff and path.resolve() not in kept:
+        if day >= cutoff or path.resolve() in kept:
+            continue
+        try:
+            fetched = datetime.fromtimestamp(path.stat().st_mtime, UTC).date()
+        except FileNotFoundError:
+            continue
+        if fetched < cutoff:  # a backfill's old day just published (not yet loaded) is fetched today: it stays
             path.unlink(missing_ok=True)
             pruned.append(path)
     return pruned

@@ -28,6 +28,7 @@ from wandb_assets.lib.sql import (
     FAILED_SQL,
     NOW_UTC_SQL,
     busy_until_sql,
+    literal_path,
     run_gpu_hours_sql,
     success_rate_sql,
     transaction,
@@ -378,6 +379,9 @@ _READ_STAGED = (
 )
 
 
+_STAGE_INCOMING = f"CREATE OR REPLACE TEMP TABLE incoming_runs AS {_READ_STAGED}"
+
+
 def fetched_since(path: str | os.PathLike) -> datetime:
     """When the fetch that wrote a staged file began (its modification time, set so at publish): every row in it
     was read from W&B at or after this moment (naive UTC)."""
@@ -465,9 +469,12 @@ def load_runs_window(
     refreshed_fetched = min((fetched_since(p) for p in refreshed or []), default=None)
     whole = _whole_triples(paths, projects)
     with transaction(con):
-        con.execute(f"CREATE OR REPLACE TEMP TABLE incoming_runs AS {_READ_STAGED}", {"paths": paths})
+        con.execute(_STAGE_INCOMING, {"paths": [literal_path(p) for p in paths]})
         if refreshed:
-            con.execute(f"CREATE OR REPLACE TEMP TABLE refreshed_runs AS {_READ_STAGED}", {"paths": refreshed})
+            con.execute(
+                f"CREATE OR REPLACE TEMP TABLE refreshed_runs AS {_READ_STAGED}",
+                {"paths": [literal_path(p) for p in refreshed]},
+            )
             asked = asked_runs(refreshed)
             con.execute(
                 f"""CREATE OR REPLACE TEMP TABLE just_vanished AS
@@ -573,7 +580,7 @@ def load_offline_runs(
     ensure_schema(con)
     with transaction(con):
         if staged_path:
-            con.execute(f"CREATE OR REPLACE TEMP TABLE incoming_runs AS {_READ_STAGED}", {"paths": [staged_path]})
+            con.execute(_STAGE_INCOMING, {"paths": [literal_path(staged_path)]})
         else:
             con.execute("CREATE OR REPLACE TEMP TABLE incoming_runs AS SELECT * FROM runs LIMIT 0")
         mirrored = {
