@@ -42,8 +42,9 @@ def refreshed_file(staging: Path, first_day: date | str) -> Path:
 def prune_staged(staging: Path, today: date, retention_days: int, keep: Iterable[Path] = ()) -> list[Path]:
     """Delete the staged day files (and refreshed-by-id files) of days more than ``retention_days`` before
     ``today`` (UTC) whose fetch (modification time, ``publish``) is as old too, except ``keep`` (what the load that
-    calls this just read: a ``runs``-only rerun of the same window still finds it). Other files (a fetch's private folder, the projects report) are never touched.
-    Returns the files deleted, oldest first. ``retention_days`` 0 deletes nothing."""
+    calls this just read: a ``runs``-only rerun of the same window still finds it). Other files (a fetch's private
+    folder, the projects report) are never touched. Returns the files deleted, oldest first. ``retention_days`` 0
+    deletes nothing."""
     if retention_days <= 0:
         return []
     cutoff = today - timedelta(days=retention_days)
