@@ -21,7 +21,16 @@ from wandb_assets.lib.gauges import compute_gauges, compute_project_gauges
 from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, prices_param
 from wandb_assets.lib.lake import retry_on_conflict
 from wandb_assets.lib.regressions import find_regressions
-from wandb_assets.lib.sql import ALIVE_SQL, ENDED_SQL, FAILED_SQL, RATED_SQL, SPS_SQL_STATES, Connect, transaction
+from wandb_assets.lib.sql import (
+    ALIVE_SQL,
+    ENDED_SQL,
+    FAILED_SQL,
+    MIRRORED_RUNS_SQL,
+    RATED_SQL,
+    SPS_SQL_STATES,
+    Connect,
+    transaction,
+)
 
 #: ``sps_change_points``: the detector's answer, one row per regression (``find_change_points``).
 CHANGE_POINT_TYPES: dict[str, str] = {
@@ -127,7 +136,8 @@ def _rows(con, sql: str, params: dict) -> list[dict]:
 
 #: Rated push-to-main runs (finished, failed, crashed) per project in the 24 h before ``$t``.
 _RATED_SQL = f"""
-SELECT entity, project, count(*) AS rated FROM runs WHERE category = 'push_to_main' AND state IN ({RATED_SQL})
+SELECT entity, project, count(*) AS rated FROM {MIRRORED_RUNS_SQL} runs
+WHERE category = 'push_to_main' AND state IN ({RATED_SQL})
 AND ended_at > $t - INTERVAL 24 HOUR AND ended_at <= $t AND created_at <= $t GROUP BY ALL
 """
 
@@ -230,7 +240,7 @@ def _project_details(th: AlertThresholds, row: dict) -> dict:
 _SERIES_RUNS_SQL = f"""
 SELECT entity, project, ci_config, run_id, ci_commit, url, created_at,
        TRY_CAST(json_extract(summary, $key) AS DOUBLE) AS sps, coalesce(ci_timestamp, created_at) AS commit_time
-FROM runs
+FROM {MIRRORED_RUNS_SQL} runs
 WHERE category = 'push_to_main' AND ci_branch = 'main' AND ci_config IS NOT NULL
   AND state IN ({SPS_SQL_STATES}) AND ended_at <= $t AND created_at <= $t
   AND isfinite(TRY_CAST(json_extract(summary, $key) AS DOUBLE)) AND TRY_CAST(json_extract(summary, $key) AS DOUBLE) > 0
@@ -322,7 +332,7 @@ def find_change_points(con, at: datetime, metric: str) -> list[dict]:
 #: when ``sps_change_points`` was recorded: the same rows, so the detector would find the same.
 _SERIES_MARK_SQL = f"""
 SELECT count(*), greatest(max(ended_at), max(created_at)), sum(hash(entity, project, run_id, ingested_at))::VARCHAR
-FROM runs
+FROM {MIRRORED_RUNS_SQL} runs
 WHERE category = 'push_to_main' AND ci_branch = 'main' AND ci_config IS NOT NULL
   AND state IN ({SPS_SQL_STATES}) AND ended_at <= $t AND created_at <= $t
 """
@@ -424,7 +434,8 @@ def failure_spike(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     by = "entity, project" if th.by_project else "NULL AS entity, NULL AS project"
     counts = _rows(
         con,
-        f"SELECT {by}, count(*) AS ended, count(*) FILTER (WHERE state IN ({FAILED_SQL})) AS failed FROM runs "
+        f"SELECT {by}, count(*) AS ended, count(*) FILTER (WHERE state IN ({FAILED_SQL})) AS failed "
+        f"FROM {MIRRORED_RUNS_SQL} runs "
         f"WHERE state IN ({ENDED_SQL}) AND ended_at > $t - INTERVAL 24 HOUR AND ended_at <= $t AND created_at <= $t "
         "GROUP BY ALL ORDER BY ALL",
         {"t": at},
@@ -451,13 +462,13 @@ def record_progress(con, at: datetime) -> None:
     con.execute("DELETE FROM run_progress WHERE observed_at = $t", {"t": at})
     con.execute(
         "INSERT INTO run_progress BY NAME SELECT entity, project, run_id, $t AS observed_at, summary_step AS step "
-        "FROM runs WHERE state = 'running' AND created_at <= $t",
+        f"FROM {MIRRORED_RUNS_SQL} runs WHERE state = 'running' AND created_at <= $t",
         {"t": at},
     )
     con.execute("DELETE FROM run_progress WHERE observed_at < $t - INTERVAL 2 DAY", {"t": at})
 
 
-STALLED_SQL = """
+STALLED_SQL = f"""
 WITH current_step AS (
     SELECT entity, project, run_id, step FROM run_progress WHERE observed_at = $t
 ),
@@ -471,14 +482,14 @@ judged AS (
     SELECT r.entity, r.project, r.run_id, r.name, r.url, r.log_path, r.heartbeat_at, c.step, u.since,
            r.heartbeat_at < $heartbeat_cutoff AS heartbeat_stale,
            c.step IS NOT NULL AND u.since <= $step_cutoff AS step_stuck
-    FROM runs r LEFT JOIN current_step c USING (entity, project, run_id)
+    FROM {MIRRORED_RUNS_SQL} r LEFT JOIN current_step c USING (entity, project, run_id)
     LEFT JOIN unchanged_since u USING (entity, project, run_id)
     WHERE r.state = 'running' AND r.created_at <= $t
 )
 SELECT entity, project, run_id, name, url, log_path,
        CASE WHEN heartbeat_stale
             THEN 'no heartbeat for ' || floor((epoch($t) - epoch(heartbeat_at)) / 60)::BIGINT || ' min'
-            ELSE '_step stuck at ' || format('{:g}', step) || ' since ' || strftime(since, '%Y-%m-%d %H:%M') || ' UTC'
+            ELSE '_step stuck at ' || format('{{:g}}', step) || ' since ' || strftime(since, '%Y-%m-%d %H:%M') || ' UTC'
        END AS reason
 FROM judged WHERE heartbeat_stale OR step_stuck
 ORDER BY entity, project, run_id
@@ -524,7 +535,8 @@ def ci_silent(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     by = "entity, project" if th.by_project else "NULL AS entity, NULL AS project"
     latest = _rows(
         con,
-        f"SELECT {by}, max(created_at) AS latest FROM runs WHERE category = 'push_to_main' AND created_at <= $t "
+        f"SELECT {by}, max(created_at) AS latest FROM {MIRRORED_RUNS_SQL} runs "
+        "WHERE category = 'push_to_main' AND created_at <= $t "
         "GROUP BY ALL ORDER BY ALL",
         {"t": at},
     ) or [{"entity": None, "project": None, "latest": None}]
@@ -546,7 +558,7 @@ def long_running(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     server, or a job stuck in a queue. The tick refreshes them by id instead of re-reading their days."""
     found = _rows(
         con,
-        f"SELECT entity, project, run_id, name, url, log_path, state, created_at FROM runs "
+        f"SELECT entity, project, run_id, name, url, log_path, state, created_at FROM {MIRRORED_RUNS_SQL} runs "
         f"WHERE state IN ({ALIVE_SQL}) AND created_at <= $cutoff ORDER BY entity, project, run_id",
         {"cutoff": at - timedelta(hours=th.long_running_hours)},
     )
@@ -587,7 +599,7 @@ idle AS (  -- the first sample after the last busy one: idle on every sample sin
 {PRICES_CTE}
 SELECT r.entity, r.project, r.run_id, r.name, r.url, r.log_path, r."user", r.gpu_count, r.gpu_model, i.since,
        r.gpu_count * p.usd AS usd_per_hour
-FROM idle i JOIN runs r USING (entity, project, run_id) LEFT JOIN prices p ON p.model = r.gpu_model
+FROM idle i JOIN {MIRRORED_RUNS_SQL} r USING (entity, project, run_id) LEFT JOIN prices p ON p.model = r.gpu_model
 WHERE r.state = 'running' AND i.latest = $t AND i.since <= $since
 ORDER BY r.entity, r.project, r.run_id
 """

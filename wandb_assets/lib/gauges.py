@@ -20,7 +20,14 @@ from typing import Any
 
 from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, prices_param
 from wandb_assets.lib.normalize import SPS_KEYS
-from wandb_assets.lib.sql import ENDED_SQL, FAILED_SQL, SPS_SQL_STATES, busy_until_sql, success_rate_sql
+from wandb_assets.lib.sql import (
+    ENDED_SQL,
+    FAILED_SQL,
+    MIRRORED_RUNS_SQL,
+    SPS_SQL_STATES,
+    busy_until_sql,
+    success_rate_sql,
+)
 
 
 @dataclass(frozen=True)
@@ -218,11 +225,11 @@ SELECT {columns} FROM flagged{group}
 #: ``runs`` as they looked at ``$snapshot_at``, reconstructed from today's rows for a replayed history: a run
 #: that ended after that moment was still running then (no end, heartbeat at most that moment). What cannot
 #: be reconstructed (a run pending then, running later) stays as it is now.
-RUNS_AS_OF_SQL = """(SELECT * REPLACE (
+RUNS_AS_OF_SQL = f"""(SELECT * REPLACE (
     CASE WHEN ended_at > $snapshot_at THEN 'running' ELSE state END AS state,
     CASE WHEN ended_at > $snapshot_at THEN NULL ELSE ended_at END AS ended_at,
     least(heartbeat_at, $snapshot_at::TIMESTAMP) AS heartbeat_at
-) FROM runs)"""
+) FROM {MIRRORED_RUNS_SQL} runs)"""
 
 
 def gauge_query(as_of: bool = False, by_project: bool = False) -> str:
@@ -233,7 +240,7 @@ def gauge_query(as_of: bool = False, by_project: bool = False) -> str:
     if by_project:
         columns = "entity, project,\n    " + columns
     group = " GROUP BY entity, project" if by_project else ""
-    runs = RUNS_AS_OF_SQL if as_of else "runs"
+    runs = RUNS_AS_OF_SQL if as_of else MIRRORED_RUNS_SQL
     return _GAUGE_SQL.format(
         columns=columns,
         ended=ENDED_SQL,

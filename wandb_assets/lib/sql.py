@@ -42,6 +42,18 @@ RATED_SQL = sql_list(RATED_STATES)
 SPS_SQL_STATES = sql_list(SPS_STATES)
 
 
+#: A mirrored row (``source`` wandb) of a project the last fetch mirrored (``wandb_projects.mirrored``); with no
+#: project recorded yet, every project counts. Offline rows (air-gapped logs) are no project's mirror: they count.
+MIRRORED_NOW_SQL = (
+    "(coalesce(runs.source, 'wandb') <> 'wandb' OR NOT EXISTS (SELECT 1 FROM wandb_projects) "
+    "OR EXISTS (SELECT 1 FROM wandb_projects w WHERE w.mirrored AND w.entity = runs.entity "
+    "AND w.project = runs.project))"
+)
+#: The runs every gauge, Datadog series and alert counts: those mirrored now (``MIRRORED_NOW_SQL``). A project that
+#: left the mirror set keeps its rows, out of every gauge and alert (its past stays in the GPU-hour and cost tables).
+MIRRORED_RUNS_SQL = f"(SELECT * FROM runs WHERE {MIRRORED_NOW_SQL})"
+
+
 #: The current time as a naive UTC timestamp, whatever the connection's TimeZone setting.
 NOW_UTC_SQL = "current_timestamp AT TIME ZONE 'UTC'"
 

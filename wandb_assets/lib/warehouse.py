@@ -26,6 +26,7 @@ from wandb_assets.lib.sql import (
     ALIVE_SQL,
     ENDED_SQL,
     FAILED_SQL,
+    MIRRORED_NOW_SQL,
     NOW_UTC_SQL,
     busy_until_sql,
     literal_path,
@@ -798,27 +799,36 @@ def rebuild_gpu_hours(con, now: datetime) -> int:
 
 #: The projects after one fetch's report (``$report``: JSON list of ``{entity, project, error, unchanged}``,
 #: ``error`` NULL when the project was fetched whole, or ``unchanged`` when a tick found nothing new in it and did
-#: not read it; ``project`` ``*`` for an entity whose listing failed), merged with what
-#: the table held: a project keeps its first sighting and last good fetch; one the report does not name is no
-#: longer mirrored (dropped from the configuration or no longer listed) and its rows stay, unless the report is
-#: ``$partial`` (a backfill of some projects: the others stay as they were).
+#: not read it; ``project`` ``*`` for an entity whose listing failed), merged with what the table held: a project
+#: keeps its first sighting and last good fetch; one the report does not name is no longer mirrored (dropped from
+#: the configuration or no longer listed) and its rows stay, unless the report is ``$partial`` (a backfill of some
+#: projects: the others stay as they were) or names its entity's listing as failed (that entity's projects could not
+#: be told: each stays as it was, its failure history too). A ``*`` row lives only while its listing fails.
 WANDB_PROJECTS_SQL = """
 WITH report AS (
     SELECT unnest(from_json($report::JSON, $shape), recursive := true)
 ),
-counted AS (SELECT entity, project, count(*) AS runs FROM runs GROUP BY ALL)
-SELECT coalesce(r.entity, w.entity) AS entity, coalesce(r.project, w.project) AS project,
-       CASE WHEN r.entity IS NOT NULL THEN true WHEN $partial THEN w.mirrored ELSE false END AS mirrored,
-       coalesce(w.first_seen_at, $checked_at::TIMESTAMP) AS first_seen_at,
-       CASE WHEN r.entity IS NOT NULL THEN $checked_at::TIMESTAMP ELSE w.last_checked_at END AS last_checked_at,
-       CASE WHEN r.entity IS NOT NULL AND r.error IS NULL AND NOT coalesce(r.unchanged, false)
-            THEN $checked_at::TIMESTAMP ELSE w.last_fetched_at END AS last_fetched_at,
+unlisted AS (SELECT DISTINCT entity FROM report WHERE project = '*' AND error IS NOT NULL),
+counted AS (SELECT entity, project, count(*) AS runs FROM runs GROUP BY ALL),
+merged AS (
+    SELECT r.*, w.* EXCLUDE (entity, project, runs), coalesce(r.entity, w.entity) AS entity_,
+           coalesce(r.project, w.project) AS project_,
+           r.entity IS NULL AND ($partial OR w.entity IN (SELECT entity FROM unlisted)) AS as_was,
+           r.entity IS NOT NULL AS reported
+    FROM report r FULL OUTER JOIN wandb_projects w ON r.entity = w.entity AND r.project = w.project
+    WHERE r.entity IS NOT NULL OR w.project <> '*'
+)
+SELECT entity_ AS entity, project_ AS project,
+       CASE WHEN reported THEN true WHEN as_was THEN mirrored ELSE false END AS mirrored,
+       coalesce(first_seen_at, $checked_at::TIMESTAMP) AS first_seen_at,
+       CASE WHEN reported THEN $checked_at::TIMESTAMP ELSE last_checked_at END AS last_checked_at,
+       CASE WHEN reported AND error IS NULL AND NOT coalesce(unchanged, false)
+            THEN $checked_at::TIMESTAMP ELSE last_fetched_at END AS last_fetched_at,
        coalesce(c.runs, 0) AS runs,
-       CASE WHEN r.entity IS NULL THEN (CASE WHEN $partial THEN w.failing_since END) WHEN r.error IS NULL THEN NULL
-            ELSE coalesce(w.failing_since, $checked_at::TIMESTAMP) END AS failing_since,
-       CASE WHEN r.entity IS NULL THEN (CASE WHEN $partial THEN w.last_error END) ELSE r.error END AS last_error
-FROM report r FULL OUTER JOIN wandb_projects w ON r.entity = w.entity AND r.project = w.project
-LEFT JOIN counted c ON c.entity = coalesce(r.entity, w.entity) AND c.project = coalesce(r.project, w.project)
+       CASE WHEN NOT reported THEN (CASE WHEN as_was THEN failing_since END) WHEN error IS NULL THEN NULL
+            ELSE coalesce(failing_since, $checked_at::TIMESTAMP) END AS failing_since,
+       CASE WHEN NOT reported THEN (CASE WHEN as_was THEN last_error END) ELSE error END AS last_error
+FROM merged LEFT JOIN counted c ON c.entity = merged.entity_ AND c.project = merged.project_
 ORDER BY ALL
 """
 
@@ -826,21 +836,36 @@ ORDER BY ALL
 _REPORT_SHAPE = '[{"entity": "VARCHAR", "project": "VARCHAR", "error": "VARCHAR", "unchanged": "BOOLEAN"}]'
 
 
+#: Alive mirrored rows of projects no longer mirrored: nobody will refresh them, so they are last seen where they
+#: are (``vanished``, with the anomaly ``unmirrored``): out of every gauge and alert, their past GPU-hours kept.
+_UNMIRROR_SQL = f"""
+UPDATE runs SET state = '{VANISHED}', anomalies = list_append(anomalies, 'unmirrored')
+WHERE state IN ({ALIVE_SQL}) AND NOT {MIRRORED_NOW_SQL}
+"""
+
+
 @retry_on_conflict
 def record_projects(
     con, report: list[dict[str, str | None]], checked_at: datetime, partial: bool = False
-) -> list[tuple]:
+) -> tuple[list[tuple], list[str], list[str]]:
     """Replace ``wandb_projects`` with the projects of one fetch's ``report`` merged into what it held (see
-    ``WANDB_PROJECTS_SQL``); the table is small (a row per project), so the merge is read whole, then written in
-    one transaction. Returns the rows written."""
+    ``WANDB_PROJECTS_SQL``; the table is small, a row per project, so the merge is read whole, then written), and
+    mark the alive rows of projects no longer mirrored (``_UNMIRROR_SQL``), in one transaction. Returns the rows
+    written and the mirror set's change: ``(rows, left, came)`` as ``entity/project`` names."""
     ensure_schema(con)
     params = {"report": json.dumps(report), "checked_at": checked_at, "partial": partial, "shape": _REPORT_SHAPE}
+    before = {
+        f"{e}/{p}" for e, p in con.execute("SELECT entity, project FROM wandb_projects WHERE mirrored").fetchall()
+    }
     rows = con.execute(WANDB_PROJECTS_SQL, params).fetchall()
     with transaction(con):
         con.execute("DELETE FROM wandb_projects")
         if rows:
             con.executemany(f"INSERT INTO wandb_projects VALUES ({', '.join('?' * len(rows[0]))})", rows)
-    return rows
+        con.execute(_UNMIRROR_SQL)
+    after = {f"{r[0]}/{r[1]}" for r in rows if r[2] and r[1] != "*"}
+    before = {name for name in before if not name.endswith("/*")}
+    return rows, sorted(before - after), sorted(after - before) if before else []
 
 
 #: The per-project breakdown of the latest fleet snapshot people read first (the CLI after a tick, the UI's

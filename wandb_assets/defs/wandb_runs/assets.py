@@ -355,7 +355,8 @@ PROJECT_COLUMNS = ["project", "mirrored", "runs", "last fetched (UTC)", "failing
     description=(
         "The W&B projects mirrored (WANDB_ASSETS_PROJECTS, or WANDB_ENTITY/WANDB_PROJECT) as the last fetch found "
         "them: first seen, last fetched whole, rows in runs, and since when and why a project fails to read "
-        "(the project_unreachable alert). A project no longer mirrored keeps its row and its runs."
+        "(the project_unreachable alert). A project no longer mirrored keeps its row and its runs, out of every gauge "
+        "and alert; its alive runs become vanished (anomaly unmirrored), last seen then."
     ),
 )
 def wandb_projects(context: AssetExecutionContext, warehouse: WarehouseResource) -> MaterializeResult:
@@ -364,11 +365,24 @@ def wandb_projects(context: AssetExecutionContext, warehouse: WarehouseResource)
         raise StagingMissingError("No fetch has reported its projects yet: materialize staged_runs first.")
     checked_at, projects, partial = report
     with warehouse.get_connection() as con:
-        rows = record_projects(con, projects, checked_at, partial)
+        rows, left, came = record_projects(con, projects, checked_at, partial)
     failing = [f"{r[0]}/{r[1]}" for r in rows if r[8] is not None]
     gone = [f"{r[0]}/{r[1]}" for r in rows if not r[2]]
-    if gone:
-        context.log.info(f"No longer mirrored (their rows stay): {', '.join(gone)}")
+    if left or came:  # every gauge, Datadog series and alert counts the projects mirrored now
+        context.log.warning(
+            "The mirrored projects changed: "
+            + "; ".join(
+                part
+                for part in (
+                    f"no longer mirrored: {', '.join(left)} (their rows stay, out of the gauges and alerts; their "
+                    "alive runs are last seen now)"
+                    if left
+                    else "",
+                    f"newly mirrored: {', '.join(came)}" if came else "",
+                )
+                if part
+            )
+        )
     preview = [
         (f"{r[0]}/{r[1]}", r[2], r[6], *(f"{t:%Y-%m-%d %H:%M}" if t else "" for t in (r[5], r[7])), r[8] or "")
         for r in rows
