@@ -93,8 +93,15 @@ RUN_KEY = ("entity", "project", "run_id")
 #: The tables derived from ``runs`` that carry the project of each row (rebuilt whole on every tick).
 _PROJECT_TABLES = ("push_to_main_sps", "success_rates", "gpu_hours")
 
+
+def _runs_table_sql(name: str) -> str:
+    return f"""CREATE TABLE IF NOT EXISTS {name} ({
+        ", ".join(f'"{c}" {t}' + _NOT_NULL.get(c, "") for c, t in RUNS_COLUMNS.items())
+    });"""
+
+
 SCHEMA_SQL = f"""
-CREATE TABLE IF NOT EXISTS runs ({", ".join(f'"{c}" {t}' + _NOT_NULL.get(c, "") for c, t in RUNS_COLUMNS.items())});
+{_runs_table_sql("runs")}
 CREATE TABLE IF NOT EXISTS push_to_main_sps (
     entity VARCHAR, project VARCHAR, run_id VARCHAR, name VARCHAR, ci_branch VARCHAR, ci_commit VARCHAR,
     ci_config VARCHAR, ci_timestamp TIMESTAMP, state VARCHAR, created_at TIMESTAMP, ended_at TIMESTAMP, url VARCHAR,
@@ -192,14 +199,8 @@ def ensure_schema(con, home: tuple[str | None, str | None] | None = None) -> Non
         return
     with transaction(con):  # one commit: a DuckLake makes one snapshot of it, not one per statement (~150)
         con.execute("CREATE TABLE IF NOT EXISTS warehouse_meta (key VARCHAR, value VARCHAR)")
-        migrated = _create_schema(con, lake, home)
-        if not migrated:
-            _set_version(con, version)
-    if migrated:  # DuckDB adds a constraint only once the rows it checks are committed
-        with transaction(con):
-            for column in ("entity", "project"):
-                con.execute(f"ALTER TABLE runs ALTER COLUMN {column} SET NOT NULL")
-            _set_version(con, version)
+        _create_schema(con, lake, home)
+        _set_version(con, version)
 
 
 def _set_version(con, version: str) -> None:
@@ -207,8 +208,8 @@ def _set_version(con, version: str) -> None:
     con.execute("INSERT INTO warehouse_meta VALUES ('schema_version', $v)", {"v": version})
 
 
-def _create_schema(con, lake: bool, home: tuple[str | None, str | None] | None) -> bool:
-    """Tables, views and comments; True when runs were given their projects (then made NOT NULL apart)."""
+def _create_schema(con, lake: bool, home: tuple[str | None, str | None] | None) -> None:
+    """Tables, views and comments, and the migrations of a warehouse an earlier version wrote."""
     from wandb_assets.lib.schema_docs import comment_statements
 
     con.execute(SCHEMA_SQL)
@@ -216,9 +217,9 @@ def _create_schema(con, lake: bool, home: tuple[str | None, str | None] | None) 
     for column, kind in RUNS_COLUMNS.items():
         if column not in existing:  # a warehouse made by an earlier version gains the new columns
             con.execute(f'ALTER TABLE runs ADD COLUMN "{column}" {kind}')
-    migrated = "entity" not in existing
-    if migrated:
+    if "entity" not in existing:
         _migrate_run_projects(con, home)
+        _rebuild_runs(con)
     if "gpu_count_source" not in existing:  # rows written before the source was kept: config or the default
         flat, nested = (
             """json_extract(config, '$."compute.gpu_count"')""",
@@ -242,7 +243,17 @@ def _create_schema(con, lake: bool, home: tuple[str | None, str | None] | None) 
     con.execute(VIEWS_SQL)
     for statement in comment_statements(lake):
         con.execute(statement)
-    return migrated
+
+
+def _rebuild_runs(con) -> None:
+    """``runs`` made anew with today's definition (``entity``/``project`` NOT NULL) and every row copied, inside the
+    migration's transaction. ``ALTER COLUMN ... SET NOT NULL`` cannot do it: DuckDB checks only committed rows (a
+    second transaction, which a crash could skip) and a DuckLake refuses it outright ("no column stats")."""
+    con.execute("DROP TABLE IF EXISTS runs_migrated")
+    con.execute(_runs_table_sql("runs_migrated"))
+    con.execute("INSERT INTO runs_migrated BY NAME SELECT * FROM runs")
+    con.execute("DROP TABLE runs")
+    con.execute("ALTER TABLE runs_migrated RENAME TO runs")
 
 
 def _columns(con, table: str) -> set[str]:
@@ -262,7 +273,7 @@ _URL_PROJECT = r"/([^/]+)/([^/]+)/runs/[^/]+$"
 
 def _migrate_run_projects(con, home: tuple[str | None, str | None] | None) -> None:
     """Give every row of a warehouse written before runs carried their project its entity and project (the
-    caller then makes both NOT NULL, once these rows are committed). A mirrored row's come from its URL, which
+    caller then makes both NOT NULL, ``_rebuild_runs``). A mirrored row's come from its URL, which
     W&B's client builds from them; an offline row (no URL) gets the configured ``home``, else the project most
     mirrored rows have. Derived tables gain the columns too (rebuilt on the next tick; filled now when there is
     one project)."""
