@@ -16,7 +16,7 @@ from dagster import build_sensor_context
 from tests.fleet import fleet_row
 from tests.offline_logs import legacy_log_bytes, legacy_records, log_of, write_offline_run
 from wandb_assets.lib.offline_runs import find_run_logs, offline_node, read_changed_logs, read_offline_run
-from wandb_assets.lib.warehouse import replace_runs_window
+from wandb_assets.lib.warehouse import load_offline_runs, replace_runs_window, stage_rows
 
 STALL = timedelta(minutes=30)
 ROWS = {"ci": 600, "failed": 5, "sweep": 3, "killed": 2000}
@@ -696,3 +696,113 @@ def test_a_running_run_whose_log_vanished_is_crashed_past_the_stall_threshold(tm
     assert counts["crashed_log_gone"] == 1
     got = memory_con.execute("SELECT state, ended_at, anomalies FROM runs").fetchall()
     assert got == [("crashed", last, ["log_missing"])]
+
+
+def _log(folder: Path, run_id: str, project: str, start: int) -> Path:
+    """A legacy offline log of ``team/<project>``'s run ``run_id``, three history rows from ``start``."""
+    records = legacy_records(3, start)
+    records[0].run.run_id, records[0].run.entity, records[0].run.project = run_id, "team", project
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"run-{run_id}.wandb"
+    path.write_bytes(legacy_log_bytes(records))
+    return path
+
+
+def test_the_same_run_id_in_two_projects_is_two_offline_runs_and_a_superseded_log_says_so(memory_con, tmp_path):
+    """Finding 5 of code-review-2026-11c: offline runs were keyed by run id alone, so team/proj-a's exp1 was lost
+    beside team/proj-b's while the ledger said "loaded". Now: two runs; of two logs of proj-a's exp1, the one that
+    ends later is loaded and the other's ledger entry says "kept newer log"."""
+    from wandb_assets.lib.projects import parse_projects
+
+    old_a = _log(tmp_path / "a-old", "exp1", "proj-a", 1_700_000_000)
+    new_a = _log(tmp_path / "a-new", "exp1", "proj-a", 1_700_000_500)
+    b = _log(tmp_path / "b", "exp1", "proj-b", 1_700_000_000)
+    scan = dict(now=datetime(2030, 1, 1), stall=STALL, default_gpus=1)
+    report = read_changed_logs([tmp_path], {}, **scan)
+    assert sorted((r["project"], r["log_path"]) for r in report.rows) == [("proj-a", str(new_a)), ("proj-b", str(b))]
+    assert sorted((f["path"], f["loaded"]) for f in report.files) == sorted(
+        [(str(old_a), "kept newer log"), (str(new_a), "loaded"), (str(b), "loaded")]
+    )
+    staged, _ = stage_rows(report.rows)
+    assert load_offline_runs(memory_con, staged, report.files, datetime(2030, 1, 1))["loaded"] == 2
+    assert memory_con.execute("SELECT project, run_id FROM runs ORDER BY ALL").fetchall() == [
+        ("proj-a", "exp1"),
+        ("proj-b", "exp1"),
+    ]
+    assert memory_con.execute("SELECT path, loaded FROM offline_log_files ORDER BY path").fetchall() == sorted(
+        [(str(old_a), "kept newer log"), (str(new_a), "loaded"), (str(b), "loaded")]
+    )
+    # With WANDB_ASSETS_PROJECTS naming team/proj-b, only its log is loaded (the environment's WANDB_PROJECT unset).
+    only_b = read_changed_logs([tmp_path], {}, selection=parse_projects("team/proj-b"), **scan)
+    assert [r["project"] for r in only_b.rows] == ["proj-b"] and only_b.other_project == 2
+    every = read_changed_logs([tmp_path], {}, selection=parse_projects("team/*"), **scan)
+    assert len(every.rows) == 2
+
+
+def test_a_newer_offline_row_of_one_project_never_blocks_the_same_run_id_of_another(memory_con):
+    """Project A holds a newer row of exp1 than this scan's (older) A log; B's log of exp1 grew and finished: B is
+    updated (it was kept at 08:00, running), A keeps its newer row."""
+    import os
+    import tempfile
+
+    from wandb_assets.lib.warehouse import ensure_schema, ndjson_lines
+
+    ensure_schema(memory_con)
+    insert = (
+        "INSERT INTO runs (entity, project, run_id, state, created_at, heartbeat_at, source, log_path) "
+        "VALUES ('e', $p, 'exp1', $s, TIMESTAMP '2026-06-01 07:00', $hb, 'offline', $log)"
+    )
+    memory_con.execute(insert, {"p": "A", "s": "finished", "hb": datetime(2026, 6, 1, 12), "log": "/A-new/run.wandb"})
+    memory_con.execute(insert, {"p": "B", "s": "running", "hb": datetime(2026, 6, 1, 8), "log": "/B/run.wandb"})
+    rows = [
+        {
+            "entity": "e",
+            "project": p,
+            "run_id": "exp1",
+            "state": s,
+            "created_at": datetime(2026, 6, 1, 7),
+            "heartbeat_at": hb,
+            "source": "offline",
+            "log_path": log,
+        }
+        for p, s, hb, log in (
+            ("A", "running", datetime(2026, 6, 1, 10), "/A-old/run.wandb"),
+            ("B", "finished", datetime(2026, 6, 1, 11), "/B/run.wandb"),
+        )
+    ]
+    fd, path = tempfile.mkstemp(suffix=".ndjson")
+    with os.fdopen(fd, "w") as handle:
+        handle.writelines(ndjson_lines(rows, datetime(2026, 6, 1, 13)))
+    counts = load_offline_runs(memory_con, path, [], datetime(2026, 6, 1, 13))
+    os.unlink(path)
+    assert counts == {"loaded": 1, "kept_mirrored": 0, "kept_newer": 1, "crashed_log_gone": 0}
+    assert memory_con.execute("SELECT project, state, heartbeat_at FROM runs ORDER BY 1").fetchall() == [
+        ("A", "finished", datetime(2026, 6, 1, 12)),
+        ("B", "finished", datetime(2026, 6, 1, 11)),
+    ]
+
+
+def test_only_regular_files_inside_the_tree_are_opened_so_a_fifo_never_hangs_the_job(tmp_path):
+    """S3 of code-review-2026-11c: a FIFO named files/wandb-metadata.json blocked the offline job (holding the
+    warehouse) for good. A FIFO, or a link leading out of the tree, is never opened; a link inside it is followed."""
+    import os
+    import threading
+
+    from wandb_assets.lib.offline_runs import local_metadata
+
+    tree, outside = tmp_path / "tree", tmp_path / "outside"
+    run = _log(tree / "run-a", "a1", "p", 1_700_000_000)
+    (run.parent / "files").mkdir()
+    os.mkfifo(run.parent / "files" / "wandb-metadata.json")
+    os.mkfifo(tree / "run-fifo.wandb")
+    secret = _log(outside, "s1", "p", 1_700_000_000)
+    (tree / "run-s1.wandb").symlink_to(secret)
+    (tree / "run-a1-again.wandb").symlink_to(run)
+    got: list = []
+    reader_thread = threading.Thread(target=lambda: got.append(local_metadata(run)), daemon=True)
+    reader_thread.start()
+    reader_thread.join(5)
+    assert got == [{"status": "malformed"}]
+    assert find_run_logs([tree]) == ([run.resolve()], [])
+    report = read_changed_logs([tree], {}, now=datetime(2030, 1, 1), stall=STALL, default_gpus=1)
+    assert [r["run_id"] for r in report.rows] == ["a1"]

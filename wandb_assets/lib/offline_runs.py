@@ -26,8 +26,10 @@ Nothing here imports Dagster or reads the environment.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import struct
 import zlib
 from collections.abc import Iterable
@@ -38,6 +40,7 @@ from typing import Any
 
 from wandb_assets.lib.fetch import METADATA_FILE
 from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, METADATA_MAX_BYTES, idle_gpu_hours_by_day, machine_metadata
+from wandb_assets.lib.projects import ProjectRef, ProjectSelection
 
 BLOCK = 32 * 1024
 HEADER = b":W&B" + struct.pack("<HB", 0xBEE1, 0)
@@ -87,7 +90,9 @@ class OfflineRun:
 
 def find_run_logs(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[str]]:
     """Every ``.wandb`` file under ``paths`` (a file, a run directory or any folder, searched recursively),
-    sorted and without duplicates; and the paths that do not exist."""
+    sorted and without duplicates; and the paths that do not exist. Only regular files: a FIFO, a device or a
+    link leading out of the folder searched is never opened (anyone who can write to a shared tree could make one,
+    and a FIFO would hang the job while it holds the warehouse)."""
     found: set[Path] = set()
     missing: list[str] = []
     for raw in paths:
@@ -95,10 +100,34 @@ def find_run_logs(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[
         if path.is_file():
             found.add(path.resolve())
         elif path.is_dir():
-            found.update(p.resolve() for p in path.rglob(LOG_GLOB) if p.is_file())
+            root = path.resolve()
+            for candidate in path.rglob(LOG_GLOB):
+                resolved = candidate.resolve()
+                if resolved.is_relative_to(root) and _is_regular(resolved):
+                    found.add(resolved)
         else:
             missing.append(str(raw))
     return sorted(found), missing
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def read_regular_file(path: str | os.PathLike, limit: int | None = None) -> bytes:
+    """The bytes of ``path`` (``limit`` at most), opened without blocking and without following a last link, and
+    read only if it is a regular file: an ``OSError`` otherwise (a FIFO or a device never blocks the reader)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read() if limit is None else handle.read(limit)
+    finally:
+        os.close(fd)
 
 
 def file_states(files: Iterable[Path]) -> dict[str, tuple[int, int]]:
@@ -106,10 +135,10 @@ def file_states(files: Iterable[Path]) -> dict[str, tuple[int, int]]:
     states = {}
     for path in files:
         try:
-            stat = path.stat()
+            info = path.stat()
         except OSError:
             continue
-        states[str(path)] = (stat.st_size, stat.st_mtime_ns)
+        states[str(path)] = (info.st_size, info.st_mtime_ns)
     return states
 
 
@@ -374,7 +403,7 @@ def read_offline_run(path: str | os.PathLike) -> OfflineRun:
     damaged log (see ``read_frames``); an unreadable file is a ``Damage`` too."""
     run = OfflineRun(path=str(path))
     try:
-        data = Path(path).read_bytes()
+        data = read_regular_file(path)
     except OSError as exc:
         run.damage.append(Damage("unreadable", 0, f"{type(exc).__name__}: {exc.strerror or exc}"))
         return run
@@ -511,8 +540,7 @@ def local_metadata(log_path: str | os.PathLike) -> dict[str, Any] | None:
     """The run's ``files/wandb-metadata.json`` beside its log (the client writes it offline too), in the shape
     of ``fetch.read_metadata_file``: ``{"status": "read", "gpu_count", "gpu"}``, ``malformed``, or None when absent."""
     try:
-        with open(Path(log_path).parent / "files" / METADATA_FILE, "rb") as handle:
-            raw = handle.read(METADATA_MAX_BYTES)
+        raw = read_regular_file(Path(log_path).parent / "files" / METADATA_FILE, METADATA_MAX_BYTES)
     except FileNotFoundError:
         return None
     except OSError:
@@ -560,16 +588,20 @@ def read_changed_logs(
     entity: str | None = None,
     project: str | None = None,
     idle_pct: float = DEFAULT_IDLE_GPU_PCT,
+    selection: ProjectSelection | None = None,
 ) -> IngestReport:
     """Find the logs under ``paths``, read those new or changed since ``known`` (``{path: (size, mtime_ns)}``)
-    and turn each into a ``runs`` row with the mirrored rules (``normalize.run_row``). One row per run id: of
-    two logs of the same run, the one whose last record is later wins. ``workers`` > 1 reads in processes.
+    and turn each into a ``runs`` row with the mirrored rules (``normalize.run_row``). One row per run (entity,
+    project, run id): of two logs of the same run, the one whose last record is later wins (the other's ledger
+    entry says so); the same run id in two projects is two runs. ``workers`` > 1 reads in processes.
 
     ``gone_quiet``: logs read while their run was ``running`` that have since passed the stall threshold; they
     are read again although their bytes did not change, so the run becomes ``crashed`` (its meaning did).
     ``entity``/``project``: when given, a log of another entity or project is recorded but not loaded (a shared
-    tree holds many teams' logs; the gauges and alerts are one project's). ``report.vanished``: logs of the
-    ledger under ``paths`` that no longer exist (the load crashes their runs once past the stall threshold).
+    tree holds many teams' logs; the gauges and alerts are one project's). ``selection``: the projects mirrored
+    (``WANDB_ASSETS_PROJECTS``): a log is loaded when its project is named or its entity is mirrored whole.
+    ``report.vanished``: logs of the ledger under ``paths`` that no longer exist (the load crashes their runs once
+    past the stall threshold).
 
     GPUs: the client's ``files/wandb-metadata.json`` next to the log gives the count and model (as W&B's copy does
     for mirrored runs); the log's stats records give the latest sample and ``log_idle_gpu_hours``, idle GPU-hours
@@ -601,7 +633,7 @@ def read_changed_logs(
             runs = list(pool.map(read_offline_run, changed, chunksize=8))
     else:
         runs = [read_offline_run(p) for p in changed]
-    best: dict[str, tuple[datetime, dict[str, Any]]] = {}
+    best: dict[tuple[str, str, str], tuple[datetime, dict[str, Any], dict[str, Any]]] = {}
     for run in runs:
         size, mtime_ns = states[run.path]
         entry = {
@@ -617,7 +649,7 @@ def read_changed_logs(
         report.files.append(entry)
         if not run.run_id:
             continue
-        if (entity and run.entity and run.entity != entity) or (project and run.project != project):
+        if not _wanted(run.entity or entity, run.project, entity, project, selection):
             entry["loaded"] = f"other project: {run.entity}/{run.project}"
             report.other_project += 1
             continue
@@ -631,6 +663,7 @@ def read_changed_logs(
             **({"gpu_count_keys": gpu_count_keys} if gpu_count_keys is not None else {}),
         )
         row.update(url=None, source="offline", log_path=entry["path"])
+        entry.update(entity=row["entity"], project=row["project"])
         last = run.last_record_at.replace(tzinfo=UTC).timestamp() if run.last_record_at else None
         row["log_idle_gpu_hours"] = idle_gpu_hours_by_day(run.gpu_stats, last, idle_pct, row["gpu_count"]) or None
         if run.damage:
@@ -638,7 +671,28 @@ def read_changed_logs(
         if entry["path"] != run.path and "text_encoding" not in row["anomalies"]:
             row["anomalies"] = [*row["anomalies"], "text_encoding"]
         when = run.last_record_at or datetime.min
-        if run.run_id not in best or when > best[run.run_id][0]:
-            best[run.run_id] = (when, row)
-    report.rows = [row for _, row in best.values()]
+        key = (row["entity"], row["project"], row["run_id"])
+        if key in best and when <= best[key][0]:
+            entry["loaded"] = "kept newer log"
+            continue
+        if key in best:
+            best[key][2]["loaded"] = "kept newer log"
+        best[key] = (when, row, entry)
+    report.rows = [row for _, row, _ in best.values()]
     return report
+
+
+def _wanted(
+    entity: str | None,
+    project: str | None,
+    only_entity: str | None,
+    only_project: str | None,
+    selection: ProjectSelection | None,
+) -> bool:
+    """Whether a log of ``entity/project`` is loaded: one of the ``selection``'s projects, else of ``only_entity`` /
+    ``only_project`` where given (unset: any)."""
+    if selection is not None:
+        return bool(entity) and (
+            entity in selection.whole_entities or ProjectRef(entity, project or "") in selection.projects
+        )
+    return not ((only_entity and entity and entity != only_entity) or (only_project and project != only_project))

@@ -595,26 +595,24 @@ def load_offline_runs(
             con.execute(_STAGE_INCOMING, {"paths": [literal_path(staged_path)]})
         else:
             con.execute("CREATE OR REPLACE TEMP TABLE incoming_runs AS SELECT * FROM runs LIMIT 0")
-        mirrored = {
-            r[0]
-            for r in con.execute(
-                "SELECT run_id FROM runs WHERE (entity, project, run_id) IN "
+        mirrored = set(
+            con.execute(
+                "SELECT entity, project, run_id FROM runs WHERE (entity, project, run_id) IN "
                 "(SELECT entity, project, run_id FROM incoming_runs) "
                 f"AND coalesce(source, '{SOURCE_WANDB}') <> '{SOURCE_OFFLINE}'"
             ).fetchall()
-        }
-        newer = {
-            r[0]
-            for r in con.execute(
-                "SELECT i.run_id FROM incoming_runs i JOIN runs r USING (entity, project, run_id) "
+        )
+        newer = set(
+            con.execute(
+                "SELECT i.entity, i.project, i.run_id FROM incoming_runs i JOIN runs r USING (entity, project, run_id) "
                 f"WHERE r.source = '{SOURCE_OFFLINE}' AND r.heartbeat_at > i.heartbeat_at"
             ).fetchall()
-        }
+        )
         con.execute(
-            f"DELETE FROM runs WHERE source = '{SOURCE_OFFLINE}' "
-            "AND (entity, project, run_id) IN (SELECT entity, project, run_id FROM incoming_runs) "
-            "AND run_id NOT IN (SELECT unnest($newer::VARCHAR[]))",
-            {"newer": sorted(newer)},
+            f"DELETE FROM runs WHERE source = '{SOURCE_OFFLINE}' AND (entity, project, run_id) IN ("
+            "SELECT entity, project, run_id FROM incoming_runs i WHERE NOT EXISTS (SELECT 1 FROM runs r "
+            f"WHERE r.source = '{SOURCE_OFFLINE}' AND r.entity = i.entity AND r.project = i.project "
+            "AND r.run_id = i.run_id AND r.heartbeat_at > i.heartbeat_at))"
         )
         _price_runs(con, prices)
         con.execute(
@@ -648,9 +646,9 @@ def load_offline_runs(
                         f["history_items"],
                         json.dumps(f["damage"]),
                         "kept mirrored"
-                        if f["run_id"] in mirrored
+                        if _offline_key(f) in mirrored
                         else "kept newer log"
-                        if f["run_id"] in newer and f["loaded"] == "loaded"
+                        if _offline_key(f) in newer and f["loaded"] == "loaded"
                         else f["loaded"],
                         now,
                     )
@@ -658,6 +656,11 @@ def load_offline_runs(
                 ],
             )
     return {"loaded": loaded, "kept_mirrored": len(mirrored), "kept_newer": len(newer), "crashed_log_gone": crashed}
+
+
+def _offline_key(entry: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
+    """The run a ledger entry's log was loaded as (``read_changed_logs`` records it)."""
+    return entry.get("entity"), entry.get("project"), entry["run_id"]
 
 
 def replace_runs_window(con, rows: Iterable[dict[str, Any]], start: datetime, end: datetime) -> int:

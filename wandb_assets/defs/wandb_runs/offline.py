@@ -90,7 +90,14 @@ def offline_runs(
         entity=mirrored.WANDB_ENTITY,  # the project the gauges and alerts are for (unset: every log)
         project=mirrored.WANDB_PROJECT,
         idle_pct=thresholds.idle_gpu_pct,
+        selection=settings.projects,  # WANDB_ASSETS_PROJECTS: its projects and whole entities
     )
+    if settings.projects is None and mirrored.WANDB_PROJECT is None:
+        # The job reads no secret (it runs on air-gapped clusters: no network), so only these two can say which.
+        context.log.warning(
+            "Offline logs: neither WANDB_ASSETS_PROJECTS nor WANDB_PROJECT is set here, so the logs of every project "
+            "in the folders are loaded: set one of them in this job's environment to load only the mirrored ones."
+        )
     for path in report.missing:
         context.log.warning(f"Offline logs: {path} does not exist")
     staged, _ = stage_rows(report.rows) if report.rows else (None, 0)
