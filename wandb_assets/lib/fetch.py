@@ -722,32 +722,103 @@ def _in_budget(throttle: Throttle, call, what: str, secret: str):
     raise WandbFetchError(f"{what} failed: {_scrub(str(error), secret).replace(chr(10), ' ')[:300]}")
 
 
-def metadata_headers(url: str, base_url: str, api_key: str) -> dict[str, str]:
-    """The W&B key goes only to W&B itself (a ``url`` served by the API host); a signed storage URL
-    (``directUrl``) carries its own authorisation and is sent nothing."""
-    import base64
+def _origin(url: str) -> tuple[str, str, int]:
+    """``(scheme, host, port)`` of ``url``, the default port filled in (``https://h`` is ``https://h:443``)."""
     from urllib.parse import urlsplit
 
-    if urlsplit(url).netloc != urlsplit(base_url).netloc:
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(scheme, 0)
+
+
+def metadata_headers(url: str, base_url: str, api_key: str) -> dict[str, str]:
+    """The W&B key goes only to the W&B base URL's own origin (scheme, host and port: never over plain HTTP to an
+    HTTPS server's host, never to another port); a signed storage URL (``directUrl``) carries its own authorisation
+    and is sent nothing."""
+    import base64
+
+    try:
+        if _origin(url) != _origin(base_url):
+            return {}
+    except ValueError:  # a port that is not a number: not W&B's origin
         return {}
     return {"Authorization": "Basic " + base64.b64encode(f"api:{api_key}".encode()).decode()}
+
+
+def metadata_url_refused(url: str, base_url: str) -> str | None:
+    """Why a file URL the server named is not fetched (None: it is): only the W&B base URL's own origin, or another
+    host over HTTPS (what signed storage URLs are); never another scheme (``file:``) or plain HTTP elsewhere."""
+    try:
+        scheme, host, _ = _origin(url)
+        same = _origin(url) == _origin(base_url)
+    except ValueError:
+        return "its port is not a number"
+    if same:
+        return None
+    if scheme != "https" or not host:
+        return "another host than W&B's, not over https"
+    return None
+
+
+class DownloadPool:
+    """Kept-alive ``urllib3`` connections for the metadata downloads, through the proxy ``HTTPS_PROXY`` /
+    ``HTTP_PROXY`` name for the URL's scheme unless ``NO_PROXY`` exempts its host (read from the environment as
+    the wandb client and ``urllib`` read them), else direct."""
+
+    def __init__(self, size: int) -> None:
+        import urllib3
+
+        self.size = size
+        self.direct = urllib3.PoolManager(num_pools=8, maxsize=size, block=False)
+        self.proxied: dict[str, object] = {}
+        self.lock = threading.Lock()
+
+    def manager(self, url: str):
+        import urllib.request
+        from urllib.parse import urlsplit
+
+        import urllib3
+
+        parts = urlsplit(url)
+        proxies = urllib.request.getproxies_environment()
+        proxy = proxies.get(parts.scheme.lower())
+        if not proxy or urllib.request.proxy_bypass_environment(parts.hostname or "", proxies):
+            return self.direct
+        with self.lock:
+            if proxy not in self.proxied:
+                self.proxied[proxy] = urllib3.ProxyManager(proxy, num_pools=8, maxsize=self.size, block=False)
+            return self.proxied[proxy]
+
+    def request(self, method: str, url: str, **options):
+        return self.manager(url).request(method, url, **options)
 
 
 def read_metadata_file(
     http, url: str, headers: dict, throttle: Throttle, what: str, timeout_s: float, secret: str = ""
 ) -> dict:
     """One ``wandb-metadata.json`` as ``{"status": "read", "gpu_count", "gpu"}``, or ``{"status": "malformed"}`` when
-    it is not a JSON object. ``http``: a ``urllib3.PoolManager`` shared by the fetch (kept-alive connections: a
-    download costs a fraction of a millisecond of CPU, where a round trip through wandb-core and a temporary file
-    cost several). Raises ``WandbFetchError`` when the download keeps failing (a later fetch asks again)."""
+    it is not a JSON object. ``http``: a ``DownloadPool`` (or any ``urllib3`` pool) shared by the fetch (kept-alive
+    connections: a download costs a fraction of a millisecond of CPU, where a round trip through wandb-core and a
+    temporary file cost several). Redirects are not followed. ``timeout_s`` bounds each socket operation and the
+    whole download: a server that drips its bytes is cut off at the deadline. Raises ``WandbFetchError`` when the
+    download keeps failing (a later fetch asks again)."""
     from wandb_assets.lib.gpus import METADATA_MAX_BYTES, machine_metadata
 
     def get() -> bytes:
+        deadline = time.monotonic() + timeout_s
         response = http.request("GET", url, headers=headers, timeout=timeout_s, retries=False, preload_content=False)
         try:
             if response.status != 200:
                 raise WandbFetchError(f"HTTP {response.status}")
-            return response.read(METADATA_MAX_BYTES)
+            body = bytearray()
+            while len(body) < METADATA_MAX_BYTES:
+                chunk = response.read1(min(65536, METADATA_MAX_BYTES - len(body)))
+                if not chunk:
+                    break
+                body += chunk
+                if time.monotonic() > deadline:
+                    raise WandbFetchError(f"the download took longer than {timeout_s:g} s")
+            return bytes(body)
         finally:
             response.release_conn()
 

@@ -7,6 +7,7 @@ from dagster import ConfigurableResource, InitResourceContext, ResourceDependenc
 from pydantic import PrivateAttr
 
 from wandb_assets.lib.fetch import (
+    DownloadPool,
     FetchPolicy,
     FetchStats,
     Slice,
@@ -18,6 +19,7 @@ from wandb_assets.lib.fetch import (
     latest_activity,
     list_projects,
     metadata_headers,
+    metadata_url_refused,
     read_metadata_file,
 )
 from wandb_assets.lib.progress import FetchProgress
@@ -32,11 +34,9 @@ from wandb_assets.settings import (
 
 
 @functools.cache
-def _download_pool(size: int):
-    """One ``urllib3.PoolManager`` per process and download limit: kept-alive connections to W&B's file storage."""
-    import urllib3
-
-    return urllib3.PoolManager(num_pools=8, maxsize=size, block=False)
+def _download_pool(size: int) -> DownloadPool:
+    """One ``DownloadPool`` per process and download limit: kept-alive connections to W&B's file storage."""
+    return DownloadPool(size)
 
 
 class SecretsManagerResource(ConfigurableResource):
@@ -149,7 +149,11 @@ class WandbResource(ConfigurableResource):
             if url is None:
                 return {"status": "missing"}
             what = f"wandb-metadata.json of {path}/{run_id}"
-            headers = metadata_headers(url, settings.base_url or "https://api.wandb.ai", settings.api_key)
+            base_url = settings.base_url or "https://api.wandb.ai"
+            refused = metadata_url_refused(url, base_url)
+            if refused:  # kept as read: asking again would be refused again
+                return {"status": "refused", "error": f"{what} not read: {refused}"}
+            headers = metadata_headers(url, base_url, settings.api_key)
             try:
                 return read_metadata_file(
                     http, url, headers, downloads, what, pipeline.http_timeout_s, settings.api_key
