@@ -120,3 +120,28 @@ def test_the_repository_instance_stores_a_runs_asset_events_in_batches_read_back
     with _instance(tmp_path / "dagster", {"sqlite": {"base_dir": str(tmp_path / "dagster" / "storage")}}) as plain:
         assert type(plain.event_log_storage) is SqliteEventLogStorage
         assert _backfill(plain) == EXPECTED
+
+
+def test_a_batch_whose_index_transaction_fails_is_stored_once_in_each_shard(tmp_path, monkeypatch):
+    """Finding 11 of code-review-2026-11c: the index transaction of the planned batch fails once mid-batch ('database
+    is locked' on the shared index): Dagster falls back to storing the events one by one, and every event is still in
+    its run's log once (6 planned, not 12) and in the index once."""
+    original = BatchedSqliteEventLogStorage._store_asset_event
+    calls = {"n": 0}
+
+    def flaky(self, conn, event, event_id):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("database is locked")
+        return original(self, conn, event, event_id)
+
+    monkeypatch.setattr(BatchedSqliteEventLogStorage, "_store_asset_event", flaky)
+    monkeypatch.setenv("DAGSTER_EVENT_BATCH_SIZE", "1000")
+    repository = yaml.safe_load((REPO / "dagster.yaml").read_text())["storage"]
+    repository["custom"]["config"]["base_dir"] = str(tmp_path / "batched" / "storage")
+    with _instance(tmp_path / "batched", repository) as instance:
+        assert _backfill(instance) == EXPECTED
+        run_id = instance.get_runs()[0].run_id
+        planned = instance.all_logs(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED)
+        assert len(planned) == 6
+    assert calls["n"] > 2  # the failure happened and the fallback indexed the rest

@@ -7,12 +7,18 @@ of a 10 s CLI backfill on this machine. Dagster hands such events over as one ba
 ``DAGSTER_EVENT_BATCH_SIZE`` is set (the CLI sets it; its PostgreSQL storage batches them itself); the SQLite storage
 then stores them one by one. This one stores a batch in one transaction per shard, the same rows as one by one.
 
+A failed batch never duplicates or loses an event. When a batch fails, Dagster stores its events again one by one
+(``store_event``). If the run's shard was written already and the index transaction failed (rolled back whole), those
+events are remembered, and ``store_event`` then writes only their index part, exactly as Dagster's own does after its
+run-shard insert: each event once in each shard.
+
 Used by the repository's ``dagster.yaml`` (``storage: custom:``); the PostgreSQL instance (``deploy/``) does not
 need it. Imports Dagster only: the webserver and the daemon load it too.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 from dagster._core.events import ASSET_EVENTS
@@ -27,6 +33,13 @@ class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
     """``SqliteEventLogStorage`` whose ``store_event_batch`` writes one run's asset events in one transaction on
     the run's shard and one on the index shard (what ``store_event`` writes for each, in order)."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        #: Events of a failed batch already in their run's shard, by ``id`` (the objects are kept, so an id is never
+        #: reused meanwhile): Dagster's fallback stores each again through ``store_event``, which then indexes it only.
+        self._in_run_shard: dict[int, EventLogEntry] = {}
+        self._pending_lock = threading.Lock()
+
     def store_event_batch(self, events: Sequence[EventLogEntry]) -> None:
         run_ids = {event.run_id for event in events}
         if len(run_ids) != 1 or not all(
@@ -37,14 +50,34 @@ class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
         with self.run_connection(events[0].run_id) as conn:
             conn.execute(self.prepare_insert_event_batch(events))
         # Mirrored into the cross-run index, each with its id there (its tags and the asset's row refer to it).
+        try:
+            with self.index_transaction() as conn:
+                event_ids = []
+                for event in events:
+                    with db_result(conn, self.prepare_insert_event(event)) as result:
+                        event_ids.append(result.inserted_primary_key[0])
+                self._store_asset_event_tags(conn, events, event_ids)
+                for event, event_id in zip(events, event_ids, strict=True):
+                    self._store_asset_event(conn, event, event_id)
+        except Exception:
+            with self._pending_lock:  # in the run's shard already: the fallback indexes them, nothing more
+                self._in_run_shard.update((id(event), event) for event in events)
+            raise
+
+    def store_event(self, event: EventLogEntry) -> None:
+        with self._pending_lock:
+            in_run_shard = self._in_run_shard.get(id(event)) is event
+            if in_run_shard:
+                del self._in_run_shard[id(event)]
+        if not in_run_shard:
+            super().store_event(event)
+            return
+        # What Dagster's store_event writes to the index for an asset event after its run-shard insert.
         with self.index_transaction() as conn:
-            event_ids = []
-            for event in events:
-                with db_result(conn, self.prepare_insert_event(event)) as result:
-                    event_ids.append(result.inserted_primary_key[0])
-            self._store_asset_event_tags(conn, events, event_ids)
-            for event, event_id in zip(events, event_ids, strict=True):
-                self._store_asset_event(conn, event, event_id)
+            with db_result(conn, self.prepare_insert_event(event)) as result:
+                event_id = result.inserted_primary_key[0]
+            self._store_asset_event_tags(conn, [event], [event_id])
+            self._store_asset_event(conn, event, event_id)
 
 
 class BatchedSqliteStorage(DagsterSqliteStorage):
