@@ -217,7 +217,7 @@ def test_backfills_never_push(wandb_server, capture, instance):
     assert capture.requests == []
 
 
-def test_the_sensors_request_the_pool_bound_alert_job(wandb_server, capture, warehouse_path, instance):
+def test_the_sensors_request_the_alert_job(wandb_server, capture, warehouse_path, instance):
     from dagster import DagsterEventType, build_run_status_sensor_context
 
     from wandb_assets.defs.feed.pipeline_failure import pipeline_failure_opens, pipeline_failure_resolves
@@ -289,3 +289,38 @@ def test_a_sensor_launched_feed_after_a_tick_that_sent_everything_succeeds_and_s
     assert (metadata["delivered_now"].value, metadata["pending"].value) == (0, 0)
     status = "delivered" if mode == "live" else "dry_run"
     assert query(warehouse_path, "SELECT status, count(*) FROM datadog_deliveries GROUP BY 1") == [(status, 1)]
+
+
+def test_a_warehouse_locked_for_an_hour_pages_once_and_resolves_once(
+    wandb_server, capture, warehouse_path, instance, monkeypatch
+):
+    """Issue 32: when the warehouse itself is what failed (held by another process), the failed tick's
+    pipeline_failure still reaches the channels, although the warehouse cannot record it; four failed ticks (an hour)
+    page once; the first good tick resolves once."""
+    from tests.test_ingestion import _hold_warehouse, _release
+
+    wandb_server(ci_runs(failed=0))
+    assert all(r.success for r in run_tick(instance, TODAY, snapshot_at=SNAPSHOT, now=NOW))
+    monkeypatch.setenv("WANDB_ASSETS_LOCK_WAIT", "0.5")
+    reader = _hold_warehouse(warehouse_path)
+    try:
+        for minute in (15, 30, 45):
+            (failed,) = run_tick(
+                instance, TODAY, snapshot_at=f"2026-06-02T12:{minute}:00", now=f"2026-06-02T12:{minute}:30"
+            )
+            assert not failed.success
+        (failed,) = run_tick(instance, TODAY, snapshot_at="2026-06-02T13:00:00", now="2026-06-02T13:00:30")
+        assert not failed.success
+    finally:
+        _release(reader)
+    hooks = [h["text"] for h in capture.bodies("/hook/")]
+    assert len(hooks) == 1 and hooks[0].startswith(
+        ":rotating_light: [critical] pipeline_failure (refresh): Dagster run "
+    )
+    assert "is locked by another process" in hooks[0]
+    assert [e["title"][:40] for e in capture.bodies("/api/v1/events")] == ["[critical] pipeline_failure (refresh): D"]
+    results = run_tick(instance, TODAY, snapshot_at="2026-06-02T13:15:00", now="2026-06-02T13:15:30")
+    assert all(r.success for r in results)
+    hooks = [h["text"] for h in capture.bodies("/hook/")]
+    assert len(hooks) == 2 and hooks[1].startswith(":white_check_mark: Resolved pipeline_failure (refresh).")
+    assert len(capture.bodies("/api/v1/events")) == 2

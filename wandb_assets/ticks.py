@@ -51,7 +51,8 @@ def failure_message(result: ExecuteInProcessResult) -> str:
 
 def settle_pipeline_alert(instance: DagsterInstance, result: ExecuteInProcessResult) -> None:
     """What the two pipeline_failure sensors do, for a run made in this process: a failed run opens its
-    job's alert; a successful run after a failed one of the same job resolves it. Runs in the pool."""
+    job's alert; a successful run after a failed one of the same job resolves it (outside the pool: it pages even
+    while the warehouse is what failed)."""
     job_name, run_id = result.job_def.name, result.run_id
     if result.success:
         if not previous_run_failed(instance, job_name, run_id):

@@ -2,8 +2,13 @@
 later run of *that same job* succeeds. Never touched by ``fleet_alerts``, so a feed that keeps failing
 gives one "opened" notification per channel and no "resolved" until it succeeds.
 
-The sensors do not write the warehouse themselves: they request a run of the ``pipeline_alert`` job, whose
-one op runs in the ``warehouse`` pool like every other writer. The CLI runs the same job in process.
+The sensors request a run of the ``pipeline_alert`` job; the CLI runs the same job in process. Its state and its
+delivery do not depend on the warehouse, which may be what failed (locked by another process, unwritable): whether
+to page comes from the job's run history in the Dagster instance (a job's first failure after a success opens,
+its first success after a failure resolves, so a lock held for an hour pages once and resolves once), and the
+message goes straight to the channels. The warehouse's ``alerts`` table records it when it can (a channel that
+could not be reached then queues there for the next feed); the op is outside the ``warehouse`` pool, so a writer
+that holds the pool for an hour does not hold the page back.
 """
 
 from dagster import (
@@ -28,8 +33,8 @@ from wandb_assets.defs.feed.notify import Notifier
 from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource
 from wandb_assets.defs.fleet.jobs import backfill_job, offline_job, refresh_job
 from wandb_assets.defs.warehouse.maintenance import warehouse_maintenance_job
-from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
-from wandb_assets.lib.alerts import PIPELINE_FAILURE, pipeline_failure
+from wandb_assets.defs.warehouse.resources import WarehouseResource
+from wandb_assets.lib.alerts import PIPELINE_FAILURE, Transition, pipeline_failure, reconcile
 from wandb_assets.lib.clock import utc_now
 
 PIPELINE_ALERT_JOB = "pipeline_alert"
@@ -45,7 +50,7 @@ class PipelineAlertConfig(Config):
     error: str = ""
 
 
-@op(pool=WAREHOUSE_POOL, description="Open or resolve the pipeline_failure alert of one job and notify.")
+@op(description="Open or resolve the pipeline_failure alert of one job, notify, and record it where it can.")
 def record_pipeline_failure(
     context: OpExecutionContext,
     config: PipelineAlertConfig,
@@ -55,15 +60,27 @@ def record_pipeline_failure(
 ) -> None:
     notifier = Notifier(warehouse, datadog, channels, context.log)
     now = utc_now()
+    job_name, run_id = config.job_name, config.run_id
     if config.event == "opened":
-        conditions, covered = [pipeline_failure(config.job_name, config.run_id, config.error or "unknown error")], set()
+        condition = pipeline_failure(job_name, run_id, config.error or "unknown error")
+        conditions, covered = [condition], set()
+        first = not previous_run_failed(context.instance, job_name, run_id)  # a failure streak pages once
     elif config.event == "resolved":
-        conditions, covered = [], {f"{PIPELINE_FAILURE}:{config.job_name}"}
+        failed_run = last_failed_run(context.instance, job_name)
+        condition = pipeline_failure(job_name, failed_run or run_id, f"resolved by run {run_id}")
+        conditions, covered, first = [], {f"{PIPELINE_FAILURE}:{job_name}"}, True
     else:
         raise ValueError(f"event must be 'opened' or 'resolved' (got {config.event!r}).")
-    with warehouse.get_connection() as con:
-        notifier.record(con, conditions, covered, now)
-    notifier.send(now)
+    transition = Transition(config.event, condition)
+    unreached = notifier.send_now(transition) if first else []
+    (context.log.warning if config.event == "opened" else context.log.info)(
+        f"Alert {config.event}: {PIPELINE_FAILURE} ({job_name})" + ("" if first else ", already open: not sent again")
+    )
+    try:  # the history, where the warehouse can take it; a channel not reached waits in its outbox
+        with warehouse.get_connection() as con:
+            reconcile(con, conditions, covered, now, unreached)
+    except Exception as exc:  # noqa: BLE001 - the warehouse may be what failed: the page went out already
+        context.log.warning(f"The {PIPELINE_FAILURE} alert was sent but not recorded in the warehouse: {exc}")
 
 
 @job(
@@ -90,6 +107,12 @@ def step_failure_sentence(events) -> str | None:
 def pipeline_alert_run_config(job_name: str, run_id: str, event: str, error: str = "") -> dict:
     config = {"job_name": job_name, "run_id": run_id, "event": event, "error": error[:1000]}
     return {"ops": {"record_pipeline_failure": {"config": config}}}
+
+
+def last_failed_run(instance: DagsterInstance, job_name: str) -> str | None:
+    """The id of the latest failed run of ``job_name`` (what a resolution resolves), or None."""
+    records = instance.get_run_records(RunsFilter(job_name=job_name, statuses=[DagsterRunStatus.FAILURE]), limit=1)
+    return records[0].dagster_run.run_id if records else None
 
 
 def previous_run_failed(instance: DagsterInstance, job_name: str, run_id: str) -> bool:
