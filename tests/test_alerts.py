@@ -431,3 +431,41 @@ def test_each_rule_opens_stays_quiet_and_resolves(con, rule):
         events += [(minutes, t.event, t.condition.rule) for t in transitions]
     assert events == [(0, "opened", rule), (45, "resolved", rule)]
     assert con.execute("SELECT count(*) FROM alert_notifications").fetchone()[0] == 2
+
+
+def test_alert_keys_are_the_same_with_one_project_or_several_and_an_upgrade_keeps_open_alerts_going(memory_con):
+    """Finding 15 of code-review-2026-11c: turning WANDB_ASSETS_PROJECTS on (even naming the same project) resolved
+    and reopened every open alert under a new key. Keys now carry the project either way; an open alert of a
+    warehouse written before is re-keyed in place by the schema upgrade and goes on without a message."""
+    from wandb_assets.lib.alerts import RULE_FUNCTIONS, evaluate_rules, reconcile
+    from wandb_assets.lib.warehouse import ensure_schema
+    from wandb_assets.settings import alert_thresholds
+
+    ensure_schema(memory_con)
+    at = datetime(2026, 11, 20, 12)
+    memory_con.execute(
+        "INSERT INTO runs (entity, project, run_id, name, state, category, created_at, heartbeat_at, gpu_count, url, "
+        "ingested_at, source) VALUES ('e', 'p', 'z1', 'zombie', 'running', 'regular', TIMESTAMP '2026-11-01', $hb, 1, "
+        "'https://wandb.ai/e/p/runs/z1', $hb, 'wandb')",
+        {"hb": at},
+    )
+    one = alert_thresholds({"WANDB_PROJECT": "p", "WANDB_ENTITY": "e"})
+    several = alert_thresholds({"WANDB_ASSETS_PROJECTS": "e/p"})
+    keys = [sorted(c.key for c in evaluate_rules(memory_con, at, th)) for th in (one, several)]
+    assert keys[0] == keys[1] and "long_running:e/p:z1" in keys[0]
+    # An open alert as a one-project warehouse keyed it before, with a message still waiting for Slack.
+    memory_con.execute(
+        "INSERT INTO alerts VALUES ('long_running:z1', 'long_running', 'z1', 'warning', 'm', '{}', $t, $t, NULL)",
+        {"t": at - timedelta(hours=1)},
+    )
+    memory_con.execute(
+        "INSERT INTO alert_notifications (id, alert_key, event, channel, text, status, attempts, created_at) "
+        "VALUES (1, 'long_running:z1', 'opened', 'slack', 'x', 'pending', 0, $t)",
+        {"t": at},
+    )
+    memory_con.execute("DELETE FROM warehouse_meta WHERE key = 'schema_version'")  # as an older version left it
+    ensure_schema(memory_con)
+    assert memory_con.execute("SELECT alert_key, subject FROM alerts").fetchall() == [("long_running:e/p:z1", "e/p:z1")]
+    assert memory_con.execute("SELECT alert_key FROM alert_notifications").fetchall() == [("long_running:e/p:z1",)]
+    transitions = reconcile(memory_con, evaluate_rules(memory_con, at, several), set(RULE_FUNCTIONS), at, ["slack"])
+    assert [(t.event, t.condition.key) for t in transitions if t.condition.rule == "long_running"] == []

@@ -73,8 +73,9 @@ def test_tick_pushes_the_snapshot_and_raises_the_alert_once(wandb_server, captur
     hooks = capture.bodies("/hook/")
     assert hooks == [
         {
-            "text": ":rotating_light: [warning] push_to_main_success_rate_low (push_to_main): Push-to-main "
-            "success rate is 50.0% over the last 24 h (6 runs finished, failed or crashed; threshold 80%)."
+            "text": ":rotating_light: [warning] push_to_main_success_rate_low (test-team/test-project:push_to_main): "
+            "test-team/test-project: Push-to-main success rate is 50.0% over the last 24 h (6 runs finished, failed "
+            "or crashed; threshold 80%)."
         }
     ]
     (event,) = capture.bodies("/api/v1/events")
@@ -88,7 +89,7 @@ def test_tick_pushes_the_snapshot_and_raises_the_alert_once(wandb_server, captur
     assert query(warehouse_path, "SELECT status, count(*) FROM datadog_deliveries GROUP BY 1") == [("delivered", 2)]
     assert query(warehouse_path, "SELECT alert_key, opened_at, last_seen_at FROM alerts") == [
         (
-            "push_to_main_success_rate_low:push_to_main",
+            "push_to_main_success_rate_low:test-team/test-project:push_to_main",
             datetime(2026, 6, 2, 12, 0, 30),
             datetime(2026, 6, 2, 12, 15, 30),
         )
@@ -106,10 +107,11 @@ def test_tick_pushes_the_snapshot_and_raises_the_alert_once(wandb_server, captur
         if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION
     }
     assert found["success_rate_low_check"].description == (
-        "Push-to-main success rate is 50.0% over the last 24 h (6 runs finished, failed or crashed; threshold 80%)."
+        "test-team/test-project: Push-to-main success rate is 50.0% over the last 24 h (6 runs finished, failed or "
+        "crashed; threshold 80%)."
     )
     (finding,) = found["success_rate_low_check"].metadata["findings"].records
-    assert finding.data["subject"] == "push_to_main" and finding.data["severity"] == "warning"
+    assert finding.data["subject"] == "test-team/test-project:push_to_main" and finding.data["severity"] == "warning"
     assert found["sps_regression_check"].description == (
         "No unrecovered overview/sps regression in 1 CI config(s) on main (3 runs with a value, up to "
         "2026-06-02 12:15 UTC)."
@@ -204,8 +206,8 @@ def test_datadog_down_does_not_fail_the_tick(wandb_server, capture, warehouse_pa
         and e.asset_check_evaluation_data.check_name == "success_rate_low_check"
     ]
     assert passed.passed and passed.description == (
-        "Push-to-main success rate 100.0% over the 24 h before 2026-06-02 12:00 UTC (6 runs finished, failed or "
-        "crashed): at or above the 80% threshold."
+        "test-team/test-project: Push-to-main success rate 100.0% over the 24 h before 2026-06-02 12:00 UTC "
+        "(6 runs finished, failed or crashed): at or above the 80% threshold."
     )
 
 

@@ -192,6 +192,9 @@ def _contents(con, new_columns: bool = False) -> dict[str, list]:
     return contents
 
 
+UNKEYED_ALERTS = "SELECT * EXCLUDE (alert_key, subject) FROM alerts ORDER BY ALL"
+
+
 def test_a_warehouse_written_before_runs_had_a_project_is_migrated_in_place_and_loses_nothing(tmp_path):
     from wandb_assets.lib.warehouse import ensure_schema, rebuild_success_rates
 
@@ -200,6 +203,7 @@ def test_a_warehouse_written_before_runs_had_a_project_is_migrated_in_place_and_
     con = duckdb.connect(str(path))
     before = _contents(con)
     assert len(before["runs"]) == 25 and len(before["fleet_metrics"]) == 20 and len(before["alerts"]) == 2
+    alerts_before = con.execute(UNKEYED_ALERTS).fetchall()
     ensure_schema(con, home=("team", "configured"))  # (a name no URL has: shows which rows took it)
     # Every row still there, every old column unchanged; entity and project filled, from the URL W&B's client
     # builds (…/team/fleet/runs/<id>) or, for the offline row, from the configured project.
@@ -208,6 +212,14 @@ def test_a_warehouse_written_before_runs_had_a_project_is_migrated_in_place_and_
     assert after.pop("wandb_projects") == []  # new: filled by the next fetch
     assert after.pop("gpu_usage") == [] and after.pop("gpu_samples") == []  # new: the next tick fills them
     assert after.pop("sps_change_points") == []  # new: the next alert evaluation fills it
+    # The two open alerts keep going under the keys every alert has now (with its project), nothing else changed.
+    rekeyed = sorted(con.execute("SELECT alert_key, subject FROM alerts").fetchall())
+    assert rekeyed == [
+        ("push_to_main_success_rate_low:team/fleet:push_to_main", "team/fleet:push_to_main"),
+        ("stalled_run:team/fleet:stalled0001", "team/fleet:stalled0001"),
+    ]
+    assert con.execute(UNKEYED_ALERTS).fetchall() == alerts_before  # nothing but their keys
+    after.pop("alerts"), before.pop("alerts")
     assert after == before
     assert con.execute("SELECT source, entity, project, count(*) FROM runs GROUP BY ALL ORDER BY ALL").fetchall() == [
         ("offline", "team", "configured", 1),

@@ -460,7 +460,7 @@ def alert_thresholds(environ: Mapping[str, str] | None = None) -> AlertThreshold
             for name in AlertThresholds.__dataclass_fields__
             if name not in ("by_project", "gpu_prices")
         },
-        by_project=s.WANDB_ASSETS_PROJECTS is not None,
+        by_project=True,  # one project or several: the same alert keys (entity/project in each)
         gpu_prices=tuple(pipeline_settings(environ).gpu_prices.items()),
     )
 

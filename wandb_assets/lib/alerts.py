@@ -94,7 +94,8 @@ class AlertThresholds:
     #: The summary key sps_regression watches (``WANDB_ASSETS_SPS_METRIC``).
     sps_metric: str = "overview/sps"
     #: Several projects mirrored (``WANDB_ASSETS_PROJECTS``): every rule runs per project, and alert subjects and
-    #: messages carry ``entity/project``. Off (one project), keys and messages are exactly as they always were.
+    #: messages carry ``entity/project``. The settings always turn it on (one project or several: the same keys);
+    #: off, every rule runs over the whole fleet with unscoped keys (what warehouses before issue 32 recorded).
     by_project: bool = False
     #: idle_gpus: a GPU below this utilisation (percent) is idle (``WANDB_ASSETS_IDLE_GPU_PCT``) ...
     idle_gpu_pct: float = DEFAULT_IDLE_GPU_PCT
@@ -787,6 +788,30 @@ def reconcile(
                     },
                 )
     return transitions
+
+
+def scope_unscoped_alerts(con) -> int:
+    """Give the open alerts of a warehouse written when one project's alerts carried no project in their keys
+    (``long_running:z1``) the keys every alert now has (``long_running:e/p:z1``), in place: the alert goes on, it
+    neither resolves nor opens again. Only when the warehouse mirrors one project (which one is then certain), and
+    only keys whose subject names no project (idempotent). Returns the alerts re-keyed."""
+    projects = con.execute(
+        "SELECT DISTINCT entity, project FROM runs WHERE coalesce(source, 'wandb') = 'wandb' AND entity IS NOT NULL"
+    ).fetchall()
+    if len(projects) != 1:
+        return 0
+    where = f"{projects[0][0]}/{projects[0][1]}"
+    subject = "CASE WHEN subject = 'fleet' THEN $where ELSE $where || ':' || subject END"
+    unscoped = (
+        "resolved_at IS NULL AND rule NOT IN (SELECT unnest($kept::VARCHAR[])) "
+        "AND NOT contains(split_part(subject, ':', 1), '/')"
+    )
+    params = {"where": where, "kept": [PIPELINE_FAILURE, "project_unreachable"]}
+    rekeyed = con.execute(f"SELECT alert_key, rule || ':' || {subject} FROM alerts WHERE {unscoped}", params).fetchall()
+    for old, new in rekeyed:
+        con.execute("UPDATE alert_notifications SET alert_key = $new WHERE alert_key = $old", {"old": old, "new": new})
+    con.execute(f"UPDATE alerts SET subject = {subject}, alert_key = rule || ':' || {subject} WHERE {unscoped}", params)
+    return len(rekeyed)
 
 
 def notification_text(transition: Transition) -> str:

@@ -348,6 +348,8 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
         "view",
         "Runs alive now (running, pending, preempting) with their age and GPUs.",
         {
+            "entity": "W&B entity",
+            "project": "W&B project",
             "run_id": "W&B run id",
             "name": "display name",
             "category": "category",

@@ -16,7 +16,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from wandb_assets.lib.alerts import ALERT_SQL
+from wandb_assets.lib.alerts import ALERT_SQL, scope_unscoped_alerts
 from wandb_assets.lib.datadog_feed import LEDGER_SQL
 from wandb_assets.lib.gauges import RUNS_AS_OF_SQL, compute_gauges, gauge_params, held_samples_sql, project_metrics_sql
 from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, prices_param
@@ -159,7 +159,7 @@ SELECT coalesce(s.day, g.day) AS day, coalesce(s.category, g.category) AS catego
 FROM s FULL OUTER JOIN g ON s.day = g.day AND s.category = g.category;
 
 CREATE OR REPLACE VIEW alive_runs AS
-SELECT run_id, name, category, state, "user", created_at, heartbeat_at,
+SELECT entity, project, run_id, name, category, state, "user", created_at, heartbeat_at,
        (epoch({NOW_UTC_SQL}) - epoch(created_at)) / 3600.0 AS age_hours, gpu_count, url
 FROM runs WHERE state IN ({ALIVE_SQL});
 
@@ -232,6 +232,7 @@ def _create_schema(con, lake: bool, home: tuple[str | None, str | None] | None) 
     con.execute("ALTER TABLE report_publications ADD COLUMN IF NOT EXISTS artifact VARCHAR")
     con.execute(LEDGER_SQL)
     con.execute(ALERT_SQL)
+    scope_unscoped_alerts(con)  # every alert key names its project now, with one project as with several
     if "entity" not in _columns(con, "run_progress"):  # an evaluation's steps, written before they had a project
         con.execute("ALTER TABLE run_progress ADD COLUMN entity VARCHAR")
         con.execute("ALTER TABLE run_progress ADD COLUMN project VARCHAR")
