@@ -57,9 +57,22 @@ API_KEY = "local-" + "t" * 40
 ENTITY, PROJECT = "test-team", "test-project"
 
 
+def assert_invariants(con, request) -> None:
+    """The warehouse's invariants (``wandb-assets check``) hold on ``con``, unless the test breaks them on purpose
+    (``@pytest.mark.breaks_invariants``)."""
+    from datetime import UTC, datetime
+
+    from wandb_assets.lib.checks import broken
+
+    if request.node.get_closest_marker("breaks_invariants") is None:
+        problems = broken(con, datetime.now(UTC).replace(tzinfo=None))
+        assert problems == [], f"{request.node.nodeid} left a warehouse that breaks its invariants: {problems}"
+
+
 @pytest.fixture(autouse=True)
-def fresh_warehouse(monkeypatch):
-    """Every test starts without a warehouse file and with fast, bounded W&B retries."""
+def fresh_warehouse(monkeypatch, request):
+    """Every test starts without a warehouse file and with fast, bounded W&B retries; whatever it loaded into the
+    warehouse file holds the warehouse's invariants when it ends."""
     path = Path(os.environ["WANDB_ASSETS_DUCKDB"])
     for leftover in (path, path.with_suffix(".duckdb.wal")):
         leftover.unlink(missing_ok=True)
@@ -68,6 +81,17 @@ def fresh_warehouse(monkeypatch):
     monkeypatch.setenv("WANDB_ASSETS_HTTP_RETRIES", "2")
     monkeypatch.setenv("WANDB_ASSETS_RETRY_WAIT_MAX", "0.5")
     yield path
+    if path.exists():
+        import duckdb
+
+        try:
+            con = duckdb.connect(str(path), read_only=True)
+        except duckdb.Error:  # a test's deliberately unreadable file
+            return
+        try:
+            assert_invariants(con, request)
+        finally:
+            con.close()
 
 
 @pytest.fixture
@@ -103,13 +127,16 @@ def instance():
 
 
 @pytest.fixture
-def memory_con():
-    """An in-memory DuckDB connection."""
+def memory_con(request):
+    """An in-memory DuckDB connection; what the test loaded into it holds the warehouse's invariants."""
     import duckdb
 
     connection = duckdb.connect(":memory:")
     yield connection
-    connection.close()
+    try:
+        assert_invariants(connection, request)
+    finally:
+        connection.close()
 
 
 REPO = Path(__file__).resolve().parent.parent

@@ -38,7 +38,10 @@ def fleet_row(
 
 
 def load(con, rows: list[dict]) -> None:
-    """Put hand-built rows in the warehouse, replacing whatever it held."""
-    from wandb_assets.lib.warehouse import replace_runs_window
+    """Put hand-built rows in the warehouse, replacing whatever it held (a load keeps what W&B stopped returning,
+    marked vanished: a test's fleet is replaced whole)."""
+    from wandb_assets.lib.warehouse import ensure_schema, replace_runs_window
 
+    ensure_schema(con)
+    con.execute("DELETE FROM runs")
     replace_runs_window(con, rows, datetime(2000, 1, 1), datetime(2100, 1, 1))

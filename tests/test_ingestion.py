@@ -453,8 +453,8 @@ def _staged_at(
 
 def test_a_stale_window_file_loaded_last_cannot_turn_back_the_clock(memory_con, tmp_path):
     """A slow fetch that began at 10:14 is loaded after a tick that fetched at 10:15: the tick's newer state of
-    a run stays, and a run the tick found (created after the slow fetch read its page) is not deleted. A run
-    the stale file lacks that was fetched before it began is deleted as before (W&B no longer has it)."""
+    a run stays, and a run the tick found (created after the slow fetch read its page) is not judged. A run the
+    stale file lacks that was fetched before it began is kept, marked vanished (W&B no longer has it)."""
     from wandb_assets.lib.warehouse import load_runs_window
 
     day = datetime(2026, 6, 1)
@@ -470,12 +470,20 @@ def test_a_stale_window_file_loaded_last_cannot_turn_back_the_clock(memory_con, 
     _staged_at(slow, [("r1", "running", day + timedelta(hours=8))], datetime(2026, 6, 1, 10, 14))
     assert load_runs_window(memory_con, [tick], *window) == 2
     assert load_runs_window(memory_con, [str(slow)], *window) == 0  # its only row is older than the tick's copy
-    got = memory_con.execute("SELECT run_id, state, ingested_at FROM runs ORDER BY run_id").fetchall()
-    assert got == [("r1", "finished", datetime(2026, 6, 1, 10, 15)), ("r2", "running", datetime(2026, 6, 1, 10, 15))]
-    # A fresher file replaces both and drops r2 (fetched before it began and no longer in W&B's answer).
+    got = memory_con.execute("SELECT run_id, state, anomalies, ingested_at FROM runs ORDER BY run_id").fetchall()
+    assert got == [
+        ("gone", "finished", ["vanished"], datetime(2026, 6, 1, 9)),  # ended: its state (and counts) as they were
+        ("r1", "finished", [], datetime(2026, 6, 1, 10, 15)),
+        ("r2", "running", [], datetime(2026, 6, 1, 10, 15)),
+    ]
+    # A fresher file replaces r1, and r2 (fetched before it began, no longer in W&B's answer) is last seen.
     fresh = _staged_at(tmp_path / "fresh", [("r1", "crashed", day + timedelta(hours=8))], datetime(2026, 6, 1, 11))
     load_runs_window(memory_con, [fresh], *window)
-    assert memory_con.execute("SELECT run_id, state FROM runs").fetchall() == [("r1", "crashed")]
+    assert memory_con.execute("SELECT run_id, state, anomalies FROM runs ORDER BY 1").fetchall() == [
+        ("gone", "finished", ["vanished"]),
+        ("r1", "crashed", []),
+        ("r2", "vanished", ["vanished"]),
+    ]
 
 
 def test_an_alive_run_w_and_b_no_longer_returns_by_id_is_marked_vanished(memory_con, tmp_path):

@@ -304,21 +304,25 @@ def test_the_same_run_id_in_two_projects_is_two_rows_and_a_load_replaces_only_th
     load_runs_window(memory_con, [_staged(tmp_path / "1", first, datetime(2026, 6, 1, 13))], *window)
     rows = "SELECT entity, project, run_id, state FROM runs ORDER BY ALL"
     assert memory_con.execute(rows).fetchall() == sorted(first)
-    # A later fetch that read team/a whole (r1 deleted there, r2 new) and failed for the others: their rows stay.
+    # A later fetch that read team/a whole (r1 deleted there, r2 new) and failed for the others: their rows stay
+    # as they were; team/a's r1 stays too, marked vanished (W&B no longer returns it).
     later = _staged(tmp_path / "2", [("team", "a", "r2", "running")], datetime(2026, 6, 1, 14))
     load_runs_window(memory_con, [later], *window, projects=[("team", "a")])
-    assert memory_con.execute(rows).fetchall() == [
-        ("lab", "a", "r1", "failed"),
-        ("team", "a", "r2", "running"),
-        ("team", "b", "r1", "running"),
+    marked = "SELECT entity, project, run_id, state, anomalies FROM runs ORDER BY ALL"
+    assert memory_con.execute(marked).fetchall() == [
+        ("lab", "a", "r1", "failed", []),
+        ("team", "a", "r1", "finished", ["vanished"]),
+        ("team", "a", "r2", "running", []),
+        ("team", "b", "r1", "running", []),
     ]
     # team/b refreshed: its r1 replaced, nobody else's r1 touched.
     again = _staged(tmp_path / "3", [("team", "b", "r1", "finished")], datetime(2026, 6, 1, 15))
     load_runs_window(memory_con, [again], *window, projects=[("team", "b")])
-    assert memory_con.execute(rows).fetchall() == [
-        ("lab", "a", "r1", "failed"),
-        ("team", "a", "r2", "running"),
-        ("team", "b", "r1", "finished"),
+    assert memory_con.execute(marked).fetchall() == [
+        ("lab", "a", "r1", "failed", []),
+        ("team", "a", "r1", "finished", ["vanished"]),
+        ("team", "a", "r2", "running", []),
+        ("team", "b", "r1", "finished", []),
     ]
 
 
@@ -420,7 +424,12 @@ def test_a_backfill_over_several_projects_lands_each_and_a_failing_project_keeps
         ("lab", "rl", 3, "rl-0,rl-1,rl-2"),
         ("test-team", "new", 1, "new-0"),
         ("test-team", "test-project", 4, "llm-1,llm-2,llm-3,llm-renamed-0"),
-        ("test-team", "vision", 1, "vision-0"),
+        ("test-team", "vision", 2, "vision-0,vision-1"),  # v1, deleted in W&B, stays marked
+    ]
+    vision = "SELECT run_id, state, anomalies FROM runs WHERE project = 'vision' ORDER BY 1"
+    assert query_read_only(warehouse_path, vision) == [
+        ("v0", "finished", []),
+        ("v1", "finished", ["vanished"]),
     ]
 
     # Every project failing fails the run and changes nothing.

@@ -77,7 +77,15 @@ def test_replacing_a_window_touches_only_that_window(con):
         datetime(2026, 6, 3),
         datetime(2026, 6, 4),
     )
-    assert [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()] == ["multi", "new"]
+    # The 06-03 runs W&B no longer returns stay, marked (alive ones last seen); the other window is untouched.
+    assert con.execute("SELECT run_id, state, anomalies FROM runs ORDER BY run_id").fetchall() == [
+        ("alive", "vanished", ["vanished"]),
+        ("crash", "crashed", ["vanished"]),
+        ("kill", "killed", ["vanished"]),
+        ("multi", "finished", []),
+        ("new", "finished", []),
+        ("waiting", "vanished", ["vanished"]),
+    ]
 
 
 def test_failed_write_rolls_back_after_the_delete(con):
@@ -143,5 +151,10 @@ def test_a_run_id_is_stored_once_even_without_a_parseable_creation_time(con):
     for _ in range(2):
         replace_runs_window(con, [undated], datetime(2026, 6, 3), datetime(2026, 6, 4))
     assert con.execute("SELECT count(*) FROM runs WHERE run_id = 'undated'").fetchone()[0] == 1
-    # The 06-03 window (alive, waiting, crash, kill) was replaced: multi and undated remain.
-    assert [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()] == ["multi", "undated"]
+    # The 06-03 window's runs (alive, waiting, crash, kill) are no longer returned: kept, marked vanished.
+    assert con.execute(
+        "SELECT run_id FROM runs WHERE NOT list_contains(anomalies, 'vanished') ORDER BY 1"
+    ).fetchall() == [
+        ("multi",),
+        ("undated",),
+    ]

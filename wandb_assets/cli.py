@@ -468,6 +468,33 @@ def cmd_regressions(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """The warehouse's invariants (``lib.checks``): exit 0 when all hold, 1 naming each that does not."""
+    from datetime import UTC, datetime
+
+    from wandb_assets.lib.checks import check_warehouse
+    from wandb_assets.settings import alert_thresholds, pipeline_settings
+    from wandb_assets.warehouse import reading
+
+    location = args.warehouse or pipeline_settings().warehouse
+    with reading(location) as con:
+        if con is None:
+            print(f"error: no warehouse at {location}: run a backfill first (or `wandb-assets demo`).", file=sys.stderr)
+            return 2
+        now = datetime.now(UTC).replace(tzinfo=None)
+        results = check_warehouse(con, now, alert_thresholds().idle_gpu_pct)
+        runs = con.execute("SELECT count(*) FROM runs").fetchone()[0] if results else 0
+    failed = 0
+    for invariant, count, sample in results:
+        if count:
+            failed += 1
+            print(f"FAILED {invariant.name}: {count} row(s) break '{invariant.promise}', e.g. {sample}")
+        else:
+            print(f"ok     {invariant.name}: {invariant.promise}")
+    print(f"{len(results) - failed} of {len(results)} invariants hold over {runs:,} runs of {location}.")
+    return 1 if failed else 0
+
+
 def cmd_fetch_warehouse(args: argparse.Namespace) -> int:
     from wandb_assets.defs.report.assets import report_target
     from wandb_assets.defs.wandb_runs.resources import wandb_resource
@@ -554,6 +581,15 @@ def build_parser() -> argparse.ArgumentParser:
     regressions.add_argument("--since", help="first day, YYYY-MM-DD: regressions whose first slow run is later")
     regressions.add_argument("--warehouse", help="warehouse file (default WANDB_ASSETS_DUCKDB)")
     regressions.set_defaults(func=cmd_regressions)
+    check = sub.add_parser(
+        "check",
+        help="check the warehouse's invariants (exit 1 naming each that does not hold)",
+        description="Check the warehouse itself (read-only, a few seconds): one row per run, idle GPU-hours within "
+        "GPU-hours, dollars = GPU-hours x price, no busy run of a project no longer mirrored, no alert open on a "
+        "run that is not alive. Exit 0 when every one holds, 1 when one does not (each named with examples).",
+    )
+    check.add_argument("--warehouse", help="warehouse file or ducklake: string (default WANDB_ASSETS_DUCKDB)")
+    check.set_defaults(func=cmd_check)
     fetch = sub.add_parser("fetch-warehouse", help="download a published warehouse artifact")
     fetch.add_argument("--version", default="latest", help="artifact version or alias (default latest)")
     fetch.add_argument("--dest", default="data/fetched", help="folder to download into")

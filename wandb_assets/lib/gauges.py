@@ -179,7 +179,7 @@ sampled AS (
 held AS (
     SELECT sampled.* REPLACE ({idle_of_run("sampled.idle", "sampled.gpus", "r.gpu_count")} AS idle), least(
                coalesce(lead(snapshot_at) OVER (PARTITION BY entity, project, run_id ORDER BY snapshot_at),
-                        r.ended_at, {now}),
+                        {busy_until_sql(now)}, {now}),
                snapshot_at + INTERVAL 1 HOUR) AS until
     FROM sampled JOIN {runs} r USING (entity, project, run_id)
     WHERE r.log_idle_gpu_hours IS NULL

@@ -424,6 +424,16 @@ UPDATE {table} SET cost_usd = {run_gpu_hours_sql("ingested_at")}
     * (SELECT usd FROM prices WHERE prices.model = {table}.gpu_model) WHERE {where}"""
 
 
+#: Marks the runs of ``just_vanished``: W&B no longer returns them. An alive one becomes ``vanished`` (last seen at
+#: its heartbeat: it occupies no GPU after it); an ended one keeps its state (its success, duration and GPU-hours
+#: stay as they were counted). Both carry ``vanished`` in their anomalies; W&B returning one restores it.
+VANISHED_SQL = f"""
+UPDATE runs SET state = CASE WHEN state IN ({ALIVE_SQL}) THEN '{VANISHED}' ELSE state END,
+    anomalies = list_append(coalesce(anomalies, []), '{VANISHED}')
+WHERE (entity, project, run_id) IN (SELECT entity, project, run_id FROM just_vanished)
+"""
+
+
 def _reprice_vanished(con) -> None:
     """Inside a load's transaction: the runs just marked vanished cost their GPU-hours up to when they were last
     seen, at the prices the warehouse last priced with (none recorded: they keep what they hold)."""
@@ -462,9 +472,12 @@ def load_runs_window(
     staged in ``paths``: one transaction, so a failure leaves the table as it was. Returns rows loaded.
 
     Freshness decides, not the order of loads: a staged row never replaces a copy fetched later than it was
-    (``ingested_at``), and a window row missing from the files is deleted only if it was fetched before the
+    (``ingested_at``), and a window row missing from the files is judged vanished only if it was fetched before the
     oldest of those files' fetches began (``fetched_since``), so loading an old staged file, or a slow fetch
-    published after a quicker one, cannot turn back the clock or drop runs a later fetch found.
+    published after a quicker one, cannot turn back the clock or mark runs a later fetch found.
+
+    Nothing W&B stops returning is deleted: a window row missing from the files (deleted or moved in W&B) stays,
+    marked ``vanished`` (``VANISHED_SQL``), its past GPU-hours and cost as they were.
 
     ``refreshed`` holds the runs fetched by id: every run the warehouse held alive, created before ``start``. Each
     replaces the warehouse's copy only if fetched later. A run those fetches asked for by id (``asked_runs``: their
@@ -473,67 +486,68 @@ def load_runs_window(
     for (loaded by another fetch meanwhile) is never judged.
 
     A run is (entity, project, run_id). ``projects``: the (entity, project) pairs whose window the files hold
-    whole; only their rows in the window may be deleted (a project whose fetch failed keeps its rows). None: every
-    project's. ``prices``: ``(model, USD per GPU-hour)``, each run's ``cost_usd`` (see ``_price_runs``).
+    whole; only their rows in the window may be judged (a project whose fetch failed keeps its rows as they are).
+    None: every project's. ``prices``: ``(model, USD per GPU-hour)``, each run's ``cost_usd`` (see ``_price_runs``).
     """
     ensure_schema(con)
     paths = [paths] if isinstance(paths, str) else list(paths)
     window_fetched = min((fetched_since(p) for p in paths), default=None)
     refreshed_fetched = min((fetched_since(p) for p in refreshed or []), default=None)
     whole = _whole_triples(paths, projects)
+    asked = asked_runs(refreshed or [])
     with transaction(con):
         con.execute(_STAGE_INCOMING, {"paths": [literal_path(p) for p in paths]})
+        con.execute("CREATE OR REPLACE TEMP TABLE refreshed_runs AS SELECT * FROM incoming_runs LIMIT 0")
         if refreshed:
             con.execute(
                 f"CREATE OR REPLACE TEMP TABLE refreshed_runs AS {_READ_STAGED}",
                 {"paths": [literal_path(p) for p in refreshed]},
             )
-            asked = asked_runs(refreshed)
-            con.execute(
-                f"""CREATE OR REPLACE TEMP TABLE just_vanished AS
-                SELECT entity, project, run_id FROM runs
-                WHERE coalesce(source, '{SOURCE_WANDB}') = '{SOURCE_WANDB}' AND state IN ({ALIVE_SQL})
-                  AND ingested_at <= $fetched
-                  AND (entity, project, run_id) IN (
-                      SELECT unnest($e::VARCHAR[]), unnest($p::VARCHAR[]), unnest($r::VARCHAR[]))
-                  AND (entity, project, run_id) NOT IN (SELECT entity, project, run_id FROM refreshed_runs)
-                  AND (entity, project, run_id) NOT IN (SELECT entity, project, run_id FROM incoming_runs)""",
-                {
-                    "fetched": refreshed_fetched,
-                    "e": [a[0] for a in asked],
-                    "p": [a[1] for a in asked],
-                    "r": [a[2] for a in asked],
-                },
-            )
-            con.execute(
-                f"""UPDATE runs SET state = '{VANISHED}', anomalies = list_append(anomalies, '{VANISHED}')
-                WHERE (entity, project, run_id) IN (SELECT entity, project, run_id FROM just_vanished)"""
-            )
-            _reprice_vanished(con)
-            con.execute("DROP TABLE just_vanished")
-            con.execute(
-                "INSERT INTO incoming_runs BY NAME SELECT * FROM refreshed_runs "
-                "WHERE (entity, project, run_id) NOT IN (SELECT entity, project, run_id FROM incoming_runs)"
-            )
-            con.execute("DROP TABLE refreshed_runs")
+        # What W&B no longer returns: a window row of a project the files hold whole, fetched before these files'
+        # fetches began (a later fetch's row is never judged by an older file), and a run asked for by id, held
+        # alive since before that fetch began. Each stays, marked (see VANISHED_SQL).
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE just_vanished AS
+            SELECT entity, project, run_id FROM runs
+            WHERE coalesce(source, '{SOURCE_WANDB}') = '{SOURCE_WANDB}'
+              AND NOT list_contains(coalesce(anomalies, []), '{VANISHED}')
+              AND (entity, project, run_id) NOT IN (SELECT entity, project, run_id FROM incoming_runs)
+              AND (entity, project, run_id) NOT IN (SELECT entity, project, run_id FROM refreshed_runs)
+              AND ((created_at >= $start AND created_at < $end
+                    AND (ingested_at IS NULL OR ingested_at <= $fetched)
+                    AND ($whole IS NULL OR list_contains($whole, [strftime(created_at, '%Y-%m-%d'), entity, project])
+                         OR list_contains($whole, ['*', entity, project])))
+                   OR (state IN ({ALIVE_SQL}) AND ingested_at <= $refreshed_fetched
+                       AND (entity, project, run_id) IN (
+                           SELECT unnest($e::VARCHAR[]), unnest($p::VARCHAR[]), unnest($r::VARCHAR[]))))""",
+            {
+                "start": start,
+                "end": end,
+                "fetched": window_fetched,
+                "whole": whole,
+                "refreshed_fetched": refreshed_fetched,
+                "e": [a[0] for a in asked],
+                "p": [a[1] for a in asked],
+                "r": [a[2] for a in asked],
+            },
+        )
+        con.execute(VANISHED_SQL)
+        _reprice_vanished(con)
+        con.execute("DROP TABLE just_vanished")
+        con.execute(
+            "INSERT INTO incoming_runs BY NAME SELECT * FROM refreshed_runs "
+            "WHERE (entity, project, run_id) NOT IN (SELECT entity, project, run_id FROM incoming_runs)"
+        )
+        con.execute("DROP TABLE refreshed_runs")
         # A copy fetched later than the staged one stays: the staged row is dropped.
         con.execute(
             "DELETE FROM incoming_runs WHERE EXISTS (SELECT 1 FROM runs WHERE runs.run_id = incoming_runs.run_id "
             "AND runs.entity = incoming_runs.entity AND runs.project = incoming_runs.project "
             "AND runs.ingested_at > incoming_runs.ingested_at)"
         )
-        # The window (rows fetched before these files' fetches began), plus any earlier copy of a fetched run
-        # (one whose created_at could not be parsed before, moved, or an unfinished run refreshed by id): a run
-        # id appears once in the table. Offline copies in the window stay (W&B does not know them), unless W&B
-        # now sends the same run id.
+        # Every earlier copy of a fetched run (a vanished one W&B returns again is restored): a run appears once.
         con.execute(
-            "DELETE FROM runs WHERE (created_at >= $start AND created_at < $end "
-            f"AND coalesce(source, '{SOURCE_WANDB}') <> '{SOURCE_OFFLINE}' "
-            "AND (ingested_at IS NULL OR ingested_at <= $fetched) "
-            "AND ($whole IS NULL OR list_contains($whole, [strftime(created_at, '%Y-%m-%d'), entity, project]) "
-            "OR list_contains($whole, ['*', entity, project]))) "
-            "OR (entity, project, run_id) IN (SELECT entity, project, run_id FROM incoming_runs)",
-            {"start": start, "end": end, "fetched": window_fetched, "whole": whole},
+            "DELETE FROM runs WHERE (entity, project, run_id) IN (SELECT entity, project, run_id FROM incoming_runs)"
         )
         _price_runs(con, prices)
         con.execute(
@@ -702,7 +716,7 @@ GROUP BY GROUPING SETS ((entity, project, ended_at::DATE), (entity, project, end
 """
 
 
-def _daily_gpu_hours_sql(columns: str) -> str:
+def daily_gpu_hours_sql(columns: str) -> str:
     """CTEs ``spans`` and ``daily``: each run's busy span (``busy_until_sql`` at ``$now``) cut at UTC midnights,
     one row per run and day with ``day_start`` and ``gpu_hours`` (its GPUs times the hours of that day), carrying
     the runs ``columns``. The one GPU-hours rule of the gpu_hours and gpu_usage tables."""
@@ -724,7 +738,7 @@ daily AS (
 
 
 GPU_HOURS_SQL = f"""
-WITH {_daily_gpu_hours_sql("entity, project, category")}
+WITH {daily_gpu_hours_sql("entity, project, category")}
 SELECT entity, project, day_start::DATE AS day,
        CASE WHEN GROUPING(category) = 1 THEN 'all' ELSE category END AS category,
        count(*) AS runs, sum(gpu_hours) AS gpu_hours
@@ -735,7 +749,7 @@ GROUP BY GROUPING SETS ((entity, project, day_start), (entity, project, day_star
 #: CTEs ``sampled``, ``held``, ``idle``: idle GPU-hours per run and UTC day up to ``$now``, from the samples taken
 #: while it ran (``gauges.held_samples_sql``), or for an offline run from its log (``runs.log_idle_gpu_hours``); a GPU
 #: below ``$idle_pct`` is idle. The one rule for gpu_usage and the notebooks.
-_IDLE_GPU_HOURS_SQL = f"""{held_samples_sql("runs", "$now::TIMESTAMP")},
+IDLE_GPU_HOURS_SQL = f"""{held_samples_sql("runs", "$now::TIMESTAMP")},
 idle AS (
     SELECT entity, project, run_id, date_trunc('day', snapshot_at) AS day_start,
            sum(idle * greatest(epoch(until) - epoch(snapshot_at), 0) / 3600.0) AS idle_gpu_hours
@@ -757,8 +771,8 @@ WITH {PRICES_CTE},
 teams AS (
     SELECT unnest(from_json($teams::JSON, '[{{"user": "VARCHAR", "team": "VARCHAR"}}]'), recursive := true)
 ),
-{_IDLE_GPU_HOURS_SQL},
-{_daily_gpu_hours_sql('entity, project, run_id, category, "user" AS username, gpu_model')}
+{IDLE_GPU_HOURS_SQL},
+{daily_gpu_hours_sql('entity, project, run_id, category, "user" AS username, gpu_model')}
 SELECT day_start::DATE AS day, d.entity, d.project, username, coalesce(t.team, 'unassigned') AS team, category,
        gpu_model, count(*) AS runs, sum(gpu_hours) AS gpu_hours, sum(gpu_hours * p.usd) AS cost_usd,
        coalesce(sum(i.idle_gpu_hours), 0) AS idle_gpu_hours
@@ -770,7 +784,7 @@ GROUP BY day_start, d.entity, d.project, username, team, category, gpu_model
 
 #: The runs that left the most GPU-hours idle (``$limit``), with who ran them, on what, and since when.
 TOP_IDLE_RUNS_SQL = f"""
-WITH {_IDLE_GPU_HOURS_SQL}
+WITH {IDLE_GPU_HOURS_SQL}
 SELECT r.entity || '/' || r.project AS project, r.run_id, r.name, r."user", r.state, r.gpu_count, r.gpu_model,
        round(sum(i.idle_gpu_hours), 2) AS idle_gpu_hours, r.url
 FROM idle i JOIN runs r USING (entity, project, run_id)

@@ -1,0 +1,95 @@
+"""``wandb-assets check``: each invariant of the warehouse holds on a good one and is named when broken (each
+broken on purpose here, one at a time). Every other test's warehouse is checked at its end (``conftest``)."""
+
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+
+import duckdb
+import pytest
+
+from tests.fleet import fleet_row, load
+from wandb_assets.lib.checks import INVARIANTS, broken, check_warehouse
+from wandb_assets.lib.warehouse import GPU_SAMPLES_SQL, ensure_schema, load_runs_window, record_projects, stage_rows
+
+NOW = datetime.now(UTC).replace(tzinfo=None)
+T = datetime(2026, 6, 1)
+
+
+def _good(con) -> None:
+    """Two projects: a finished H100 run priced at 3 USD, a running run with an idle sample, a project record."""
+    ensure_schema(con)
+    rows = [
+        fleet_row("done", "finished", "regular", T, T + timedelta(hours=2), gpus=2, entity="e", project="p")
+        | {"gpu_model": "H100-80GB"},
+        fleet_row("live", "running", "regular", T, None, gpus=1, entity="e", project="q")
+        | {"latest_gpu_sample": [{"gpu_index": 0, "utilisation": 0.0, "memory": 1.0}]},
+    ]
+    path, _ = stage_rows(rows)
+    load_runs_window(con, path, T, T + timedelta(days=1), prices=[("H100-80GB", 3.0)])
+    con.execute(GPU_SAMPLES_SQL, {"snapshot_at": T + timedelta(hours=1)})
+    record_projects(con, [{"entity": "e", "project": p, "error": None} for p in ("p", "q")], T)
+
+
+BREAKS = {
+    "one_row_per_run": "INSERT INTO runs SELECT * FROM runs WHERE run_id = 'done'",
+    "idle_within_gpu_hours": "INSERT INTO gpu_samples VALUES (TIMESTAMP '2026-05-30 12:00', 'e', 'q', 'live', 0, 0, 0)",
+    "cost_is_hours_times_price": "UPDATE runs SET cost_usd = cost_usd + 0.01 WHERE run_id = 'done'",
+    "no_busy_unmirrored_run": "UPDATE wandb_projects SET mirrored = false WHERE project = 'q'",
+    "no_alert_on_a_run_not_alive": (
+        "INSERT INTO alerts VALUES ('stalled_run:e/p:done', 'stalled_run', 'e/p:done', 'warning', 'm', "
+        '\'{"run_id": "done", "entity": "e", "project": "p"}\', now(), TIMESTAMP \'2100-01-01\', NULL)'
+    ),
+}
+
+
+def test_every_invariant_holds_on_a_good_warehouse(memory_con):
+    _good(memory_con)
+    assert memory_con.execute("SELECT run_id, cost_usd FROM runs ORDER BY 1").fetchall() == [
+        ("done", 12.0),  # 2 GPUs x 2 h x 3 USD
+        ("live", None),
+    ]
+    assert [(i.name, count) for i, count, _ in check_warehouse(memory_con, NOW)] == [(i.name, 0) for i in INVARIANTS]
+
+
+@pytest.mark.breaks_invariants
+@pytest.mark.parametrize("name", list(BREAKS))
+def test_each_invariant_broken_on_purpose_is_named_and_only_it(memory_con, name):
+    _good(memory_con)
+    memory_con.execute(BREAKS[name])
+    failing = [(i.name, count) for i, count, _ in check_warehouse(memory_con, NOW) if count]
+    assert failing == [(name, 1)]
+    (sentence,) = broken(memory_con, NOW)
+    assert sentence.startswith(f"{name}: 1 row(s) break '")
+
+
+@pytest.mark.breaks_invariants
+def test_the_command_exits_0_when_all_hold_1_naming_what_breaks_and_2_without_a_warehouse(tmp_path):
+    path = tmp_path / "w.duckdb"
+    con = duckdb.connect(str(path))
+    _good(con)
+    con.close()
+
+    def check() -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "wandb_assets.cli", "check", "--warehouse", str(path)]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+    ok = check()
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.splitlines()[-1] == f"5 of 5 invariants hold over 2 runs of {path}."
+    con = duckdb.connect(str(path))
+    con.execute(BREAKS["cost_is_hours_times_price"])
+    con.close()
+    bad = check()
+    assert bad.returncode == 1
+    assert "FAILED cost_is_hours_times_price: 1 row(s) break" in bad.stdout
+    assert bad.stdout.splitlines()[-1].startswith("4 of 5 invariants hold")
+    path.unlink()
+    gone = check()
+    assert (gone.returncode, gone.stdout) == (2, "")
+    assert gone.stderr.startswith(f"error: no warehouse at {path}")
+
+
+def test_a_fleet_loaded_whole_holds_every_invariant(memory_con):
+    load(memory_con, [fleet_row("a", "finished", "regular", T, T + timedelta(hours=1))])
+    assert broken(memory_con, NOW) == []
