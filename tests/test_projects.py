@@ -901,3 +901,31 @@ def test_a_backfill_of_several_projects_over_many_days_lands_every_run_on_its_da
         day = (date(2026, 6, 1) + timedelta(days=d)).isoformat()
         lines = (staging / f"{day}.ndjson").read_text().splitlines()[1:]  # after the header line
         assert len(lines) == 6 and all(f'"created_at": "{day} ' in line for line in lines), day
+
+
+def test_a_new_run_without_a_heartbeat_yet_still_counts_as_activity(monkeypatch, tmp_path):
+    """The suspected point of code-review-2026-11c: W&B orders a null heartbeat last in ``-heartbeat_at`` (as the
+    local server does), so a brand-new run with none was not seen by the activity probe; the probe now also asks
+    for the newest creation, in the same request."""
+    from types import SimpleNamespace
+
+    from tests.conftest import API_KEY
+    from wandb_assets.lib.fetch import get_api, latest_activity
+    from wandb_assets.localwandb import LocalWandbServer, make_run_node
+    from wandb_assets.settings import WandbSettings
+
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    old = make_run_node("old", display_name="old", state="finished", created_at=datetime(2026, 6, 1, 8))
+    new = make_run_node("new", display_name="new", state="running", created_at=datetime(2026, 6, 1, 12)) | {
+        "heartbeatAt": None
+    }
+    server = LocalWandbServer([old, new], entity="e", project="p", api_key=API_KEY).start()
+    try:
+        api = get_api(
+            WandbSettings(api_key=API_KEY, project="p", entity="e", base_url=server.url),
+            SimpleNamespace(http_timeout_s=5.0, http_retries=1, retry_wait_max_s=0.5),
+        )
+        assert latest_activity(api, ["e/p"], API_KEY) == {"e/p": datetime(2026, 6, 1, 12)}
+        assert [op for op, _ in server.requests].count("ProjectsActivity") == 1  # one request
+    finally:
+        server.stop()

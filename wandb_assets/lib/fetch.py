@@ -657,12 +657,16 @@ PROJECTS_PER_PROBE = 25
 
 
 def _activity_query(count: int) -> str:
-    """``ProjectsActivity``: for each of ``count`` projects (``$e<i>``/``$p<i>``), its run with the newest
-    heartbeat (``order: "-heartbeat_at"``, ``first: 1``), as the ``Runs`` query orders runs."""
+    """``ProjectsActivity``: for each of ``count`` projects (``$e<i>``/``$p<i>``), its run with the newest heartbeat
+    (``order: "-heartbeat_at"``) and its newest run (``"-created_at"``), ``first: 1`` each, as the ``Runs`` query
+    orders runs: a run so new that it has no heartbeat yet sorts last by heartbeat (NULLs last, descending), so the
+    newest creation is asked for too, in the same request."""
     variables = ", ".join(f"$e{i}: String!, $p{i}: String!" for i in range(count))
+    node = "{ edges { node { name createdAt heartbeatAt } } }"
     fields = " ".join(
         f"p{i}: project(name: $p{i}, entityName: $e{i}) "
-        '{ runs(first: 1, order: "-heartbeat_at") { edges { node { name createdAt heartbeatAt } } } }'
+        f'{{ byHeartbeat: runs(first: 1, order: "-heartbeat_at") {node} '
+        f'byCreation: runs(first: 1, order: "-created_at") {node} }}'
         for i in range(count)
     )
     return f"query ProjectsActivity({variables}) {{ {fields} }}"
@@ -670,9 +674,10 @@ def _activity_query(count: int) -> str:
 
 def latest_activity(api, projects: list[str], secret: str = "") -> dict[str, datetime | None]:
     """The newest moment anything happened in each project (``entity/project``): its newest run heartbeat (a
-    run's heartbeat is at least its creation time, moves while it is alive and stops when it ends), or None for
-    a project without runs. ``PROJECTS_PER_PROBE`` projects per request. A project W&B does not return (not
-    found, no access) is left out: the fetch proper will say why. Raises ``WandbFetchError`` on a failed request."""
+    run's heartbeat is at least its creation time, moves while it is alive and stops when it ends) or run
+    creation (a new run without a heartbeat yet), or None for a project without runs. ``PROJECTS_PER_PROBE``
+    projects per request. A project W&B does not return (not found, no access) is left out: the fetch proper will
+    say why. Raises ``WandbFetchError`` on a failed request."""
     from wandb_assets.lib.normalize import parse_timestamp
 
     found: dict[str, datetime | None] = {}
@@ -691,9 +696,12 @@ def latest_activity(api, projects: list[str], secret: str = "") -> dict[str, dat
             project = (data or {}).get(f"p{i}")
             if project is None:
                 continue
-            edges = ((project.get("runs") or {}).get("edges")) or []
-            node = edges[0]["node"] if edges else {}
-            moments = [parse_timestamp(node.get(k)) for k in ("heartbeatAt", "createdAt")]
+            nodes = [
+                edge.get("node") or {}
+                for alias in ("byHeartbeat", "byCreation")
+                for edge in ((project.get(alias) or {}).get("edges") or [])[:1]
+            ]
+            moments = [parse_timestamp(node.get(k)) for node in nodes for k in ("heartbeatAt", "createdAt")]
             found[path] = max((m for m in moments if m is not None), default=None)
     return found
 

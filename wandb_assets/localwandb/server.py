@@ -615,17 +615,21 @@ class LocalWandbServer:
         return self._metadata_bytes(record["node"])
 
     def _projects_activity(self, variables: dict) -> str:
-        """``p<i>: project(name: $p<i>, entityName: $e<i>) { runs(first: 1, order: "-heartbeat_at") ... }`` for
-        every ``i`` in the variables: each project's run with the newest heartbeat (null: no such project)."""
+        """``p<i>: project(name: $p<i>, entityName: $e<i>) { byHeartbeat: runs(first: 1, order: "-heartbeat_at")
+        ... byCreation: runs(first: 1, order: "-created_at") ... }`` for every ``i`` in the variables: each project's
+        run with the newest heartbeat and its newest run (null: no such project)."""
         data = {}
         for i in range(len(variables) // 2):
             runs = self._projects.get((variables.get(f"e{i}"), variables.get(f"p{i}")))
             if runs is None:
                 data[f"p{i}"] = None
                 continue
-            newest = runs.select("{}", "-heartbeat_at")[:1]
-            nodes = [{k: r["node"].get(k) for k in ("name", "createdAt", "heartbeatAt")} for r in newest]
-            data[f"p{i}"] = {"runs": {"edges": [{"node": node} for node in nodes]}}
+            answer = {}
+            for alias, order in (("byHeartbeat", "-heartbeat_at"), ("byCreation", "-created_at")):
+                newest = runs.select("{}", order)[:1]  # as W&B (MySQL) orders: a missing value sorts last
+                nodes = [{k: r["node"].get(k) for k in ("name", "createdAt", "heartbeatAt")} for r in newest]
+                answer[alias] = {"edges": [{"node": node} for node in nodes]}
+            data[f"p{i}"] = answer
         return json.dumps({"data": data})
 
     def _projects_page(self, variables: dict) -> str:
