@@ -326,3 +326,21 @@ def test_a_warehouse_locked_for_an_hour_pages_once_and_resolves_once(
     hooks = [h["text"] for h in capture.bodies("/hook/")]
     assert len(hooks) == 2 and hooks[1].startswith(":white_check_mark: Resolved pipeline_failure (refresh).")
     assert len(capture.bodies("/api/v1/events")) == 2
+
+
+def test_a_run_named_with_an_at_handle_notifies_nobody_through_datadog_events(wandb_server, capture, instance):
+    """The suspected point S4 of code-review-2026-11c: an ``@handle`` in a Datadog event notifies that handle, and
+    run names (in alert texts) are anyone's to choose. The event says it with a zero-width space after the ``@``."""
+    from wandb_assets.defs.feed.resources import DatadogResource
+    from wandb_assets.defs.wandb_runs.resources import wandb_resource
+
+    datadog = DatadogResource(wandb=wandb_resource())
+    result = datadog.send_event(
+        DD_KEY, "[warning] stalled_run (@pagerduty-infra)", "Run @oncall looks stalled", False, []
+    )
+    assert result.accepted
+    (event,) = capture.bodies("/api/v1/events")
+    assert (event["title"], event["text"]) == (
+        "[warning] stalled_run (@\u200bpagerduty-infra)",
+        "Run @\u200boncall looks stalled",
+    )

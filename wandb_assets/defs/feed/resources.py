@@ -3,7 +3,7 @@
 from dagster import ConfigurableResource, ResourceDependency
 
 from wandb_assets.defs.wandb_runs.resources import WandbResource
-from wandb_assets.lib.channels import post_webhook
+from wandb_assets.lib.channels import datadog_escape, post_webhook
 from wandb_assets.lib.datadog_feed import SendResult, feed_tags
 from wandb_assets.settings import load_settings, pipeline_settings
 
@@ -114,9 +114,9 @@ class DatadogResource(ConfigurableResource):
         from datadog_api_client.v1.model.event_alert_type import EventAlertType
         from datadog_api_client.v1.model.event_create_request import EventCreateRequest
 
-        body = EventCreateRequest(
-            title=title[:100],
-            text=text[:4000],
+        body = EventCreateRequest(  # run names in the text: no @mention of theirs may notify anyone
+            title=datadog_escape(title)[:100],
+            text=datadog_escape(text)[:4000],
             tags=tags,
             alert_type=EventAlertType.SUCCESS if resolved else EventAlertType.WARNING,
         )
