@@ -744,3 +744,27 @@ def test_a_staging_folder_named_with_glob_characters_loads_its_own_files_only(me
         )
     load_runs_window(memory_con, [paths[folder]], datetime(2026, 6, 1), datetime(2026, 6, 2))
     assert memory_con.execute("SELECT run_id FROM runs").fetchall() == [(folder,)]
+
+
+def test_a_fetch_removes_the_private_folders_of_fetches_that_were_killed(tmp_path):
+    """code-review-2026-11c: ``.fetch-*`` folders of a killed fetch (SIGKILL, OOM: no ``finally``) leaked for good
+    outside Helm. A new fetch removes those whose process is gone, and any older than two days; a live one stays."""
+    import subprocess
+    import sys
+
+    from wandb_assets.lib.staging import StagedFetch
+
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    killed = folder / f".fetch-{gone.stdout.strip()}-abc"
+    live = folder / f".fetch-{os.getpid()}-def"
+    old = folder / ".fetch-legacy1"
+    for path in (killed, live, old):
+        path.mkdir()
+        (path / "part-00000-000001.ndjson").write_text("{}\n")
+    three_days_ago = time.time() - 3 * 86400
+    os.utime(old, (three_days_ago, three_days_ago))
+    fetch = StagedFetch(tmp_path)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([live.name, fetch.work.name])
+    fetch.discard()

@@ -229,3 +229,15 @@ def test_a_worker_killed_mid_fetch_fails_the_backfill_and_leaves_the_warehouse_a
     assert re.search(r"WorkerError: A worker process exited \(code -9\) during stage_page\.", failure_message(result))
     assert query_read_only(warehouse_path, "SELECT * FROM runs ORDER BY run_id") == rows_before
     assert staged_files(warehouse_path) == files_before
+
+
+def test_cancelling_a_pool_kills_a_worker_whose_call_hangs_instead_of_waiting_for_it():
+    """code-review-2026-11c: a worker that hangs blocked ProcessPool.close() for good (the feeder's join had no
+    timeout), so a backfill (no max_runtime) hung with it. Cancelled, the pool kills it after its grace."""
+    pool = ProcessPool(1)
+    pool.submit(time.sleep, (3600,), lambda result: None)
+    time.sleep(0.5)  # the call is running in the worker
+    started = time.monotonic()
+    pool.close(cancel=True, grace_s=1.0)
+    assert time.monotonic() - started < 10
+    assert all(process.poll() is not None for process in pool.processes)

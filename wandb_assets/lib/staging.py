@@ -108,6 +108,38 @@ def read_projects_report(staging: Path) -> tuple[datetime, list[dict], bool] | N
     return datetime.fromisoformat(report["checked_at"]), report["projects"], report.get("partial", False)
 
 
+#: A fetch's private folder older than this is abandoned whoever made it (no fetch runs for two days).
+ABANDONED_FETCH_S = 2 * 86400
+
+
+def sweep_abandoned_fetches(folder: Path, now: float | None = None) -> list[Path]:
+    """Remove the private folders of fetches that can no longer publish: their process is gone (it was killed:
+    SIGKILL, OOM, a lost node, so its ``finally`` never ran) or they are older than ``ABANDONED_FETCH_S``. Returns
+    what was removed. A folder of a live process on this host is left alone."""
+    now = time.time() if now is None else now
+    removed = []
+    for path in Path(folder).glob(".fetch-*"):
+        pid = path.name.split("-")[1]
+        try:
+            age = now - path.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        if age > ABANDONED_FETCH_S or (pid.isdigit() and not _alive(int(pid))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
 class StagedFetch:
     """The private folder of one fetch: a part file per page of a slice (and creation day), published as per-day
     files at the end. Every page has files of its own, so pages may be written at once by several threads or
@@ -117,7 +149,8 @@ class StagedFetch:
         self.started = time.time()  # before the first request: every row it stages was read after this
         self.folder = Path(staging) / RUNS_FOLDER
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.work = Path(tempfile.mkdtemp(prefix=".fetch-", dir=self.folder))
+        sweep_abandoned_fetches(self.folder)
+        self.work = Path(tempfile.mkdtemp(prefix=f".fetch-{os.getpid()}-", dir=self.folder))
 
     def part(self, slice_index: int, page: int, day: str | None = None) -> Path:
         stem = f"part-{slice_index:05d}-{page:06d}"

@@ -16,10 +16,14 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from wandb_assets.lib.errors import FetchWideError
+
+#: How long ``ProcessPool.close(cancel=True)`` lets a busy worker finish its call before killing it.
+CANCEL_GRACE_S = 5.0
 
 _LENGTH = struct.Struct("!Q")
 
@@ -112,13 +116,20 @@ class ProcessPool:
         self.calls.join()
         self._raise_failure()
 
-    def close(self, cancel: bool = False) -> None:
-        """Stop the workers and reap them: calls still waiting run first, unless ``cancel`` or a call failed."""
+    def close(self, cancel: bool = False, grace_s: float = CANCEL_GRACE_S) -> None:
+        """Stop the workers and reap them: calls still waiting run first, unless ``cancel`` or a call failed. With
+        ``cancel``, a worker still busy after ``grace_s`` (hung) is killed: closing never waits on it for good."""
         self.cancelled = self.cancelled or cancel
         for _ in self.feeders:
             self.calls.put(None)
+        deadline = time.monotonic() + grace_s if self.cancelled else None
         for feeder in self.feeders:
-            feeder.join()
+            feeder.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if any(feeder.is_alive() for feeder in self.feeders):  # a call that does not return: end its process
+            for process in self.processes:
+                process.kill()
+            for feeder in self.feeders:
+                feeder.join()
         for process in self.processes:
             try:
                 process.stdin.close()
