@@ -195,7 +195,11 @@ typedef struct {
 /* Python's own keyed hash (SipHash, its key drawn at random per process unless PYTHONHASHSEED fixes it): keys a
  * log's author crafted to collide cannot make the linear-probing table quadratic while the GIL is held. */
 static uint64_t hash_bytes(const uint8_t *p, size_t n) {
-    return (uint64_t)_Py_HashBytes(p, (Py_ssize_t)n);
+#if PY_VERSION_HEX >= 0x030E0000
+    return (uint64_t)Py_HashBuffer(p, (Py_ssize_t)n); /* public since 3.14: the same keyed hash */
+#else
+    return (uint64_t)_Py_HashBytes(p, (Py_ssize_t)n); /* private before 3.14, and the only way to it */
+#endif
 }
 
 static int fold_grow(Fold *f) {
