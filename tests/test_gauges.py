@@ -213,3 +213,20 @@ def test_a_replayed_snapshot_sees_the_runs_as_they_were_then(con):
         (d(10, 10), "replayed"),
     ]
     assert enqueue_snapshots(con, now, dry_run=True) == []
+
+
+def test_per_project_gauges_older_than_their_retention_are_deleted_at_each_snapshot(memory_con):
+    """code-review-2026-11c: project_metrics (24 gauges x projects x 96 snapshots a day) was never pruned. With a
+    retention of 2 days, a snapshot deletes the per-project rows older than that; the fleet-wide rows stay."""
+    from datetime import datetime, timedelta
+
+    from tests.fleet import fleet_row, load
+    from wandb_assets.lib.warehouse import record_snapshot
+
+    load(memory_con, [fleet_row("a", "finished", "regular", datetime(2026, 6, 1), datetime(2026, 6, 1, 1))])
+    first = datetime(2026, 6, 1, 12)
+    for day in range(4):
+        record_snapshot(memory_con, first + timedelta(days=day), project_metrics_days=2)
+    kept = memory_con.execute("SELECT DISTINCT snapshot_at FROM project_metrics ORDER BY 1").fetchall()
+    assert kept == [(first + timedelta(days=d),) for d in (1, 2, 3)]  # 06-02 12:00 is exactly 2 days old: kept
+    assert memory_con.execute("SELECT count(DISTINCT snapshot_at) FROM fleet_metrics").fetchone() == (4,)

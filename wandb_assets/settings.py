@@ -163,6 +163,12 @@ class Settings(BaseSettings):
         "are always kept. 0 keeps every file.",
         ge=0,
     )
+    WANDB_ASSETS_PROJECT_METRICS_DAYS: int = _var(
+        400,
+        "Per-project gauge snapshots (`project_metrics`: 24 gauges x projects x 96 snapshots a day) older than this "
+        "many days are deleted at each snapshot; the fleet-wide `fleet_metrics` are kept. 0 keeps every one.",
+        ge=0,
+    )
     WANDB_ASSETS_LAKE_SNAPSHOT_RETENTION_DAYS: int = _var(
         7,
         "DuckLake: the daily maintenance expires snapshots older than this many days (time travel reaches that "
@@ -348,6 +354,8 @@ class PipelineSettings:
     staging_retention_days: int = 0
     #: DuckLake snapshots older than this are expired by the daily maintenance.
     lake_snapshot_retention: timedelta = timedelta(days=7)
+    #: ``project_metrics`` rows older than this many days are deleted at each snapshot; 0 keeps them all.
+    project_metrics_days: int = 400
     offline_dirs: tuple[str, ...] = ()
     #: ``WANDB_ASSETS_PROJECTS`` parsed; None: the one project of WANDB_ENTITY/WANDB_PROJECT.
     projects: ProjectSelection | None = None
@@ -395,6 +403,7 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
         staging_retention_days=s.WANDB_ASSETS_STAGING_RETENTION_DAYS,
         staging_processes=s.WANDB_ASSETS_STAGING_PROCESSES,
         lake_snapshot_retention=timedelta(days=s.WANDB_ASSETS_LAKE_SNAPSHOT_RETENTION_DAYS),
+        project_metrics_days=s.WANDB_ASSETS_PROJECT_METRICS_DAYS,
         offline_dirs=tuple(d for d in s.WANDB_ASSETS_OFFLINE_DIRS.split(os.pathsep) if d.strip()),
         projects=parse_projects(s.WANDB_ASSETS_PROJECTS) if s.WANDB_ASSETS_PROJECTS is not None else None,
         project_recheck=timedelta(hours=s.WANDB_ASSETS_PROJECT_RECHECK_HOURS),

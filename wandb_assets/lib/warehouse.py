@@ -931,12 +931,16 @@ GPU_SAMPLES_KEPT = timedelta(days=8)
 
 @retry_on_conflict
 def record_snapshot(
-    con, snapshot_at: datetime, prices: Iterable[tuple[str, float]] = (), idle_pct: float = DEFAULT_IDLE_GPU_PCT
+    con,
+    snapshot_at: datetime,
+    prices: Iterable[tuple[str, float]] = (),
+    idle_pct: float = DEFAULT_IDLE_GPU_PCT,
+    project_metrics_days: int = 0,
 ) -> dict[str, float | None]:
     """Compute the gauges at ``snapshot_at`` (``prices``, ``idle_pct``: see ``gauges.gauge_params``) and store them as
     one ``fleet_metrics`` snapshot (the whole fleet) and one ``project_metrics`` snapshot (the same gauges per
     project), with each running run's GPUs in ``gpu_samples``. The samples are written first: the idle gauges of
-    this snapshot count the samples taken at it."""
+    this snapshot count the samples taken at it. ``project_metrics_days`` > 0: older per-project rows are deleted."""
     ensure_schema(con)
     with transaction(con):
         params = {"snapshot_at": snapshot_at, "kept": snapshot_at - GPU_SAMPLES_KEPT}
@@ -951,6 +955,11 @@ def record_snapshot(
             [(snapshot_at, name, value) for name, value in gauges.items()],
         )
         con.execute("DELETE FROM project_metrics WHERE snapshot_at = $snapshot_at", {"snapshot_at": snapshot_at})
+        if project_metrics_days > 0:
+            con.execute(
+                "DELETE FROM project_metrics WHERE snapshot_at < $kept",
+                {"kept": snapshot_at - timedelta(days=project_metrics_days)},
+            )
         con.execute(
             f"INSERT INTO project_metrics BY NAME {project_metrics_sql()}", gauge_params(snapshot_at, prices, idle_pct)
         )

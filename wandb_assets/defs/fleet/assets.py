@@ -161,7 +161,13 @@ def fleet_snapshot(
     snapshot_at = configured_time(config.snapshot_at, "snapshot_at") or utc_now()
     thresholds = alert_thresholds()  # the GPU prices and idle threshold of the GPU gauges
     with warehouse.get_connection() as con:
-        gauges = record_snapshot(con, snapshot_at, thresholds.gpu_prices, thresholds.idle_gpu_pct)
+        gauges = record_snapshot(
+            con,
+            snapshot_at,
+            thresholds.gpu_prices,
+            thresholds.idle_gpu_pct,
+            pipeline_settings().project_metrics_days,
+        )
         snapshots = con.execute("SELECT count(DISTINCT snapshot_at) FROM fleet_metrics").fetchone()[0]
         projects = con.execute(PROJECT_SUMMARY_SQL).fetchall()
     defined = sum(v is not None for v in gauges.values())
