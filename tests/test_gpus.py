@@ -615,3 +615,37 @@ def test_idle_gpu_hours_never_exceed_gpu_hours_when_a_sample_sees_the_whole_node
     start = datetime(2026, 6, 1, tzinfo=UTC).timestamp()
     got = idle_gpu_hours_by_day([(start, seen), (start + 3600, seen)], start + 7200, 5.0, gpu_count=2)
     assert got == [{"day": date(2026, 6, 1), "idle_gpu_hours": 4.0}]
+
+
+def test_a_metadata_file_that_lands_after_its_run_ended_is_read_by_a_later_fetch(
+    wandb_server, warehouse_path, instance
+):
+    """code-review-2026-11c: a "missing" (or "malformed") metadata file was kept for good, so a file uploaded after
+    the run ended was never read. For a day after the run's last heartbeat it is asked again (the page says where
+    files are: a missing one costs no request); later, what was found is final."""
+    from datetime import date
+
+    from wandb_assets.localwandb import make_run_node
+    from wandb_assets.ticks import execute_backfill
+    from wandb_assets.warehouse import query_read_only
+
+    now = datetime.now(UTC).replace(tzinfo=None, microsecond=0)
+    at = datetime(2026, 6, 1, 12)
+    h100 = {"gpu_count": 8, "gpu": "NVIDIA H100 80GB HBM3"}
+    server = wandb_server(
+        [
+            make_run_node("late", display_name=None, state="finished", created_at=at, heartbeat_at=now),
+            make_run_node("old", display_name=None, state="finished", created_at=at),  # ended months ago
+        ]
+    )
+    day = date(2026, 6, 1)
+    assert execute_backfill(instance, day, day).success
+    rows = "SELECT run_id, gpu_count, wandb_metadata->>'status' FROM runs ORDER BY 1"
+    assert query_read_only(warehouse_path, rows) == [("late", 1, "missing"), ("old", 1, "missing")]
+    late = make_run_node("late", display_name=None, state="finished", created_at=at, heartbeat_at=now, metadata=h100)
+    old = make_run_node("old", display_name=None, state="finished", created_at=at, metadata=h100)
+    server.upsert_runs([late, old])  # both files land now
+    server.file_downloads.clear()
+    assert execute_backfill(instance, day, day).success
+    assert server.file_downloads == ["test-team/test-project/late"]  # "old" was settled: not asked again
+    assert query_read_only(warehouse_path, rows) == [("late", 8, "read"), ("old", 1, "missing")]

@@ -289,6 +289,21 @@ def idle_gpu_hours_by_day(
 METADATA_MAX_BYTES = 4 * 1024 * 1024
 
 
+#: A run's ``wandb-metadata.json`` found missing or malformed is asked again while its run ended less than this long
+#: ago: the client uploads its files at the end, and a file can land after W&B marks the run ended.
+METADATA_SETTLE = 24 * 3600.0
+
+
+def metadata_settled(known: Mapping[str, Any] | None, heartbeat: datetime | None, now: datetime) -> bool:
+    """Whether what was read of a run's metadata file is final (not asked again): read (or refused), or missing or
+    malformed for a run whose last heartbeat is ``METADATA_SETTLE`` old (naive UTC); never read: not final."""
+    if not known:
+        return False
+    if known.get("status") not in ("missing", "malformed"):
+        return True
+    return heartbeat is not None and (now - heartbeat).total_seconds() >= METADATA_SETTLE
+
+
 def machine_metadata(raw: bytes | str) -> dict[str, Any]:
     """What a ``wandb-metadata.json`` says about the machine: ``{"status": "read", "gpu_count", "gpu"}``, or
     ``{"status": "malformed"}`` when it is not a JSON object (W&B's copy and the offline client's alike)."""

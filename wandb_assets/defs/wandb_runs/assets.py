@@ -21,8 +21,9 @@ from wandb_assets.defs.wandb_runs.resources import WandbResource
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.clock import utc_now
 from wandb_assets.lib.fetch import Slice, WandbFetchError, id_slices, metadata_file_url, plan_slices
+from wandb_assets.lib.gpus import metadata_settled
 from wandb_assets.lib.markdown import markdown_table
-from wandb_assets.lib.normalize import to_naive_utc
+from wandb_assets.lib.normalize import parse_timestamp, to_naive_utc
 from wandb_assets.lib.progress import FetchProgress, publish
 from wandb_assets.lib.projects import changed_projects
 from wandb_assets.lib.staging import (
@@ -158,11 +159,16 @@ def staged_runs(
     def read_metadata(piece: Slice, nodes: list[dict]) -> None:
         """Each run of the page first seen ended: its wandb-metadata.json, once (kept in ``runs.wandb_metadata``),
         from where the page says it is, ``downloads`` at a time. A failed read is counted and asked again by a
-        later fetch."""
+        later fetch; a file missing or malformed is asked again for a day after its run ended (``metadata_settled``:
+        it may land late)."""
+        now = datetime.now(UTC).replace(tzinfo=None)
         wanted = [
             node
             for node in nodes
-            if node.get("state") in METADATA_STATES and (piece.project, node.get("name")) not in known_metadata
+            if node.get("state") in METADATA_STATES
+            and not metadata_settled(
+                known_metadata.get((piece.project, node.get("name"))), parse_timestamp(node.get("heartbeatAt")), now
+            )
         ]
         urls = {node["name"]: metadata_file_url(node) for node in wanted}
         for node in nodes:
