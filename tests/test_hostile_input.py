@@ -280,3 +280,80 @@ def test_a_malformed_page_fails_its_project_with_a_sentence_and_not_the_others()
     )
     assert got == ["b-run"]
     assert stats.failed_projects["t/a"].startswith("W&B sent a malformed page of t/a ")
+
+
+_texts = st.text(alphabet=st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF), max_size=10)
+_moments = st.none() | st.datetimes(min_value=datetime(1971, 1, 2), max_value=datetime(2200, 1, 1))
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(
+    runs=st.lists(
+        st.builds(
+            lambda run_id, name, tags, config, summary, created, last, exit_code, stats, project: {
+                "run_id": run_id,
+                "display_name": name,
+                "tags": tags,
+                "config": config,
+                "summary": summary,
+                "created_at": created,
+                "last_record_at": last,
+                "exit_code": exit_code,
+                "gpu_stats": stats,
+                "project": project,
+            },
+            st.text(min_size=1, max_size=6),
+            _texts,
+            st.lists(_texts, max_size=3),
+            st.dictionaries(st.text(max_size=6), _json, max_size=4),
+            st.dictionaries(st.text(max_size=6), _json, max_size=4),
+            _moments,
+            _moments,
+            st.none() | st.integers(min_value=-(2**40), max_value=2**40),
+            st.lists(
+                st.tuples(
+                    st.floats(min_value=0, max_value=4e9),
+                    st.dictionaries(
+                        st.sampled_from(["system.gpu.0.gpu", "system.gpu.1.gpu", "system.gpu.9999.gpu"]), _json
+                    ),
+                ),
+                max_size=3,
+            ),
+            st.sampled_from(["p", "q"]),
+        ),
+        max_size=4,
+    ),
+)
+def test_any_offline_record_normalises_and_loads_and_every_run_lands(runs, tmp_path):
+    """Total normalisation, offline: what a log's records decode to (any unicode, huge and negative numbers, wrong
+    types in config and summary and system stats) becomes a row the load takes, one per (entity, project, run)."""
+    from datetime import timedelta
+
+    import duckdb
+
+    from wandb_assets.lib.gpus import idle_gpu_hours_by_day
+    from wandb_assets.lib.offline_runs import OfflineRun, offline_node
+    from wandb_assets.lib.warehouse import load_offline_runs
+
+    rows = {}
+    for fields in runs:
+        run = OfflineRun(path=f"/logs/{fields['project']}/run.wandb", entity="e", **fields)
+        row = run_row(
+            offline_node(run, datetime(2030, 1, 1), timedelta(hours=1)),
+            entity="e",
+            project=run.project,
+            app_url="",
+            default_gpus=1,
+        )
+        row.update(url=None, source="offline", log_path=run.path)
+        last = run.last_record_at.timestamp() if run.last_record_at else None
+        row["log_idle_gpu_hours"] = idle_gpu_hours_by_day(run.gpu_stats, last, 5.0, row["gpu_count"]) or None
+        rows[(row["entity"], row["project"], row["run_id"])] = row
+    path, _ = stage_rows(list(rows.values()), str(tmp_path))
+    con = duckdb.connect()
+    ensure_schema(con)
+    counts = load_offline_runs(con, path, [], datetime(2030, 1, 1))
+    assert counts["loaded"] == len(rows) == con.execute("SELECT count(*) FROM runs").fetchone()[0]
+    con.close()
