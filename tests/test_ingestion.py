@@ -768,3 +768,18 @@ def test_a_fetch_removes_the_private_folders_of_fetches_that_were_killed(tmp_pat
     fetch = StagedFetch(tmp_path)
     assert sorted(p.name for p in folder.iterdir()) == sorted([live.name, fetch.work.name])
     fetch.discard()
+
+
+def test_two_fetches_at_once_on_one_staging_folder_each_read_their_own_projects_report(tmp_path):
+    """code-review-2026-11c (suspected, §3): two fetches on one staging folder each replaced ``projects.json``, so a
+    ``wandb_projects`` step could record the other fetch's findings. Each run now reads the report its own fetch left
+    (the shared one stays for a step run alone)."""
+    from wandb_assets.lib.staging import read_projects_report, write_projects_report
+
+    write_projects_report(tmp_path, datetime(2026, 6, 1, 10), ["e/a"], {}, run_id="run-a")
+    write_projects_report(tmp_path, datetime(2026, 6, 1, 11), ["e/b"], {"e/c": "HTTP 500"}, run_id="run-b")
+    a = read_projects_report(tmp_path, "run-a")
+    assert (a[0], [(p["project"], p["error"]) for p in a[1]]) == (datetime(2026, 6, 1, 10), [("a", None)])
+    b = read_projects_report(tmp_path, "run-b")
+    assert [(p["project"], p["error"]) for p in b[1]] == [("b", None), ("c", "HTTP 500")]
+    assert read_projects_report(tmp_path, "run-c")[0] == datetime(2026, 6, 1, 11)  # no report of its own: the last

@@ -109,3 +109,53 @@ def test_the_unmirrored_runs_past_days_do_not_move(memory_con):
     record_projects(memory_con, _report("new"), T0 + timedelta(days=2))
     rebuild_gpu_hours(memory_con, T0 + timedelta(days=5))
     assert memory_con.execute(day_rows).fetchall() == before
+
+
+def test_switching_a_warehouse_to_one_project_warns_and_counts_that_project_alone(
+    wandb_server, warehouse_path, instance, monkeypatch
+):
+    """Issue 32: a unit that forgot WANDB_ASSETS_PROJECTS (three projects) and mirrors one WANDB_PROJECT exited 0
+    without a word, its gauges counting all three under the one project's tag. Now the run warns, naming what left,
+    and the gauges and per-project series count the one project."""
+    from tests.test_projects import _nodes
+    from wandb_assets.localwandb import make_run_node
+    from wandb_assets.ticks import execute_backfill
+    from wandb_assets.warehouse import query_read_only
+
+    def running(prefix: str) -> list[dict]:
+        return [
+            make_run_node(f"{prefix}{n}", display_name=f"{prefix}-{n}", state="running", created_at=T0)
+            for n in range(2)
+        ]
+
+    server = wandb_server(running("r"))  # test-team/test-project
+    server.add_project("test-team", "vision", running("v"))
+    server.add_project("lab", "rl", _nodes("l", 1, "rl"))
+    monkeypatch.setenv("WANDB_ASSETS_PROJECTS", "test-team/*, lab/rl")
+    day = T0.date()
+    assert execute_backfill(instance, day, day).success
+    monkeypatch.delenv("WANDB_ASSETS_PROJECTS")  # WANDB_PROJECT=test-project remains
+    result = execute_backfill(instance, day, day)
+    assert result.success
+    warnings = [
+        e.message
+        for e in instance.all_logs(result.run_id)
+        if e.level >= 30 and "mirrored projects changed" in e.message
+    ]
+    assert warnings == [
+        "The mirrored projects changed: no longer mirrored: lab/rl, test-team/vision (their rows stay, out of the "
+        "gauges and alerts; their alive runs are last seen now)"
+    ]
+    import duckdb
+
+    con = duckdb.connect(str(warehouse_path), read_only=True)
+    try:
+        now = T0 + timedelta(hours=1)
+        assert compute_gauges(con, now)["wandb.runs.active"] == 2
+        assert list(compute_project_gauges(con, now)) == [("test-team", "test-project")]
+    finally:
+        con.close()
+    assert query_read_only(warehouse_path, "SELECT entity, project, run_id FROM alive_runs ORDER BY ALL") == [
+        ("test-team", "test-project", "r0"),
+        ("test-team", "test-project", "r1"),
+    ]

@@ -68,9 +68,13 @@ def prune_staged(staging: Path, today: date, retention_days: int, keep: Iterable
     return pruned
 
 
-def projects_file(staging: Path) -> Path:
-    """What the last fetch found of each project (``write_projects_report``), for the ``wandb_projects`` table."""
-    return Path(staging) / "projects.json"
+def projects_file(staging: Path, run_id: str | None = None) -> Path:
+    """What the last fetch found of each project (``write_projects_report``), for the ``wandb_projects`` table; with
+    ``run_id``, what the fetch of that Dagster run found (two fetches at once on one staging folder each keep
+    their own: a ``wandb_projects`` step reads its own run's)."""
+    if run_id is None:
+        return Path(staging) / "projects.json"
+    return Path(staging) / "projects" / f"{run_id}.json"
 
 
 def write_projects_report(
@@ -80,11 +84,13 @@ def write_projects_report(
     failed: dict[str, str],
     partial: bool = False,
     unchanged: Iterable[str] = (),
+    run_id: str | None = None,
 ) -> None:
     """Replace (atomically) the report of which projects (``entity/project``; ``entity/*`` for a listing) the fetch
     begun at ``checked_at`` read whole and which failed, and why; ``partial``: the fetch was asked for some of the
     mirrored projects only (says nothing of the others); ``unchanged``: projects a tick found nothing new in and
-    did not read (readable, but not read whole now)."""
+    did not read (readable, but not read whole now). With ``run_id``, also that run's own copy (older copies of
+    other runs, two days old, are removed)."""
 
     def row(path: str, error: str | None, unchanged: bool = False) -> dict:
         entity, _, project = path.partition("/")
@@ -92,16 +98,26 @@ def write_projects_report(
 
     projects = [row(p, None) for p in fetched] + [row(p, why) for p, why in failed.items()]
     projects += [row(p, None, unchanged=True) for p in unchanged]
-    target = projects_file(staging)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}")
     report = {"checked_at": checked_at.isoformat(), "projects": projects, "partial": partial}
-    temporary.write_text(json.dumps(report))
-    os.replace(temporary, target)
+    targets = [projects_file(staging)] + ([projects_file(staging, run_id)] if run_id else [])
+    for target in targets:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_name(f".{target.name}.{os.getpid()}")
+        temporary.write_text(json.dumps(report))
+        os.replace(temporary, target)
+    if run_id:
+        cutoff = time.time() - ABANDONED_FETCH_S
+        for old in projects_file(staging, run_id).parent.glob("*.json"):
+            if old.stat().st_mtime < cutoff:
+                old.unlink(missing_ok=True)
 
 
-def read_projects_report(staging: Path) -> tuple[datetime, list[dict], bool] | None:
-    """``(checked_at, [{entity, project, error}, ...], partial)`` of the last fetch, or None before the first."""
-    path = projects_file(staging)
+def read_projects_report(staging: Path, run_id: str | None = None) -> tuple[datetime, list[dict], bool] | None:
+    """``(checked_at, [{entity, project, error}, ...], partial)`` of the fetch of Dagster run ``run_id`` when it
+    left one, else of the last fetch; None before the first."""
+    path = projects_file(staging, run_id) if run_id else None
+    if path is None or not path.exists():
+        path = projects_file(staging)
     if not path.exists():
         return None
     report = json.loads(path.read_text())

@@ -387,9 +387,20 @@ _READ_STAGED = (
     "wandb_metadata::JSON AS wandb_metadata "
     f"FROM read_json($paths, format = 'newline_delimited', columns = {{{_STAGED_SPEC}}}) "
     "WHERE NOT (run_id IS NULL AND entity IS NULL AND project IS NULL)"  # a file's header line (WHOLE_KEY)
-    # A run W&B sent twice (a page boundary shifted while runs were created) is one row: the copy read last.
-    " QUALIFY row_number() OVER (PARTITION BY entity, project, run_id ORDER BY ingested_at DESC) = 1"
 )
+
+
+def _one_copy_each(con, table: str) -> None:
+    """A run W&B sent twice in one fetch (a page boundary shifted while runs were created) is one row of ``table``:
+    the copy read last. Counted first (a hash of the keys), so a load without such a run pays no window over its
+    rows; else only the keys and row ids are ranked."""
+    twice = con.execute(f"SELECT count(*) > count(DISTINCT (entity, project, run_id)) FROM {table}").fetchone()[0]
+    if twice:
+        con.execute(
+            f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM (SELECT rowid, row_number() OVER ("
+            "PARTITION BY entity, project, run_id ORDER BY ingested_at DESC, rowid DESC) AS copy "
+            f"FROM {table}) WHERE copy > 1)"
+        )
 
 
 _STAGE_INCOMING = f"CREATE OR REPLACE TEMP TABLE incoming_runs AS {_READ_STAGED}"
@@ -497,12 +508,14 @@ def load_runs_window(
     asked = asked_runs(refreshed or [])
     with transaction(con):
         con.execute(_STAGE_INCOMING, {"paths": [literal_path(p) for p in paths]})
+        _one_copy_each(con, "incoming_runs")
         con.execute("CREATE OR REPLACE TEMP TABLE refreshed_runs AS SELECT * FROM incoming_runs LIMIT 0")
         if refreshed:
             con.execute(
                 f"CREATE OR REPLACE TEMP TABLE refreshed_runs AS {_READ_STAGED}",
                 {"paths": [literal_path(p) for p in refreshed]},
             )
+            _one_copy_each(con, "refreshed_runs")
         # What W&B no longer returns: a window row of a project the files hold whole, fetched before these files'
         # fetches began (a later fetch's row is never judged by an older file), and a run asked for by id, held
         # alive since before that fetch began. Each stays, marked (see VANISHED_SQL).
@@ -608,6 +621,7 @@ def load_offline_runs(
     with transaction(con):
         if staged_path:
             con.execute(_STAGE_INCOMING, {"paths": [literal_path(staged_path)]})
+            _one_copy_each(con, "incoming_runs")
         else:
             con.execute("CREATE OR REPLACE TEMP TABLE incoming_runs AS SELECT * FROM runs LIMIT 0")
         mirrored = set(

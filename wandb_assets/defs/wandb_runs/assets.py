@@ -236,6 +236,7 @@ def staged_runs(
             {**listing_failures, **failed},
             bool(config.projects),
             unchanged,
+            run_id=context.run_id,
         )
     finally:
         stager.close()
@@ -366,7 +367,7 @@ PROJECT_COLUMNS = ["project", "mirrored", "runs", "last fetched (UTC)", "failing
     ),
 )
 def wandb_projects(context: AssetExecutionContext, warehouse: WarehouseResource) -> MaterializeResult:
-    report = read_projects_report(pipeline_settings().staging_dir)
+    report = read_projects_report(pipeline_settings().staging_dir, context.run_id)
     if report is None:
         raise StagingMissingError("No fetch has reported its projects yet: materialize staged_runs first.")
     checked_at, projects, partial = report
