@@ -55,6 +55,9 @@ def test_missing_project_names_the_setting():
         ("WANDB_ASSETS_DEFAULT_GPUS_PER_RUN", "two", "WANDB_ASSETS_DEFAULT_GPUS_PER_RUN must be a number"),
         ("WANDB_ASSETS_DEFAULT_GPUS_PER_RUN", "-1", "WANDB_ASSETS_DEFAULT_GPUS_PER_RUN must be at least 0"),
         ("WANDB_ASSETS_START_DATE", "June", "WANDB_ASSETS_START_DATE must be a date"),
+        # issue 33: an upper bound is said as such (it said "must be a number")
+        ("WANDB_ASSETS_FETCH_CONCURRENCY", "16", r"WANDB_ASSETS_FETCH_CONCURRENCY must be from 1 to 8 \(got '16'\)"),
+        ("WANDB_ASSETS_IDLE_GPU_PCT", "-1", r"WANDB_ASSETS_IDLE_GPU_PCT must be from 0 to 100 \(got '-1'\)"),
     ],
 )
 def test_malformed_pipeline_settings(name, value, message):

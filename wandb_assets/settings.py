@@ -292,14 +292,28 @@ def _sentence(exc: ValidationError, source: Mapping[str, str]) -> str:
     name = str(error["loc"][0]) if error["loc"] else "a setting"
     raw = source.get(name)
     field_type = Settings.model_fields[name].annotation if name in Settings.model_fields else None
-    limit = error.get("ctx", {}).get("ge", error.get("ctx", {}).get("gt"))
-    if limit is not None:
-        return f"{name} must be at least {limit} (got {raw!r}); unset it to use the default."
+    low, high = _bounds(name)
+    ctx = error.get("ctx", {})
+    if any(bound in ctx for bound in ("ge", "gt", "le", "lt")):
+        if low is not None and high is not None:
+            return f"{name} must be from {low} to {high} (got {raw!r}); unset it to use the default."
+        if low is not None:
+            return f"{name} must be at least {low} (got {raw!r}); unset it to use the default."
+        return f"{name} must be at most {high} (got {raw!r}); unset it to use the default."
     if field_type is date:
         return f"{name} must be a date like 2026-01-01 (got {raw!r})."
     if field_type in (int, float):
         return f"{name} must be a number (got {raw!r}); unset it to use the default."
     return f"{name} is not valid (got {raw!r}): {error['msg']}."
+
+
+def _bounds(name: str) -> tuple[Any, Any]:
+    """A numeric setting's lowest and highest value (None: unbounded), as its field declares them."""
+    low = high = None
+    for rule in Settings.model_fields[name].metadata if name in Settings.model_fields else ():
+        low = getattr(rule, "ge", getattr(rule, "gt", low))
+        high = getattr(rule, "le", getattr(rule, "lt", high))
+    return low, high
 
 
 def _shown_default(name: str) -> str:
