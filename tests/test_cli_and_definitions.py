@@ -199,6 +199,25 @@ def test_cli_backfill_then_refresh(wandb_server, warehouse_path, dagster_home, c
             "error: --end (2026-06-01) is before --start (2026-06-03).",
         ),
         (["refresh"], {"WANDB_ASSETS_PAGE_SIZE": "lots"}, "error: WANDB_ASSETS_PAGE_SIZE must be a number"),
+        # issue 33: mistakes that printed a traceback, or blamed the key, or left a run "Starting..."
+        (
+            ["backfill", "--start", "2020-01-01", "--end", "2020-01-02"],
+            {"WANDB_ASSETS_START_DATE": "2026-01-01"},
+            "error: --start 2020-01-01 is before WANDB_ASSETS_START_DATE (2026-01-01), the first day the assets have: "
+            "set WANDB_ASSETS_START_DATE=2020-01-01 to backfill from then.",
+        ),
+        (
+            ["refresh"],
+            {"WANDB_BASE_URL": "127.0.0.1:8799"},
+            "error: WANDB_BASE_URL must start with http:// or https:// (got '127.0.0.1:8799'): for example "
+            "WANDB_BASE_URL=http://127.0.0.1:8799.",
+        ),
+        (
+            ["refresh"],
+            {"WANDB_BASE_URL": "http://127.0.0.1:8799/graphql"},
+            "error: WANDB_BASE_URL is the server's address, without /graphql (got 'http://127.0.0.1:8799/graphql'): "
+            "set it to http://127.0.0.1:8799.",
+        ),
         (
             ["refresh"],
             {"WANDB_ASSETS_PROJECTS": "test-team/test-project, research"},
@@ -217,6 +236,10 @@ def test_cli_configuration_errors_exit_2_and_open_no_alert(
     assert err.startswith(message)
     assert API_KEY not in out + err
     assert alert_runs() == 0
+    from dagster import DagsterInstance
+
+    with DagsterInstance.get() as instance:  # checked before any run starts: none is left behind
+        assert instance.get_runs() == []
 
 
 def test_cli_rejected_key_exits_2(wandb_server, dagster_home, capsys):

@@ -202,3 +202,12 @@ def test_datadog_dry_run_is_a_configuration_decision_not_a_failed_read(
         assert [r["headers"]["DD-API-KEY"] for r in capture.requests if r["path"] == "/api/v2/series"] == [dd_key]
     finally:
         capture.stop()
+
+
+def test_a_yaml_mistake_names_its_line_and_column(tmp_path):
+    """Issue 33: a YAML error said only "not valid YAML"."""
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("H100-80GB: 2.99\nA100: [1.79\nT4: 0.35\n")
+    with pytest.raises(ConfigError) as caught:
+        pipeline_settings({"WANDB_ASSETS_GPU_PRICES": str(prices)})
+    assert str(caught.value).startswith(f"WANDB_ASSETS_GPU_PRICES names {prices}, which is not valid YAML at line 3,")

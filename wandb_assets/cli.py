@@ -215,6 +215,12 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     last = _day(args.end, "--end") if args.end else datetime.now(UTC).date()
     if last < first:
         raise ConfigError(f"--end ({last}) is before --start ({first}).")
+    starts = pipeline_settings().start_date
+    if first < starts:  # before the first partition: Dagster would refuse the run after creating it
+        raise ConfigError(
+            f"--start {first} is before WANDB_ASSETS_START_DATE ({starts}), the first day the assets have: "
+            f"set WANDB_ASSETS_START_DATE={first} to backfill from then."
+        )
     instance = _instance()
     only = list(dict.fromkeys(args.project or []))
     _preflight(only)

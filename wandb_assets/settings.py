@@ -66,7 +66,9 @@ class Settings(BaseSettings):
         "(unset)",
     )
     WANDB_BASE_URL: str | None = _var(
-        None, "W&B API server (the wandb client's own variable).", "the wandb client's default"
+        None,
+        "W&B API server (the wandb client's own variable): `http(s)://host[:port]`, without `/graphql`.",
+        "the wandb client's default",
     )
     WANDB_ASSETS_SECRET_NAME: str = _var(
         DEFAULT_SECRET_NAME, "Secrets Manager secret holding the W&B settings as JSON."
@@ -282,9 +284,31 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     source = os.environ if environ is None else environ
     known = {name: source[name].strip() for name in Settings.model_fields if (source.get(name) or "").strip()}
     try:
-        return Settings(**known)
+        settings = Settings(**known)
     except ValidationError as exc:
         raise ConfigError(_sentence(exc, known)) from None
+    _check_base_url(settings.WANDB_BASE_URL)
+    return settings
+
+
+def _check_base_url(url: str | None) -> None:
+    """``WANDB_BASE_URL`` as the wandb client needs it, or one sentence saying what to set (the client would give a
+    traceback, or blame the API key)."""
+    if url is None:
+        return
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"WANDB_BASE_URL must start with http:// or https:// (got {url!r}): "
+            f"for example WANDB_BASE_URL=http://{url.split('://')[-1].rstrip('/')}."
+        )
+    if parts.path.rstrip("/").endswith("/graphql"):
+        raise ConfigError(
+            f"WANDB_BASE_URL is the server's address, without /graphql (got {url!r}): set it to "
+            f"{url.rstrip('/').removesuffix('/graphql')}."
+        )
 
 
 def _sentence(exc: ValidationError, source: Mapping[str, str]) -> str:
@@ -438,8 +462,10 @@ def _yaml(path: Path, variable: str) -> Any:
         raise ConfigError(
             f"{variable} names {path}, which cannot be read ({exc.strerror or type(exc).__name__})."
         ) from None
-    except yaml.YAMLError:
-        raise ConfigError(f"{variable} names {path}, which is not valid YAML.") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{variable} names {path}, which is not valid YAML{where}.") from None
 
 
 def _default_staging_dir(s: Settings) -> Path:
