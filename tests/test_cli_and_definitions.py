@@ -208,6 +208,18 @@ def test_cli_backfill_then_refresh(wandb_server, warehouse_path, dagster_home, c
         ),
         (
             ["refresh"],
+            {"WANDB_ASSETS_DUCKDB": "/dev/null/w.duckdb"},  # its folder is no folder: nothing can be made there
+            "error: WANDB_ASSETS_DUCKDB names /dev/null/w.duckdb, but /dev/null cannot be written: point it at a "
+            "writable place.",
+        ),
+        (
+            ["refresh"],
+            {"WANDB_ASSETS_PROJECTS": "ml-platfrom/*"},  # a mistyped entity lists nothing: said, not silent
+            "error: WANDB_ASSETS_PROJECTS names no project W&B has now: W&B lists no project of 'ml-platfrom' for "
+            "this key: check the entity's name in WANDB_ASSETS_PROJECTS.",
+        ),
+        (
+            ["refresh"],
             {"WANDB_BASE_URL": "127.0.0.1:8799"},
             "error: WANDB_BASE_URL must start with http:// or https:// (got '127.0.0.1:8799'): for example "
             "WANDB_BASE_URL=http://127.0.0.1:8799.",

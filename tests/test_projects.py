@@ -929,3 +929,22 @@ def test_a_new_run_without_a_heartbeat_yet_still_counts_as_activity(monkeypatch,
         assert [op for op, _ in server.requests].count("ProjectsActivity") == 1  # one request
     finally:
         server.stop()
+
+
+def test_a_mistyped_project_among_several_is_skipped_with_the_setting_that_names_it(
+    wandb_server, warehouse_path, instance, monkeypatch
+):
+    """Issue 33: the hint named WANDB_ENTITY/WANDB_PROJECT although WANDB_ASSETS_PROJECTS named the project."""
+    from datetime import date
+
+    from wandb_assets.ticks import execute_backfill
+
+    wandb_server(_nodes("r", 2, "llm"))
+    monkeypatch.setenv("WANDB_ASSETS_PROJECTS", "test-team/test-project, test-team/no-such-project")
+    result = execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 1))
+    assert result.success
+    failed = result.asset_materializations_for_node("staged_runs")[0].metadata["failed_projects"].value
+    assert failed == {
+        "test-team/no-such-project": "W&B project test-team/no-such-project was not found: check its name in "
+        "WANDB_ASSETS_PROJECTS."
+    }

@@ -61,6 +61,24 @@ def _instance():
     return DagsterInstance.get()
 
 
+def _check_writable(path, variable: str, folder: bool = False) -> None:
+    """The run can write ``path`` (the warehouse file; with ``folder``, a folder it writes into): the path itself
+    when it exists, else the nearest folder above it that does. A ``ConfigError`` naming ``variable`` otherwise
+    (found only after the fetch, it cost minutes and a page of traces). A DuckLake is no path: its attach says."""
+    from wandb_assets.lib.lake import is_lake
+    from wandb_assets.settings import ConfigError
+
+    if is_lake(path) or not isinstance(path, (str, os.PathLike)):
+        return
+    target = Path(path).absolute()
+    existing = target if target.exists() else next(p for p in target.parents if p.exists())
+    if existing == target and target.is_dir() != folder:
+        wanted, found = ("folder", "file") if folder else ("file", "folder")
+        raise ConfigError(f"{variable} names {path}, which is a {found}: name a {wanted}.")
+    if (existing != target and not existing.is_dir()) or not os.access(existing, os.W_OK):
+        raise ConfigError(f"{variable} names {path}, but {existing} cannot be written: point it at a writable place.")
+
+
 def _preflight(only: list[str] | None = None) -> None:
     """Check the configuration before any run starts: settings, the key (rejected?), the entity and project
     (exist?), and that ``only`` (``--project``) names mirrored projects. Raises ``ConfigError``; a run that then
@@ -71,6 +89,8 @@ def _preflight(only: list[str] | None = None) -> None:
     from wandb_assets.settings import ConfigError, pipeline_settings
 
     pipeline = pipeline_settings()
+    _check_writable(pipeline.warehouse, "WANDB_ASSETS_DUCKDB")
+    _check_writable(pipeline.staging_dir, "WANDB_ASSETS_STAGING_DIR", folder=True)
     if pipeline.projects is not None:  # several projects: the key checked by listing; a missing one is skipped
         projects, failures, _ = wandb_resource().mirrored_projects(pipeline)
         if not projects:

@@ -301,6 +301,7 @@ def iter_run_pages(
     secret: str = "",
     cancelled: threading.Event | None = None,
     with_metadata_file: bool = False,
+    configured_by: str = "WANDB_ENTITY and WANDB_PROJECT",
 ) -> Iterator[tuple[list[dict], int]]:
     """Yield ``(nodes, runs matching filters)`` for each page, oldest first.
 
@@ -339,7 +340,7 @@ def iter_run_pages(
             page_number += 1
             project_data = (response or {}).get("project")
             if project_data is None:
-                raise ConfigError(f"W&B project {path} was not found: check WANDB_ENTITY and WANDB_PROJECT.")
+                raise ConfigError(f"W&B project {path} was not found: check {configured_by}.")
             runs = project_data.get("runs") or {}
             edges = (runs.get("edges") if isinstance(runs, dict) else None) or []
             nodes = (
@@ -546,6 +547,10 @@ def fetch_slices(
                     secret=secret,
                     cancelled=stop,
                     with_metadata_file=with_metadata_file,
+                    # several projects: they are named in WANDB_ASSETS_PROJECTS, not by the single-project variables
+                    configured_by="its name in WANDB_ASSETS_PROJECTS"
+                    if isolate_projects
+                    else "WANDB_ENTITY and WANDB_PROJECT",
                 )
             ):
                 if cancelled.is_set():

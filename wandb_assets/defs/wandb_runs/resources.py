@@ -198,6 +198,11 @@ class WandbResource(ConfigurableResource):
                 listed[whole] = list_projects(api, whole, settings.api_key)
             except WandbFetchError as exc:
                 failures[f"{whole}/*"] = str(exc)
+                continue
+            if not listed[whole]:  # a mistyped entity lists nothing: said, alerted, never silent
+                failures[f"{whole}/*"] = (
+                    f"W&B lists no project of {whole!r} for this key: check the entity's name in WANDB_ASSETS_PROJECTS"
+                )
         return [str(ref) for ref in pipeline.projects.resolve(listed)], failures, url
 
 
