@@ -42,3 +42,11 @@ def test_every_alert_threshold_is_a_documented_variable():
         "WANDB_ASSETS_ALERT_CI_SILENT_HOURS": "12.0",
         "WANDB_ASSETS_ALERT_LONG_RUNNING_HOURS": "168.0",
     }
+
+
+def test_the_notebooks_readme_opens_the_warehouse_the_demo_writes():
+    """Issue 33: notebooks/README.md pointed at data/demo.duckdb; the demo writes data/demo/demo.duckdb."""
+    from wandb_assets.cli import DEMO_DIR
+
+    text = (Path(__file__).resolve().parent.parent / "notebooks" / "README.md").read_text()
+    assert f"WANDB_ASSETS_DUCKDB={DEMO_DIR}/demo.duckdb uv run jupyter lab notebooks/" in text
