@@ -450,7 +450,10 @@ def test_the_cli_mirrors_named_projects_without_wandb_project_and_refuses_a_sele
     monkeypatch.setenv("WANDB_ASSETS_PROJECTS", "nobody/*")
     code, out, err = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-01")
     assert (code, out) == (2, "")
-    assert err == "error: WANDB_ASSETS_PROJECTS names no project W&B has now: the entities list none of them.\n"
+    assert err == (
+        "error: WANDB_ASSETS_PROJECTS names no project W&B has now: W&B lists no project of 'nobody' for this key: "
+        "check the entity's name in WANDB_ASSETS_PROJECTS.\n"
+    )
     monkeypatch.setenv("WANDB_ASSETS_PROJECTS", "lab/rl,test-team/test-project")
     code, _, err = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-01")
     assert code == 0, err
