@@ -184,6 +184,13 @@ def test_progress_line_counts_days_rate_and_eta():
     assert progress.estimated_total() == 800
     assert progress.line() == "fetched 400 runs; 1/3 days done; 200 runs/s; ETA 2 s"
     assert progress.bar(width=6) == "[##....] " + progress.line()
+    # Every day done: how long it took, not an ETA beside "3/3 days done" (issue 33).
+    for n, day in ((2, "2026-06-02"), (3, "2026-06-03")):
+        progress.expect(n, 200)
+        progress.add(day, 200)
+        progress.slice_done(day)
+    now[0] = 4.0
+    assert progress.line() == "fetched 800 runs; 3/3 days done; 200 runs/s; in 4 s"
 
 
 # ------------------------------------------------------------------------------------------- end to end
