@@ -762,12 +762,13 @@ def metadata_url_refused(url: str, base_url: str) -> str | None:
     """Why a file URL the server named is not fetched (None: it is): only the W&B base URL's own origin, or another
     host over HTTPS (what signed storage URLs are); never another scheme (``file:``) or plain HTTP elsewhere."""
     try:
-        scheme, host, _ = _origin(url)
-        same = _origin(url) == _origin(base_url)
+        origin = _origin(url)
+        same = origin == _origin(base_url)
     except ValueError:
         return "its port is not a number"
     if same:
         return None
+    scheme, host, _ = origin
     if scheme != "https" or not host:
         return "another host than W&B's, not over https"
     return None

@@ -68,7 +68,7 @@ def whole_count(value: Any, minimum: int, maximum: int) -> int | None:
     return value if isinstance(value, int) and minimum <= value <= maximum else None
 
 
-def _count(value: Any) -> int | None:
+def valid_gpu_count(value: Any) -> int | None:
     """A whole GPU count, 1 to ``MAX_GPUS``; else None."""
     return whole_count(value, 1, MAX_GPUS)
 
@@ -141,11 +141,11 @@ def gpu_count(
         raw = _lookup(config, key)
         if raw is None:
             continue
-        count = _count(raw)
+        count = valid_gpu_count(raw)
         if count is not None:
             return count, SOURCE_CONFIG, malformed
         malformed = True
-    from_metadata = _count((metadata or {}).get("gpu_count"))
+    from_metadata = valid_gpu_count((metadata or {}).get("gpu_count"))
     if from_metadata is not None:
         return from_metadata, SOURCE_METADATA, malformed
     indices = system_gpus(system_metrics) if found is None else found

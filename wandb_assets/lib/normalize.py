@@ -244,7 +244,7 @@ def _run_row(node: dict, *, entity, project, app_url, default_gpus, gpu_count_ke
     if (
         machine is not None
         and machine.get("gpu_count") is not None
-        and gpus.whole_count(machine.get("gpu_count"), 1, gpus.MAX_GPUS) is None
+        and gpus.valid_gpu_count(machine["gpu_count"]) is None
     ):
         anomalies.append("metadata_gpu_count")
     metadata_json, metadata_mended = mend_json_text(to_json(metadata)) if metadata else (None, False)

@@ -40,7 +40,7 @@ from typing import Any
 
 from wandb_assets.lib.fetch import METADATA_FILE
 from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, METADATA_MAX_BYTES, idle_gpu_hours_by_day, machine_metadata
-from wandb_assets.lib.projects import ProjectRef, ProjectSelection
+from wandb_assets.lib.projects import ProjectSelection
 
 BLOCK = 32 * 1024
 HEADER = b":W&B" + struct.pack("<HB", 0xBEE1, 0)
@@ -692,7 +692,5 @@ def _wanted(
     """Whether a log of ``entity/project`` is loaded: one of the ``selection``'s projects, else of ``only_entity`` /
     ``only_project`` where given (unset: any)."""
     if selection is not None:
-        return bool(entity) and (
-            entity in selection.whole_entities or ProjectRef(entity, project or "") in selection.projects
-        )
+        return bool(entity) and selection.includes(entity, project or "")
     return not ((only_entity and entity and entity != only_entity) or (only_project and project != only_project))

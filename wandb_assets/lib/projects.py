@@ -43,6 +43,10 @@ class ProjectSelection:
         """Every entity the selection touches, each once, in order."""
         return tuple(dict.fromkeys([*self.whole_entities, *(p.entity for p in self.projects)]))
 
+    def includes(self, entity: str, project: str) -> bool:
+        """Whether ``entity/project`` is mirrored: named, or of an entity mirrored whole."""
+        return entity in self.whole_entities or ProjectRef(entity, project) in self.projects
+
     def resolve(self, listed: Mapping[str, Iterable[str]]) -> list[ProjectRef]:
         """The projects to mirror now: the named ones, and every project ``listed`` for a whole entity.
 

@@ -270,6 +270,9 @@ def _columns(con, table: str) -> set[str]:
 
 #: A run page URL as ``run_url`` builds it: ``<app>/<entity>/<project>/runs/<id>``, each part percent-quoted.
 _URL_PROJECT = r"/([^/]+)/([^/]+)/runs/[^/]+$"
+#: The entity and the project a run's ``url`` names (what the migration and an unmigrated warehouse's reads use).
+_URL_ENTITY_SQL = f"url_decode(regexp_extract(url, '{_URL_PROJECT}', 1))"
+_URL_PROJECT_NAME_SQL = f"url_decode(regexp_extract(url, '{_URL_PROJECT}', 2))"
 
 
 def _migrate_run_projects(con, home: tuple[str | None, str | None] | None) -> None:
@@ -279,8 +282,7 @@ def _migrate_run_projects(con, home: tuple[str | None, str | None] | None) -> No
     mirrored rows have. Derived tables gain the columns too (rebuilt on the next tick; filled now when there is
     one project)."""
     con.execute(
-        f"UPDATE runs SET entity = url_decode(regexp_extract(url, '{_URL_PROJECT}', 1)), "
-        f"project = url_decode(regexp_extract(url, '{_URL_PROJECT}', 2)) "
+        f"UPDATE runs SET entity = {_URL_ENTITY_SQL}, project = {_URL_PROJECT_NAME_SQL} "
         f"WHERE entity IS NULL AND regexp_matches(url, '{_URL_PROJECT}')"
     )
     majority = con.execute(
@@ -631,18 +633,18 @@ def load_offline_runs(
                 f"AND coalesce(source, '{SOURCE_WANDB}') <> '{SOURCE_OFFLINE}'"
             ).fetchall()
         )
-        newer = set(
-            con.execute(
-                "SELECT i.entity, i.project, i.run_id FROM incoming_runs i JOIN runs r USING (entity, project, run_id) "
-                f"WHERE r.source = '{SOURCE_OFFLINE}' AND r.heartbeat_at > i.heartbeat_at"
-            ).fetchall()
+        # Offline runs the warehouse holds from a log whose last record is later than this one's: they stay.
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE newer_offline AS SELECT i.entity, i.project, i.run_id FROM incoming_runs i "
+            f"JOIN runs r USING (entity, project, run_id) WHERE r.source = '{SOURCE_OFFLINE}' "
+            "AND r.heartbeat_at > i.heartbeat_at"
         )
+        newer = set(con.execute("SELECT * FROM newer_offline").fetchall())
         con.execute(
             f"DELETE FROM runs WHERE source = '{SOURCE_OFFLINE}' AND (entity, project, run_id) IN ("
-            "SELECT entity, project, run_id FROM incoming_runs i WHERE NOT EXISTS (SELECT 1 FROM runs r "
-            f"WHERE r.source = '{SOURCE_OFFLINE}' AND r.entity = i.entity AND r.project = i.project "
-            "AND r.run_id = i.run_id AND r.heartbeat_at > i.heartbeat_at))"
+            "SELECT entity, project, run_id FROM incoming_runs EXCEPT SELECT * FROM newer_offline)"
         )
+        con.execute("DROP TABLE newer_offline")
         _price_runs(con, prices)
         con.execute(
             f"INSERT INTO runs BY NAME SELECT * REPLACE ('{SOURCE_OFFLINE}' AS source) FROM incoming_runs "
@@ -1047,21 +1049,17 @@ def unfinished_runs_by_project(con, before: datetime) -> dict[str, list[str]]:
     their project) gives each run the project of its URL, as the migration will (``""`` for a row without one)."""
     if not has_table(con, "runs"):
         return {}
-    migrated = con.execute(
-        "SELECT count(*) FROM duckdb_columns() WHERE table_name = 'runs' AND column_name = 'entity' "
-        "AND database_name = current_database()"
-    ).fetchone()[0]
-    from_url = "url_decode(regexp_extract(url, $pattern, 1)) || '/' || url_decode(regexp_extract(url, $pattern, 2))"
+    from_url = f"{_URL_ENTITY_SQL} || '/' || {_URL_PROJECT_NAME_SQL}"
     project = (
         "entity || '/' || project"
-        if migrated
-        else f"CASE WHEN regexp_matches(url, $pattern) THEN {from_url} ELSE '' END"
+        if "entity" in _columns(con, "runs")
+        else f"CASE WHEN regexp_matches(url, '{_URL_PROJECT}') THEN {from_url} ELSE '' END"
     )
     found: dict[str, list[str]] = {}
     for path, run_id in con.execute(
         f"SELECT {project}, run_id FROM runs WHERE state IN ({ALIVE_SQL}) AND created_at < $before "
         f"AND coalesce(source, '{SOURCE_WANDB}') = '{SOURCE_WANDB}' ORDER BY ALL",
-        {"before": before, "pattern": _URL_PROJECT} if not migrated else {"before": before},
+        {"before": before},
     ).fetchall():
         found.setdefault(path, []).append(run_id)
     return found

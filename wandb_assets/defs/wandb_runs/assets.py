@@ -375,21 +375,16 @@ def wandb_projects(context: AssetExecutionContext, warehouse: WarehouseResource)
         rows, left, came = record_projects(con, projects, checked_at, partial)
     failing = [f"{r[0]}/{r[1]}" for r in rows if r[8] is not None]
     gone = [f"{r[0]}/{r[1]}" for r in rows if not r[2]]
-    if left or came:  # every gauge, Datadog series and alert counts the projects mirrored now
-        context.log.warning(
-            "The mirrored projects changed: "
-            + "; ".join(
-                part
-                for part in (
-                    f"no longer mirrored: {', '.join(left)} (their rows stay, out of the gauges and alerts; their "
-                    "alive runs are last seen now)"
-                    if left
-                    else "",
-                    f"newly mirrored: {', '.join(came)}" if came else "",
-                )
-                if part
-            )
+    changes = []  # every gauge, Datadog series and alert counts the projects mirrored now: say when they change
+    if left:
+        changes.append(
+            f"no longer mirrored: {', '.join(left)} (their rows stay, out of the gauges and alerts; their alive runs "
+            "are last seen now)"
         )
+    if came:
+        changes.append(f"newly mirrored: {', '.join(came)}")
+    if changes:
+        context.log.warning("The mirrored projects changed: " + "; ".join(changes))
     preview = [
         (f"{r[0]}/{r[1]}", r[2], r[6], *(f"{t:%Y-%m-%d %H:%M}" if t else "" for t in (r[5], r[7])), r[8] or "")
         for r in rows
