@@ -1,4 +1,5 @@
-"""The README's configuration table and quickstart stay true to the code."""
+"""The README (the front door) and the reference in docs/ stay true to the code: the configuration table, the gauge
+table, the quickstart, and every link."""
 
 import re
 from pathlib import Path
@@ -6,18 +7,21 @@ from pathlib import Path
 from wandb_assets.lib.gauges import GAUGE_NAMES
 from wandb_assets.settings import ENV_VARS, readme_table
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+CONFIGURATION = (ROOT / "docs" / "configuration.md").read_text()
+PIPELINE = (ROOT / "docs" / "pipeline.md").read_text()
 
 
 def test_configuration_table_is_the_one_generated_from_the_settings():
-    assert readme_table() in README, "regenerate the README table from wandb_assets.settings.readme_table()"
-    rows = re.findall(r"^\| `([A-Z0-9_]+)` \| ([^|]+) \| ([^|]+) \|$", README, flags=re.M)
+    assert readme_table() in CONFIGURATION, "regenerate docs/configuration.md's table: settings.readme_table()"
+    rows = re.findall(r"^\| `([A-Z0-9_]+)` \| ([^|]+) \| ([^|]+) \|$", CONFIGURATION, flags=re.M)
     assert [(name, default.strip()) for name, default, _ in rows] == [(k, v[0]) for k, v in ENV_VARS.items()]
     assert ("WANDB_ASSETS_ALERT_STALL_HEARTBEAT_MINUTES", "30.0") in [(n, d.strip()) for n, d, _ in rows]
 
 
 def test_gauge_table_names_every_gauge():
-    documented = re.findall(r"^\| `(wandb\.[a-z0-9_.]+)` \|", README, flags=re.M)
+    documented = re.findall(r"^\| `(wandb\.[a-z0-9_.]+)` \|", PIPELINE, flags=re.M)
     assert documented == list(GAUGE_NAMES)
 
 
@@ -50,3 +54,17 @@ def test_the_notebooks_readme_opens_the_warehouse_the_demo_writes():
 
     text = (Path(__file__).resolve().parent.parent / "notebooks" / "README.md").read_text()
     assert f"WANDB_ASSETS_DUCKDB={DEMO_DIR}/demo.duckdb uv run jupyter lab notebooks/" in text
+
+
+def test_the_readme_is_a_front_door_and_every_link_of_it_and_of_docs_resolves():
+    """Issue 33: the README was 905 lines; reference material lives in docs/, one page a subject."""
+    assert len(README.splitlines()) <= 250
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if not re.match(r"[a-z]+://|mailto:", target) and not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert broken == []
+    linked = set(re.findall(r"\]\(docs/([a-z0-9-]+\.md)\)", README))
+    assert linked == {p.name for p in (ROOT / "docs").glob("*.md")}  # every docs page is reachable from the front door

@@ -42,7 +42,7 @@ _TH = AlertThresholds()
 class Settings(BaseSettings):
     """Every environment variable the project reads, typed, with its default and what it does.
 
-    The one configuration surface: the README's table is generated from these fields (and a test checks
+    The one configuration surface: docs/configuration.md's table is generated from these fields (and a test checks
     it), resources and the CLI read their values from here, and a malformed value is a ``ConfigError``
     naming the variable. Field names *are* the variable names.
     """
@@ -346,7 +346,7 @@ def _shown_default(name: str) -> str:
     return shown if shown is not None else str(info.default)
 
 
-#: Every environment variable the project reads: name -> (default as documented, what it does). The README
+#: Every environment variable the project reads: name -> (default as documented, what it does). docs/configuration.md's
 #: table is checked against this, which is generated from ``Settings``.
 ENV_VARS: dict[str, tuple[str, str]] = {
     name: (_shown_default(name), info.description or "") for name, info in Settings.model_fields.items()
@@ -354,7 +354,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
 
 
 def readme_table() -> str:
-    """The README's configuration table, generated from ``Settings``."""
+    """The configuration table of docs/configuration.md, generated from ``Settings``."""
     lines = ["| variable | default | what it does |", "|---|---|---|"]
     lines += [f"| `{name}` | {default} | {text} |" for name, (default, text) in ENV_VARS.items()]
     return "\n".join(lines)
@@ -448,7 +448,7 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
     )
 
 
-#: The default GPU prices (see the README, "GPU accounting").
+#: The default GPU prices (see docs/gpu-accounting.md).
 SHIPPED_GPU_PRICES = Path(__file__).resolve().parent / "data" / "gpu_prices.yaml"
 
 
