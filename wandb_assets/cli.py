@@ -175,13 +175,31 @@ def _print_projects() -> None:
         print(f"  {project:<{width}}  {runs:>8,}  {active or 0:>7,}  {failed or 0:>11,}  {gpu_hours or 0:>14,.2f}")
 
 
+#: The open alerts, most severe and oldest first.
+OPEN_ALERTS_SQL = """
+SELECT severity, rule, subject, opened_at, message FROM alerts WHERE resolved_at IS NULL
+ORDER BY severity = 'critical' DESC, opened_at, alert_key
+"""
+
+
+def _format_alerts(rows: list[tuple]) -> str:
+    lines = [f"Open alerts: {len(rows)}"]
+    for severity, rule, subject, opened_at, message in rows:
+        lines.append(f"  [{severity}] {rule} ({subject}), open since {opened_at:%Y-%m-%d %H:%M} UTC: {message}")
+    return "\n".join(lines)
+
+
 def _print_alerts() -> None:
-    rows = _warehouse_rows(
-        "SELECT severity, rule, subject, message FROM alerts WHERE resolved_at IS NULL ORDER BY opened_at, alert_key"
-    )
-    print(f"\nOpen alerts: {len(rows)}")
-    for severity, rule, subject, message in rows:
-        print(f"  [{severity}] {rule} ({subject}): {message}")
+    print("\n" + _format_alerts(_warehouse_rows(OPEN_ALERTS_SQL)))
+
+
+def _print_costs(by: str = "team", days: int = 30) -> None:
+    from wandb_assets.lib.costs import cost_summary, format_costs
+    from wandb_assets.warehouse import reading
+
+    with reading() as con:
+        if con is not None:
+            print("\n" + format_costs(cost_summary(con, by, datetime.now(UTC).date(), days)))
 
 
 def _tick(today: date, quiet: bool = False) -> int:
@@ -196,6 +214,48 @@ def _tick(today: date, quiet: bool = False) -> int:
         _print_projects()
         _print_alerts()
     return code
+
+
+def _snapshot_or_exit(location: str | None):
+    """The warehouse snapshot (read-only; the tick's writer is never blocked), or None after saying why."""
+    from wandb_assets.warehouse import open_snapshot
+
+    try:
+        return open_snapshot(location)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def cmd_costs(args: argparse.Namespace) -> int:
+    """GPU-hours and dollars by team, project, user or model over the last days, with what the dollars leave out."""
+    from wandb_assets.lib.costs import cost_summary, format_costs
+    from wandb_assets.settings import ConfigError, pipeline_settings
+
+    if args.days < 1:
+        raise ConfigError(f"--days must be 1 or more (got {args.days}).")
+    for key in pipeline_settings().unknown_price_keys:
+        print(f"warning: WANDB_ASSETS_GPU_PRICES prices {key!r}, which names no GPU model this project knows.")
+    con = _snapshot_or_exit(args.warehouse)
+    if con is None:
+        return 2
+    try:
+        print(format_costs(cost_summary(con, args.by, datetime.now(UTC).date(), args.days)))
+    finally:
+        con.close()
+    return 0
+
+
+def cmd_alerts(args: argparse.Namespace) -> int:
+    """The open alerts, with their links, from the warehouse snapshot."""
+    con = _snapshot_or_exit(args.warehouse)
+    if con is None:
+        return 2
+    try:
+        print(_format_alerts(con.execute(OPEN_ALERTS_SQL).fetchall()))
+    finally:
+        con.close()
+    return 0
 
 
 def cmd_refresh(args: argparse.Namespace) -> int:
@@ -424,6 +484,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         code = _tick(now.date())
     if code:
         return code
+    _print_costs("team", args.days)
     print(f"\nWarehouse: {pipeline_settings().warehouse if is_lake(warehouse) else Path(warehouse).resolve()}")
     if args.ui:
         print(f"Run links (the runs table, the alerts) open on the demo's W&B server {server.url} while this runs.")
@@ -607,6 +668,25 @@ def build_parser() -> argparse.ArgumentParser:
     regressions.add_argument("--since", help="first day, YYYY-MM-DD: regressions whose first slow run is later")
     regressions.add_argument("--warehouse", help="warehouse file (default WANDB_ASSETS_DUCKDB)")
     regressions.set_defaults(func=cmd_regressions)
+    costs = sub.add_parser(
+        "costs",
+        help="GPU-hours and dollars by team, project, user or GPU model",
+        description="GPU-hours and dollars over the last days (UTC, today so far included) from the warehouse "
+        "snapshot's gpu_usage, by team (WANDB_ASSETS_TEAMS), project, user or GPU model; each line says what share "
+        "of its GPU-hours the dollars price, and the last line names the GPU models without a price.",
+    )
+    costs.add_argument("--by", choices=("team", "project", "user", "model"), default="team", help="default team")
+    costs.add_argument("--days", type=int, default=30, help="the last N UTC days, today included (default 30)")
+    costs.add_argument("--warehouse", help="warehouse file or ducklake: string (default WANDB_ASSETS_DUCKDB)")
+    costs.set_defaults(func=cmd_costs)
+    alerts = sub.add_parser(
+        "alerts",
+        help="the open alerts, with links",
+        description="The alerts open at the last tick (most severe, then oldest first), each with its links to W&B, "
+        "from the warehouse snapshot.",
+    )
+    alerts.add_argument("--warehouse", help="warehouse file or ducklake: string (default WANDB_ASSETS_DUCKDB)")
+    alerts.set_defaults(func=cmd_alerts)
     check = sub.add_parser(
         "check",
         help="check the warehouse's invariants (exit 1 naming each that does not hold)",

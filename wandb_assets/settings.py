@@ -20,7 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from wandb_assets.lib.alerts import AlertThresholds
 from wandb_assets.lib.errors import ConfigError
-from wandb_assets.lib.gpus import parse_prices, parse_teams
+from wandb_assets.lib.gpus import FALLBACK_PRICE, parse_prices, parse_teams, unknown_price_keys
 from wandb_assets.lib.lake import Lake, S3Options, is_lake, parse_catalog
 from wandb_assets.lib.projects import ProjectSelection, parse_projects
 
@@ -100,6 +100,14 @@ class Settings(BaseSettings):
         "YAML file mapping GPU models to USD per GPU-hour (such as `H100-80GB: 2.99`); a model without a price "
         "costs NULL, never 0.",
         "the shipped `wandb_assets/data/gpu_prices.yaml`",
+    )
+    WANDB_ASSETS_GPU_DEFAULT_PRICE: float | None = _var(
+        None,
+        "USD per GPU-hour of a run whose GPU model has no price (none recorded, unknown, or missing from the list): "
+        "its cost is labelled `fallback` (gpu_usage.price_basis). Unset: such runs cost NULL.",
+        "(unset)",
+        ge=0,
+        allow_inf_nan=False,
     )
     WANDB_ASSETS_TEAMS: Path | None = _var(
         None,
@@ -401,8 +409,11 @@ class PipelineSettings:
     project_recheck: timedelta = timedelta(hours=6)
     #: Config keys holding a run's GPU count (``WANDB_ASSETS_GPU_COUNT_KEYS``), first match wins.
     gpu_count_keys: tuple[str, ...] = ("compute.gpu_count",)
-    #: USD per GPU-hour by canonical model (``WANDB_ASSETS_GPU_PRICES``) and team by username (``WANDB_ASSETS_TEAMS``).
+    #: USD per GPU-hour by canonical model (``WANDB_ASSETS_GPU_PRICES``), the fallback price under ``FALLBACK_PRICE``
+    #: (``WANDB_ASSETS_GPU_DEFAULT_PRICE``), and team by username (``WANDB_ASSETS_TEAMS``).
     gpu_prices: dict[str, float] = field(default_factory=dict)
+    #: Price keys naming no GPU model this project knows (``gpus.unknown_price_keys``): warned about by name.
+    unknown_price_keys: tuple[str, ...] = ()
     #: Read each ended run's wandb-metadata.json once (``WANDB_ASSETS_FETCH_METADATA``).
     fetch_metadata: bool = True
     #: Most metadata file downloads in flight (``WANDB_ASSETS_METADATA_DOWNLOADS``): storage, not the API.
@@ -416,16 +427,19 @@ SecretLoader = Callable[[str], Mapping[str, str]]
 def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSettings:
     """The warehouse-side settings; ``ConfigError`` for a malformed value."""
     s = load_settings(environ)
+    price_file = s.WANDB_ASSETS_GPU_PRICES or SHIPPED_GPU_PRICES
+    price_document = _yaml(price_file, "WANDB_ASSETS_GPU_PRICES")
+    prices = parse_prices(price_document, f"WANDB_ASSETS_GPU_PRICES ({price_file})")
+    if s.WANDB_ASSETS_GPU_DEFAULT_PRICE is not None:
+        prices[FALLBACK_PRICE] = float(s.WANDB_ASSETS_GPU_DEFAULT_PRICE)
     return PipelineSettings(
         warehouse=warehouse_location(s),
         default_gpus_per_run=s.WANDB_ASSETS_DEFAULT_GPUS_PER_RUN,
         fetch_metadata=s.WANDB_ASSETS_FETCH_METADATA,
         metadata_downloads=s.WANDB_ASSETS_METADATA_DOWNLOADS,
         gpu_count_keys=tuple(k.strip() for k in s.WANDB_ASSETS_GPU_COUNT_KEYS.split(",") if k.strip()),
-        gpu_prices=parse_prices(
-            _yaml(s.WANDB_ASSETS_GPU_PRICES or SHIPPED_GPU_PRICES, "WANDB_ASSETS_GPU_PRICES"),
-            f"WANDB_ASSETS_GPU_PRICES ({s.WANDB_ASSETS_GPU_PRICES or SHIPPED_GPU_PRICES})",
-        ),
+        gpu_prices=prices,
+        unknown_price_keys=tuple(unknown_price_keys(price_document)),
         teams=parse_teams(_yaml(s.WANDB_ASSETS_TEAMS, "WANDB_ASSETS_TEAMS"), "WANDB_ASSETS_TEAMS")
         if s.WANDB_ASSETS_TEAMS
         else {},

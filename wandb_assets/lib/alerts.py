@@ -18,7 +18,7 @@ from typing import Any
 import duckdb
 
 from wandb_assets.lib.gauges import compute_gauges, compute_project_gauges
-from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, prices_param
+from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, prices_param, usd_sql
 from wandb_assets.lib.lake import retry_on_conflict
 from wandb_assets.lib.regressions import find_regressions
 from wandb_assets.lib.sql import (
@@ -599,7 +599,7 @@ idle AS (  -- the first sample after the last busy one: idle on every sample sin
 ),
 {PRICES_CTE}
 SELECT r.entity, r.project, r.run_id, r.name, r.url, r.log_path, r."user", r.gpu_count, r.gpu_model, i.since,
-       r.gpu_count * p.usd AS usd_per_hour
+       r.gpu_count * {usd_sql()} AS usd_per_hour
 FROM idle i JOIN {MIRRORED_RUNS_SQL} r USING (entity, project, run_id) LEFT JOIN prices p ON p.model = r.gpu_model
 WHERE r.state = 'running' AND i.latest = $t AND i.since <= $since
 ORDER BY r.entity, r.project, r.run_id

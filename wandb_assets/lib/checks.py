@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE
+from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, usd_sql
 from wandb_assets.lib.sql import ALIVE_SQL, BUSY_SQL, MIRRORED_NOW_SQL, run_gpu_hours_sql
 from wandb_assets.lib.warehouse import IDLE_GPU_HOURS_SQL, daily_gpu_hours_sql, has_table
 
@@ -53,7 +53,7 @@ WHERE i.idle_gpu_hours > coalesce(d.gpu_hours, 0) * (1 + 1e-9) + 1e-9""",
         "runs.cost_usd = GPU-hours x the model's USD per GPU-hour (NULL without a price)",
         f"""WITH {PRICES_CTE},
 expected AS (
-    SELECT entity, project, run_id, cost_usd, {run_gpu_hours_sql("ingested_at")} * p.usd AS should
+    SELECT entity, project, run_id, cost_usd, {run_gpu_hours_sql("ingested_at")} * {usd_sql()} AS should
     FROM runs LEFT JOIN prices p ON p.model = runs.gpu_model
 )
 SELECT entity, project, run_id, cost_usd, should FROM expected

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, prices_param
+from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, prices_param, usd_sql
 from wandb_assets.lib.normalize import SPS_KEYS
 from wandb_assets.lib.sql import (
     ENDED_SQL,
@@ -202,7 +202,7 @@ classified AS (
         state IN ({ended})
             AND ended_at > w.t0 AND ended_at <= w.t1 AS ended_in_w,
         {busy_until} AS busy_until,
-        p.usd AS usd_per_gpu_hour,
+        {usd} AS usd_per_gpu_hour,
         {idle_now} AS idle_gpus_now,
         i.idle_gpu_hours_in_w
     FROM {runs} AS runs CROSS JOIN w
@@ -248,6 +248,7 @@ def gauge_query(as_of: bool = False, by_project: bool = False) -> str:
         runs=runs,
         group=group,
         prices=PRICES_CTE,
+        usd=usd_sql(),
         held=held_samples_sql(runs, "$snapshot_at::TIMESTAMP"),
         idle_now=idle_of_run(
             "len(list_filter(latest_gpu_sample, g -> g.utilisation < $idle_pct))", "len(latest_gpu_sample)", "gpu_count"

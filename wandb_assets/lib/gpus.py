@@ -223,6 +223,28 @@ PRICES_CTE = """prices AS (
 )"""
 
 
+#: The price table's key of the fallback price (``WANDB_ASSETS_GPU_DEFAULT_PRICE``): a run whose model has no price
+#: of its own (no model recorded, an unknown one, or one the list lacks) costs this. No run's model is empty, so the
+#: key never matches one.
+FALLBACK_PRICE = ""
+
+
+_FALLBACK_USD = f"(SELECT usd FROM prices WHERE model = '{FALLBACK_PRICE}')"
+
+
+def usd_sql(listed: str = "p.usd") -> str:
+    """A run's USD per GPU-hour as SQL, given ``listed``, its model's own price in ``prices`` (``p.usd`` after
+    ``LEFT JOIN prices p ON p.model = gpu_model``): that, else the fallback price, else NULL. The one price rule of
+    runs, gpu_usage, the gauges, the alerts and the checks."""
+    return f"coalesce({listed}, {_FALLBACK_USD})"
+
+
+def price_basis_sql(listed: str = "p.usd") -> str:
+    """Where ``usd_sql`` took the price from, as SQL: ``list`` (the model's own price), ``fallback``
+    (``WANDB_ASSETS_GPU_DEFAULT_PRICE``) or NULL (no price: the cost is NULL)."""
+    return f"CASE WHEN {listed} IS NOT NULL THEN 'list' WHEN {_FALLBACK_USD} IS NOT NULL THEN 'fallback' END"
+
+
 def prices_param(prices: Iterable[tuple[str, float]]) -> str:
     """``$prices`` for ``PRICES_CTE``: ``(canonical model, USD per GPU-hour)`` pairs as JSON."""
     return json.dumps([{"model": model, "usd": usd} for model, usd in prices])
@@ -240,6 +262,14 @@ def parse_prices(document: Any, where: str) -> dict[str, float]:
             raise ConfigError(f"{where} gives {raw!r} the price {usd!r}: a price is a number of USD, 0 or more.")
         prices[model or str(raw)] = float(usd)
     return prices
+
+
+def unknown_price_keys(document: Any) -> list[str]:
+    """The keys of a parsed price mapping that name no GPU model this project knows (``H100-80G`` reads as
+    H100-80GB; ``Hopper`` is no model): such a price applies only to runs recording that exact string."""
+    if not isinstance(document, Mapping):
+        return []
+    return [str(raw) for raw in document if not canonical_gpu_model(str(raw))[1]]
 
 
 def parse_teams(document: Any, where: str) -> dict[str, str]:

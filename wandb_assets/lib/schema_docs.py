@@ -137,11 +137,13 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "gpu_model": "canonical GPU model (runs.gpu_model); NULL when no source names it",
             "runs": "runs that used GPUs that day, count",
             "gpu_hours": "GPUs times busy hours that day (the gpu_hours table's rule)",
-            "cost_usd": "gpu_hours times the model's USD per GPU-hour (WANDB_ASSETS_GPU_PRICES); NULL when the "
-            "model has no price (never 0)",
+            "cost_usd": "gpu_hours times the model's USD per GPU-hour (WANDB_ASSETS_GPU_PRICES), else the fallback "
+            "price (WANDB_ASSETS_GPU_DEFAULT_PRICE); NULL when neither prices it (never 0)",
             "idle_gpu_hours": "of those, GPU-hours idle (below WANDB_ASSETS_IDLE_GPU_PCT) in the samples taken while "
             "the runs ran (gpu_samples: each holds until the run's next one, its end or now, an hour at most), or "
             "for offline runs from their logs (runs.log_idle_gpu_hours); 0 without samples",
+            "price_basis": "where cost_usd's price came from: list (the model's own price), fallback "
+            "(WANDB_ASSETS_GPU_DEFAULT_PRICE) or NULL (no price)",
         },
     ),
     "gpu_samples": (

@@ -19,7 +19,7 @@ from typing import Any
 from wandb_assets.lib.alerts import ALERT_SQL, scope_unscoped_alerts
 from wandb_assets.lib.datadog_feed import LEDGER_SQL
 from wandb_assets.lib.gauges import RUNS_AS_OF_SQL, compute_gauges, gauge_params, held_samples_sql, project_metrics_sql
-from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, prices_param
+from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, price_basis_sql, prices_param, usd_sql
 from wandb_assets.lib.lake import in_lake, retry_on_conflict
 from wandb_assets.lib.normalize import SPS_KEYS, VANISHED
 from wandb_assets.lib.sql import (
@@ -116,7 +116,7 @@ CREATE TABLE IF NOT EXISTS gpu_hours (
 );
 CREATE TABLE IF NOT EXISTS gpu_usage (
     day DATE, entity VARCHAR, project VARCHAR, username VARCHAR, team VARCHAR, category VARCHAR, gpu_model VARCHAR,
-    runs BIGINT, gpu_hours DOUBLE, cost_usd DOUBLE, idle_gpu_hours DOUBLE
+    runs BIGINT, gpu_hours DOUBLE, cost_usd DOUBLE, idle_gpu_hours DOUBLE, price_basis VARCHAR
 );
 CREATE TABLE IF NOT EXISTS gpu_samples (
     snapshot_at TIMESTAMP, entity VARCHAR, project VARCHAR, run_id VARCHAR, gpu_index INTEGER, utilisation DOUBLE,
@@ -230,6 +230,7 @@ def _create_schema(con, lake: bool, home: tuple[str | None, str | None] | None) 
             "THEN 'config' ELSE 'default' END"
         )
     con.execute("ALTER TABLE report_publications ADD COLUMN IF NOT EXISTS artifact VARCHAR")
+    con.execute("ALTER TABLE gpu_usage ADD COLUMN IF NOT EXISTS price_basis VARCHAR")  # rebuilt by the next tick
     con.execute(LEDGER_SQL)
     con.execute(ALERT_SQL)
     scope_unscoped_alerts(con)  # every alert key names its project now, with one project as with several
@@ -430,11 +431,12 @@ def _whole_triples(paths: list[str], projects: Iterable[tuple[str, str]] | None)
 
 
 #: A run's ``cost_usd``: its GPU-hours up to its end (alive: up to when it was read, ``ingested_at``) times the USD
-#: per GPU-hour of its model (``$prices``, ``PRICES_CTE``); NULL when the model has no price.
+#: per GPU-hour of its model (``$prices``, ``PRICES_CTE``; ``gpus.usd_sql``: else the fallback price); NULL without
+#: a price.
 def _price_sql(table: str, where: str = "TRUE") -> str:
     return f"""WITH {PRICES_CTE}
 UPDATE {table} SET cost_usd = {run_gpu_hours_sql("ingested_at")}
-    * (SELECT usd FROM prices WHERE prices.model = {table}.gpu_model) WHERE {where}"""
+    * {usd_sql(f"(SELECT usd FROM prices WHERE prices.model = {table}.gpu_model)")} WHERE {where}"""
 
 
 #: Marks the runs of ``just_vanished``: W&B no longer returns them. An alive one becomes ``vanished`` (last seen at
@@ -781,7 +783,8 @@ idle AS (
 """
 
 #: GPU-hours and dollars per UTC day, project, user, team, category and GPU model (``$prices``: JSON list of
-#: ``{model, usd}``; ``$teams``: JSON list of ``{user, team}``). A model without a price costs NULL, never 0.
+#: ``{model, usd}``; ``$teams``: JSON list of ``{user, team}``). A model without a price costs the fallback price
+#: (``price_basis`` fallback) or NULL, never 0.
 GPU_USAGE_SQL = f"""
 WITH {PRICES_CTE},
 teams AS (
@@ -790,11 +793,11 @@ teams AS (
 {IDLE_GPU_HOURS_SQL},
 {daily_gpu_hours_sql('entity, project, run_id, category, "user" AS username, gpu_model')}
 SELECT day_start::DATE AS day, d.entity, d.project, username, coalesce(t.team, 'unassigned') AS team, category,
-       gpu_model, count(*) AS runs, sum(gpu_hours) AS gpu_hours, sum(gpu_hours * p.usd) AS cost_usd,
-       coalesce(sum(i.idle_gpu_hours), 0) AS idle_gpu_hours
+       gpu_model, count(*) AS runs, sum(gpu_hours) AS gpu_hours, sum(gpu_hours * {usd_sql()}) AS cost_usd,
+       coalesce(sum(i.idle_gpu_hours), 0) AS idle_gpu_hours, {price_basis_sql()} AS price_basis
 FROM daily d LEFT JOIN prices p ON p.model = d.gpu_model LEFT JOIN teams t ON t.user = d.username
 LEFT JOIN idle i USING (entity, project, run_id, day_start)
-GROUP BY day_start, d.entity, d.project, username, team, category, gpu_model
+GROUP BY day_start, d.entity, d.project, username, team, category, gpu_model, p.usd
 """
 
 

@@ -17,6 +17,7 @@ from dagster import (
 
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.clock import configured_time, utc_now
+from wandb_assets.lib.costs import cost_cells, cost_summary, coverage_sentence
 from wandb_assets.lib.gauges import GAUGES, gauge_unit, rounded_gauge
 from wandb_assets.lib.markdown import markdown_table
 from wandb_assets.lib.warehouse import (
@@ -83,17 +84,36 @@ gpu_hours = derived_table_asset(
 )
 
 
+#: The days of cost by team and project in gpu_usage's metadata.
+COST_METADATA_DAYS = 30
+
+
+def _cost_table(summary) -> MetadataValue:
+    """Cost lines as a narrow markdown table, the name first (the UI cuts a wide one at 1440 px)."""
+    rows = [(line.name, *(cost_cells(line)[i] for i in (1, 0, 2, 4))) for line in (*summary.lines, summary.total)]
+    return MetadataValue.md(markdown_table([summary.by, "USD", "GPU-hours", "priced", "unpriced GPU-h"], rows))
+
+
 @asset(
     description="Per UTC day, project, user, team, category and GPU model: runs, GPU-hours (the gpu_hours rule) and "
-    "USD (WANDB_ASSETS_GPU_PRICES; a model without a price costs NULL and is listed here, never 0); teams from "
-    "WANDB_ASSETS_TEAMS (else unassigned). Rebuilt whole; running runs count up to now.",
+    "USD (WANDB_ASSETS_GPU_PRICES, else WANDB_ASSETS_GPU_DEFAULT_PRICE, labelled in price_basis; a model without "
+    "either costs NULL and is listed here, never 0); teams from WANDB_ASSETS_TEAMS (else unassigned). Rebuilt "
+    "whole; running runs count up to now. Its metadata: cost by team and by project over the last 30 days, with "
+    "the share of GPU-hours priced.",
     **COMMON,
 )
 def gpu_usage(context: AssetExecutionContext, warehouse: WarehouseResource) -> MaterializeResult:
     pipeline = pipeline_settings()
+    for key in pipeline.unknown_price_keys:
+        context.log.warning(
+            f"WANDB_ASSETS_GPU_PRICES prices {key!r}, which names no GPU model this project knows: it applies only "
+            "to runs recording exactly that name (see docs/gpu-accounting.md for the model names)."
+        )
+    now = utc_now()
     with warehouse.get_connection() as con:
         idle_pct = alert_thresholds().idle_gpu_pct
-        rows = rebuild_gpu_usage(con, utc_now(), pipeline.gpu_prices, pipeline.teams, idle_pct)
+        rows = rebuild_gpu_usage(con, now, pipeline.gpu_prices, pipeline.teams, idle_pct)
+        by_team, by_project = (cost_summary(con, by, now.date(), COST_METADATA_DAYS) for by in ("team", "project"))
         unpriced = con.execute(
             "SELECT coalesce(gpu_model, '(no model)'), round(sum(gpu_hours), 2) FROM gpu_usage "
             "WHERE cost_usd IS NULL AND gpu_hours > 0 GROUP BY 1 ORDER BY 2 DESC"
@@ -103,10 +123,15 @@ def gpu_usage(context: AssetExecutionContext, warehouse: WarehouseResource) -> M
         context.log.warning(f"GPU models without a price (cost NULL): {', '.join(m for m, _ in unpriced)}")
     return MaterializeResult(
         metadata={
+            "cost_by_team_30d": _cost_table(by_team),
+            "cost_by_project_30d": _cost_table(by_project),
+            "priced_gpu_hours_pct_30d": round(by_team.total.priced_pct, 1),
+            "cost_coverage": coverage_sentence(by_team),
             "rows": rows,
             "gpu_hours_total": totals[0] or 0.0,
             "cost_usd_total": totals[1] or 0.0,
             "models_without_price": MetadataValue.md(markdown_table(["gpu_model", "GPU-hours"], unpriced)),
+            "unknown_price_keys": ", ".join(pipeline.unknown_price_keys) or "none",
             "writer_held_s": round(warehouse.last_writer_hold_s(), 3),
         }
     )

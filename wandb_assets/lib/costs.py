@@ -1,0 +1,158 @@
+"""What the GPUs cost, by team, project, user or GPU model, over the last days, from ``gpu_usage``; never without the
+share of GPU-hours the dollars leave out. The one cost summary of ``wandb-assets costs``, the demo's last lines,
+``gpu_usage``'s metadata in the UI and the ``gpu_costs`` notebook. No Dagster here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, timedelta
+
+#: The group of GPU-hours whose run recorded no GPU model.
+NO_MODEL = "(no model)"
+
+#: ``--by`` -> the SQL naming each group in ``gpu_usage``.
+COST_GROUPS: dict[str, str] = {
+    "team": "team",
+    "project": "entity || '/' || project",
+    "user": "coalesce(username, '(no user)')",
+    "model": f"coalesce(gpu_model, '{NO_MODEL}')",
+}
+
+#: Per group over ``gpu_usage``'s days from ``$first_day``: GPU-hours, dollars, and how many of the GPU-hours the
+#: dollars price (``cost_usd`` not NULL), at the fallback price (``price_basis``), or not at all. ``{where}``: more
+#: conditions. A ``gpu_usage`` written before ``price_basis`` existed reads it as NULL (``{basis}``).
+_COSTS_SQL = """
+SELECT {group} AS name, coalesce(sum(gpu_hours), 0) AS gpu_hours, sum(cost_usd) AS cost_usd,
+       coalesce(sum(gpu_hours) FILTER (WHERE cost_usd IS NOT NULL), 0) AS priced_gpu_hours,
+       coalesce(sum(gpu_hours) FILTER (WHERE {basis} = 'fallback'), 0) AS fallback_gpu_hours,
+       coalesce(sum(idle_gpu_hours), 0) AS idle_gpu_hours
+FROM gpu_usage WHERE day >= $first_day AND gpu_hours > 0{where}
+GROUP BY ALL ORDER BY cost_usd DESC NULLS LAST, gpu_hours DESC, name
+"""
+
+
+@dataclass(frozen=True)
+class CostLine:
+    """One group's (or the total's) GPU-hours and dollars, with the share of GPU-hours the dollars price."""
+
+    name: str
+    gpu_hours: float
+    cost_usd: float | None
+    priced_gpu_hours: float
+    fallback_gpu_hours: float
+    idle_gpu_hours: float
+
+    @property
+    def unpriced_gpu_hours(self) -> float:
+        return max(self.gpu_hours - self.priced_gpu_hours, 0.0)
+
+    @property
+    def priced_pct(self) -> float:
+        """The GPU-hours the dollars price, percent (100 without GPU-hours: nothing is left out)."""
+        return 100.0 * self.priced_gpu_hours / self.gpu_hours if self.gpu_hours else 100.0
+
+
+@dataclass(frozen=True)
+class CostSummary:
+    by: str
+    first_day: date
+    days: int
+    lines: tuple[CostLine, ...]
+    total: CostLine
+    #: The GPU models whose GPU-hours have no price, most hours first: ``(model, GPU-hours)``.
+    unpriced_models: tuple[tuple[str, float], ...]
+
+
+def _has_price_basis(con) -> bool:
+    return bool(
+        con.execute(
+            "SELECT count(*) FROM duckdb_columns() WHERE table_name = 'gpu_usage' AND column_name = 'price_basis'"
+        ).fetchone()[0]
+    )
+
+
+def cost_summary(con, by: str, today: date, days: int) -> CostSummary:
+    """Costs by ``by`` (a key of ``COST_GROUPS``) over the ``days`` UTC days up to ``today`` (today partial)."""
+    if by not in COST_GROUPS:
+        raise ValueError(f"by must be one of {', '.join(COST_GROUPS)} (got {by!r})")
+    first_day = today - timedelta(days=days - 1)
+    basis = "price_basis" if _has_price_basis(con) else "NULL"
+
+    def query(group: str, where: str = "") -> list[tuple]:
+        sql = _COSTS_SQL.format(group=group, basis=basis, where=where)
+        return con.execute(sql, {"first_day": first_day}).fetchall()
+
+    lines = tuple(CostLine(*row) for row in query(COST_GROUPS[by]))
+    total = query("'total'")
+    unpriced = query(COST_GROUPS["model"], " AND cost_usd IS NULL")
+    return CostSummary(
+        by=by,
+        first_day=first_day,
+        days=days,
+        lines=lines,
+        total=CostLine(*total[0]) if total else CostLine("total", 0.0, None, 0.0, 0.0, 0.0),
+        unpriced_models=tuple((name, hours) for name, hours, *_ in sorted(unpriced, key=lambda r: -r[1])),
+    )
+
+
+def _usd(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}"
+
+
+#: The columns of a cost table, as people read them.
+COST_HEADERS = ("GPU-hours", "USD", "priced", "fallback GPU-h", "unpriced GPU-h", "idle GPU-h")
+
+
+def cost_cells(line: CostLine) -> tuple[str, ...]:
+    """One line's cells under ``COST_HEADERS``, rounded as people read them."""
+    return (
+        f"{line.gpu_hours:,.1f}",
+        _usd(line.cost_usd),
+        f"{line.priced_pct:.0f}%",
+        f"{line.fallback_gpu_hours:,.1f}",
+        f"{line.unpriced_gpu_hours:,.1f}",
+        f"{line.idle_gpu_hours:,.1f}",
+    )
+
+
+def coverage_sentence(summary: CostSummary) -> str:
+    """What the dollars leave out, in one sentence (nothing left out: says so)."""
+    total = summary.total
+    if total.unpriced_gpu_hours <= 0:
+        fallback = (
+            f", {total.fallback_gpu_hours:,.1f} of them at the fallback price (WANDB_ASSETS_GPU_DEFAULT_PRICE)"
+            if total.fallback_gpu_hours
+            else ""
+        )
+        return f"Every GPU-hour is priced{fallback}."
+    models = ", ".join(
+        f"{'no model recorded' if name == NO_MODEL else name} ({hours:,.1f})"
+        for name, hours in summary.unpriced_models[:5]
+    )
+    more = f" and {len(summary.unpriced_models) - 5} more" if len(summary.unpriced_models) > 5 else ""
+    return (
+        f"{total.unpriced_gpu_hours:,.1f} GPU-hours ({100 - total.priced_pct:.0f}%) have no price and are not in the "
+        f"dollars: {models}{more}. Price them in WANDB_ASSETS_GPU_PRICES, or set WANDB_ASSETS_GPU_DEFAULT_PRICE."
+    )
+
+
+def format_costs(summary: CostSummary) -> str:
+    """The summary as a text table with a total line and the coverage sentence."""
+    title = (
+        f"GPU cost by {summary.by}, {summary.first_day} to {summary.first_day + timedelta(days=summary.days - 1)} "
+        f"UTC ({summary.days} days, the last one so far):"
+    )
+    if not summary.lines:
+        return f"{title}\n  no GPU-hours in these days."
+    rows = [(line.name, *cost_cells(line)) for line in (*summary.lines, summary.total)]
+    header = (summary.by, *COST_HEADERS)
+    widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
+    out = [title]
+    for k, row in enumerate((header, *rows)):
+        if k == len(rows):  # the total, under a rule
+            out.append("  " + "  ".join("-" * w for w in widths))
+        cells = [f"{row[0]:<{widths[0]}}", *(f"{cell:>{w}}" for cell, w in zip(row[1:], widths[1:], strict=True))]
+        out.append("  " + "  ".join(cells))
+    out.append(coverage_sentence(summary))
+    return "\n".join(out)
