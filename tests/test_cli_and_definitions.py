@@ -235,17 +235,53 @@ def test_cli_backfill_then_refresh(wandb_server, warehouse_path, dagster_home, c
             {"WANDB_ASSETS_PROJECTS": "test-team/test-project, research"},
             "error: WANDB_ASSETS_PROJECTS has 'research': each item is entity/project or entity/* (such as ml-team/*).",
         ),
+        (
+            ["refresh"],
+            {"WANDB_ASSETS_FETCH_CONCURRENCY": "16"},
+            "error: WANDB_ASSETS_FETCH_CONCURRENCY must be from 1 to 8 (got '16'); unset it to use the default.",
+        ),
+        (
+            ["refresh"],
+            {"WANDB_ASSETS_PAGE_SIZE": "10"},
+            "error: WANDB_ASSETS_PAGE_SIZE must be at least 25 (got '10'); unset it to use the default.",
+        ),
+        (
+            ["refresh"],
+            {"WANDB_ASSETS_TEAMS": "teams.yaml"},  # written by the test: a list item under a mapping, line 2
+            "error: WANDB_ASSETS_TEAMS names teams.yaml, which is not valid YAML at line 2, column 1.",
+        ),
+        (
+            ["refresh"],
+            {"WANDB_ASSETS_STAGING_DIR": "/proc/staging"},
+            "error: WANDB_ASSETS_STAGING_DIR names /proc/staging, but /proc cannot be written: point it at a "
+            "writable place.",
+        ),
+        (
+            ["refresh"],
+            {"WANDB_ASSETS_GPU_DEFAULT_PRICE": "-1"},
+            "error: WANDB_ASSETS_GPU_DEFAULT_PRICE must be at least 0 (got '-1'); unset it to use the default.",
+        ),
+        (["costs", "--days", "0"], {}, "error: --days must be 1 or more (got 0)."),
+        (["backfill"], {}, "usage: wandb-assets backfill [-h] --start START"),  # argparse's own: exit 2 too
     ],
 )
-def test_cli_configuration_errors_exit_2_and_open_no_alert(
-    wandb_server, dagster_home, capsys, monkeypatch, args, env, message
-):
+def test_cli_configuration_errors_exit_2_and_open_no_alert(wandb_server, dagster_home, args, env, message):
+    """Each mistake run as a user runs it, a process of its own: exit 2, one line on stderr (argparse: its usage
+    lines), no traceback, no key, no alert, no run left behind."""
     wandb_server(dataset())
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    code, out, err = cli(capsys, *args)
-    assert (code, err.count("\n")) == (2, 1)
-    assert err.startswith(message)
+    (dagster_home / "teams.yaml").write_text("vision: [alice]\n- bob\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "wandb_assets.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=120,
+    )
+    code, out, err = done.returncode, done.stdout, done.stderr
+    assert code == 2, err
+    assert err.startswith(message), err
+    assert err.count("\n") == (1 if message.startswith("error:") else err.count("\n"))
+    assert "Traceback" not in err
     assert API_KEY not in out + err
     assert alert_runs() == 0
     from dagster import DagsterInstance
@@ -364,3 +400,35 @@ def test_the_demo_touches_nothing_but_its_own_folder_and_a_dry_run_feed(tmp_path
         assert statuses == {"dry_run", "replayed"}
         assert con.execute("SELECT count(*) FROM runs").fetchone()[0] > 0
     assert (tmp_path / "demo" / "dagster" / "storage").is_dir()
+
+
+def test_the_alerts_command_lists_the_open_alerts_with_their_links_most_severe_first(tmp_path):
+    from wandb_assets.lib.warehouse import ensure_schema
+
+    snapshot = tmp_path / "w.snapshot.duckdb"
+    con = duckdb.connect(str(snapshot))
+    ensure_schema(con)
+    con.execute(
+        "INSERT INTO alerts (alert_key, rule, subject, severity, message, details, opened_at, last_seen_at, "
+        "resolved_at) VALUES "
+        "('a', 'stalled_run', 'e/p:r1', 'warning', 'Run r1 looks stalled (http://w/e/p/runs/r1).', '{}', "
+        "'2026-06-01 10:00', '2026-06-01 11:00', NULL), "
+        "('b', 'project_unreachable', 'e/q', 'critical', 'e/q cannot be read.', '{}', "
+        "'2026-06-01 10:30', '2026-06-01 11:00', NULL), "
+        "('c', 'stalled_run', 'e/p:r0', 'warning', 'resolved one', '{}', "
+        "'2026-06-01 09:00', '2026-06-01 09:30', '2026-06-01 09:45')"
+    )
+    con.close()
+    done = subprocess.run(
+        [sys.executable, "-m", "wandb_assets.cli", "alerts", "--warehouse", str(snapshot)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines() == [
+        "Open alerts: 2",
+        "  [critical] project_unreachable (e/q), open since 2026-06-01 10:30 UTC: e/q cannot be read.",
+        "  [warning] stalled_run (e/p:r1), open since 2026-06-01 10:00 UTC: Run r1 looks stalled "
+        "(http://w/e/p/runs/r1).",
+    ]

@@ -11,6 +11,7 @@ from tests.conftest import API_KEY
 from wandb_assets.defs.wandb_runs.assets import runs, staged_runs
 from wandb_assets.defs.wandb_runs.resources import wandb_resource
 from wandb_assets.defs.warehouse.resources import warehouse_resource
+from wandb_assets.lib import fetch as fetch_rules
 from wandb_assets.localwandb import make_run_node
 from wandb_assets.ticks import execute_backfill, execute_refresh, failure_message
 from wandb_assets.warehouse import query_read_only
@@ -166,6 +167,7 @@ def test_rematerializing_a_partition_gives_identical_rows(wandb_server, warehous
 
 
 def test_pages_are_followed(wandb_server, warehouse_path, instance, monkeypatch):
+    monkeypatch.setattr(fetch_rules, "MIN_PAGE_SIZE", 1)  # pages smaller than users may ask for
     monkeypatch.setenv("WANDB_ASSETS_PAGE_SIZE", "2")
     monkeypatch.setenv("WANDB_ASSETS_FETCH_CONCURRENCY", "1")
     server = wandb_server(dataset())

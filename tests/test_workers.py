@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_ingestion import staged_files, staged_metadata
+from wandb_assets.lib import fetch as fetch_rules
 from wandb_assets.lib import staging
 from wandb_assets.lib.staging import Page, PageStager, RowRules, StagedFetch, day_file
 from wandb_assets.lib.workers import ProcessPool, WorkerError
@@ -164,6 +165,7 @@ def test_a_page_failing_in_a_worker_fails_the_staging(tmp_path):
 def test_a_backfill_normalising_in_worker_processes_loads_the_same_rows(
     wandb_server, warehouse_path, instance, monkeypatch
 ):
+    monkeypatch.setattr(fetch_rules, "MIN_PAGE_SIZE", 1)  # pages smaller than users may ask for
     monkeypatch.setenv("WANDB_ASSETS_PAGE_SIZE", "5")
     monkeypatch.setenv("WANDB_ASSETS_FETCH_CONCURRENCY", "1")  # one slice per day, its pages in order
     monkeypatch.setattr(staging, "PROCESSES_FROM_RUNS", 10)  # the first pages here, the rest in 2 workers
@@ -209,6 +211,7 @@ def _kill_a_worker_when_it_starts(stop: threading.Event) -> None:
 def test_a_worker_killed_mid_fetch_fails_the_backfill_and_leaves_the_warehouse_and_staging_as_they_were(
     wandb_server, warehouse_path, instance, monkeypatch
 ):
+    monkeypatch.setattr(fetch_rules, "MIN_PAGE_SIZE", 1)  # pages smaller than users may ask for
     monkeypatch.setenv("WANDB_ASSETS_PAGE_SIZE", "5")
     monkeypatch.setenv("WANDB_ASSETS_FETCH_CONCURRENCY", "1")
     server = wandb_server(hostile_nodes())

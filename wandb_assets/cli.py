@@ -62,21 +62,33 @@ def _instance():
 
 
 def _check_writable(path, variable: str, folder: bool = False) -> None:
-    """The run can write ``path`` (the warehouse file; with ``folder``, a folder it writes into): the path itself
-    when it exists, else the nearest folder above it that does. A ``ConfigError`` naming ``variable`` otherwise
-    (found only after the fetch, it cost minutes and a page of traces). A DuckLake is no path: its attach says."""
+    """The run can write ``path`` (the warehouse file; with ``folder``, a folder it writes into): its folder is made
+    (the run would make it anyway) and a file is made and removed in it, so a read-only mount, ``/proc`` or a full
+    disk is found now, whoever runs it (``os.access`` says yes to root everywhere). A ``ConfigError`` naming
+    ``variable`` otherwise (found only after the fetch, it cost minutes and a page of traces). A DuckLake is no
+    path: its attach says."""
     from wandb_assets.lib.lake import is_lake
     from wandb_assets.settings import ConfigError
 
     if is_lake(path) or not isinstance(path, (str, os.PathLike)):
         return
     target = Path(path).absolute()
-    existing = target if target.exists() else next(p for p in target.parents if p.exists())
-    if existing == target and target.is_dir() != folder:
+    if target.exists() and target.is_dir() != folder:
         wanted, found = ("folder", "file") if folder else ("file", "folder")
         raise ConfigError(f"{variable} names {path}, which is a {found}: name a {wanted}.")
-    if (existing != target and not existing.is_dir()) or not os.access(existing, os.W_OK):
-        raise ConfigError(f"{variable} names {path}, but {existing} cannot be written: point it at a writable place.")
+    home = target if folder else target.parent
+    existing = next(p for p in (home, *home.parents) if p.exists())
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=home, prefix=".wandb-assets-write-check-"):
+            pass
+        if target.is_file() and not os.access(target, os.W_OK):
+            existing = target
+            raise PermissionError
+    except OSError:
+        raise ConfigError(
+            f"{variable} names {path}, but {existing} cannot be written: point it at a writable place."
+        ) from None
 
 
 def _preflight(only: list[str] | None = None) -> None:

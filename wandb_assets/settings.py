@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from wandb_assets.lib import fetch as fetch_rules
 from wandb_assets.lib.alerts import AlertThresholds
 from wandb_assets.lib.errors import ConfigError
 from wandb_assets.lib.gpus import FALLBACK_PRICE, parse_prices, parse_teams, unknown_price_keys
@@ -149,7 +150,9 @@ class Settings(BaseSettings):
         30.0, "Longest back-off between retries, and longest pause after a 429 (Retry-After up to it).", "30", ge=0.1
     )
     WANDB_ASSETS_PAGE_SIZE: int = _var(
-        1000, "Runs per W&B page to start with; halved (down to 25) for the rest of a fetch when a page fails.", ge=1
+        1000,
+        "Runs per W&B page to start with (25 or more); halved (down to 25) for the rest of a fetch when a page fails.",
+        ge=1,
     )
     WANDB_ASSETS_FETCH_CONCURRENCY: int = _var(
         4, "Most W&B requests in flight while fetching (1-8); halved on HTTP 429, grown back after.", ge=1, le=8
@@ -430,6 +433,11 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
     price_file = s.WANDB_ASSETS_GPU_PRICES or SHIPPED_GPU_PRICES
     price_document = _yaml(price_file, "WANDB_ASSETS_GPU_PRICES")
     prices = parse_prices(price_document, f"WANDB_ASSETS_GPU_PRICES ({price_file})")
+    if s.WANDB_ASSETS_PAGE_SIZE < fetch_rules.MIN_PAGE_SIZE:  # read here, not in the field: a test may lower it
+        raise ConfigError(
+            f"WANDB_ASSETS_PAGE_SIZE must be at least {fetch_rules.MIN_PAGE_SIZE} (got '{s.WANDB_ASSETS_PAGE_SIZE}'); "
+            "unset it to use the default."
+        )
     if s.WANDB_ASSETS_GPU_DEFAULT_PRICE is not None:
         prices[FALLBACK_PRICE] = float(s.WANDB_ASSETS_GPU_DEFAULT_PRICE)
     return PipelineSettings(
