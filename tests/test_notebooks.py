@@ -322,3 +322,29 @@ def test_partial_days_are_a_late_first_day_and_the_day_of_the_latest_snapshot(me
     assert partial_days(memory_con) == {date(2026, 6, 11): "until 08:15 UTC"}
     load(memory_con, [fleet_row("c", "finished", "regular", datetime(2026, 6, 11, 6, 0), datetime(2026, 6, 11, 7))])
     assert partial_days(memory_con) == {date(2026, 6, 11): "data starts 06:00 UTC, until 08:15 UTC"}
+
+
+def test_the_documented_export_keeps_the_alt_text_and_writes_outside_the_repository(notebook_warehouse, tmp_path):
+    """docs/analysts.md's own nbconvert command, as a user runs it (the demo's path replaced by the test
+    warehouse): the HTML has every chart with its alt text, and lands under TMPDIR, not in the repository."""
+    docs = (REPO / "docs" / "analysts.md").read_text()
+    (command,) = [line for line in docs.splitlines() if "jupyter nbconvert" in line]
+    assert command in (REPO / "notebooks" / "README.md").read_text()  # the two pages give the same command
+    before = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO, capture_output=True)
+    done = subprocess.run(
+        ["bash", "-c", command.replace("data/demo/demo.duckdb", str(notebook_warehouse))],
+        cwd=REPO,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "alt" not in done.stderr.lower()  # nbconvert warns when a template drops the alt text
+    html = (tmp_path / "wandb-assets-notebooks" / "gpu_costs.html").read_text()
+    alts = re.findall(r'<img[^>]* alt="([^"]*)"', html)
+    assert len(re.findall(r"<img ", html)) == len(alts) == CHARTS["gpu_costs"]
+    assert all(len(alt) > 60 for alt in alts), alts
+    assert "have no price and are not counted" in alts[0]
+    after = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO, capture_output=True)
+    assert after.stdout == before.stdout

@@ -130,6 +130,51 @@ def daily_gpu_hours(daily: pd.DataFrame, partial: dict[date, str]) -> str:
     return _finish_daily(fig, ax, alt, notes)
 
 
+def unpriced_share(usage: pd.DataFrame) -> tuple[float, float]:
+    """``(unpriced %, fallback-priced %)`` of the GPU-hours of ``usage`` (``warehouse.gpu_costs``): those whose cost is
+    NULL (no price) and those priced at ``WANDB_ASSETS_GPU_DEFAULT_PRICE`` (``price_basis`` fallback)."""
+    total = usage.gpu_hours.sum()
+    if not total:
+        return 0.0, 0.0
+    unpriced = usage.gpu_hours[usage.cost_usd.isna()].sum()
+    basis = usage.get("price_basis", pd.Series(index=usage.index, dtype=object))
+    fallback = usage.gpu_hours[basis == "fallback"].sum()
+    return 100.0 * unpriced / total, 100.0 * fallback / total
+
+
+def daily_cost_by_team(usage: pd.DataFrame, partial: dict[date, str]) -> str:
+    """USD per day stacked by team, partial days greyed, and the share of GPU-hours the dollars leave out stated on
+    the chart and in its alt text. ``usage``: ``warehouse.gpu_costs``. Returns the alt text."""
+    cost = usage.pivot_table(index="day", columns="team", values="cost_usd", aggfunc="sum").fillna(0).sort_index()
+    days = [pd.Timestamp(d).date() for d in cost.index]
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    cost.plot(kind="bar", stacked=True, ax=ax, width=0.85)
+    notes = _mark_partial_days(ax, days, partial, bars=True)
+    ax.set_xticks(range(len(days)), [d.strftime("%m-%d") for d in days], rotation=90)
+    unpriced, fallback = unpriced_share(usage)
+    left_out = (
+        f"{unpriced:.0f}% of GPU-hours have no price and are not counted"
+        if unpriced >= 0.5
+        else "every GPU-hour is priced"
+    )
+    if fallback >= 0.5:
+        left_out += f"; {fallback:.0f}% at the fallback price"
+    ax.set(title=f"GPU cost per day by team, USD ({left_out})", ylabel="USD", xlabel="day (UTC)")
+    total = cost.to_numpy().sum()
+    alt = (
+        f"GPU cost per UTC day over {len(days)} days, stacked by team ({', '.join(map(str, cost.columns))}): "
+        f"{total:,.0f} USD in all; {left_out}."
+    )
+    if len(cost.columns):
+        alt += f" The costliest team is {cost.sum().idxmax()} with {cost.sum().max():,.0f} USD."
+    fig.text(0.01, -0.02, f"Dollars leave out GPU-hours without a price: {left_out}.", fontsize=9, color="0.3")
+    _legend_outside(ax, "team")
+    fig.tight_layout()
+    alt += "".join(f" {note}." for note in notes)
+    show(fig, alt)
+    return alt
+
+
 def _finish_daily(fig: Figure, ax: Axes, alt: str, notes: list[str]) -> str:
     """Legend outside, the partial-day notes appended to the alt text, shown; returns the alt text."""
     _legend_outside(ax, "category")
