@@ -151,6 +151,22 @@ def fleet_group_backfill(demo_ui) -> str:
     return launched["backfillId"]
 
 
+def _tables_fit(page) -> list[str]:
+    """The first column header of every metadata table on the page, after checking that each lies wholly inside
+    the metadata table's box and on screen at WIDTH (the UI cuts off what is wider)."""
+    found = page.evaluate(
+        """() => [...document.querySelectorAll('td table')].map(t => {
+            // the metadata table's own box: a wider inner table stretches its cell and is cut off at this edge
+            const shown = t.closest('td').closest('table').parentElement.getBoundingClientRect();
+            return {head: t.querySelector('th')?.innerText.trim(), right: t.getBoundingClientRect().right,
+                    cell: shown.right};
+        })"""
+    )
+    too_wide = [t for t in found if t["right"] > t["cell"] + 1 or t["right"] > WIDTH]
+    assert too_wide == [], too_wide
+    return [t["head"] for t in found]
+
+
 def test_a_user_backfills_a_range_from_the_ui_and_reads_a_gauge(
     demo_ui, fleet_group_backfill, sensor_feed_finished, page
 ):
@@ -201,12 +217,12 @@ def _backfill_a_range_and_read_a_gauge(demo_ui, other_backfill: str, page) -> No
     )
     assert len(_backfill_runs(base, before, other_backfill)) == 1  # the whole range in a single run
 
-    # The gauges on fleet_snapshot's page at 1440 px: the value cell is on screen, not under the side panel.
+    # The gauges on fleet_snapshot's page at 1440 px: one narrow table per family, the gauge's name first, the value
+    # cell on screen (not under the side panel), and no metadata table wider than its cell (nothing cut off).
     page.goto(f"{base}/assets/fleet_snapshot")
-    # The gauges table's row (value, unit, metric), not the numeric entry of the same name below it.
-    row = page.get_by_role("row", name=re.compile(r"^\S+ runs wandb\.runs\.active$"))
+    row = page.get_by_role("row", name=re.compile(r"^active \S+ runs$"))
     row.wait_for(timeout=60_000)
-    value_cell = row.locator("td").first
+    value_cell = row.locator("td").last
     value_cell.scroll_into_view_if_needed()
     box = value_cell.bounding_box()
     assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= WIDTH, box
@@ -216,6 +232,7 @@ def _backfill_a_range_and_read_a_gauge(demo_ui, other_backfill: str, page) -> No
     )
     shown = value_cell.inner_text().strip()
     assert on_top is not None and on_top.strip() == shown
+    assert _tables_fit(page) == ["gauge"] * 5 + ["project", "project"]
     snapshot_row = page.locator("tr").filter(has=page.get_by_text("snapshot_at_utc", exact=True)).first
     snapshot_at = snapshot_row.locator("td").last.inner_text().strip()
     page.screenshot(path=str(ARTIFACTS / "3-fleet-snapshot-1440.png"))
@@ -234,7 +251,31 @@ def _backfill_a_range_and_read_a_gauge(demo_ui, other_backfill: str, page) -> No
             con.close()
 
     (stored,) = _wait(stored_value, 120, f"the analysts' snapshot holding the gauges of {snapshot_at}")
-    assert shown == str(int(stored))
+    assert shown == f"{int(stored)} runs"
+
+    # Cost by team and project in gpu_usage's metadata, with the share of GPU-hours priced; nothing cut off.
+    page.goto(f"{base}/assets/gpu_usage")
+    total = page.get_by_role("row", name=re.compile(r"^total \$[0-9,.]+ [0-9]+%$")).first
+    total.wait_for(timeout=60_000)
+    assert _tables_fit(page) == ["team", "project", "gpu_model"]
+    page.get_by_text("have no price and are not in the dollars", exact=False).first.wait_for(timeout=10_000)
+    page.screenshot(path=str(ARTIFACTS / "3-gpu-usage-costs-1440.png"))
+
+    # The open alerts in fleet_alerts' metadata: each whole message readable without a click.
+    page.goto(f"{base}/assets/fleet_alerts")
+    stalled = page.get_by_role("cell", name=re.compile(r"^\[warning\] stalled_run, since .* looks stalled"))
+    stalled.wait_for(timeout=60_000)
+    stalled.scroll_into_view_if_needed()
+    assert stalled.is_visible() and page.get_by_text("Show Markdown").count() == 0
+    assert _tables_fit(page) == ["open alert"]
+    page.screenshot(path=str(ARTIFACTS / "3-fleet-alerts-1440.png"))
+
+    # A warning-level check that found something: Dagster labels it "Failed" (its yellow warning tag; the label is
+    # Dagster's own for any failed check), and our words say it is a warning, not a failure of the pipeline.
+    page.goto(f"{base}/assets/fleet_snapshot?view=checks")
+    page.get_by_text("sps_regression_check", exact=True).first.click()
+    page.get_by_text("Warning (the alert is open; nothing failed to run)", exact=False).first.wait_for(timeout=60_000)
+    page.screenshot(path=str(ARTIFACTS / "3-warning-check-1440.png"))
 
     # An alert's run link opens the run's page on the demo's W&B server (up as long as the UI).
     con = open_snapshot(home / "demo.duckdb")

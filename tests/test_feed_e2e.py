@@ -106,10 +106,11 @@ def test_tick_pushes_the_snapshot_and_raises_the_alert_once(wandb_server, captur
         for e in results[0].all_events
         if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION
     }
-    assert found["success_rate_low_check"].description == (
-        "test-team/test-project: Push-to-main success rate is 50.0% over the last 24 h (6 runs finished, failed or "
-        "crashed; threshold 80%)."
+    assert found["success_rate_low_check"].description == (  # a warning, said in words: the UI labels it "Failed"
+        "Warning (the alert is open; nothing failed to run): test-team/test-project: Push-to-main success rate is "
+        "50.0% over the last 24 h (6 runs finished, failed or crashed; threshold 80%)."
     )
+    assert found["success_rate_low_check"].severity.value == "WARN"
     (finding,) = found["success_rate_low_check"].metadata["findings"].records
     assert finding.data["subject"] == "test-team/test-project:push_to_main" and finding.data["severity"] == "warning"
     assert found["sps_regression_check"].description == (

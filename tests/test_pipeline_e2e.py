@@ -215,15 +215,28 @@ def test_tick_builds_tables_and_snapshot(wandb_server, warehouse_path, instance)
     assert gauges["wandb.push_to_main.overview.sps"] == 90.0
     assert gauges["wandb.push_to_main.success_rate_pct"] == pytest.approx(100 / 3)
     assert gauges["wandb.sweep.runs_total_24h"] == 2
-    # The UI's view: a typed table, values rounded (the warehouse keeps full precision), units named.
+    # The UI's view: one narrow table per family, the gauge named first, values rounded with their units (the
+    # warehouse keeps full precision).
     metadata = result.asset_materializations_for_node("fleet_snapshot")[0].metadata
-    rows = {r.data["metric"]: (r.data["value"], r.data["unit"]) for r in metadata["gauges"].records}
-    assert [c.name for c in metadata["gauges"].schema.columns] == ["value", "unit", "metric"]
-    assert rows["wandb.runs.active"] == (1, "runs") and isinstance(rows["wandb.runs.active"][0], int)
-    assert rows["wandb.push_to_main.success_rate_pct"] == (33.33, "%")
-    assert rows["wandb.push_to_main.overview.sps"] == (90.0, "steps/s")
-    assert metadata["wandb.push_to_main.success_rate_pct"].value == 33.33
-    assert metadata["wandb.runs.completed_24h"].value == 2
+    assert [k for k in metadata if k.startswith("gauges_") and k != "gauges_defined"] == [
+        "gauges_runs",
+        "gauges_training",
+        "gauges_push_to_main",
+        "gauges_sweep",
+        "gauges_gpu",
+    ]
+    assert [c.name for c in metadata["gauges_runs"].schema.columns] == ["gauge", "value"]
+    rows = {
+        f"{key.removeprefix('gauges_')}.{r.data['gauge']}": r.data["value"]
+        for key, table_value in metadata.items()
+        if key.startswith("gauges_") and key != "gauges_defined"
+        for r in table_value.records
+    }
+    assert len(rows) == 24
+    assert rows["runs.active"] == "1 runs"
+    assert rows["push_to_main.success_rate_pct"] == "33.33 %"
+    assert rows["push_to_main.overview.sps"] == "90.00 steps/s"
+    assert not any(key.startswith("wandb.") for key in metadata)  # no entry per gauge: their keys narrowed every table
     assert table(warehouse_path, "SELECT count(*) FROM push_to_main_sps") == [(3,)]
     assert table(
         warehouse_path, "SELECT completed, failed FROM success_rates WHERE day = '2026-06-02' AND category = 'all'"

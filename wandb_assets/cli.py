@@ -357,7 +357,7 @@ class ProgressBar:
 QUIET_WARNINGS = ("Function `dev_command` is superseded",)
 
 
-def _dagster_dev(port: int = 3000, verbose: bool = False) -> int:
+def _dagster_dev(port: int = 3000, verbose: bool = False, in_home: bool = False) -> int:
     """``dagster dev`` on this repository's workspace. Quiet by default: the daemon's and webserver's INFO
     lines (a "sensor skipped" line every 30 s) are hidden; runs print their own INFO lines and warnings (the
     instance's ``python_logs.python_log_level``)."""
@@ -383,8 +383,11 @@ def _dagster_dev(port: int = 3000, verbose: bool = False) -> int:
         "info" if verbose else "warning",
     ]
     print(f"Dagster UI: http://127.0.0.1:{port} (Ctrl-C to stop)", flush=True)
+    # in_home (the demo, whose instance is its own): run from DAGSTER_HOME, else `dagster dev` warns that the
+    # repository's dagster.yaml "will not be used", which reads as "your configuration is ignored"
+    cwd = os.environ["DAGSTER_HOME"] if in_home else None
     try:
-        return subprocess.call(command)
+        return subprocess.call(command, cwd=cwd)
     except KeyboardInterrupt:
         return 0
 
@@ -500,7 +503,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"\nWarehouse: {pipeline_settings().warehouse if is_lake(warehouse) else Path(warehouse).resolve()}")
     if args.ui:
         print(f"Run links (the runs table, the alerts) open on the demo's W&B server {server.url} while this runs.")
-        return _dagster_dev(args.port, args.verbose)
+        return _dagster_dev(args.port, args.verbose, in_home=True)
     server.stop()
     print(
         "Browse the same data in the Dagster UI: uv run wandb-assets demo --ui  (then http://127.0.0.1:3000); "

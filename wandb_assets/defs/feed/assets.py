@@ -34,7 +34,6 @@ from wandb_assets.lib.alerts import (
 )
 from wandb_assets.lib.clock import configured_time, utc_now
 from wandb_assets.lib.datadog_feed import deliver_pending, enqueue_snapshots, record_dry_run
-from wandb_assets.lib.markdown import markdown_table
 from wandb_assets.settings import ConfigError, alert_thresholds
 
 FLEET_SNAPSHOT = AssetKey("fleet_snapshot")
@@ -103,8 +102,11 @@ def datadog_feed(
     )
 
 
-#: The `open` table of fleet_alerts' metadata (the full message is here; the log line is one short line).
-OPEN_ALERT_COLUMNS = ["rule", "subject", "severity", "opened (UTC)", "message"]
+#: The `open_alerts_list` table of fleet_alerts' metadata: one column, so the UI wraps each whole message (with its
+#: links) in its one cell, readable without a click (the full message is here; the log line is one short line).
+OPEN_ALERTS_SCHEMA = TableSchema(
+    columns=[TableColumn("open alert", "string", description="[severity] rule, since when (UTC): the message")]
+)
 
 
 @asset(
@@ -147,7 +149,13 @@ def fleet_alerts(
             "resolved": len([t for t in transitions if t.event == "resolved"]),
             "notifications_sent": sent,
             "notifications_waiting": waiting,
-            "open": MetadataValue.md(markdown_table(OPEN_ALERT_COLUMNS, open_rows)),
+            "open_alerts_list": MetadataValue.table(
+                [
+                    TableRecord({"open alert": f"[{severity}] {rule}, since {opened}: {message}"})
+                    for rule, _subject, severity, opened, message in open_rows
+                ],
+                OPEN_ALERTS_SCHEMA,
+            ),
         }
     )
 
@@ -162,11 +170,15 @@ FINDINGS_SCHEMA = TableSchema(
 )
 
 
+#: How a warning-level check's finding starts: a warning, its alert open, never an error of the pipeline.
+WARNING_PREFIX = "Warning (the alert is open; nothing failed to run): "
+
+
 def _check(rule, summary, description: str):
     @asset_check(
         asset=FLEET_SNAPSHOT,
         name=f"{rule.__name__}_check",
-        description=description,
+        description=f"Warning-level, non-blocking: {description}",
         blocking=False,
         pool=WAREHOUSE_POOL,
     )
@@ -183,7 +195,8 @@ def _check(rule, summary, description: str):
         return AssetCheckResult(
             passed=not conditions,
             severity=AssetCheckSeverity.WARN,
-            description=found,
+            # Dagster's UI labels every failed check "Failed" (a WARN one with a yellow warning icon): say it here
+            description=f"{WARNING_PREFIX}{found}" if conditions else found,
             metadata={
                 "snapshot_at_utc": at.isoformat() if at else "",
                 "findings": MetadataValue.table(rows, schema=FINDINGS_SCHEMA),

@@ -18,7 +18,7 @@ from dagster import (
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.clock import configured_time, utc_now
 from wandb_assets.lib.costs import cost_cells, cost_summary, coverage_sentence
-from wandb_assets.lib.gauges import GAUGES, gauge_unit, rounded_gauge
+from wandb_assets.lib.gauges import GAUGES, format_gauge, gauge_unit
 from wandb_assets.lib.markdown import markdown_table
 from wandb_assets.lib.warehouse import (
     PROJECT_SUMMARY_SQL,
@@ -89,9 +89,25 @@ COST_METADATA_DAYS = 30
 
 
 def _cost_table(summary) -> MetadataValue:
-    """Cost lines as a narrow markdown table, the name first (the UI cuts a wide one at 1440 px)."""
-    rows = [(line.name, *(cost_cells(line)[i] for i in (1, 0, 2, 4))) for line in (*summary.lines, summary.total)]
-    return MetadataValue.md(markdown_table([summary.by, "USD", "GPU-hours", "priced", "unpriced GPU-h"], rows))
+    """Cost lines as a narrow table, the name first: USD, and the share of GPU-hours it prices."""
+    schema = TableSchema(
+        columns=[
+            TableColumn(summary.by, "string"),
+            TableColumn("USD", "string", description="cost_usd; NULL GPU-hours are not in it"),
+            TableColumn("priced", "string", description="share of the GPU-hours with a price (list or fallback)"),
+        ]
+    )
+    rows = [
+        TableRecord({summary.by: line.name, "USD": cells[1], "priced": cells[2]})
+        for line in (*summary.lines, summary.total)
+        for cells in [cost_cells(line)]
+    ]
+    return MetadataValue.table(rows, schema)
+
+
+UNPRICED_SCHEMA = TableSchema(
+    columns=[TableColumn("gpu_model", "string"), TableColumn("GPU-hours", "float", description="without a price")]
+)
 
 
 @asset(
@@ -130,7 +146,9 @@ def gpu_usage(context: AssetExecutionContext, warehouse: WarehouseResource) -> M
             "rows": rows,
             "gpu_hours_total": totals[0] or 0.0,
             "cost_usd_total": totals[1] or 0.0,
-            "models_without_price": MetadataValue.md(markdown_table(["gpu_model", "GPU-hours"], unpriced)),
+            "models_without_price": MetadataValue.table(
+                [TableRecord({"gpu_model": m, "GPU-hours": h}) for m, h in unpriced], UNPRICED_SCHEMA
+            ),
             "unknown_price_keys": ", ".join(pipeline.unknown_price_keys) or "none",
             "writer_held_s": round(warehouse.last_writer_hold_s(), 3),
         }
@@ -143,32 +161,56 @@ class SnapshotConfig(Config):
     snapshot_at: str = ""
 
 
-#: The gauges table of each snapshot's metadata: typed columns, values rounded as people read them.
-GAUGES_TABLE_SCHEMA = TableSchema(
+#: The UI gives a metadata table the width of one cell (about 430 px at 1440 px, less when a key is long: so no entry
+#: per gauge, whose 30-character keys took 130 px from every table): every table here has its name column first and
+#: at most three short columns, and a wide one is split. Each gauge's history is in fleet_metrics and Datadog.
+
+#: The gauges of each snapshot, one table per family (``wandb.<family>.``), the gauge named within its family.
+GAUGE_TABLE_SCHEMA = TableSchema(
     columns=[
-        # value first: the UI gives a nested table little width, and the value must stay visible at 1440 px
-        TableColumn("value", "float", description="rounded: counts whole, the rest to 2 decimals"),
-        TableColumn("unit", "string"),
-        TableColumn("metric", "string", description="Datadog / warehouse name"),
+        TableColumn("gauge", "string", description="wandb.<family>.<gauge>: the Datadog / warehouse name"),
+        TableColumn("value", "string", description="rounded as people read it, with its unit"),
     ]
 )
 
 
-#: The per-project breakdown of each snapshot's metadata (``PROJECT_SUMMARY_SQL``): one row per project.
-PROJECTS_TABLE_COLUMNS = ("project", "runs", "active", "failed_24h", "gpu_hours_24h")
-PROJECTS_TABLE_SCHEMA = TableSchema(
+def gauge_tables(gauges: dict[str, float | None]) -> dict[str, MetadataValue]:
+    """``{"gauges_<family>": table}`` of the snapshot's gauges, families in the order GAUGES gives them."""
+    families: dict[str, list[TableRecord]] = {}
+    for g in GAUGES:
+        family, _, short = g.name.removeprefix("wandb.").partition(".")
+        value = gauges.get(g.name)
+        shown = "NULL" if value is None else f"{format_gauge(g.name, value)} {gauge_unit(g.name)}"
+        families.setdefault(family, []).append(TableRecord({"gauge": short, "value": shown}))
+    return {f"gauges_{family}": MetadataValue.table(rows, GAUGE_TABLE_SCHEMA) for family, rows in families.items()}
+
+
+#: The per-project breakdown of each snapshot (``PROJECT_SUMMARY_SQL``), in two narrow tables: now, and GPU-hours.
+PROJECTS_NOW_SCHEMA = TableSchema(
     columns=[
         TableColumn("project", "string", description="entity/project"),
-        TableColumn("runs", "int", description="rows in runs"),
         TableColumn("active", "int", description="wandb.runs.active"),
-        TableColumn("failed_24h", "int", description="wandb.runs.failed_24h"),
-        TableColumn("gpu_hours_24h", "float", description="wandb.training.total_gpu_hours_24h"),
+        TableColumn("failed 24 h", "int", description="wandb.runs.failed_24h"),
+    ]
+)
+PROJECTS_GPU_SCHEMA = TableSchema(
+    columns=[
+        TableColumn("project", "string", description="entity/project"),
+        TableColumn("GPU-h 24 h", "float", description="wandb.training.total_gpu_hours_24h"),
+        TableColumn("runs, all time", "int", description="the project's rows in runs"),
     ]
 )
 
 
-def _number(value: float | int) -> MetadataValue:
-    return MetadataValue.int(value) if isinstance(value, int) else MetadataValue.float(value)
+def project_tables(projects: list[tuple]) -> dict[str, MetadataValue]:
+    now = [TableRecord({"project": p, "active": a or 0, "failed 24 h": f or 0}) for p, _, a, f, _ in projects]
+    gpu = [
+        TableRecord({"project": p, "GPU-h 24 h": round(g or 0.0, 2), "runs, all time": r}) for p, r, _, _, g in projects
+    ]
+    return {
+        "projects_now": MetadataValue.table(now, PROJECTS_NOW_SCHEMA),
+        "projects_gpu_hours": MetadataValue.table(gpu, PROJECTS_GPU_SCHEMA),
+    }
 
 
 @asset(
@@ -197,21 +239,13 @@ def fleet_snapshot(
         projects = con.execute(PROJECT_SUMMARY_SQL).fetchall()
     defined = sum(v is not None for v in gauges.values())
     context.log.info(f"Fleet snapshot at {snapshot_at.isoformat()}Z: {defined}/{len(gauges)} gauges defined")
-    records = [
-        TableRecord({"metric": g.name, "value": rounded_gauge(g.name, gauges[g.name]), "unit": gauge_unit(g.name)})
-        for g in GAUGES
-    ]
     return MaterializeResult(
         metadata={
             "snapshot_at_utc": snapshot_at.isoformat(),
             "window": f"({snapshot_at.isoformat()} - 24h, {snapshot_at.isoformat()}]",
             "gauges_defined": defined,
             "snapshots_total": snapshots,
-            "gauges": MetadataValue.table(records, schema=GAUGES_TABLE_SCHEMA),
-            "projects": MetadataValue.table(
-                [TableRecord(dict(zip(PROJECTS_TABLE_COLUMNS, row, strict=True))) for row in projects],
-                schema=PROJECTS_TABLE_SCHEMA,
-            ),
-            **{g.name: _number(rounded_gauge(g.name, gauges[g.name])) for g in GAUGES if gauges[g.name] is not None},
+            **gauge_tables(gauges),
+            **project_tables(projects),
         }
     )
