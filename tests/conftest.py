@@ -20,6 +20,7 @@ os.environ["WANDB_CACHE_DIR"] = str(_SESSION_DIR / "wandb-cache")
 os.environ["XDG_CACHE_HOME"] = str(_SESSION_DIR / "xdg-cache")
 os.environ["WANDB_SILENT"] = "true"
 os.environ.pop("WANDB_API_KEY", None)
+os.environ["NETRC"] = str(_SESSION_DIR / "no-netrc")  # never a developer's `wandb login` key
 os.makedirs(os.environ["WANDB_DIR"], exist_ok=True)
 
 from wandb_assets.localwandb import LocalWandbServer  # noqa: E402

@@ -211,3 +211,28 @@ def test_a_yaml_mistake_names_its_line_and_column(tmp_path):
     with pytest.raises(ConfigError) as caught:
         pipeline_settings({"WANDB_ASSETS_GPU_PRICES": str(prices)})
     assert str(caught.value).startswith(f"WANDB_ASSETS_GPU_PRICES names {prices}, which is not valid YAML at line 3,")
+
+
+def test_the_key_wandb_login_stored_is_used_when_the_environment_has_none(tmp_path):
+    """`wandb login` writes the key to the netrc file (NETRC, else ~/.netrc) under the server's host: the pipeline
+    reads it there when WANDB_API_KEY is unset, before any secret; the environment's key still wins."""
+    from wandb_assets.settings import resolve_wandb_settings
+
+    netrc_file = tmp_path / "netrc"
+    netrc_file.write_text(
+        "machine api.wandb.ai\n  login user\n  password cloud-key-0123\n"
+        "machine 127.0.0.1:8799\n  login user\n  password local-key-4567\n"
+    )
+
+    def no_secret(name):
+        raise AssertionError("the secret is not read when `wandb login` stored a key")
+
+    env = {"NETRC": str(netrc_file), "WANDB_PROJECT": "p"}
+    assert resolve_wandb_settings(env, no_secret).api_key == "cloud-key-0123"
+    local = {**env, "WANDB_BASE_URL": "http://127.0.0.1:8799"}
+    assert resolve_wandb_settings(local, no_secret).api_key == "local-key-4567"
+    assert resolve_wandb_settings({**env, "WANDB_API_KEY": "env-key"}, no_secret).api_key == "env-key"
+    other = {**env, "WANDB_BASE_URL": "http://127.0.0.1:9999"}  # no entry for that host: the secret is next
+    assert resolve_wandb_settings(other, lambda name: {"WANDB_API_KEY": "secret-key"}).api_key == "secret-key"
+    netrc_file.write_text("machine api.wandb.ai login\n")  # unreadable: as if absent, nothing of it shown
+    assert resolve_wandb_settings(env, lambda name: {"WANDB_API_KEY": "secret-key"}).api_key == "secret-key"

@@ -552,17 +552,21 @@ def resolve_wandb_settings(
     secret_name: str | None = None,
 ) -> WandbSettings:
     """Combine the environment with the Secrets Manager secret (read only when the key is not in the env)."""
+    source = os.environ if environ is None else environ
     s = load_settings(environ)
     values = {
         "WANDB_API_KEY": _secret_text(s.WANDB_API_KEY),
         "WANDB_ENTITY": s.WANDB_ENTITY,
         "WANDB_PROJECT": s.WANDB_PROJECT,
     }
+    if values["WANDB_API_KEY"] is None:  # `wandb login` wrote it to the netrc file the wandb client reads
+        values["WANDB_API_KEY"] = netrc_key(s.WANDB_BASE_URL, source)
     if values["WANDB_API_KEY"] is None:
         secret_name = secret_name or s.WANDB_ASSETS_SECRET_NAME
         if load_secret is None:
             raise ConfigError(
-                "WANDB_API_KEY is not set: export it, or set WANDB_ASSETS_SECRET_NAME to a secret holding it."
+                "WANDB_API_KEY is not set: export it, run `wandb login`, or set WANDB_ASSETS_SECRET_NAME to a secret "
+                "holding it."
             )
         secret = load_secret(secret_name)
         for name in values:
@@ -581,6 +585,26 @@ def resolve_wandb_settings(
         entity=values["WANDB_ENTITY"],
         base_url=s.WANDB_BASE_URL,
     )
+
+
+#: W&B's cloud API, whose key `wandb login` stores when no WANDB_BASE_URL is set.
+WANDB_CLOUD_URL = "https://api.wandb.ai"
+
+
+def netrc_key(base_url: str | None, environ: Mapping[str, str]) -> str | None:
+    """The API key `wandb login` stored for ``base_url``'s host (W&B's cloud when None) in the netrc file the wandb
+    client reads (``NETRC``, else ``~/.netrc``); None when there is none or it cannot be read (nothing of the file
+    is ever shown)."""
+    import netrc
+    from urllib.parse import urlsplit
+
+    path = Path(environ.get("NETRC") or "~/.netrc").expanduser()
+    host = urlsplit(base_url or WANDB_CLOUD_URL).netloc
+    try:
+        found = netrc.netrc(str(path)).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return None
+    return (found[2] or "").strip() or None if found else None
 
 
 def parse_secret_string(secret_name: str, secret_string: str | None) -> dict[str, str]:
