@@ -432,3 +432,16 @@ def test_the_alerts_command_lists_the_open_alerts_with_their_links_most_severe_f
         "  [warning] stalled_run (e/p:r1), open since 2026-06-01 10:00 UTC: Run r1 looks stalled "
         "(http://w/e/p/runs/r1).",
     ]
+
+
+def test_every_subcommand_says_what_it_does_and_every_argument_has_help():
+    """Issue 33: subcommands had no description paragraph and several arguments no help."""
+    import argparse
+
+    from wandb_assets.cli import build_parser
+
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, parser in sub.choices.items():
+        assert parser.description and len(parser.description) > 40, name
+        bare = [a.dest for a in parser._actions if a.help is None and not isinstance(a, argparse._HelpAction)]
+        assert bare == [], (name, bare)

@@ -729,11 +729,11 @@ def test_the_cli_backfills_one_project_and_refresh_prints_each_project_and_the_f
     assert code == 0, err
     table = out[out.index("Per project") : out.index("\nOpen alerts")]
     assert table.splitlines() == [
-        "Per project (the gauges' 24 hours):",
-        "  project                     runs   active  failed 24 h  GPU-hours 24 h",
-        "  lab/rl                         3        1            0           24.00",
-        "  test-team/test-project         2        0            0            0.00",
-        "  fleet (2 projects)             5        1            0           24.00",
+        "Per project (runs in the warehouse, active now, and the gauges' 24 hours):",
+        "  project                 runs, all time   active  failed 24 h  GPU-hours 24 h",
+        "  lab/rl                               3        1            0           24.00",
+        "  test-team/test-project               2        0            0            0.00",
+        "  fleet (2 projects)                   5        1            0           24.00",
     ]
     # A backfill of one project says nothing of the others: test-project stays mirrored.
     code, out, err = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-01", "--project", "lab/rl")

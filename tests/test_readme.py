@@ -68,3 +68,27 @@ def test_the_readme_is_a_front_door_and_every_link_of_it_and_of_docs_resolves():
     assert broken == []
     linked = set(re.findall(r"\]\(docs/([a-z0-9-]+\.md)\)", README))
     assert linked == {p.name for p in (ROOT / "docs").glob("*.md")}  # every docs page is reachable from the front door
+
+
+def test_the_readmes_setup_for_an_organisation_is_valid_as_written(tmp_path):
+    """Issue 33: the README's one place for projects, teams and prices: every variable it exports is a setting,
+    and its teams and prices files, written as shown, parse (the L40S key by W&B's own name)."""
+    from wandb_assets.settings import Settings, pipeline_settings
+
+    section = README.split("## Pointing it at your W&B organisation", 1)[1].split("\n## ", 1)[0]
+    exported = dict(re.findall(r"^export (\w+)=(\S+)", section, flags=re.M))
+    assert set(exported) <= set(Settings.model_fields)
+    teams, prices = re.findall(r"```yaml\n# \S+\n(.*?)```", section, flags=re.S)
+    (tmp_path / "teams.yaml").write_text(teams)
+    (tmp_path / "prices.yaml").write_text(prices)
+    environ = {
+        **{name: value.strip('"') for name, value in exported.items()},
+        "WANDB_ASSETS_TEAMS": str(tmp_path / "teams.yaml"),
+        "WANDB_ASSETS_GPU_PRICES": str(tmp_path / "prices.yaml"),
+    }
+    settings = pipeline_settings(environ)
+    assert settings.teams == {"alice": "vision", "bob": "vision", "carol": "llm", "dan": "llm", "ci-bot": "ci"}
+    assert settings.gpu_prices == {"H100-80GB": 2.49, "A100-80GB": 1.40, "L40S": 0.95, "": 2.0}
+    assert settings.unknown_price_keys == ()
+    assert settings.projects.whole_entities == ("ml-research",)
+    assert settings.projects.includes("ml-platform", "ci-benchmarks") and settings.projects.includes("ml-research", "x")

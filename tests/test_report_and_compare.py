@@ -201,6 +201,9 @@ def test_compare_runs(memory_con):
     ]
     assert rows["url"] == ["http://w/a", "http://w/b"]
     assert comparison.to_frame().loc["summary.loss", "b"] == 0.7
+    assert comparison.headings() == ["a", "b"]  # a display name equal to the id (as here) is not repeated
+    comparison.names = ["train-resnet", None]  # two runs in three have no display name: the id alone
+    assert comparison.headings() == ["train-resnet (a)", "b"]
     with pytest.raises(UnknownRunsError, match=r"^Unknown run id\(s\): zz, yy\. "):
         compare_runs(memory_con, ["a", "zz", "yy"])
 
@@ -250,7 +253,8 @@ def test_cli_publish_and_compare(wandb_server, monkeypatch, tmp_path, instance, 
     code, out, err = cli(capsys, "publish")
     assert code == 0, err
     summary = out.strip().splitlines()[-1]
-    assert summary.startswith("status: published, snapshots_published: 1, run: ")
+    # offline mode writes a local run directory: it is not "published" until `wandb sync` uploads it
+    assert summary.startswith("status: written offline (upload it with `wandb sync`), snapshots_published: 1, run: ")
     assert summary.endswith("warehouse_artifact: fleet-warehouse:snapshot-1780401600")
     code, out, _ = cli(capsys, "publish")
     assert out.strip().splitlines()[-1] == "status: up to date, snapshots_published: 0"
@@ -261,8 +265,13 @@ def test_cli_publish_and_compare(wandb_server, monkeypatch, tmp_path, instance, 
 
     code, out, err = cli(capsys, "compare", "ci0", "ci5")
     assert code == 0, err
-    lines = out.splitlines()
-    assert lines[0].split() == ["ci0", "ci5"]
+    lines = out.splitlines()  # each column headed by the run's display name and its id
+    assert lines[0].split() == [
+        "github.sky.main.c000000.ppo.1780000000",
+        "(ci0)",
+        "github.sky.main.c000005.ppo.1780000000",
+        "(ci5)",
+    ]
     assert lines[1].split() == ["state", "failed", "finished"]
     code, _, err = cli(capsys, "compare", "ci0", "nope")
     assert code == 1 and err.startswith("error: Unknown run id(s): nope. ")

@@ -172,7 +172,7 @@ def _print_projects() -> None:
     rows = _warehouse_rows(PROJECT_SUMMARY_SQL)
     if len(rows) < 2:
         return
-    header = ("project", "runs", "active", "failed 24 h", "GPU-hours 24 h")
+    header = ("project", "runs, all time", "active", "failed 24 h", "GPU-hours 24 h")
     fleet = (
         f"fleet ({len(rows)} projects)",
         sum(r[1] for r in rows),
@@ -181,10 +181,10 @@ def _print_projects() -> None:
         round(sum(r[4] or 0 for r in rows), 2),
     )
     width = max(len(header[0]), *(len(r[0]) for r in rows), len(fleet[0]))
-    print("\nPer project (the gauges' 24 hours):")
-    print(f"  {header[0]:<{width}}  {header[1]:>8}  {header[2]:>7}  {header[3]:>11}  {header[4]:>14}")
+    print("\nPer project (runs in the warehouse, active now, and the gauges' 24 hours):")
+    print(f"  {header[0]:<{width}}  {header[1]:>14}  {header[2]:>7}  {header[3]:>11}  {header[4]:>14}")
     for project, runs, active, failed, gpu_hours in [*rows, fleet]:
-        print(f"  {project:<{width}}  {runs:>8,}  {active or 0:>7,}  {failed or 0:>11,}  {gpu_hours or 0:>14,.2f}")
+        print(f"  {project:<{width}}  {runs:>14,}  {active or 0:>7,}  {failed or 0:>11,}  {gpu_hours or 0:>14,.2f}")
 
 
 #: The open alerts, most severe and oldest first.
@@ -624,7 +624,14 @@ def cmd_fetch_warehouse(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wandb-assets", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="serve a synthetic fleet locally, backfill it, run one tick, print gauges")
+    demo = sub.add_parser(
+        "demo",
+        help="serve a synthetic fleet locally, backfill it, run one tick, print gauges",
+        description="Serve a synthetic fleet (three projects, about 6,700 runs) from a W&B-compatible server on "
+        "127.0.0.1, backfill it into its own warehouse in one Dagster run, run one tick (the Datadog feed in dry "
+        "run), and print the gauges, each project's line, the open alerts and the GPU cost by team. No W&B account, "
+        "no network; it touches nothing outside --dir.",
+    )
     demo.add_argument(
         "--dir",
         default=DEMO_DIR,
@@ -635,8 +642,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--warehouse", help="put the demo's warehouse here instead (a file, or a ducklake: catalog), explicitly"
     )
-    demo.add_argument("--days", type=int, default=30)
-    demo.add_argument("--runs-per-day", type=int, default=150)
+    demo.add_argument("--days", type=int, default=30, help="days of synthetic history, up to today (default 30)")
+    demo.add_argument(
+        "--runs-per-day", type=int, default=150, help="runs a day in the main project; the others get a quarter"
+    )
     demo.add_argument("--ui", action="store_true", help="then open the Dagster UI on the same data")
     demo.add_argument(
         "--history-hours",
@@ -653,16 +662,30 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=3000, help="the UI's port on 127.0.0.1 (with --ui; default 3000)")
     demo.add_argument("--verbose", action="store_true", help="with --ui: also print the daemon's INFO lines")
     demo.set_defaults(func=cmd_demo)
-    refresh = sub.add_parser("refresh", help="do exactly what one 15-minute tick does, in this process")
+    refresh = sub.add_parser(
+        "refresh",
+        help="do exactly what one 15-minute tick does, in this process",
+        description="One tick, as the schedule runs it: re-read the recent days from W&B, rebuild the tables, "
+        "snapshot the gauges, then the Datadog feed and the alerts. Prints the gauges, each project's line and the "
+        "open alerts. Exit 2 for a configuration mistake (nothing ran), 1 when the run failed.",
+    )
     refresh.add_argument("--quiet", action="store_true", help="do not print the gauges")
     refresh.set_defaults(func=cmd_refresh)
     offline = sub.add_parser(
-        "ingest-offline", help="read offline .wandb run logs (files, run directories, folders) into the warehouse"
+        "ingest-offline",
+        help="read offline .wandb run logs (files, run directories, folders) into the warehouse",
+        description="Read offline .wandb run logs (air-gapped clusters) into the same tables as mirrored runs: a "
+        "file, a run directory, or a folder searched recursively; a log read before and unchanged is skipped.",
     )
-    offline.add_argument("paths", nargs="+", metavar="PATH")
+    offline.add_argument("paths", nargs="+", metavar="PATH", help="a .wandb file, a run directory or a folder")
     offline.add_argument("--quiet", action="store_true", help="do not print the gauges")
     offline.set_defaults(func=cmd_ingest_offline)
-    backfill = sub.add_parser("backfill", help="re-read a range of UTC days from W&B in one run")
+    backfill = sub.add_parser(
+        "backfill",
+        help="re-read a range of UTC days from W&B in one run",
+        description="Re-read the runs created on a range of UTC days from W&B and load them, in one Dagster run, "
+        "then rebuild the fleet tables. The range must start on or after WANDB_ASSETS_START_DATE.",
+    )
     backfill.add_argument("--start", required=True, help="first day, YYYY-MM-DD")
     backfill.add_argument("--end", help="last day, YYYY-MM-DD (default: today)")
     backfill.add_argument(
@@ -672,13 +695,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="only this mirrored project (repeat for several; default: every mirrored project)",
     )
     backfill.set_defaults(func=cmd_backfill)
-    publish = sub.add_parser("publish", help="publish unpublished fleet snapshots to the W&B report run")
+    publish = sub.add_parser(
+        "publish",
+        help="publish unpublished fleet snapshots to the W&B report run",
+        description="Log every fleet snapshot not yet published to the long-lived W&B report run "
+        "(WANDB_ASSETS_REPORT_PROJECT) and the warehouse snapshot as an artifact; in offline mode it writes a "
+        "local run directory for `wandb sync`.",
+    )
     publish.set_defaults(func=cmd_publish)
-    compare = sub.add_parser("compare", help="compare runs side by side from the warehouse snapshot")
-    compare.add_argument("run_ids", nargs="+", metavar="RUN_ID")
+    compare = sub.add_parser(
+        "compare",
+        help="compare runs side by side from the warehouse snapshot",
+        description="Runs side by side from the warehouse snapshot: state, duration, GPU-hours, the SPS values, "
+        "the numeric summary metrics they share, the config keys that differ, and their URLs.",
+    )
+    compare.add_argument("run_ids", nargs="+", metavar="RUN_ID", help="W&B run ids (not display names)")
     compare.add_argument("--warehouse", help="warehouse file (default WANDB_ASSETS_DUCKDB)")
     compare.set_defaults(func=cmd_compare)
-    regressions = sub.add_parser("regressions", help="SPS regressions found in the main-branch history (a backtest)")
+    regressions = sub.add_parser(
+        "regressions",
+        help="SPS regressions found in the main-branch history (a backtest)",
+        description="The change points the SPS-regression detector finds in the snapshot's main-branch history, "
+        "per CI config: how much, between which commits, when paged, and whether it recovered.",
+    )
     regressions.add_argument("--config", help="one CI config (default: all)")
     regressions.add_argument("--since", help="first day, YYYY-MM-DD: regressions whose first slow run is later")
     regressions.add_argument("--warehouse", help="warehouse file (default WANDB_ASSETS_DUCKDB)")
@@ -711,11 +750,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--warehouse", help="warehouse file or ducklake: string (default WANDB_ASSETS_DUCKDB)")
     check.set_defaults(func=cmd_check)
-    fetch = sub.add_parser("fetch-warehouse", help="download a published warehouse artifact")
+    fetch = sub.add_parser(
+        "fetch-warehouse",
+        help="download a published warehouse artifact",
+        description="Download the warehouse snapshot `publish` logged as a W&B artifact, to open it read-only "
+        "from a notebook on another machine.",
+    )
     fetch.add_argument("--version", default="latest", help="artifact version or alias (default latest)")
     fetch.add_argument("--dest", default="data/fetched", help="folder to download into")
     fetch.set_defaults(func=cmd_fetch_warehouse)
-    ui = sub.add_parser("ui", help="open the Dagster UI (dagster dev) on this repository's instance")
+    ui = sub.add_parser(
+        "ui",
+        help="open the Dagster UI (dagster dev) on this repository's instance",
+        description="Run `dagster dev` on this repository's workspace and instance (DAGSTER_HOME, else the "
+        "repository's dagster.yaml): the UI, the daemon, and the 15-minute schedule.",
+    )
     ui.add_argument("--port", type=int, default=3000, help="port on 127.0.0.1 (default 3000)")
     ui.add_argument("--verbose", action="store_true", help="also print the daemon's and webserver's INFO lines")
     ui.set_defaults(func=cmd_ui)

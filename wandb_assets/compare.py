@@ -24,6 +24,13 @@ class UnknownRunsError(ValueError):
 class Comparison:
     run_ids: list[str]
     rows: list[tuple[str, list[Any]]]  # (field, one value per run)
+    #: Each run's display name (None when W&B has none: two runs in three), heading its column with its id.
+    names: list[str | None] | None = None
+
+    def headings(self) -> list[str]:
+        """``name (id)``, or the id alone for a run without a display name."""
+        names = self.names or [None] * len(self.run_ids)
+        return [f"{n} ({r})" if n and n != r else r for n, r in zip(names, self.run_ids, strict=True)]
 
     def to_frame(self):
         """As a pandas DataFrame (fields as the index), for notebooks."""
@@ -38,8 +45,9 @@ class Comparison:
             return f"{value:,.4g}" if isinstance(value, float) else str(value)
 
         width = max(len(f) for f, _ in self.rows)
-        columns = [max(len(r), *(len(cell(v[i])) for _, v in self.rows)) for i, r in enumerate(self.run_ids)]
-        lines = [" " * width + "  " + "  ".join(r.ljust(w) for r, w in zip(self.run_ids, columns, strict=True))]
+        heads = self.headings()
+        columns = [max(len(h), *(len(cell(v[i])) for _, v in self.rows)) for i, h in enumerate(heads)]
+        lines = [" " * width + "  " + "  ".join(h.ljust(w) for h, w in zip(heads, columns, strict=True))]
         for name, values in self.rows:
             lines.append(
                 name.ljust(width) + "  " + "  ".join(cell(v).ljust(w) for v, w in zip(values, columns, strict=True))
@@ -62,10 +70,19 @@ def compare_runs(con, run_ids: list[str]) -> Comparison:
     rows = con.execute(
         f"SELECT run_id, {', '.join(c for c in FIXED if c != 'gpu_hours')}, "
         f"gpu_count * (epoch({busy_until_sql(NOW_UTC_SQL)}) - epoch(created_at)) / 3600.0 AS gpu_hours, "
-        f"{', '.join(sps_columns)}, url, summary, config FROM runs WHERE run_id IN (SELECT unnest($ids))",
+        f"{', '.join(sps_columns)}, url, summary, config, name FROM runs WHERE run_id IN (SELECT unnest($ids))",
         {"ids": wanted},
     ).fetchall()
-    names = ["run_id", *[c for c in FIXED if c != "gpu_hours"], "gpu_hours", *sps_columns, "url", "summary", "config"]
+    names = [
+        "run_id",
+        *[c for c in FIXED if c != "gpu_hours"],
+        "gpu_hours",
+        *sps_columns,
+        "url",
+        "summary",
+        "config",
+        "name",
+    ]
     found = {row[0]: dict(zip(names, row, strict=True)) for row in rows}
     missing = [r for r in wanted if r not in found]
     if missing:
@@ -97,4 +114,4 @@ def compare_runs(con, run_ids: list[str]) -> Comparison:
         if len({json.dumps(v, sort_keys=True, default=str) for v in values}) > 1:
             table.append((f"config.{key}", values))
     table.append(("url", [run["url"] for run in runs]))
-    return Comparison(wanted, table)
+    return Comparison(wanted, table, [run["name"] for run in runs])

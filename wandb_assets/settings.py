@@ -51,7 +51,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(case_sensitive=True, env_ignore_empty=True, extra="ignore")
 
     WANDB_API_KEY: SecretStr | None = _var(
-        None, "W&B API key. When unset, read from AWS Secrets Manager.", "(from the secret)"
+        None,
+        "W&B API key. When unset: the key `wandb login` stored (netrc), else the AWS Secrets Manager secret.",
+        "(`wandb login`'s, else the secret's)",
     )
     WANDB_ENTITY: str | None = _var(
         None, "W&B entity (team or user) that owns the project.", "the key's default entity"

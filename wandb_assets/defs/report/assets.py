@@ -47,13 +47,16 @@ def publish(warehouse: WarehouseResource, wandb: WandbResource, log, force_artif
         api_key=api_key,
         artifact_policy=policy,
     )
+    # offline mode writes a local run directory (`wandb sync` uploads it later): never say "published" for it
+    done = "written offline (upload it with `wandb sync`)" if mode == "offline" else "published"
     if result.published:
         log.info(
-            f"Published {len(result.published)} fleet snapshot(s) to W&B run {result.run_path}, "
+            f"{'Wrote' if mode == 'offline' else 'Published'} {len(result.published)} fleet snapshot(s) "
+            f"{'offline for' if mode == 'offline' else 'to'} W&B run {result.run_path}, "
             f"{result.published[0].isoformat()}Z .. {result.published[-1].isoformat()}Z"
         )
     return {
-        "status": "published" if result.published else "up to date",
+        "status": done if result.published else "up to date",
         "snapshots_published": len(result.published),
         "run": result.run_path,
         "first": result.published[0].isoformat() + "Z" if result.published else "",
