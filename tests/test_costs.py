@@ -66,6 +66,10 @@ def priced_fleet(wandb_server, warehouse_path, instance, monkeypatch, tmp_path):
     return backfill, day
 
 
+def _rows(table) -> list[tuple]:
+    return [tuple(r.data.values()) for r in table.records]
+
+
 def _costs_cli(warehouse_path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "wandb_assets.cli", "costs", "--warehouse", str(warehouse_path), *args],
@@ -85,15 +89,14 @@ def test_costs_state_the_unpriced_share_and_a_fallback_price_prices_the_rest_lab
     result = backfill()
     meta = result.asset_materializations_for_node("gpu_usage")[0].metadata
     assert meta["priced_gpu_hours_pct_30d"].value == 53.3  # 8 of 15
-    assert meta["cost_by_team_30d"].value.splitlines() == [
-        "| team | USD | GPU-hours | priced | unpriced GPU-h |",
-        "|---|---|---|---|---|",
-        "| vision | $20.00 | 8.0 | 100% | 0.0 |",
-        "| unassigned | - | 6.0 | 0% | 6.0 |",  # no price: by GPU-hours
-        "| applied | - | 1.0 | 0% | 1.0 |",
-        "| total | $20.00 | 15.0 | 53% | 7.0 |",
+    assert [c.name for c in meta["cost_by_team_30d"].schema.columns] == ["team", "USD", "priced"]
+    assert _rows(meta["cost_by_team_30d"]) == [
+        ("vision", "$20.00", "100%"),
+        ("unassigned", "-", "0%"),  # no price: by GPU-hours
+        ("applied", "-", "0%"),
+        ("total", "$20.00", "53%"),
     ]
-    assert meta["cost_by_project_30d"].value.splitlines()[2] == "| test-team/test-project | $20.00 | 15.0 | 53% | 7.0 |"
+    assert _rows(meta["cost_by_project_30d"])[0] == ("test-team/test-project", "$20.00", "53%")
     assert meta["cost_coverage"].value == (
         "7.0 GPU-hours (47%) have no price and are not in the dollars: no model recorded (6.0), T4 (1.0). "
         "Price them in WANDB_ASSETS_GPU_PRICES, or set WANDB_ASSETS_GPU_DEFAULT_PRICE."
@@ -125,11 +128,11 @@ def test_costs_state_the_unpriced_share_and_a_fallback_price_prices_the_rest_lab
         ("unassigned", None, 6.0, 9.0, "fallback"),
         ("vision", "H100-80GB", 8.0, 20.0, "list"),
     ]
-    assert meta["cost_by_team_30d"].value.splitlines()[2:] == [
-        "| vision | $20.00 | 8.0 | 100% | 0.0 |",
-        "| unassigned | $9.00 | 6.0 | 100% | 0.0 |",
-        "| applied | $1.50 | 1.0 | 100% | 0.0 |",
-        "| total | $30.50 | 15.0 | 100% | 0.0 |",
+    assert _rows(meta["cost_by_team_30d"]) == [
+        ("vision", "$20.00", "100%"),
+        ("unassigned", "$9.00", "100%"),
+        ("applied", "$1.50", "100%"),
+        ("total", "$30.50", "100%"),
     ]
     assert meta["cost_coverage"].value == (
         "Every GPU-hour is priced, 7.0 of them at the fallback price (WANDB_ASSETS_GPU_DEFAULT_PRICE)."

@@ -74,7 +74,9 @@ class Settings(BaseSettings):
         "the wandb client's default",
     )
     WANDB_ASSETS_SECRET_NAME: str = _var(
-        DEFAULT_SECRET_NAME, "Secrets Manager secret holding the W&B settings as JSON."
+        DEFAULT_SECRET_NAME,
+        "Secrets Manager secret holding the W&B settings as JSON, read only when no key is found before it. The "
+        "default is the secret of the cron script this project replaced: name your own.",
     )
     AWS_ENDPOINT_URL: str | None = _var(
         None, "Secrets Manager endpoint override (boto3's own variable).", "AWS default"
