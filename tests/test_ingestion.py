@@ -207,8 +207,10 @@ def test_requests_in_flight_never_exceed_the_configured_concurrency(
     assert 1 <= server.max_in_flight <= 3  # the property; how many overlapped depends on the machine's load
     metadata = staged_metadata(result)
     assert metadata["max_requests_in_flight"] == server.max_in_flight
-    # 6 pages; where the finished runs' wandb-metadata.json are comes with each page (none has one: no download)
-    assert (metadata["requests"], metadata["slices"], server.pages_with_files) == (6, 6, 6)
+    # 6 pages; where the finished runs' wandb-metadata.json are comes with each page (none has one: no download);
+    # each page's ended runs' curves are one request more (at most 20 runs a request), in the same budget
+    assert (metadata["requests"], metadata["slices"], server.pages_with_files) == (12, 6, 6)
+    assert server.count("RunCurves") == 6
     assert metadata["metadata_files"] == {"missing": 30}
     assert metadata["runs_fetched"] == 30
     assert query_read_only(str(warehouse_path), "SELECT count(*), count(DISTINCT run_id) FROM runs") == [(30, 30)]
@@ -615,7 +617,7 @@ def test_a_pages_metadata_is_read_while_the_next_pages_are_fetched(wandb_server,
     handled: list[tuple[str, int]] = []
     lock = threading.Lock()
 
-    def enrich(piece, nodes):
+    def enrich(piece, nodes, throttle):
         if not saw_pages:  # the first page: wait for the fetch to go on without it
             deadline = time.monotonic() + 10
             while server.count("Runs") < 3 and time.monotonic() < deadline:
@@ -645,7 +647,7 @@ def test_a_page_that_cannot_be_handled_fails_the_fetch_and_stops_it(wandb_server
         raise OSError(28, "No space left on device")
 
     with pytest.raises(OSError, match="No space left"):
-        _fetch_with(server, slices, handle_page, lambda piece, nodes: None)
+        _fetch_with(server, slices, handle_page, lambda piece, nodes, throttle: None)
     assert server.count("Runs") < 6
 
 

@@ -185,7 +185,7 @@ def _contents(con, new_columns: bool = False) -> dict[str, list]:
         if new_columns and table == "runs":  # and the GPU columns of issue 22
             columns = (
                 "* EXCLUDE (entity, project, gpu_count_source, gpu_model, gpu_util_pct, latest_gpu_sample, "
-                "wandb_metadata, log_idle_gpu_hours, cost_usd)"
+                "wandb_metadata, log_idle_gpu_hours, cost_usd, curves_status, curves_read_at, curves_final)"
             )
         contents[table] = sorted(map(repr, con.execute(f"SELECT {columns} FROM {table}").fetchall()))
     contents.pop("warehouse_meta")
@@ -212,6 +212,7 @@ def test_a_warehouse_written_before_runs_had_a_project_is_migrated_in_place_and_
     assert after.pop("wandb_projects") == []  # new: filled by the next fetch
     assert after.pop("gpu_usage") == [] and after.pop("gpu_samples") == []  # new: the next tick fills them
     assert after.pop("sps_change_points") == []  # new: the next alert evaluation fills it
+    assert after.pop("run_history") == [] and after.pop("run_gpu_samples") == []  # new: curves read by next fetches
     # The two open alerts keep going under the keys every alert has now (with its project), nothing else changed.
     rekeyed = sorted(con.execute("SELECT alert_key, subject FROM alerts").fetchall())
     assert rekeyed == [
@@ -830,7 +831,8 @@ def test_a_tick_over_many_projects_reads_only_those_that_changed(wandb_server, w
         "p5",
     )
     requests, runs, meta = tick()
-    assert requests == {"GetProjects": 2, "ProjectsActivity": 1, "Runs": 8}  # the new runs' metadata files: no request
+    # the new runs' metadata files: no request; their curves: one request per project (at most 20 runs each)
+    assert requests == {"GetProjects": 2, "ProjectsActivity": 1, "Runs": 8, "RunCurves": 2}
     assert runs == ["lab/p5"] * 4 + ["test-team/p2"] * 4
     assert meta["projects"].value == ["lab/p5", "test-team/p2"]
     assert dict(query_read_only(warehouse_path, counts)) == {
@@ -841,7 +843,7 @@ def test_a_tick_over_many_projects_reads_only_those_that_changed(wandb_server, w
     # read once more: their new runs' heartbeats are within the 10-minute clock margin before their last read.)
     server.add_project("test-team", "fresh", _nodes("f", 1, "fresh"))
     requests, runs, meta = tick()
-    assert requests == {"GetProjects": 2, "ProjectsActivity": 1, "Runs": 12}
+    assert requests == {"GetProjects": 2, "ProjectsActivity": 1, "Runs": 12, "RunCurves": 1}  # fresh's one run
     assert meta["projects"].value == ["lab/p5", "test-team/fresh", "test-team/p2"]
     assert len(meta["projects_unchanged"].value) == 6
     assert ("test-team/fresh", 1) in query_read_only(warehouse_path, counts)

@@ -23,6 +23,7 @@ from wandb_assets.lib.alerts import AlertThresholds
 from wandb_assets.lib.errors import ConfigError
 from wandb_assets.lib.gpus import FALLBACK_PRICE, parse_prices, parse_teams, unknown_price_keys
 from wandb_assets.lib.lake import Lake, S3Options, is_lake, parse_catalog
+from wandb_assets.lib.normalize import SPS_KEYS
 from wandb_assets.lib.projects import ProjectSelection, parse_projects
 
 __all__ = ["ConfigError", "Settings", "load_settings", "pipeline_settings", "resolve_wandb_settings"]
@@ -124,6 +125,24 @@ class Settings(BaseSettings):
         "Read W&B's wandb-metadata.json (GPU count and model) once for each run first seen finished, crashed or "
         "failed: each page of runs also says where their files are (no extra request); then one download per run.",
         "true",
+    )
+    WANDB_ASSETS_FETCH_HISTORY: bool = _var(
+        True,
+        "Read each run's curves (sampled history of WANDB_ASSETS_HISTORY_KEYS and its GPUs' system stream) once after "
+        "it ends, and at most every WANDB_ASSETS_HISTORY_REFRESH_MINUTES while it runs: one request per 20 runs, into "
+        "run_history and run_gpu_samples.",
+        "true",
+    )
+    WANDB_ASSETS_HISTORY_KEYS: str = _var(
+        ",".join(SPS_KEYS),
+        "History keys whose curves are read (comma-separated); the system stream's GPU metrics always are.",
+        "the five SPS keys (`overview/sps`, ...)",
+    )
+    WANDB_ASSETS_HISTORY_SAMPLES: int = _var(
+        500, "Samples per curve (1-1000; W&B has answered 500 to larger values).", ge=1, le=1000
+    )
+    WANDB_ASSETS_HISTORY_REFRESH_MINUTES: float = _var(
+        60.0, "A running run's curves are read again at most this often (minutes).", gt=0
     )
     WANDB_ASSETS_METADATA_DOWNLOADS: int = _var(
         32,
@@ -419,6 +438,11 @@ class PipelineSettings:
     #: USD per GPU-hour by canonical model (``WANDB_ASSETS_GPU_PRICES``), the fallback price under ``FALLBACK_PRICE``
     #: (``WANDB_ASSETS_GPU_DEFAULT_PRICE``), and team by username (``WANDB_ASSETS_TEAMS``).
     gpu_prices: dict[str, float] = field(default_factory=dict)
+    #: Curves (``WANDB_ASSETS_FETCH_HISTORY``, ``..._HISTORY_KEYS``, ``..._HISTORY_SAMPLES``, ``..._REFRESH_MINUTES``).
+    fetch_history: bool = True
+    history_keys: tuple[str, ...] = ()
+    history_samples: int = 500
+    history_refresh: timedelta = timedelta(hours=1)
     #: Price keys naming no GPU model this project knows (``gpus.unknown_price_keys``): warned about by name.
     unknown_price_keys: tuple[str, ...] = ()
     #: Read each ended run's wandb-metadata.json once (``WANDB_ASSETS_FETCH_METADATA``).
@@ -448,6 +472,10 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
         warehouse=warehouse_location(s),
         default_gpus_per_run=s.WANDB_ASSETS_DEFAULT_GPUS_PER_RUN,
         fetch_metadata=s.WANDB_ASSETS_FETCH_METADATA,
+        fetch_history=s.WANDB_ASSETS_FETCH_HISTORY,
+        history_keys=tuple(dict.fromkeys(k.strip() for k in s.WANDB_ASSETS_HISTORY_KEYS.split(",") if k.strip())),
+        history_samples=s.WANDB_ASSETS_HISTORY_SAMPLES,
+        history_refresh=timedelta(minutes=s.WANDB_ASSETS_HISTORY_REFRESH_MINUTES),
         metadata_downloads=s.WANDB_ASSETS_METADATA_DOWNLOADS,
         gpu_count_keys=tuple(k.strip() for k in s.WANDB_ASSETS_GPU_COUNT_KEYS.split(",") if k.strip()),
         gpu_prices=prices,

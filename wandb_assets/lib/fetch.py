@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from wandb_assets.lib.errors import ConfigError, FetchWideError
@@ -302,6 +302,8 @@ def iter_run_pages(
     cancelled: threading.Event | None = None,
     with_metadata_file: bool = False,
     configured_by: str = "WANDB_ENTITY and WANDB_PROJECT",
+    query: str | None = None,
+    extra: dict | None = None,
 ) -> Iterator[tuple[list[dict], int]]:
     """Yield ``(nodes, runs matching filters)`` for each page, oldest first.
 
@@ -318,8 +320,9 @@ def iter_run_pages(
     throttle = throttle or Throttle(1)
     page_size = page_size or PageSize(policy.page_size, policy.min_page_size)
     path = f"{entity}/{project}"
-    query = runs_query(with_metadata_file)
+    query = query or runs_query(with_metadata_file)
     variables = {"project": project, "entity": entity, "order": "+created_at", "filters": json.dumps(filters)}
+    variables.update(extra or {})
     cursor: str | None = None
     page_number, failures, throttled_since = 0, 0, None
     while True:
@@ -381,6 +384,54 @@ def iter_run_pages(
             f"Fetching W&B runs of {path} {_describe(filters)} failed on page {page_number + 1} "
             f"(page size {size}) after retries: {detail[:300]}"
         ) from None
+
+
+def fetch_curves(
+    api,
+    path: str,
+    names: list[str],
+    keys: list[str],
+    samples: int,
+    policy: FetchPolicy,
+    throttle: Throttle,
+    secret: str = "",
+) -> dict[str, dict]:
+    """``{run_id: curves}`` of the runs ``names`` of ``path`` (``entity/project``): ``curves.CURVES_RUNS_PER_REQUEST``
+    runs a request, in ``throttle`` (the fetch's budget, its 429 back-off and retries). A request that fails after
+    its retries leaves its runs ``failed`` (read again by a later fetch): it never fails the fetch."""
+    from wandb_assets.lib.curves import (
+        CURVES_QUERY,
+        CURVES_RUNS_PER_REQUEST,
+        failed_curves,
+        history_specs,
+        read_curves,
+    )
+
+    entity, _, project = path.partition("/")
+    extra = {"specs": history_specs(keys, samples), "samples": samples}
+    found: dict[str, dict] = {}
+    for first in range(0, len(names), CURVES_RUNS_PER_REQUEST):
+        chunk = names[first : first + CURVES_RUNS_PER_REQUEST]
+        read_at = datetime.now(UTC).replace(tzinfo=None)
+        pages = iter_run_pages(
+            api,
+            entity,
+            project,
+            {"name": {"$in": chunk}},
+            policy,
+            throttle=throttle,
+            page_size=PageSize(len(chunk), 1),
+            secret=secret,
+            query=CURVES_QUERY,
+            extra=extra,
+        )
+        try:
+            for nodes, _ in pages:
+                found.update({node["name"]: read_curves(node, keys, read_at) for node in nodes if node.get("name")})
+        except (WandbFetchError, ConfigError) as exc:
+            found.update({name: failed_curves(read_at, str(exc)) for name in chunk if name not in found})
+        found.update({name: read_curves({}, keys, read_at) for name in chunk if name not in found})  # not returned
+    return found
 
 
 def fetch_run_pages(api, entity: str, project: str, filters: dict, policy: FetchPolicy, secret: str = ""):
@@ -496,7 +547,7 @@ def fetch_slices(
     secret: str = "",
     isolate_projects: bool = False,
     others_read: bool = False,
-    enrich: Callable[[Slice, list[dict]], None] | None = None,
+    enrich: Callable[[Slice, list[dict], Throttle], None] | None = None,
     with_metadata_file: bool = False,
 ) -> FetchStats:
     """Fetch every slice, ``policy.concurrency`` requests in flight at most, calling ``handle_page(slice,
@@ -506,7 +557,8 @@ def fetch_slices(
     ``isolate_projects``: the slices of several projects share the one request budget (in-flight limit and 429
     back-off); a failure abandons only its own project's slices, and is raised only when every project failed
     and ``others_read`` does not say that other projects were found current without a fetch (else it is in
-    ``failed_projects``). ``enrich(slice, nodes)`` runs before ``handle_page`` (reading the runs' metadata files:
+    ``failed_projects``). ``enrich(slice, nodes, throttle)`` runs before ``handle_page`` (reading the runs' metadata
+    files, and their curves in ``throttle``, the fetch's request budget:
     ``with_metadata_file`` asks where they are with each page); with it, pages are handled on threads of their own
     (``_PageFinisher``), so the workers go on fetching while a page's files download. Each project has its own
     page size: one that cannot serve pages does not shrink the others'."""
@@ -591,7 +643,14 @@ def fetch_slices(
             progress.slice_done(*(piece.days or (None,)))
 
     finisher = (
-        _PageFinisher(policy.concurrency, enrich, handle_page, slice_done, cancelled, fail_project)
+        _PageFinisher(
+            policy.concurrency,
+            lambda piece, nodes: enrich(piece, nodes, throttle),
+            handle_page,
+            slice_done,
+            cancelled,
+            fail_project,
+        )
         if enrich is not None
         else None
     )

@@ -48,6 +48,12 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "wandb_metadata": "what was read of W&B's wandb-metadata.json (read once per run first seen finished, "
             "crashed or failed): {status: read, gpu_count, gpu}, {status: missing} or {status: malformed}; NULL: "
             "not read (alive, WANDB_ASSETS_FETCH_METADATA=false, offline, or the read failed and is retried)",
+            "curves_status": "the run's curves (run_history, run_gpu_samples): read (some rows), none (it logged none "
+            "of WANDB_ASSETS_HISTORY_KEYS and no system stream) or failed (read again by a later fetch); NULL: not "
+            "yet (pending, offline, WANDB_ASSETS_FETCH_HISTORY=false, or a warehouse from before curves)",
+            "curves_read_at": "when its curves were last read, UTC: a running run's at most every "
+            "WANDB_ASSETS_HISTORY_REFRESH_MINUTES",
+            "curves_final": "its curves were read after it ended (finished, crashed, failed, killed): never read again",
             "gpu_count": "GPUs: the first config key of WANDB_ASSETS_GPU_COUNT_KEYS holding a count, else W&B's "
             "metadata, else the GPUs in the latest system sample, else WANDB_ASSETS_DEFAULT_GPUS_PER_RUN",
             "gpu_count_source": "where gpu_count came from: config (WANDB_ASSETS_GPU_COUNT_KEYS), metadata (W&B's "
@@ -144,6 +150,35 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "for offline runs from their logs (runs.log_idle_gpu_hours); 0 without samples",
             "price_basis": "where cost_usd's price came from: list (the model's own price), fallback "
             "(WANDB_ASSETS_GPU_DEFAULT_PRICE) or NULL (no price)",
+        },
+    ),
+    "run_history": (
+        "table",
+        "Each run's sampled training curves: WANDB_ASSETS_HISTORY_KEYS by step, at most WANDB_ASSETS_HISTORY_SAMPLES "
+        "points per metric (W&B's sampledHistory; the first and last step kept). Written with the run's row; a "
+        "re-read replaces the run's curves.",
+        {
+            **_PROJECT,
+            "run_id": "W&B run id",
+            "metric": "history key (such as overview/sps)",
+            "step": "the run's _step",
+            "timestamp": "when the step was logged, UTC (NULL when W&B sent no _timestamp)",
+            "value": "the logged value (finite numbers only)",
+        },
+    ),
+    "run_gpu_samples": (
+        "table",
+        "Each run's sampled system stream, per GPU: at most WANDB_ASSETS_HISTORY_SAMPLES samples of the run (W&B's "
+        "events). Written with the run's row; a re-read replaces the run's samples. The live per-tick samples of "
+        "running runs stay in gpu_samples (what the idle_gpus alert judges, 8 days).",
+        {
+            **_PROJECT,
+            "run_id": "W&B run id",
+            "timestamp": "sample time, UTC",
+            "gpu": "the GPU's index on its machine (system.gpu.<i>)",
+            "util_pct": "GPU utilisation, percent (NULL when not sampled)",
+            "memory_pct": "GPU memory busy, percent (NULL when not sampled)",
+            "power_w": "power draw, watts (NULL when not sampled)",
         },
     ),
     "gpu_samples": (

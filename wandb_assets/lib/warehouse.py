@@ -56,6 +56,9 @@ RUNS_COLUMNS: dict[str, str] = {
     "latest_gpu_sample": "STRUCT(gpu_index INTEGER, utilisation DOUBLE, memory DOUBLE)[]",
     "log_idle_gpu_hours": "STRUCT(day DATE, idle_gpu_hours DOUBLE)[]",
     "wandb_metadata": "JSON",
+    "curves_status": "VARCHAR",
+    "curves_read_at": "TIMESTAMP",
+    "curves_final": "BOOLEAN",
     "cost_usd": "DOUBLE",
     "gpu_type": "VARCHAR",
     "cpu_count": "INTEGER",
@@ -117,6 +120,13 @@ CREATE TABLE IF NOT EXISTS gpu_hours (
 CREATE TABLE IF NOT EXISTS gpu_usage (
     day DATE, entity VARCHAR, project VARCHAR, username VARCHAR, team VARCHAR, category VARCHAR, gpu_model VARCHAR,
     runs BIGINT, gpu_hours DOUBLE, cost_usd DOUBLE, idle_gpu_hours DOUBLE, price_basis VARCHAR
+);
+CREATE TABLE IF NOT EXISTS run_history (
+    entity VARCHAR, project VARCHAR, run_id VARCHAR, metric VARCHAR, step BIGINT, "timestamp" TIMESTAMP, value DOUBLE
+);
+CREATE TABLE IF NOT EXISTS run_gpu_samples (
+    entity VARCHAR, project VARCHAR, run_id VARCHAR, "timestamp" TIMESTAMP, gpu INTEGER, util_pct DOUBLE,
+    memory_pct DOUBLE, power_w DOUBLE
 );
 CREATE TABLE IF NOT EXISTS gpu_samples (
     snapshot_at TIMESTAMP, entity VARCHAR, project VARCHAR, run_id VARCHAR, gpu_index INTEGER, utilisation DOUBLE,
@@ -408,6 +418,57 @@ def _one_copy_each(con, table: str) -> None:
 
 _STAGE_INCOMING = f"CREATE OR REPLACE TEMP TABLE incoming_runs AS {_READ_STAGED}"
 
+#: The curves staged with the runs of ``$paths`` (``staging.add_curves``), of the rows the load keeps.
+_CURVES_SPEC = (
+    "'entity': 'VARCHAR', 'project': 'VARCHAR', 'run_id': 'VARCHAR', 'ingested_at': 'TIMESTAMP', 'curves': 'JSON'"
+)
+_STAGE_CURVES = f"""
+CREATE OR REPLACE TEMP TABLE incoming_curves AS
+SELECT DISTINCT ON (c.entity, c.project, c.run_id) c.entity, c.project, c.run_id, c.curves
+FROM read_json($paths, format = 'newline_delimited', columns = {{{_CURVES_SPEC}}}) c
+JOIN incoming_runs i ON i.entity = c.entity AND i.project = c.project AND i.run_id = c.run_id
+    AND i.ingested_at IS NOT DISTINCT FROM c.ingested_at
+WHERE c.curves IS NOT NULL
+"""
+
+#: A run whose curves were read replaces its earlier ones (never duplicates them).
+_REPLACE_CURVES = [
+    "DELETE FROM run_history WHERE (entity, project, run_id) IN (SELECT entity, project, run_id FROM incoming_curves)",
+    "DELETE FROM run_gpu_samples WHERE (entity, project, run_id) IN "
+    "(SELECT entity, project, run_id FROM incoming_curves)",
+    """INSERT INTO run_history BY NAME
+    SELECT entity, project, run_id, h[1] AS metric, h[2]::BIGINT AS step, h[3]::TIMESTAMP AS "timestamp",
+           h[4]::DOUBLE AS value
+    FROM (SELECT entity, project, run_id, unnest(from_json(curves -> 'history', '[["VARCHAR"]]')) AS h
+          FROM incoming_curves)""",
+    """INSERT INTO run_gpu_samples BY NAME
+    SELECT entity, project, run_id, g[1]::TIMESTAMP AS "timestamp", g[2]::INTEGER AS gpu, g[3]::DOUBLE AS util_pct,
+           g[4]::DOUBLE AS memory_pct, g[5]::DOUBLE AS power_w
+    FROM (SELECT entity, project, run_id, unnest(from_json(curves -> 'gpu', '[["VARCHAR"]]')) AS g
+          FROM incoming_curves)""",
+]
+
+#: A row staged without curves read now keeps what the warehouse knew of its curves; so does a row whose read failed
+#: when earlier curves are kept (they stay; ``curves.curves_due`` asks again by their age).
+_KEEP_CURVES_STATUS = """
+UPDATE incoming_runs SET curves_status = r.curves_status, curves_read_at = r.curves_read_at,
+    curves_final = r.curves_final
+FROM runs r
+WHERE (incoming_runs.curves_status IS NULL OR (incoming_runs.curves_status = 'failed'
+                                                AND r.curves_status IN ('read', 'none')))
+  AND r.entity = incoming_runs.entity AND r.project = incoming_runs.project AND r.run_id = incoming_runs.run_id
+"""
+
+
+def _load_curves(con, paths: list[str]) -> None:
+    """Inside a load's transaction, once ``incoming_runs`` holds the rows that will be stored: their curves replace
+    the runs' earlier ones, and a row without curves read now keeps its status."""
+    con.execute(_STAGE_CURVES, {"paths": [literal_path(p) for p in paths]})
+    for statement in _REPLACE_CURVES:
+        con.execute(statement)
+    con.execute("DROP TABLE incoming_curves")
+    con.execute(_KEEP_CURVES_STATUS)
+
 
 def fetched_since(path: str | os.PathLike) -> datetime:
     """When the fetch that wrote a staged file began (its modification time, set so at publish): every row in it
@@ -562,6 +623,7 @@ def load_runs_window(
             "AND runs.entity = incoming_runs.entity AND runs.project = incoming_runs.project "
             "AND runs.ingested_at > incoming_runs.ingested_at)"
         )
+        _load_curves(con, paths + list(refreshed or []))
         # Every earlier copy of a fetched run (a vanished one W&B returns again is restored): a run appears once.
         con.execute(
             "DELETE FROM runs WHERE (entity, project, run_id) IN (SELECT entity, project, run_id FROM incoming_runs)"
@@ -1074,6 +1136,20 @@ METADATA_CACHE_SQL = """
 SELECT entity || '/' || project, run_id, wandb_metadata::VARCHAR FROM runs
 WHERE wandb_metadata IS NOT NULL AND created_at >= $start AND created_at < $end
 """
+
+
+def cached_curves(con, start: datetime) -> dict[tuple[str, str], tuple[str | None, datetime | None, bool | None]]:
+    """``{(entity/project, run_id): (curves_status, curves_read_at, curves_final)}`` of the runs a fetch from
+    ``start`` may meet:
+    created since, or alive (refreshed by id); ``con`` read-only, or None (no warehouse yet)."""
+    if con is None or not has_table(con, "runs") or "curves_status" not in _columns(con, "runs"):
+        return {}
+    rows = con.execute(
+        "SELECT entity || '/' || project, run_id, curves_status, curves_read_at, curves_final FROM runs "
+        f"WHERE curves_status IS NOT NULL AND (created_at >= $start OR state IN ({ALIVE_SQL}))",
+        {"start": start},
+    ).fetchall()
+    return {(path, run_id): (status, read_at, final) for path, run_id, status, read_at, final in rows}
 
 
 def cached_metadata(con, start: datetime, end: datetime) -> dict[tuple[str, str], dict]:

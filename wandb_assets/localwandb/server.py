@@ -23,6 +23,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote
 
+from wandb_assets.lib.curves import MAX_SAMPLES as MAX_CURVE_SAMPLES
+from wandb_assets.lib.downsample import downsample
 from wandb_assets.lib.fetch import METADATA_FILE
 from wandb_assets.lib.normalize import decode_json_object, parse_timestamp, to_naive_utc
 from wandb_assets.localwandb.filters import matches, sort_runs
@@ -79,6 +81,8 @@ def make_run_node(
     job_type: str | None = "train",
     system_metrics: dict | None = None,
     metadata: dict | str | None = None,
+    history: list[dict] | None = None,
+    events: list[dict] | None = None,
 ) -> dict[str, Any]:
     """Build a ``Runs`` node exactly as the W&B API serves it.
 
@@ -122,6 +126,10 @@ def make_run_node(
         "projectId": "1",
         # The run file wandb-metadata.json (a dict, or raw text such as a malformed file); never in a Runs answer.
         "_metadata": metadata,
+        # Its full history (rows with ``_step``, ``_timestamp`` and metrics) and system stream (rows with
+        # ``_timestamp`` and ``system.*``), answered sampled by ``RunCurves``; never in a Runs answer.
+        "_history": history or [],
+        "_events": events or [],
     }
 
 
@@ -139,6 +147,8 @@ class Faults:
     cost_per_run_files_s: float = 0.0
     #: ... and for one run file download (``wandb-metadata.json``), slept before serving it.
     cost_per_file_s: float = 0.0
+    #: ... and for each run's curves a ``RunCurves`` request returns (sampled history and system stream).
+    cost_per_run_curves_s: float = 0.0
     #: HTTP status for injected failures (429, 500, 503...); None disables failures.
     fail_status: int | None = None
     #: How many more matching requests fail; a negative number means every one.
@@ -555,6 +565,8 @@ class LocalWandbServer:
             )
         if operation == "RunFiles":
             return self._run_files(runs, variables)
+        if operation == "RunCurves":
+            return self._run_curves(runs, variables)
         if operation == "Run":
             record = runs.records.get(variables.get("name", "")) if runs else None
             run = record["_json"] if record else "null"
@@ -564,6 +576,33 @@ class LocalWandbServer:
         if operation in ("GetSweep", "GetSweepLegacy"):
             return json.dumps({"data": {"project": {"sweep": None}}})
         return json.dumps({"errors": [{"message": f"operation {operation} is not supported"}], "data": None})
+
+    def _run_curves(self, runs: _ProjectRuns | None, variables: dict) -> str:
+        """``lib.curves.CURVES_QUERY``: the runs its filters name, each with ``sampledHistory`` (per spec, the rows
+        holding every key of the spec, at most ``samples`` of them, the first and last always among them) and
+        ``events`` (the system stream sampled the same way, as JSON strings). What is assumed of W&B: the rows are
+        spread evenly over the run (its own sampling picks buckets by step); a spec's keys must all be present."""
+        if runs is None:
+            return json.dumps({"data": {"project": None}})
+        selected = runs.select(variables.get("filters") or "{}", variables.get("order") or "+created_at")
+        selected = selected[: int(variables.get("perPage") or 50)]
+        samples = max(1, min(int(variables.get("samples") or 500), MAX_CURVE_SAMPLES))
+        specs = [json.loads(spec) for spec in variables.get("specs") or []]
+        edges = []
+        for i, record in enumerate(selected):
+            node = record["node"]
+            sampled = []
+            for spec in specs:
+                keys = list(dict.fromkeys(spec.get("keys") or []))
+                rows = [row for row in node["_history"] if all(k in row for k in keys)]
+                limit = max(1, min(int(spec.get("samples") or samples), MAX_CURVE_SAMPLES))
+                sampled.append([{k: row[k] for k in keys} for row in downsample(rows, limit, keep={0})])
+            events = [json.dumps(e) for e in downsample(node["_events"], samples, keep={0})]
+            answer = {"name": node["name"], "sampledHistory": sampled, "events": events}
+            edges.append({"node": answer, "cursor": base64.b64encode(f"cursor:{i}".encode()).decode()})
+        info = {"endCursor": edges[-1]["cursor"] if edges else None, "hasNextPage": False}
+        data = {"runCount": len(selected), "runs": {"edges": edges, "pageInfo": info}}
+        return json.dumps({"data": {"project": data}}, separators=(",", ":"))
 
     def _run_files(self, runs: _ProjectRuns | None, variables: dict) -> str:
         """``run.files(names=[...])``: the run's files among ``fileNames`` (only ``wandb-metadata.json`` exists
@@ -776,6 +815,8 @@ def _handler_for(server: LocalWandbServer) -> type[BaseHTTPRequestHandler]:
                 time.sleep(
                     faults.cost_per_request_s + faults.cost_per_run_s * returned + faults.cost_per_run_files_s * files
                 )
+            if operation == "RunCurves" and (faults.cost_per_request_s or faults.cost_per_run_curves_s):
+                time.sleep(faults.cost_per_request_s + faults.cost_per_run_curves_s * body.count(',"cursor":"'))
             if operation == "Runs" and faults.max_page_bytes is not None and len(body) > faults.max_page_bytes:
                 server.oversized_pages += 1
                 self._send(500, json.dumps({"errors": [{"message": "response too large"}]}).encode())

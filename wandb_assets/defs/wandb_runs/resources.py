@@ -13,6 +13,7 @@ from wandb_assets.lib.fetch import (
     Slice,
     WandbFetchError,
     default_entity,
+    fetch_curves,
     fetch_run_pages,
     fetch_slices,
     get_api,
@@ -132,7 +133,21 @@ class WandbResource(ConfigurableResource):
             isolate_projects=pipeline.projects is not None,
             others_read=others_read,
             enrich=enrich,
-            with_metadata_file=enrich is not None,
+            with_metadata_file=enrich is not None and pipeline.fetch_metadata,
+        )
+
+    def runs_curves(self, path: str, names: list[str], throttle, pipeline: PipelineSettings) -> dict[str, dict]:
+        """``{run_id: curves}`` of ``names`` (``lib.fetch.fetch_curves``): one request per 20 runs, in ``throttle``."""
+        settings, api, _ = self._client(pipeline)
+        return fetch_curves(
+            api,
+            path,
+            names,
+            list(pipeline.history_keys),
+            pipeline.history_samples,
+            fetch_policy(pipeline),
+            throttle,
+            settings.api_key,
         )
 
     def runs_metadata(

@@ -1,0 +1,204 @@
+"""Fleet curves (issue 34): each run's sampled history and system stream, read for 20 runs a request, once after
+the run ends (at most hourly while it runs), into run_history and run_gpu_samples, with the run's row."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from wandb_assets.lib.curves import curves_due, gpu_rows, history_rows, history_specs
+from wandb_assets.localwandb import make_run_node
+from wandb_assets.ticks import execute_backfill, execute_refresh
+from wandb_assets.warehouse import query_read_only
+
+DAY = datetime(2026, 6, 1)
+
+
+def _history(steps: int, start: datetime, key: str = "overview/sps", every: int = 1) -> list[dict]:
+    """Steps 0..steps-1, one a second; ``key`` = 100 + step on every ``every``-th step, ``loss`` on every one."""
+    rows = []
+    for step in range(steps):
+        row = {"_step": step, "_timestamp": (start + timedelta(seconds=step)).timestamp(), "loss": 1.0 / (step + 1)}
+        if step % every == 0:
+            row[key] = 100.0 + step
+        rows.append(row)
+    return rows
+
+
+def _events(samples: int, start: datetime, gpus: int = 2) -> list[dict]:
+    """One system sample a minute; GPU i at utilisation 10*i + sample, memory 50, power 300."""
+    rows = []
+    for k in range(samples):
+        row = {"_timestamp": (start + timedelta(minutes=k)).timestamp(), "system.cpu": 5.0}
+        for gpu in range(gpus):
+            row |= {f"system.gpu.{gpu}.gpu": 10.0 * gpu + k, f"system.gpu.{gpu}.memory": 50.0}
+            row[f"system.gpu.{gpu}.powerWatts"] = 300.0
+        rows.append(row)
+    return rows
+
+
+def _run(run_id: str, state: str, hours: float = 1.0, **curves) -> dict:
+    return make_run_node(
+        run_id,
+        display_name=None,
+        state=state,
+        created_at=DAY + timedelta(hours=1),
+        heartbeat_at=DAY + timedelta(hours=1 + hours),
+        **curves,
+    )
+
+
+def test_the_local_server_samples_as_w_and_b_does(wandb_server, monkeypatch):
+    """sampledHistory: per spec, only rows holding every key, at most N, the first and last step kept; events:
+    the system stream sampled the same way, as JSON strings."""
+    from wandb_assets.defs.wandb_runs.resources import wandb_resource
+    from wandb_assets.lib.throttle import Throttle
+    from wandb_assets.settings import pipeline_settings
+
+    monkeypatch.setenv("WANDB_ASSETS_HISTORY_KEYS", "overview/sps,loss")
+    monkeypatch.setenv("WANDB_ASSETS_HISTORY_SAMPLES", "10")
+    start = DAY + timedelta(hours=1)
+    server = wandb_server([_run("a", "finished", history=_history(100, start, every=3), events=_events(30, start))])
+    curves = wandb_resource().runs_curves("test-team/test-project", ["a"], Throttle(1), pipeline_settings())["a"]
+    assert curves["status"] == "read"
+    sps = [step for metric, step, _, _ in curves["history"] if metric == "overview/sps"]
+    loss = [step for metric, step, _, _ in curves["history"] if metric == "loss"]
+    # 34 rows hold overview/sps (steps 0, 3, ..., 99); 10 of them, the first (0) and last (99) among them
+    assert len(sps) == 10 and sps[0] == 0 and sps[-1] == 99 and all(step % 3 == 0 for step in sps)
+    assert len(loss) == 10 and loss[0] == 0 and loss[-1] == 99
+    first = next(row for row in curves["history"] if row[0] == "overview/sps")
+    assert first == ["overview/sps", 0, "2026-06-01T01:00:00", 100.0]
+    # 30 samples x 2 GPUs -> 10 samples (first and last kept) x 2 GPUs
+    assert len(curves["gpu"]) == 20
+    assert curves["gpu"][:2] == [
+        ["2026-06-01T01:00:00", 0, 0.0, 50.0, 300.0],
+        ["2026-06-01T01:00:00", 1, 10.0, 50.0, 300.0],
+    ]
+    assert curves["gpu"][-1] == ["2026-06-01T01:29:00", 1, 39.0, 50.0, 300.0]
+    assert server.count("RunCurves") == 1
+
+
+def test_a_backfill_stores_each_ended_runs_curves_with_its_row_one_request_per_20_runs(
+    wandb_server, warehouse_path, instance, monkeypatch
+):
+    monkeypatch.setenv("WANDB_ASSETS_HISTORY_SAMPLES", "5")
+    start = DAY + timedelta(hours=1)
+    ended = [
+        _run(f"r{i:02d}", "finished", history=_history(20, start), events=_events(3, start, gpus=1)) for i in range(41)
+    ]
+    quiet = _run("quiet", "crashed")  # logged nothing: read, and 'none'
+    pending = _run("pend", "pending")  # not read: nothing to read yet
+    server = wandb_server([*ended, quiet, pending])
+    assert execute_backfill(instance, DAY.date(), DAY.date()).success
+    # 42 runs due (41 + quiet): 3 requests of at most 20 runs
+    assert server.count("RunCurves") == 3
+    statuses = dict(query_read_only(warehouse_path, "SELECT run_id, curves_status FROM runs"))
+    assert statuses["r00"] == "read" and statuses["quiet"] == "none" and statuses["pend"] is None
+    assert query_read_only(
+        warehouse_path, "SELECT count(*), count(DISTINCT run_id), min(step), max(step) FROM run_history"
+    ) == [(41 * 5, 41, 0, 19)]
+    assert query_read_only(warehouse_path, "SELECT count(*), min(util_pct), max(util_pct) FROM run_gpu_samples") == [
+        (41 * 3, 0.0, 2.0)
+    ]
+    # a second backfill of the same day reads none again: each ended run once
+    assert execute_backfill(instance, DAY.date(), DAY.date()).success
+    assert server.count("RunCurves") == 3
+    assert query_read_only(warehouse_path, "SELECT count(*) FROM run_history") == [(41 * 5,)]
+
+
+def test_a_failed_read_is_retried_by_a_later_fetch_and_never_fails_the_run(
+    wandb_server, warehouse_path, instance, monkeypatch
+):
+    start = DAY + timedelta(hours=1)
+    server = wandb_server([_run("a", "finished", history=_history(10, start))])
+    server.faults.fail_status, server.faults.fail_count = 500, -1
+    server.faults.fail_operations = frozenset({"RunCurves"})
+    assert execute_backfill(instance, DAY.date(), DAY.date()).success
+    assert query_read_only(warehouse_path, "SELECT curves_status FROM runs") == [("failed",)]
+    assert query_read_only(warehouse_path, "SELECT count(*) FROM run_history") == [(0,)]
+    server.faults.fail_status = None
+    assert execute_backfill(instance, DAY.date(), DAY.date()).success
+    assert query_read_only(warehouse_path, "SELECT curves_status FROM runs") == [("read",)]
+    assert query_read_only(warehouse_path, "SELECT count(*) FROM run_history") == [(10,)]
+
+
+def test_a_running_run_is_read_at_most_hourly_and_once_more_after_it_ends(
+    wandb_server, warehouse_path, instance, monkeypatch
+):
+    """Ticks read a running run's curves again only when the last read is WANDB_ASSETS_HISTORY_REFRESH_MINUTES old;
+    once it ends, they are read once more (the whole run) and replace the partial ones, never added to them."""
+    now = datetime.now(UTC).replace(tzinfo=None, microsecond=0) - timedelta(minutes=5)
+    today = now.date()
+    start = now - timedelta(hours=1)
+    node = make_run_node(
+        "live", display_name=None, state="running", created_at=start, heartbeat_at=now, history=_history(4, start)
+    )
+    server = wandb_server([node])
+    assert execute_refresh(instance, today).success
+    assert server.count("RunCurves") == 1
+    assert execute_refresh(instance, today).success  # minutes later: not again
+    assert server.count("RunCurves") == 1
+    monkeypatch.setenv("WANDB_ASSETS_HISTORY_REFRESH_MINUTES", "0.001")  # an hour later, as far as the rule goes
+    assert execute_refresh(instance, today).success
+    assert server.count("RunCurves") == 2
+    monkeypatch.setenv("WANDB_ASSETS_HISTORY_REFRESH_MINUTES", "60")
+    ends = datetime.now(UTC).replace(tzinfo=None, microsecond=0) + timedelta(seconds=2)  # after the last read
+    ended = dict(node, state="finished", heartbeatAt=ends.isoformat() + "Z")
+    ended["_history"] = _history(8, start)
+    server.upsert_runs([ended])
+    assert execute_refresh(instance, today).success
+    assert server.count("RunCurves") == 3  # once after it ended
+    assert execute_refresh(instance, today).success
+    assert server.count("RunCurves") == 3  # and never again
+    assert query_read_only(
+        warehouse_path, "SELECT count(*), max(step) FROM run_history WHERE metric = 'overview/sps'"
+    ) == [(8, 7)]
+
+
+def test_curves_off_reads_none(wandb_server, warehouse_path, instance, monkeypatch):
+    monkeypatch.setenv("WANDB_ASSETS_FETCH_HISTORY", "false")
+    server = wandb_server([_run("a", "finished", history=_history(10, DAY))])
+    assert execute_backfill(instance, DAY.date(), DAY.date()).success
+    assert server.count("RunCurves") == 0
+    assert query_read_only(warehouse_path, "SELECT curves_status FROM runs") == [(None,)]
+
+
+REFRESH = timedelta(hours=1)
+NOW = datetime(2026, 6, 2, 12)
+
+
+@pytest.mark.parametrize(
+    ("state", "known", "due"),
+    [
+        ("finished", None, True),  # never read
+        ("finished", ("failed", NOW, False), True),  # the last read failed
+        ("finished", ("read", NOW - timedelta(minutes=1), False), True),  # read while it ran: once more
+        ("finished", ("read", NOW + timedelta(seconds=1), True), False),  # read after its end: done
+        ("crashed", ("none", NOW - timedelta(days=3), True), False),  # whatever the clocks say
+        ("running", ("read", NOW - timedelta(minutes=59), False), False),
+        ("running", ("read", NOW - timedelta(minutes=60), False), True),
+        ("running", None, True),
+        ("pending", None, False),
+    ],
+)
+def test_when_a_runs_curves_are_due(state, known, due):
+    assert curves_due(state, known, NOW, REFRESH) is due
+
+
+@given(st.lists(st.one_of(st.none(), st.integers(), st.floats(), st.text(), st.dictionaries(st.text(), st.floats()))))
+def test_history_and_system_rows_never_raise_and_keep_only_finite_numbers(junk):
+    rows = history_rows(["m"], [junk])
+    assert all(isinstance(v, float) and v == v and abs(v) != float("inf") for *_, v in rows)
+    gpu_rows(junk)
+    gpu_rows([json.dumps(x) if x is not None else "not json" for x in junk])
+
+
+def test_one_spec_per_key_with_step_and_time():
+    assert [json.loads(s) for s in history_specs(["a", "b"], 7)] == [
+        {"keys": ["_step", "_timestamp", "a"], "samples": 7},
+        {"keys": ["_step", "_timestamp", "b"], "samples": 7},
+    ]
