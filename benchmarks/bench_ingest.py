@@ -233,6 +233,8 @@ def _environment(server, workdir: Path, now: datetime, days: int) -> dict:
         # Like for like with the floor, which reads no run files: what reading wandb-metadata.json adds is
         # bench_gpu_metadata.py's to measure. Set it in the environment to measure it here too.
         "WANDB_ASSETS_FETCH_METADATA": os.environ.get("WANDB_ASSETS_FETCH_METADATA", "false"),
+        # ... and curves (issue 34): bench_curves.py measures them.
+        "WANDB_ASSETS_FETCH_HISTORY": os.environ.get("WANDB_ASSETS_FETCH_HISTORY", "false"),
         "DAGSTER_HOME": str(workdir / "dagster-home"),
     }
     wandb_dir.mkdir(parents=True, exist_ok=True)

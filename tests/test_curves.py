@@ -104,10 +104,18 @@ def test_a_backfill_stores_each_ended_runs_curves_with_its_row_one_request_per_2
     assert query_read_only(warehouse_path, "SELECT count(*), min(util_pct), max(util_pct) FROM run_gpu_samples") == [
         (41 * 3, 0.0, 2.0)
     ]
-    # a second backfill of the same day reads none again: each ended run once
+    # steady SPS, by hand: 5 of the 20 steps (0, 1, 7, 13, 19; overview/sps = 100 + step); warm-up is the first
+    # 10% of the step range (steps below 1.9): the median of 107, 113 and 119 is 113
+    assert query_read_only(
+        warehouse_path,
+        "SELECT DISTINCT sps_steady FROM runs WHERE run_id LIKE 'r%' UNION ALL "
+        "SELECT sps_steady FROM runs WHERE run_id = 'quiet'",
+    ) == [(113.0,), (None,)]
+    # a second backfill of the same day reads none again: each ended run once (and keeps their steady SPS)
     assert execute_backfill(instance, DAY.date(), DAY.date()).success
     assert server.count("RunCurves") == 3
     assert query_read_only(warehouse_path, "SELECT count(*) FROM run_history") == [(41 * 5,)]
+    assert query_read_only(warehouse_path, "SELECT count(*) FROM runs WHERE sps_steady = 113") == [(41,)]
 
 
 def test_a_failed_read_is_retried_by_a_later_fetch_and_never_fails_the_run(
@@ -202,3 +210,34 @@ def test_one_spec_per_key_with_step_and_time():
         {"keys": ["_step", "_timestamp", "a"], "samples": 7},
         {"keys": ["_step", "_timestamp", "b"], "samples": 7},
     ]
+
+
+def test_idle_and_partly_idle_gpu_hours_come_from_an_ended_runs_whole_sampled_stream(
+    wandb_server, warehouse_path, instance, monkeypatch
+):
+    """By hand: 2 GPUs for 40 minutes (1.333 GPU-hours), a sample every 10 minutes. GPU 0 at 0, 50, 0, 0 %; GPU 1 at
+    0, 0, 50, 0 %; idle below 5 %. Idle GPUs per sample: 2, 1, 1, 2, each for 10 minutes: 60 GPU-minutes = 1.0 idle
+    GPU-hour, of which 20 minutes (the two samples where the other GPU was busy) = 0.333 partly idle. No tick ever
+    sampled this run: before curves, it counted no idle time at all."""
+    start = DAY + timedelta(hours=1)
+    utils = [(0.0, 0.0), (50.0, 0.0), (0.0, 50.0), (0.0, 0.0)]
+    events = [
+        {"_timestamp": (start + timedelta(minutes=10 * k)).timestamp()}
+        | {f"system.gpu.{gpu}.gpu": util for gpu, util in enumerate(pair)}
+        for k, pair in enumerate(utils)
+    ]
+    node = make_run_node(
+        "idle2",
+        display_name=None,
+        state="finished",
+        created_at=start,
+        heartbeat_at=start + timedelta(minutes=40),
+        config={"compute": {"gpu_count": 2}},
+        events=events,
+    )
+    wandb_server([node])
+    assert execute_backfill(instance, DAY.date(), DAY.date()).success
+    ((gpu_hours, idle, partly),) = query_read_only(
+        warehouse_path, "SELECT gpu_hours, idle_gpu_hours, partly_idle_gpu_hours FROM gpu_usage"
+    )
+    assert (round(gpu_hours, 6), round(idle, 6), round(partly, 6)) == (round(80 / 60, 6), 1.0, round(20 / 60, 6))

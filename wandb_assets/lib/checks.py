@@ -46,7 +46,7 @@ SELECT i.entity, i.project, i.run_id, i.day_start::DATE AS day, round(i.idle_gpu
        round(coalesce(d.gpu_hours, 0), 3) AS gpu_hours
 FROM idle i LEFT JOIN daily d USING (entity, project, run_id, day_start)
 WHERE i.idle_gpu_hours > coalesce(d.gpu_hours, 0) * (1 + 1e-9) + 1e-9""",
-        ("runs", "gpu_samples"),
+        ("runs", "gpu_samples", "run_gpu_samples"),
     ),
     Invariant(
         "cost_is_hours_times_price",

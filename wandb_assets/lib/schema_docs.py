@@ -54,6 +54,8 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "curves_read_at": "when its curves were last read, UTC: a running run's at most every "
             "WANDB_ASSETS_HISTORY_REFRESH_MINUTES",
             "curves_final": "its curves were read after it ended (finished, crashed, failed, killed): never read again",
+            "sps_steady": "steady-state steps per second: the median of its WANDB_ASSETS_SPS_METRIC curve "
+            "(run_history) after warm-up, the first 10% of its steps dropped; NULL without that curve",
             "gpu_count": "GPUs: the first config key of WANDB_ASSETS_GPU_COUNT_KEYS holding a count, else W&B's "
             "metadata, else the GPUs in the latest system sample, else WANDB_ASSETS_DEFAULT_GPUS_PER_RUN",
             "gpu_count_source": "where gpu_count came from: config (WANDB_ASSETS_GPU_COUNT_KEYS), metadata (W&B's "
@@ -145,11 +147,14 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "gpu_hours": "GPUs times busy hours that day (the gpu_hours table's rule)",
             "cost_usd": "gpu_hours times the model's USD per GPU-hour (WANDB_ASSETS_GPU_PRICES), else the fallback "
             "price (WANDB_ASSETS_GPU_DEFAULT_PRICE); NULL when neither prices it (never 0)",
-            "idle_gpu_hours": "of those, GPU-hours idle (below WANDB_ASSETS_IDLE_GPU_PCT) in the samples taken while "
-            "the runs ran (gpu_samples: each holds until the run's next one, its end or now, an hour at most), or "
-            "for offline runs from their logs (runs.log_idle_gpu_hours); 0 without samples",
+            "idle_gpu_hours": "of those, GPU-hours idle (below WANDB_ASSETS_IDLE_GPU_PCT): for a run whose curves were "
+            "read after it ended, from its whole sampled GPU stream (run_gpu_samples); else in the samples taken "
+            "while it ran (gpu_samples); each sample holds until the run's next one, its end or now, an hour at "
+            "most; for offline runs from their logs (runs.log_idle_gpu_hours); 0 without samples",
             "price_basis": "where cost_usd's price came from: list (the model's own price), fallback "
             "(WANDB_ASSETS_GPU_DEFAULT_PRICE) or NULL (no price)",
+            "partly_idle_gpu_hours": "of idle_gpu_hours, those of GPUs idle while another GPU of the same run was "
+            "busy (from runs' sampled GPU streams, run_gpu_samples; 0 for runs without one)",
         },
     ),
     "run_history": (

@@ -18,7 +18,15 @@ from typing import Any
 
 from wandb_assets.lib.alerts import ALERT_SQL, scope_unscoped_alerts
 from wandb_assets.lib.datadog_feed import LEDGER_SQL
-from wandb_assets.lib.gauges import RUNS_AS_OF_SQL, compute_gauges, gauge_params, held_samples_sql, project_metrics_sql
+from wandb_assets.lib.gauges import (
+    CURVE_IDLE_RUNS_SQL,
+    RUNS_AS_OF_SQL,
+    compute_gauges,
+    curve_idle_sql,
+    gauge_params,
+    held_samples_sql,
+    project_metrics_sql,
+)
 from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, price_basis_sql, prices_param, usd_sql
 from wandb_assets.lib.lake import in_lake, retry_on_conflict
 from wandb_assets.lib.normalize import SPS_KEYS, VANISHED
@@ -59,6 +67,7 @@ RUNS_COLUMNS: dict[str, str] = {
     "curves_status": "VARCHAR",
     "curves_read_at": "TIMESTAMP",
     "curves_final": "BOOLEAN",
+    "sps_steady": "DOUBLE",
     "cost_usd": "DOUBLE",
     "gpu_type": "VARCHAR",
     "cpu_count": "INTEGER",
@@ -119,7 +128,8 @@ CREATE TABLE IF NOT EXISTS gpu_hours (
 );
 CREATE TABLE IF NOT EXISTS gpu_usage (
     day DATE, entity VARCHAR, project VARCHAR, username VARCHAR, team VARCHAR, category VARCHAR, gpu_model VARCHAR,
-    runs BIGINT, gpu_hours DOUBLE, cost_usd DOUBLE, idle_gpu_hours DOUBLE, price_basis VARCHAR
+    runs BIGINT, gpu_hours DOUBLE, cost_usd DOUBLE, idle_gpu_hours DOUBLE, price_basis VARCHAR,
+    partly_idle_gpu_hours DOUBLE
 );
 CREATE TABLE IF NOT EXISTS run_history (
     entity VARCHAR, project VARCHAR, run_id VARCHAR, metric VARCHAR, step BIGINT, "timestamp" TIMESTAMP, value DOUBLE
@@ -241,6 +251,7 @@ def _create_schema(con, lake: bool, home: tuple[str | None, str | None] | None) 
         )
     con.execute("ALTER TABLE report_publications ADD COLUMN IF NOT EXISTS artifact VARCHAR")
     con.execute("ALTER TABLE gpu_usage ADD COLUMN IF NOT EXISTS price_basis VARCHAR")  # rebuilt by the next tick
+    con.execute("ALTER TABLE gpu_usage ADD COLUMN IF NOT EXISTS partly_idle_gpu_hours DOUBLE")
     con.execute(LEDGER_SQL)
     con.execute(ALERT_SQL)
     scope_unscoped_alerts(con)  # every alert key names its project now, with one project as with several
@@ -448,11 +459,29 @@ _REPLACE_CURVES = [
           FROM incoming_curves)""",
 ]
 
+#: A run's steady-state SPS from its curve of ``$sps_metric``: the median after warm-up, the first
+#: ``STEADY_WARMUP_SHARE`` of its steps dropped (a step range, not a count of points: sampling thins them evenly).
+STEADY_WARMUP_SHARE = 0.1
+_STEADY_SPS = f"""
+UPDATE incoming_runs SET sps_steady = s.steady
+FROM (
+    SELECT h.entity, h.project, h.run_id, median(h.value) AS steady
+    FROM run_history h
+    JOIN (SELECT entity, project, run_id, min(step) AS lo, max(step) AS hi FROM run_history
+          WHERE metric = $sps_metric
+            AND (entity, project, run_id) IN (SELECT entity, project, run_id FROM incoming_curves)
+          GROUP BY ALL) b USING (entity, project, run_id)
+    WHERE h.metric = $sps_metric AND h.step >= b.lo + {STEADY_WARMUP_SHARE} * (b.hi - b.lo)
+    GROUP BY ALL
+) s
+WHERE s.entity = incoming_runs.entity AND s.project = incoming_runs.project AND s.run_id = incoming_runs.run_id
+"""
+
 #: A row staged without curves read now keeps what the warehouse knew of its curves; so does a row whose read failed
 #: when earlier curves are kept (they stay; ``curves.curves_due`` asks again by their age).
 _KEEP_CURVES_STATUS = """
 UPDATE incoming_runs SET curves_status = r.curves_status, curves_read_at = r.curves_read_at,
-    curves_final = r.curves_final
+    curves_final = r.curves_final, sps_steady = r.sps_steady
 FROM runs r
 WHERE (incoming_runs.curves_status IS NULL OR (incoming_runs.curves_status = 'failed'
                                                 AND r.curves_status IN ('read', 'none')))
@@ -460,12 +489,14 @@ WHERE (incoming_runs.curves_status IS NULL OR (incoming_runs.curves_status = 'fa
 """
 
 
-def _load_curves(con, paths: list[str]) -> None:
+def _load_curves(con, paths: list[str], sps_metric: str) -> None:
     """Inside a load's transaction, once ``incoming_runs`` holds the rows that will be stored: their curves replace
-    the runs' earlier ones, and a row without curves read now keeps its status."""
+    the runs' earlier ones and give their steady SPS (``$sps_metric``'s curve), and a row without curves read now
+    keeps its status and steady SPS."""
     con.execute(_STAGE_CURVES, {"paths": [literal_path(p) for p in paths]})
     for statement in _REPLACE_CURVES:
         con.execute(statement)
+    con.execute(_STEADY_SPS, {"sps_metric": sps_metric})
     con.execute("DROP TABLE incoming_curves")
     con.execute(_KEEP_CURVES_STATUS)
 
@@ -543,6 +574,7 @@ def load_runs_window(
     refreshed: list[str] | None = None,
     projects: Iterable[tuple[str, str]] | None = None,
     prices: Iterable[tuple[str, float]] | None = None,
+    sps_metric: str = "overview/sps",
 ) -> int:
     """Replace every run created in ``[start, end)``, and any other copy of a staged run id, with the rows
     staged in ``paths``: one transaction, so a failure leaves the table as it was. Returns rows loaded.
@@ -623,7 +655,7 @@ def load_runs_window(
             "AND runs.entity = incoming_runs.entity AND runs.project = incoming_runs.project "
             "AND runs.ingested_at > incoming_runs.ingested_at)"
         )
-        _load_curves(con, paths + list(refreshed or []))
+        _load_curves(con, paths + list(refreshed or []), sps_metric)
         # Every earlier copy of a fetched run (a vanished one W&B returns again is restored): a run appears once.
         con.execute(
             "DELETE FROM runs WHERE (entity, project, run_id) IN (SELECT entity, project, run_id FROM incoming_runs)"
@@ -826,14 +858,30 @@ FROM daily
 GROUP BY GROUPING SETS ((entity, project, day_start), (entity, project, day_start, category))
 """
 
-#: CTEs ``sampled``, ``held``, ``idle``: idle GPU-hours per run and UTC day up to ``$now``, from the samples taken
-#: while it ran (``gauges.held_samples_sql``), or for an offline run from its log (``runs.log_idle_gpu_hours``); a GPU
-#: below ``$idle_pct`` is idle. The one rule for gpu_usage and the notebooks.
-IDLE_GPU_HOURS_SQL = f"""{held_samples_sql("runs", "$now::TIMESTAMP")},
+#: CTEs ``sampled``, ``held``, ``curve_held``, ``idle``, ``partly_idle``: idle GPU-hours per run and UTC day up to
+#: ``$now``: for a run whose curves were read after it ended, from its whole sampled GPU stream (``run_gpu_samples``,
+#: ``gauges.curve_idle_sql``; ``partly_idle``: GPUs idle while another GPU of the run was busy); else from the samples
+#: ticks took while it ran (``gauges.held_samples_sql``), or for an offline run from its log
+#: (``runs.log_idle_gpu_hours``); a GPU below ``$idle_pct`` is idle. The one rule for gpu_usage and the notebooks.
+IDLE_GPU_HOURS_SQL = f"""{
+    held_samples_sql(
+        f"(SELECT * FROM runs WHERE (entity, project, run_id) NOT IN {CURVE_IDLE_RUNS_SQL})", "$now::TIMESTAMP"
+    )
+},
+{curve_idle_sql("$now::TIMESTAMP")},
+partly_idle AS (
+    SELECT entity, project, run_id, date_trunc('day', sampled_at) AS day_start,
+           sum(partly * greatest(epoch(until) - epoch(sampled_at), 0) / 3600.0) AS partly_idle_gpu_hours
+    FROM curve_held GROUP BY ALL
+),
 idle AS (
     SELECT entity, project, run_id, date_trunc('day', snapshot_at) AS day_start,
            sum(idle * greatest(epoch(until) - epoch(snapshot_at), 0) / 3600.0) AS idle_gpu_hours
     FROM held GROUP BY ALL
+    UNION ALL  -- runs read whole after their end: their own sampled stream
+    SELECT entity, project, run_id, date_trunc('day', sampled_at) AS day_start,
+           sum(idle * greatest(epoch(until) - epoch(sampled_at), 0) / 3600.0) AS idle_gpu_hours
+    FROM curve_held GROUP BY ALL
     UNION ALL  -- offline logs: idle GPU-hours per day from their stats records, judged when the log was read
     SELECT entity, project, run_id, day_start, sum(idle_gpu_hours) FROM (
         SELECT entity, project, run_id, u.day::TIMESTAMP AS day_start, u.idle_gpu_hours
@@ -856,9 +904,11 @@ teams AS (
 {daily_gpu_hours_sql('entity, project, run_id, category, "user" AS username, gpu_model')}
 SELECT day_start::DATE AS day, d.entity, d.project, username, coalesce(t.team, 'unassigned') AS team, category,
        gpu_model, count(*) AS runs, sum(gpu_hours) AS gpu_hours, sum(gpu_hours * {usd_sql()}) AS cost_usd,
-       coalesce(sum(i.idle_gpu_hours), 0) AS idle_gpu_hours, {price_basis_sql()} AS price_basis
+       coalesce(sum(i.idle_gpu_hours), 0) AS idle_gpu_hours, {price_basis_sql()} AS price_basis,
+       coalesce(sum(pi.partly_idle_gpu_hours), 0) AS partly_idle_gpu_hours
 FROM daily d LEFT JOIN prices p ON p.model = d.gpu_model LEFT JOIN teams t ON t.user = d.username
 LEFT JOIN idle i USING (entity, project, run_id, day_start)
+LEFT JOIN partly_idle pi USING (entity, project, run_id, day_start)
 GROUP BY day_start, d.entity, d.project, username, team, category, gpu_model, p.usd
 """
 

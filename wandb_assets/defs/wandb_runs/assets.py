@@ -47,7 +47,7 @@ from wandb_assets.lib.warehouse import (
     record_projects,
     unfinished_runs_by_project,
 )
-from wandb_assets.settings import pipeline_settings
+from wandb_assets.settings import alert_thresholds, pipeline_settings
 
 daily_partitions = DailyPartitionsDefinition(
     start_date=pipeline_settings().start_date.isoformat(), timezone="UTC", end_offset=1
@@ -358,6 +358,7 @@ def runs(context: AssetExecutionContext, warehouse: WarehouseResource) -> Materi
             end,
             [str(refreshed)] if refreshed.exists() else None,
             prices=pipeline.gpu_prices.items(),
+            sps_metric=alert_thresholds().sps_metric,
         )
         preview = con.execute(PREVIEW_SQL, {"start": start, "end": end}).fetchall()
         total = con.execute("SELECT count(*) FROM runs").fetchone()[0]
