@@ -18,6 +18,12 @@ from wandb_assets.warehouse import query_read_only
 DAY = datetime(2026, 6, 1)
 
 
+@pytest.fixture(autouse=True)
+def curves_on(monkeypatch):
+    """Curves are off by default until a backfill with them fits its memory (benchmarks/README.md)."""
+    monkeypatch.setenv("WANDB_ASSETS_FETCH_HISTORY", "true")
+
+
 def _history(steps: int, start: datetime, key: str = "overview/sps", every: int = 1) -> list[dict]:
     """Steps 0..steps-1, one a second; ``key`` = 100 + step on every ``every``-th step, ``loss`` on every one."""
     rows = []
@@ -86,6 +92,7 @@ def test_a_backfill_stores_each_ended_runs_curves_with_its_row_one_request_per_2
     wandb_server, warehouse_path, instance, monkeypatch
 ):
     monkeypatch.setenv("WANDB_ASSETS_HISTORY_SAMPLES", "5")
+    monkeypatch.setenv("WANDB_ASSETS_FETCH_CONCURRENCY", "2")
     start = DAY + timedelta(hours=1)
     ended = [
         _run(f"r{i:02d}", "finished", history=_history(20, start), events=_events(3, start, gpus=1)) for i in range(41)
@@ -93,9 +100,11 @@ def test_a_backfill_stores_each_ended_runs_curves_with_its_row_one_request_per_2
     quiet = _run("quiet", "crashed")  # logged nothing: read, and 'none'
     pending = _run("pend", "pending")  # not read: nothing to read yet
     server = wandb_server([*ended, quiet, pending])
+    server.faults.cost_per_request_s = 0.05  # slow enough that requests overlap
     assert execute_backfill(instance, DAY.date(), DAY.date()).success
-    # 42 runs due (41 + quiet): 3 requests of at most 20 runs
+    # 42 runs due (41 + quiet): 3 requests of at most 20 runs, in the fetch's budget of 2 in flight
     assert server.count("RunCurves") == 3
+    assert server.max_in_flight <= 2
     statuses = dict(query_read_only(warehouse_path, "SELECT run_id, curves_status FROM runs"))
     assert statuses["r00"] == "read" and statuses["quiet"] == "none" and statuses["pend"] is None
     assert query_read_only(

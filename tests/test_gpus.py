@@ -369,7 +369,7 @@ def test_metadata_is_read_once_per_ended_run_across_fetches_and_a_missing_or_mal
     assert meta["metadata_files"].value == {"read": 2, "missing": 1, "malformed": 1}
     operations = {operation for operation, _ in server.requests}
     assert (operations, server.count("Runs"), server.pages_with_files, sorted(server.file_downloads)) == (
-        {"Viewer", "Runs", "RunCurves"},  # where the files are comes with the pages: no request of its own
+        {"Viewer", "Runs"},  # where the files are comes with the pages: no request of its own
         8,  # the day in 8 parts, one page each
         8,
         ["test-team/test-project/broken", "test-team/test-project/cfg", "test-team/test-project/h100"],

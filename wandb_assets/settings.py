@@ -127,11 +127,12 @@ class Settings(BaseSettings):
         "true",
     )
     WANDB_ASSETS_FETCH_HISTORY: bool = _var(
-        True,
+        False,
         "Read each run's curves (sampled history of WANDB_ASSETS_HISTORY_KEYS and its GPUs' system stream) once after "
         "it ends, and at most every WANDB_ASSETS_HISTORY_REFRESH_MINUTES while it runs: one request per 20 runs, into "
-        "run_history and run_gpu_samples.",
-        "true",
+        "run_history and run_gpu_samples. Off by default until a backfill with curves fits its memory (see "
+        "benchmarks/README.md: 6,000 runs took 8.4 GiB).",
+        "false",
     )
     WANDB_ASSETS_HISTORY_KEYS: str = _var(
         ",".join(SPS_KEYS),
@@ -439,7 +440,7 @@ class PipelineSettings:
     #: (``WANDB_ASSETS_GPU_DEFAULT_PRICE``), and team by username (``WANDB_ASSETS_TEAMS``).
     gpu_prices: dict[str, float] = field(default_factory=dict)
     #: Curves (``WANDB_ASSETS_FETCH_HISTORY``, ``..._HISTORY_KEYS``, ``..._HISTORY_SAMPLES``, ``..._REFRESH_MINUTES``).
-    fetch_history: bool = True
+    fetch_history: bool = False
     history_keys: tuple[str, ...] = ()
     history_samples: int = 500
     history_refresh: timedelta = timedelta(hours=1)

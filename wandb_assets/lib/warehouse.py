@@ -493,11 +493,13 @@ def _load_curves(con, paths: list[str], sps_metric: str) -> None:
     """Inside a load's transaction, once ``incoming_runs`` holds the rows that will be stored: their curves replace
     the runs' earlier ones and give their steady SPS (``$sps_metric``'s curve), and a row without curves read now
     keeps its status and steady SPS."""
-    con.execute(_STAGE_CURVES, {"paths": [literal_path(p) for p in paths]})
-    for statement in _REPLACE_CURVES:
-        con.execute(statement)
-    con.execute(_STEADY_SPS, {"sps_metric": sps_metric})
-    con.execute("DROP TABLE incoming_curves")
+    read_now = con.execute("SELECT count(*) FROM incoming_runs WHERE curves_status IN ('read', 'none')").fetchone()[0]
+    if read_now:  # else the staged files hold no curves: not read a second time
+        con.execute(_STAGE_CURVES, {"paths": [literal_path(p) for p in paths]})
+        for statement in _REPLACE_CURVES:
+            con.execute(statement)
+        con.execute(_STEADY_SPS, {"sps_metric": sps_metric})
+        con.execute("DROP TABLE incoming_curves")
     con.execute(_KEEP_CURVES_STATUS)
 
 
