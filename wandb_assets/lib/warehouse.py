@@ -429,34 +429,44 @@ def _one_copy_each(con, table: str) -> None:
 
 _STAGE_INCOMING = f"CREATE OR REPLACE TEMP TABLE incoming_runs AS {_READ_STAGED}"
 
-#: The curves staged with the runs of ``$paths`` (``staging.add_curves``), of the rows the load keeps.
-_CURVES_SPEC = (
-    "'entity': 'VARCHAR', 'project': 'VARCHAR', 'run_id': 'VARCHAR', 'ingested_at': 'TIMESTAMP', 'curves': 'JSON'"
-)
-_STAGE_CURVES = f"""
+#: The runs whose curves this load brings: those of ``incoming_runs`` read now (their staged status, before
+#: ``_KEEP_CURVES_STATUS`` fills the others).
+_CURVE_RUNS = """
 CREATE OR REPLACE TEMP TABLE incoming_curves AS
-SELECT DISTINCT ON (c.entity, c.project, c.run_id) c.entity, c.project, c.run_id, c.curves
-FROM read_json($paths, format = 'newline_delimited', columns = {{{_CURVES_SPEC}}}) c
-JOIN incoming_runs i ON i.entity = c.entity AND i.project = c.project AND i.run_id = c.run_id
-    AND i.ingested_at IS NOT DISTINCT FROM c.ingested_at
-WHERE c.curves IS NOT NULL
+SELECT DISTINCT entity, project, run_id FROM incoming_runs WHERE curves_status IN ('read', 'none')
 """
+
+#: The staged curves as typed lists (no JSON values held: DuckDB parses them straight into the rows inserted), of the
+#: rows the load keeps (the copy of ``incoming_runs``, by its ``ingested_at``). Measured on 1,013 runs' curves (260 MB
+#: staged), the whole load: 2,817 MiB peak with a temporary table of their JSON, 1,702 MiB read straight like this.
+_CURVES_SPEC = (
+    "'entity': 'VARCHAR', 'project': 'VARCHAR', 'run_id': 'VARCHAR', 'ingested_at': 'TIMESTAMP', "
+    "'curves': 'STRUCT(history VARCHAR[][], gpu VARCHAR[][])'"
+)
+
+
+def _staged_points(part: str, alias: str) -> str:
+    return f"""(SELECT c.entity, c.project, c.run_id, unnest(c.curves.{part}) AS {alias}
+          FROM read_json($paths, format = 'newline_delimited', columns = {{{_CURVES_SPEC}}}) c
+          WHERE c.curves IS NOT NULL AND EXISTS (
+              SELECT 1 FROM incoming_runs i WHERE i.entity = c.entity AND i.project = c.project
+                AND i.run_id = c.run_id AND i.ingested_at IS NOT DISTINCT FROM c.ingested_at
+                AND i.curves_status IN ('read', 'none')))"""
+
 
 #: A run whose curves were read replaces its earlier ones (never duplicates them).
 _REPLACE_CURVES = [
     "DELETE FROM run_history WHERE (entity, project, run_id) IN (SELECT entity, project, run_id FROM incoming_curves)",
     "DELETE FROM run_gpu_samples WHERE (entity, project, run_id) IN "
     "(SELECT entity, project, run_id FROM incoming_curves)",
-    """INSERT INTO run_history BY NAME
+    f"""INSERT INTO run_history BY NAME
     SELECT entity, project, run_id, h[1] AS metric, h[2]::BIGINT AS step, h[3]::TIMESTAMP AS "timestamp",
            h[4]::DOUBLE AS value
-    FROM (SELECT entity, project, run_id, unnest(from_json(curves -> 'history', '[["VARCHAR"]]')) AS h
-          FROM incoming_curves)""",
-    """INSERT INTO run_gpu_samples BY NAME
+    FROM {_staged_points("history", "h")}""",
+    f"""INSERT INTO run_gpu_samples BY NAME
     SELECT entity, project, run_id, g[1]::TIMESTAMP AS "timestamp", g[2]::INTEGER AS gpu, g[3]::DOUBLE AS util_pct,
            g[4]::DOUBLE AS memory_pct, g[5]::DOUBLE AS power_w
-    FROM (SELECT entity, project, run_id, unnest(from_json(curves -> 'gpu', '[["VARCHAR"]]')) AS g
-          FROM incoming_curves)""",
+    FROM {_staged_points("gpu", "g")}""",
 ]
 
 #: A run's steady-state SPS from its curve of ``$sps_metric``: the median after warm-up, the first
@@ -495,9 +505,9 @@ def _load_curves(con, paths: list[str], sps_metric: str) -> None:
     keeps its status and steady SPS."""
     read_now = con.execute("SELECT count(*) FROM incoming_runs WHERE curves_status IN ('read', 'none')").fetchone()[0]
     if read_now:  # else the staged files hold no curves: not read a second time
-        con.execute(_STAGE_CURVES, {"paths": [literal_path(p) for p in paths]})
+        con.execute(_CURVE_RUNS)
         for statement in _REPLACE_CURVES:
-            con.execute(statement)
+            con.execute(statement, {"paths": [literal_path(p) for p in paths]} if "$paths" in statement else {})
         con.execute(_STEADY_SPS, {"sps_metric": sps_metric})
         con.execute("DROP TABLE incoming_curves")
     con.execute(_KEEP_CURVES_STATUS)
