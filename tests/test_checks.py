@@ -40,6 +40,8 @@ BREAKS = {
         "INSERT INTO alerts VALUES ('stalled_run:e/p:done', 'stalled_run', 'e/p:done', 'warning', 'm', "
         '\'{"run_id": "done", "entity": "e", "project": "p"}\', now(), TIMESTAMP \'2100-01-01\', NULL)'
     ),
+    "curves_once": "INSERT INTO run_history VALUES ('e', 'p', 'done', 'overview/sps', 1, NULL, 1.0), "
+    "('e', 'p', 'done', 'overview/sps', 1, NULL, 1.0), ('e', 'p', 'done', 'overview/sps', 2, NULL, 1.0)",
 }
 
 
@@ -76,14 +78,14 @@ def test_the_command_exits_0_when_all_hold_1_naming_what_breaks_and_2_without_a_
 
     ok = check()
     assert ok.returncode == 0, ok.stderr
-    assert ok.stdout.splitlines()[-1] == f"5 of 5 invariants hold over 2 runs of {path}."
+    assert ok.stdout.splitlines()[-1] == f"6 of 6 invariants hold over 2 runs of {path}."
     con = duckdb.connect(str(path))
     con.execute(BREAKS["cost_is_hours_times_price"])
     con.close()
     bad = check()
     assert bad.returncode == 1
     assert "FAILED cost_is_hours_times_price: 1 row(s) break" in bad.stdout
-    assert bad.stdout.splitlines()[-1].startswith("4 of 5 invariants hold")
+    assert bad.stdout.splitlines()[-1].startswith("5 of 6 invariants hold")
     path.unlink()
     gone = check()
     assert (gone.returncode, gone.stdout) == (2, "")

@@ -76,6 +76,16 @@ WHERE a.resolved_at IS NULL AND a.rule IN ({", ".join(f"'{rule}'" for rule in RU
   AND r.state NOT IN ({ALIVE_SQL}) AND a.last_seen_at >= r.ingested_at""",
         ("runs", "alerts"),
     ),
+    Invariant(
+        "curves_once",
+        "each point of a run's curves stored once (a re-read replaces them)",
+        """SELECT entity, project, run_id, 'history' AS curve, metric AS series, step::VARCHAR AS at, count(*) AS copies
+FROM run_history GROUP BY ALL HAVING count(*) > 1
+UNION ALL
+SELECT entity, project, run_id, 'gpu', gpu::VARCHAR, "timestamp"::VARCHAR, count(*)
+FROM run_gpu_samples GROUP BY ALL HAVING count(*) > 1""",
+        ("run_history", "run_gpu_samples"),
+    ),
 )
 
 
