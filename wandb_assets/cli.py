@@ -242,12 +242,13 @@ def _snapshot_or_exit(location: str | None):
 def cmd_costs(args: argparse.Namespace) -> int:
     """GPU-hours and dollars by team, project, user or model over the last days, with what the dollars leave out."""
     from wandb_assets.lib.costs import cost_summary, format_costs
+    from wandb_assets.lib.gpus import unknown_price_key_warning
     from wandb_assets.settings import ConfigError, pipeline_settings
 
     if args.days < 1:
         raise ConfigError(f"--days must be 1 or more (got {args.days}).")
     for key in pipeline_settings().unknown_price_keys:
-        print(f"warning: WANDB_ASSETS_GPU_PRICES prices {key!r}, which names no GPU model this project knows.")
+        print(f"warning: {unknown_price_key_warning(key)}.")
     con = _snapshot_or_exit(args.warehouse)
     if con is None:
         return 2
@@ -531,12 +532,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from wandb_assets.compare import UnknownRunsError, compare_runs
-    from wandb_assets.warehouse import open_snapshot
 
-    try:
-        con = open_snapshot(args.warehouse)
-    except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    con = _snapshot_or_exit(args.warehouse)
+    if con is None:
         return 2
     try:
         print(compare_runs(con, args.run_ids).to_text())
@@ -548,13 +546,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_regressions(args: argparse.Namespace) -> int:
     """Backtest: the change points the SPS-regression detector finds in the warehouse snapshot's history."""
-    from wandb_assets.warehouse import change_points, open_snapshot
+    from wandb_assets.warehouse import change_points
 
     since = _day(args.since, "--since") if args.since else None
-    try:
-        con = open_snapshot(args.warehouse)
-    except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    con = _snapshot_or_exit(args.warehouse)
+    if con is None:
         return 2
     found = change_points(con, config=args.config, since=since)
     if found.empty:

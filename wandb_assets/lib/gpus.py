@@ -272,6 +272,11 @@ def unknown_price_keys(document: Any) -> list[str]:
     return [str(raw) for raw in document if not canonical_gpu_model(str(raw))[1]]
 
 
+def unknown_price_key_warning(key: str) -> str:
+    """The one warning about a price key ``unknown_price_keys`` found (no final stop: callers add what follows)."""
+    return f"WANDB_ASSETS_GPU_PRICES prices {key!r}, which names no GPU model this project knows"
+
+
 def parse_teams(document: Any, where: str) -> dict[str, str]:
     """``{W&B username: team}`` from a parsed YAML mapping of ``team: [username, ...]``; a user in two teams is a
     ``ConfigError`` (a GPU-hour is counted once)."""

@@ -19,6 +19,7 @@ from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResou
 from wandb_assets.lib.clock import configured_time, utc_now
 from wandb_assets.lib.costs import cost_cells, cost_summary, coverage_sentence
 from wandb_assets.lib.gauges import GAUGES, format_gauge, gauge_unit
+from wandb_assets.lib.gpus import unknown_price_key_warning
 from wandb_assets.lib.markdown import markdown_table
 from wandb_assets.lib.warehouse import (
     PROJECT_SUMMARY_SQL,
@@ -122,8 +123,8 @@ def gpu_usage(context: AssetExecutionContext, warehouse: WarehouseResource) -> M
     pipeline = pipeline_settings()
     for key in pipeline.unknown_price_keys:
         context.log.warning(
-            f"WANDB_ASSETS_GPU_PRICES prices {key!r}, which names no GPU model this project knows: it applies only "
-            "to runs recording exactly that name (see docs/gpu-accounting.md for the model names)."
+            f"{unknown_price_key_warning(key)}: it applies only to runs recording exactly that name (see "
+            "docs/gpu-accounting.md for the model names)."
         )
     now = utc_now()
     with warehouse.get_connection() as con:
