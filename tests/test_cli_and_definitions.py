@@ -56,6 +56,8 @@ def test_definitions_contents():
         "staged_runs",
         "runs",
         "wandb_projects",
+        "staged_curves",
+        "run_curves",
         "push_to_main_sps",
         "success_rates",
         "gpu_hours",
@@ -83,7 +85,7 @@ def test_definitions_contents():
     # the pipeline_failure alert: the sensor-launched offline job included
     for name in ("pipeline_failure_opens", "pipeline_failure_resolves"):
         watched = {job.name for job in defs.get_sensor_def(name)._monitored_jobs}  # noqa: SLF001 (no public accessor)
-        assert watched == {"refresh", "backfill", "offline", "feed", "warehouse_maintenance"}, name
+        assert watched == {"refresh", "backfill", "offline", "curves", "feed", "warehouse_maintenance"}, name
     assert {j.name for j in defs.jobs} == {
         "refresh",
         "backfill",
@@ -91,6 +93,7 @@ def test_definitions_contents():
         "pipeline_alert",
         "report",
         "offline",
+        "curves",
         "warehouse_maintenance",
     }
     maintenance = defs.get_schedule_def("daily_warehouse_maintenance")
@@ -121,8 +124,8 @@ def test_every_warehouse_writer_is_in_the_single_slot_pool(tmp_path, monkeypatch
 
     graph = defs.resolve_asset_graph()
     pools = {key.to_user_string(): graph.get(key).pools for key in graph.get_all_asset_keys()}
-    # staged_runs only fetches and reads the warehouse read-only: it runs outside the pool, by design
-    assert pools.pop("staged_runs") == set()
+    # staged_runs and staged_curves only fetch and read the warehouse read-only: they run outside the pool, by design
+    assert pools.pop("staged_runs") == set() and pools.pop("staged_curves") == set()
     assert all(p == {"warehouse"} for p in pools.values()), pools
     checks = {key.name: c.node_def.pools for c in defs.asset_checks for key in c.check_keys}
     assert checks == {"success_rate_low_check": {"warehouse"}, "sps_regression_check": {"warehouse"}}

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wandb_assets.lib.curves import curves_due, gpu_rows, history_rows, history_specs
+from wandb_assets.lib.curves import gpu_rows, history_rows, history_specs
+from wandb_assets.lib.curves_warehouse import due_curves
 from wandb_assets.localwandb import make_run_node
 from wandb_assets.ticks import execute_backfill, execute_refresh
 from wandb_assets.warehouse import query_read_only
@@ -62,14 +63,17 @@ def test_the_local_server_samples_as_w_and_b_does(wandb_server, monkeypatch):
     """sampledHistory: per spec, only rows holding every key, at most N, the first and last step kept; events:
     the system stream sampled the same way, as JSON strings."""
     from wandb_assets.defs.wandb_runs.resources import wandb_resource
-    from wandb_assets.lib.throttle import Throttle
     from wandb_assets.settings import pipeline_settings
 
     monkeypatch.setenv("WANDB_ASSETS_HISTORY_KEYS", "overview/sps,loss")
     monkeypatch.setenv("WANDB_ASSETS_HISTORY_SAMPLES", "10")
     start = DAY + timedelta(hours=1)
     server = wandb_server([_run("a", "finished", history=_history(100, start, every=3), events=_events(30, start))])
-    curves = wandb_resource().runs_curves("test-team/test-project", ["a"], Throttle(1), pipeline_settings())["a"]
+    read: dict[str, dict] = {}
+    wandb_resource().due_curves(
+        [("test-team", "test-project", "a", True)], lambda path, final, runs: read.update(runs), pipeline_settings()
+    )
+    curves = read["a"]
     assert curves["status"] == "read"
     sps = [step for metric, step, _, _ in curves["history"] if metric == "overview/sps"]
     loss = [step for metric, step, _, _ in curves["history"] if metric == "loss"]
@@ -196,14 +200,30 @@ NOW = datetime(2026, 6, 2, 12)
         ("finished", ("read", NOW - timedelta(minutes=1), False), True),  # read while it ran: once more
         ("finished", ("read", NOW + timedelta(seconds=1), True), False),  # read after its end: done
         ("crashed", ("none", NOW - timedelta(days=3), True), False),  # whatever the clocks say
+        ("preempted", None, True),
         ("running", ("read", NOW - timedelta(minutes=59), False), False),
         ("running", ("read", NOW - timedelta(minutes=60), False), True),
+        ("running", ("failed", NOW, False), True),
         ("running", None, True),
-        ("pending", None, False),
+        ("pending", None, False),  # nothing to read yet
+        ("vanished", None, False),  # W&B has it no more
     ],
 )
 def test_when_a_runs_curves_are_due(state, known, due):
-    assert curves_due(state, known, NOW, REFRESH) is due
+    """``DUE_CURVES_SQL``, the one rule, on a warehouse row."""
+    import duckdb
+
+    from wandb_assets.lib.warehouse import ensure_schema
+
+    con = duckdb.connect()
+    ensure_schema(con)
+    status, read_at, final = known or (None, None, None)
+    con.execute(
+        "INSERT INTO runs (entity, project, run_id, state, created_at, curves_status, curves_read_at, curves_final) "
+        "VALUES ('e', 'p', 'r', $state, $created, $status, $read_at, $final)",
+        {"state": state, "created": NOW - timedelta(hours=2), "status": status, "read_at": read_at, "final": final},
+    )
+    assert due_curves(con, NOW, REFRESH, 10) == (([("e", "p", "r", state != "running")], 1) if due else ([], 0))
 
 
 @given(st.lists(st.one_of(st.none(), st.integers(), st.floats(), st.text(), st.dictionaries(st.text(), st.floats()))))
@@ -221,13 +241,8 @@ def test_one_spec_per_key_with_step_and_time():
     ]
 
 
-def test_idle_and_partly_idle_gpu_hours_come_from_an_ended_runs_whole_sampled_stream(
-    wandb_server, warehouse_path, instance, monkeypatch
-):
-    """By hand: 2 GPUs for 40 minutes (1.333 GPU-hours), a sample every 10 minutes. GPU 0 at 0, 50, 0, 0 %; GPU 1 at
-    0, 0, 50, 0 %; idle below 5 %. Idle GPUs per sample: 2, 1, 1, 2, each for 10 minutes: 60 GPU-minutes = 1.0 idle
-    GPU-hour, of which 20 minutes (the two samples where the other GPU was busy) = 0.333 partly idle. No tick ever
-    sampled this run: before curves, it counted no idle time at all."""
+def _two_gpus_partly_idle() -> dict:
+    """2 GPUs for 40 minutes, a sample every 10 minutes: GPU 0 at 0, 50, 0, 0 %; GPU 1 at 0, 0, 50, 0 %."""
     start = DAY + timedelta(hours=1)
     utils = [(0.0, 0.0), (50.0, 0.0), (0.0, 50.0), (0.0, 0.0)]
     events = [
@@ -235,7 +250,7 @@ def test_idle_and_partly_idle_gpu_hours_come_from_an_ended_runs_whole_sampled_st
         | {f"system.gpu.{gpu}.gpu": util for gpu, util in enumerate(pair)}
         for k, pair in enumerate(utils)
     ]
-    node = make_run_node(
+    return make_run_node(
         "idle2",
         display_name=None,
         state="finished",
@@ -244,9 +259,93 @@ def test_idle_and_partly_idle_gpu_hours_come_from_an_ended_runs_whole_sampled_st
         config={"compute": {"gpu_count": 2}},
         events=events,
     )
-    wandb_server([node])
+
+
+def test_idle_and_partly_idle_gpu_hours_come_from_an_ended_runs_whole_sampled_stream(
+    wandb_server, warehouse_path, instance, monkeypatch
+):
+    """By hand: 2 GPUs for 40 minutes (1.333 GPU-hours), a sample every 10 minutes. GPU 0 at 0, 50, 0, 0 %; GPU 1 at
+    0, 0, 50, 0 %; idle below 5 %. Idle GPUs per sample: 2, 1, 1, 2, each for 10 minutes: 60 GPU-minutes = 1.0 idle
+    GPU-hour, of which 20 minutes (the two samples where the other GPU was busy) = 0.333 partly idle. No tick ever
+    sampled this run: before curves, it counted no idle time at all."""
+    wandb_server([_two_gpus_partly_idle()])
     assert execute_backfill(instance, DAY.date(), DAY.date()).success
     ((gpu_hours, idle, partly),) = query_read_only(
         warehouse_path, "SELECT gpu_hours, idle_gpu_hours, partly_idle_gpu_hours FROM gpu_usage"
     )
     assert (round(gpu_hours, 6), round(idle, 6), round(partly, 6)) == (round(80 / 60, 6), 1.0, round(20 / 60, 6))
+
+
+def test_a_backlog_is_read_a_share_per_tick_newest_ended_first_and_a_quiet_tick_asks_nothing(
+    wandb_server, warehouse_path, instance, monkeypatch
+):
+    """45 ended runs, WANDB_ASSETS_HISTORY_RUNS_PER_TICK=20: the backfill reads the 20 that ended last (one request),
+    the next tick the 20 before them, the third the last 5; a fourth, with nothing due, sends no RunCurves at all."""
+    monkeypatch.setenv("WANDB_ASSETS_HISTORY_RUNS_PER_TICK", "20")
+    monkeypatch.setenv("WANDB_ASSETS_HISTORY_SAMPLES", "3")
+    start = DAY + timedelta(hours=1)
+    ended = [_run(f"r{i:02d}", "finished", hours=0.1 + i / 100, history=_history(3, start)) for i in range(45)]
+    server = wandb_server(ended)
+    assert execute_backfill(instance, DAY.date(), DAY.date()).success
+    assert server.count("RunCurves") == 1
+    read_first = query_read_only(
+        warehouse_path, "SELECT min(run_id), max(run_id), count(*) FROM runs WHERE curves_status = 'read'"
+    )
+    assert read_first == [("r25", "r44", 20)]  # r44 ended last
+    today = datetime.now(UTC).date()
+    for requests, read in ((2, 40), (3, 45), (3, 45)):
+        assert execute_refresh(instance, today).success
+        assert server.count("RunCurves") == requests
+        assert query_read_only(warehouse_path, "SELECT count(*) FROM runs WHERE curves_status = 'read'") == [(read,)]
+    assert query_read_only(warehouse_path, "SELECT count(*) FROM run_history") == [(45 * 3,)]
+
+
+def test_changing_the_idle_threshold_judges_the_curves_idle_hours_again(wandb_server, warehouse_path, instance):
+    """The run of the idle test, judged at 5 % (1.0 idle GPU-hour, 0.333 partly idle), then at 60 %: every sample of
+    both GPUs (0 or 50 %) is idle, 2 GPUs x 40 minutes = 1.333 idle GPU-hours, none partly idle. gpu_usage never
+    mixes the two thresholds."""
+    import duckdb
+
+    from wandb_assets.lib.warehouse import rebuild_gpu_usage
+
+    wandb_server([_two_gpus_partly_idle()])
+    assert execute_backfill(instance, DAY.date(), DAY.date()).success
+    idle_sql = "SELECT round(sum(idle_gpu_hours), 6), round(sum(partly_idle_gpu_hours), 6) FROM gpu_usage"
+    assert query_read_only(warehouse_path, idle_sql) == [(1.0, round(20 / 60, 6))]
+    with duckdb.connect(str(warehouse_path)) as con:
+        rebuild_gpu_usage(con, datetime(2026, 6, 2), {}, {}, idle_pct=60.0)
+    assert query_read_only(warehouse_path, idle_sql) == [(round(80 / 60, 6), 0.0)]
+    assert query_read_only(warehouse_path, "SELECT DISTINCT idle_pct FROM run_curve_idle") == [(60.0,)]
+
+
+def test_the_curves_command_reads_the_whole_backlog_round_after_round(
+    wandb_server, warehouse_path, instance, monkeypatch, capsys
+):
+    """After a backfill that read 20 of 45 runs' curves, `wandb-assets curves` reads the other 25 in two rounds of at
+    most 20 (two requests), says so, and stops when none is due; `--once` with nothing due asks nothing."""
+    from wandb_assets.cli import main
+
+    monkeypatch.setenv("WANDB_ASSETS_HISTORY_RUNS_PER_TICK", "20")
+    start = DAY + timedelta(hours=1)
+    server = wandb_server([_run(f"r{i:02d}", "finished", history=_history(3, start)) for i in range(45)])
+    assert execute_backfill(instance, DAY.date(), DAY.date()).success
+    capsys.readouterr()
+    assert main(["curves"]) == 0
+    out = capsys.readouterr().out
+    assert server.count("RunCurves") == 3
+    assert "Curves: 20 run(s) read in 1 request(s) {'read': 20}; 5 more due" in out
+    assert "Curves: 5 run(s) read in 1 request(s) {'read': 5}; 0 more due" in out
+    assert "Read the curves of 25 run(s) in 2 round(s)" in out
+    assert query_read_only(warehouse_path, "SELECT count(*) FROM runs WHERE curves_status = 'read'") == [(45,)]
+    assert main(["curves", "--once"]) == 0
+    assert server.count("RunCurves") == 3
+
+
+def test_the_curves_command_says_when_curves_are_off(monkeypatch, capsys, instance):
+    from wandb_assets.cli import main
+
+    monkeypatch.setenv("WANDB_ASSETS_FETCH_HISTORY", "false")
+    assert main(["curves"]) == 2
+    assert capsys.readouterr().err == (
+        "error: WANDB_ASSETS_FETCH_HISTORY is false: set it to true to read the runs' curves.\n"
+    )

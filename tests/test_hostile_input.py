@@ -247,7 +247,7 @@ def test_whatever_one_projects_pages_raise_only_that_project_is_abandoned_with_t
                 step(piece, nodes)
             got.setdefault(piece.project, []).extend(node["name"] for node in nodes)
 
-        enrich = (lambda piece, nodes, throttle: step(piece, nodes)) if where == "enrich" else None
+        enrich = (lambda piece, nodes: step(piece, nodes)) if where == "enrich" else None
         policy = FetchPolicy(concurrency=2, page_size=2, min_page_size=1, retries=0, retry_wait_max_s=0.1)
         stats = fetch_slices(
             api, "t", "a", slices, policy, handle, isolate_projects=True, enrich=enrich, secret=API_KEY

@@ -615,7 +615,7 @@ def test_a_pages_metadata_is_read_while_the_next_pages_are_fetched(wandb_server,
     handled: list[tuple[str, int]] = []
     lock = threading.Lock()
 
-    def enrich(piece, nodes, throttle):
+    def enrich(piece, nodes):
         if not saw_pages:  # the first page: wait for the fetch to go on without it
             deadline = time.monotonic() + 10
             while server.count("Runs") < 3 and time.monotonic() < deadline:
@@ -645,7 +645,7 @@ def test_a_page_that_cannot_be_handled_fails_the_fetch_and_stops_it(wandb_server
         raise OSError(28, "No space left on device")
 
     with pytest.raises(OSError, match="No space left"):
-        _fetch_with(server, slices, handle_page, lambda piece, nodes, throttle: None)
+        _fetch_with(server, slices, handle_page, lambda piece, nodes: None)
     assert server.count("Runs") < 6
 
 

@@ -212,7 +212,8 @@ def test_a_warehouse_written_before_runs_had_a_project_is_migrated_in_place_and_
     assert after.pop("wandb_projects") == []  # new: filled by the next fetch
     assert after.pop("gpu_usage") == [] and after.pop("gpu_samples") == []  # new: the next tick fills them
     assert after.pop("sps_change_points") == []  # new: the next alert evaluation fills it
-    assert after.pop("run_history") == [] and after.pop("run_gpu_samples") == []  # new: curves read by next fetches
+    assert after.pop("run_history") == [] and after.pop("run_gpu_samples") == []  # new: curves read by next ticks
+    assert after.pop("run_curve_idle") == []
     # The two open alerts keep going under the keys every alert has now (with its project), nothing else changed.
     rekeyed = sorted(con.execute("SELECT alert_key, subject FROM alerts").fetchall())
     assert rekeyed == [

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -273,6 +274,35 @@ def cmd_alerts(args: argparse.Namespace) -> int:
 
 def cmd_refresh(args: argparse.Namespace) -> int:
     return _tick(datetime.now(UTC).date(), args.quiet)
+
+
+def cmd_curves(args: argparse.Namespace) -> int:
+    from wandb_assets.settings import ConfigError, pipeline_settings
+
+    if not pipeline_settings().fetch_history:
+        raise ConfigError("WANDB_ASSETS_FETCH_HISTORY is false: set it to true to read the runs' curves.")
+    instance = _instance()
+    _preflight()
+    from wandb_assets.ticks import execute_curves, settle_pipeline_alert
+
+    started, read, rounds = time.monotonic(), 0, 0
+    while True:
+        result = execute_curves(instance)
+        settle_pipeline_alert(instance, result)
+        code = _report(result, "curves")
+        if code:
+            return code
+        meta = {k: v.value for k, v in result.asset_materializations_for_node("staged_curves")[0].metadata.items()}
+        rounds, read = rounds + 1, read + meta["runs_due"]
+        print(
+            f"Curves: {meta['runs_due']:,} run(s) read in {meta['requests']:,} request(s) {meta.get('by_status', {})}; "
+            f"{meta['more_due']:,} more due ({time.monotonic() - started:.0f} s)",
+            flush=True,
+        )
+        if args.once or not meta["more_due"] or not meta["runs_due"]:
+            break
+    print(f"Read the curves of {read:,} run(s) in {rounds} round(s), {time.monotonic() - started:.1f} s.")
+    return 0
 
 
 def cmd_ingest_offline(args: argparse.Namespace) -> int:
@@ -667,6 +697,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     refresh.add_argument("--quiet", action="store_true", help="do not print the gauges")
     refresh.set_defaults(func=cmd_refresh)
+    curves = sub.add_parser(
+        "curves",
+        help="read the curves due now, until none is left (after a backfill)",
+        description="Read the curves of the runs due (each ended run's once, a running run's at most every "
+        "WANDB_ASSETS_HISTORY_REFRESH_MINUTES) and load them, WANDB_ASSETS_HISTORY_RUNS_PER_TICK runs a round, round "
+        "after round until none is due: what the ticks do a share at a time, at once (after a backfill, say). "
+        "Needs WANDB_ASSETS_FETCH_HISTORY.",
+    )
+    curves.add_argument("--once", action="store_true", help="one round only, as one tick does")
+    curves.set_defaults(func=cmd_curves)
     offline = sub.add_parser(
         "ingest-offline",
         help="read offline .wandb run logs (files, run directories, folders) into the warehouse",

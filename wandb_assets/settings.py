@@ -145,6 +145,13 @@ class Settings(BaseSettings):
     WANDB_ASSETS_HISTORY_REFRESH_MINUTES: float = _var(
         60.0, "A running run's curves are read again at most this often (minutes).", gt=0
     )
+    WANDB_ASSETS_HISTORY_RUNS_PER_TICK: int = _var(
+        2000,
+        "Most runs whose curves one tick (or backfill) reads (20-100000): the runs due beyond it wait for the next "
+        "ticks, the newest ended first, so a backfill or a first deployment never waits for a whole fleet's curves.",
+        ge=20,
+        le=100000,
+    )
     WANDB_ASSETS_METADATA_DOWNLOADS: int = _var(
         32,
         "Most wandb-metadata.json downloads in flight (1-64). They go to W&B's file storage (signed URLs), not its "
@@ -439,11 +446,13 @@ class PipelineSettings:
     #: USD per GPU-hour by canonical model (``WANDB_ASSETS_GPU_PRICES``), the fallback price under ``FALLBACK_PRICE``
     #: (``WANDB_ASSETS_GPU_DEFAULT_PRICE``), and team by username (``WANDB_ASSETS_TEAMS``).
     gpu_prices: dict[str, float] = field(default_factory=dict)
-    #: Curves (``WANDB_ASSETS_FETCH_HISTORY``, ``..._HISTORY_KEYS``, ``..._HISTORY_SAMPLES``, ``..._REFRESH_MINUTES``).
+    #: Curves (``WANDB_ASSETS_FETCH_HISTORY``, ``..._HISTORY_KEYS``, ``..._HISTORY_SAMPLES``, ``..._REFRESH_MINUTES``,
+    #: ``..._RUNS_PER_TICK``).
     fetch_history: bool = False
     history_keys: tuple[str, ...] = ()
     history_samples: int = 500
     history_refresh: timedelta = timedelta(hours=1)
+    history_runs_per_tick: int = 2000
     #: Price keys naming no GPU model this project knows (``gpus.unknown_price_keys``): warned about by name.
     unknown_price_keys: tuple[str, ...] = ()
     #: Read each ended run's wandb-metadata.json once (``WANDB_ASSETS_FETCH_METADATA``).
@@ -477,6 +486,7 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
         history_keys=tuple(dict.fromkeys(k.strip() for k in s.WANDB_ASSETS_HISTORY_KEYS.split(",") if k.strip())),
         history_samples=s.WANDB_ASSETS_HISTORY_SAMPLES,
         history_refresh=timedelta(minutes=s.WANDB_ASSETS_HISTORY_REFRESH_MINUTES),
+        history_runs_per_tick=s.WANDB_ASSETS_HISTORY_RUNS_PER_TICK,
         metadata_downloads=s.WANDB_ASSETS_METADATA_DOWNLOADS,
         gpu_count_keys=tuple(k.strip() for k in s.WANDB_ASSETS_GPU_COUNT_KEYS.split(",") if k.strip()),
         gpu_prices=prices,

@@ -23,6 +23,7 @@ from wandb_assets.defs.feed.pipeline_failure import (
 )
 from wandb_assets.defs.fleet.jobs import (
     BACKFILL_JOB,
+    CURVES_JOB,
     OFFLINE_JOB,
     REFRESH_JOB,
     TICK_RUN_CONFIG,
@@ -85,6 +86,11 @@ def execute_backfill(
     level = "info" if progress_lines else "debug"
     run_config = {"ops": {"staged_runs": {"config": {"progress_log_level": level, "projects": projects or []}}}}
     return _execute(instance, BACKFILL_JOB, run_config, tags=partition_range_tags(first, last))
+
+
+def execute_curves(instance: DagsterInstance) -> ExecuteInProcessResult:
+    """The ``curves`` job in this process: a share of the curves due, loaded, and gpu_usage rebuilt."""
+    return _execute(instance, CURVES_JOB)
 
 
 def execute_offline(instance: DagsterInstance, paths: list[str], now: str = "") -> ExecuteInProcessResult:

@@ -10,10 +10,15 @@ connection filtered by name, so ``CURVES_RUNS_PER_REQUEST`` runs' curves are one
 
 from __future__ import annotations
 
+import csv
 import json
 import math
+import os
+import shutil
+import threading
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from wandb_assets.lib.gpus import MAX_GPUS, system_gpus
@@ -28,10 +33,6 @@ MAX_SAMPLES = 1000
 READ, NONE, FAILED = "read", "none", "failed"
 CURVES_STATUSES = (READ, NONE, FAILED)
 
-#: The states after which a run logs nothing more: its curves are read once after it reaches one.
-ENDED_STATES = ("finished", "crashed", "failed", "killed")
-#: The states of a run still logging: its curves are read at most every ``WANDB_ASSETS_HISTORY_REFRESH_MINUTES``.
-ALIVE_STATES = ("running", "preempting")
 
 #: Our own query: each named run's sampled history (one spec per metric) and system stream.
 CURVES_QUERY = """
@@ -120,21 +121,79 @@ def failed_curves(read_at: datetime, why: str) -> dict[str, Any]:
     return {"status": FAILED, "read_at": read_at.isoformat(), "error": why}
 
 
-def curves_due(
-    state: str | None,
-    known: tuple[str | None, datetime | None, bool | None] | None,
-    now: datetime,
-    refresh: timedelta,
-) -> bool:
-    """Whether a fetched run's curves are read now. ``known``: ``(curves_status, curves_read_at, curves_final)`` the
-    warehouse holds (naive UTC; final: read when the run had ended). Never read, or the last read failed: yes. An
-    ended run: unless its curves were read after it ended (read while it ran, it is read once more; our clock is
-    never compared with W&B's heartbeat). An alive run: when the last read is ``refresh`` old. A pending run: no."""
-    status, read_at, final = known or (None, None, None)
-    if state not in ENDED_STATES and state not in ALIVE_STATES:
-        return False
-    if status not in (READ, NONE) or read_at is None:
-        return True
-    if state in ENDED_STATES:
-        return not final
-    return now - read_at >= refresh
+#: Under ``WANDB_ASSETS_STAGING_DIR``: one folder per read of curves (``CurvesFolder``), loaded by ``run_curves``.
+CURVES_FOLDER = "curves"
+#: The three files of a folder, each CSV with a header: which runs were read, their history and their GPU samples.
+READS_FILE, HISTORY_FILE, GPU_FILE = "reads", "history", "gpu"
+READS_HEADER = ["entity", "project", "run_id", "status", "read_at", "final"]
+HISTORY_HEADER = ["entity", "project", "run_id", "metric", "step", "timestamp", "value"]
+GPU_HEADER = ["entity", "project", "run_id", "timestamp", "gpu", "util_pct", "memory_pct", "power_w"]
+
+
+class CurvesFolder:
+    """The curves one read brings, as typed point files (CSV, one row per point) written as each request answers:
+    nothing of a run's curves stays in memory after its request, and the load reads the files straight into its
+    inserts. Written under a hidden name and renamed whole by ``publish``, so a load never sees half a read; a
+    folder not published (the read failed) is deleted by ``discard``. Thread-safe: requests answer concurrently."""
+
+    def __init__(self, staging: Path, name: str) -> None:
+        self.root = Path(staging) / CURVES_FOLDER
+        self.partial = self.root / f".{name}.partial"
+        self.final = self.root / name
+        shutil.rmtree(self.partial, ignore_errors=True)
+        self.partial.mkdir(parents=True)
+        self._lock = threading.Lock()
+        self._parts = 0
+        self.points = 0
+
+    def add(self, path: str, final: dict[str, bool], read: dict[str, dict]) -> None:
+        """The curves of one request: ``read`` (``{run_id: read_curves(...) or failed_curves(...)}``) of the runs of
+        ``path`` (``entity/project``); ``final``: whether each run had ended when asked."""
+        entity, _, project = path.partition("/")
+        with self._lock:
+            self._parts += 1
+            part = self._parts
+        files = {
+            name: (self.partial / f"{name}-{part:06d}.csv").open("w", newline="")
+            for name in (READS_FILE, HISTORY_FILE, GPU_FILE)
+        }
+        try:
+            writers = {name: csv.writer(f) for name, f in files.items()}
+            writers[READS_FILE].writerow(READS_HEADER)
+            writers[HISTORY_FILE].writerow(HISTORY_HEADER)
+            writers[GPU_FILE].writerow(GPU_HEADER)
+            points = 0
+            for run_id, curves in read.items():
+                run = [entity, project, run_id]
+                is_final = bool(final.get(run_id)) and curves["status"] != FAILED
+                writers[READS_FILE].writerow([*run, curves["status"], curves["read_at"], str(is_final).lower()])
+                for row in curves.get("history", []):
+                    writers[HISTORY_FILE].writerow([*run, *row])
+                for row in curves.get("gpu", []):
+                    writers[GPU_FILE].writerow([*run, *row])
+                points += len(curves.get("history", [])) + len(curves.get("gpu", []))
+        finally:
+            for f in files.values():
+                f.close()
+        with self._lock:
+            self.points += points
+
+    def publish(self) -> Path | None:
+        """Make the folder visible to the load (None when no request answered: nothing to load)."""
+        if not self._parts:
+            self.discard()
+            return None
+        os.replace(self.partial, self.final)
+        return self.final
+
+    def discard(self) -> None:
+        shutil.rmtree(self.partial, ignore_errors=True)
+
+
+def published_folders(staging: Path) -> list[Path]:
+    """The published reads of curves waiting for their load, oldest first (a later read of a run replaces an earlier
+    one)."""
+    root = Path(staging) / CURVES_FOLDER
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")), key=lambda p: p.name)

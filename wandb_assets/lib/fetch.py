@@ -434,6 +434,42 @@ def fetch_curves(
     return found
 
 
+def fetch_due_curves(
+    api,
+    due: list[tuple[str, str, str, bool]],
+    keys: list[str],
+    samples: int,
+    policy: FetchPolicy,
+    on_read: Callable[[str, dict[str, bool], dict[str, dict]], None],
+    secret: str = "",
+) -> Throttle:
+    """The curves of the runs ``due`` (``[(entity, project, run_id, final)]``): one request per
+    ``curves.CURVES_RUNS_PER_REQUEST`` runs of one project, ``policy.concurrency`` in flight at most (fewer after a
+    429). ``on_read(path, final, read)`` gets each request's runs as it answers (``fetch_curves``; a request that
+    failed leaves its runs ``failed``), on the request's thread. Returns the throttle (its request counts)."""
+    from wandb_assets.lib.curves import CURVES_RUNS_PER_REQUEST
+
+    by_project: dict[str, dict[str, bool]] = {}
+    for entity, project, run_id, final in due:
+        by_project.setdefault(f"{entity}/{project}", {})[run_id] = final
+    chunks = [
+        (path, dict(list(runs.items())[first : first + CURVES_RUNS_PER_REQUEST]))
+        for path, runs in by_project.items()
+        for first in range(0, len(runs), CURVES_RUNS_PER_REQUEST)
+    ]
+    throttle = Throttle(policy.concurrency)
+
+    def read(path: str, final: dict[str, bool]) -> None:
+        on_read(path, final, fetch_curves(api, path, list(final), keys, samples, policy, throttle, secret))
+
+    with ThreadPoolExecutor(
+        max_workers=max(1, min(policy.concurrency, len(chunks))), thread_name_prefix="curves"
+    ) as pool:
+        for future in [pool.submit(read, path, final) for path, final in chunks]:
+            future.result()
+    return throttle
+
+
 def fetch_run_pages(api, entity: str, project: str, filters: dict, policy: FetchPolicy, secret: str = ""):
     """The nodes matching ``filters``, one list per page (one query, sequential; see ``fetch_slices``)."""
     for nodes, _ in iter_run_pages(api, entity, project, filters, policy, secret=secret):
@@ -547,7 +583,7 @@ def fetch_slices(
     secret: str = "",
     isolate_projects: bool = False,
     others_read: bool = False,
-    enrich: Callable[[Slice, list[dict], Throttle], None] | None = None,
+    enrich: Callable[[Slice, list[dict]], None] | None = None,
     with_metadata_file: bool = False,
 ) -> FetchStats:
     """Fetch every slice, ``policy.concurrency`` requests in flight at most, calling ``handle_page(slice,
@@ -557,10 +593,9 @@ def fetch_slices(
     ``isolate_projects``: the slices of several projects share the one request budget (in-flight limit and 429
     back-off); a failure abandons only its own project's slices, and is raised only when every project failed
     and ``others_read`` does not say that other projects were found current without a fetch (else it is in
-    ``failed_projects``). ``enrich(slice, nodes, throttle)`` runs before ``handle_page`` (reading the runs' metadata
-    files, and their curves in ``throttle``, the fetch's request budget:
-    ``with_metadata_file`` asks where they are with each page); with it, pages are handled on threads of their own
-    (``_PageFinisher``), so the workers go on fetching while a page's files download. Each project has its own
+    ``failed_projects``). ``enrich(slice, nodes)`` runs before ``handle_page`` (reading the runs' metadata
+    files: ``with_metadata_file`` asks where they are with each page); with it, pages are handled on threads of
+    their own (``_PageFinisher``), so the workers go on fetching while a page's files download. Each project has its own
     page size: one that cannot serve pages does not shrink the others'."""
     started = time.monotonic()
     throttle = Throttle(policy.concurrency)
@@ -645,7 +680,7 @@ def fetch_slices(
     finisher = (
         _PageFinisher(
             policy.concurrency,
-            lambda piece, nodes: enrich(piece, nodes, throttle),
+            enrich,
             handle_page,
             slice_done,
             cancelled,

@@ -165,25 +165,20 @@ def idle_of_run(idle: str, sampled: str, gpu_count: str) -> str:
     return f"({idle}) * least(1.0, coalesce(({gpu_count}) / nullif({sampled}, 0), 1.0))"
 
 
-#: A run whose curves were read after it ended, with its GPUs' stream: its idle time comes from that stream (every
-#: sample of the whole run), not from the samples ticks happened to take while it ran.
-CURVE_IDLE_RUNS_SQL = """(SELECT DISTINCT g.entity, g.project, g.run_id FROM run_gpu_samples g
-    JOIN runs c ON c.entity = g.entity AND c.project = g.project AND c.run_id = g.run_id WHERE c.curves_final)"""
-
-
-def curve_idle_sql(now: str) -> str:
-    """CTE ``curve_held``: per run of ``CURVE_IDLE_RUNS_SQL`` and sample of its stream (``run_gpu_samples``) up to
-    ``now``: its ``idle`` GPUs (below ``$idle_pct``, scaled by ``idle_of_run``), those idle while another GPU of the
-    run was busy (``partly``), and until when the sample holds (its next sample or the run's end, an hour at most,
-    never past the sample's UTC day: idle hours never exceed the day's GPU-hours)."""
+def curve_idle_sql(now: str, runs: str, samples: str = "run_gpu_samples") -> str:
+    """CTE ``curve_held``: per run of ``runs`` (a set of ``(entity, project, run_id)``) and sample of its stream
+    (``samples``: ``run_gpu_samples``, or the rows about to be loaded into it) up to ``now``: its ``idle`` GPUs
+    (below ``$idle_pct``, scaled by ``idle_of_run``), those idle while another GPU of the run was busy (``partly``),
+    and until when the sample holds (its next sample or the run's end, an hour at most, never past the sample's UTC
+    day: idle hours never exceed the day's GPU-hours)."""
     return f"""
 curve_sampled AS (
     SELECT g.entity, g.project, g.run_id, g."timestamp" AS sampled_at,
            count(*) FILTER (WHERE g.util_pct < $idle_pct) AS idle,
            count(*) FILTER (WHERE g.util_pct >= $idle_pct) AS busy,
            count(g.util_pct) AS gpus
-    FROM run_gpu_samples g
-    WHERE g."timestamp" <= {now} AND (g.entity, g.project, g.run_id) IN {CURVE_IDLE_RUNS_SQL}
+    FROM {samples} g
+    WHERE g."timestamp" <= {now} AND (g.entity, g.project, g.run_id) IN {runs}
     GROUP BY ALL
 ),
 curve_held AS (

@@ -49,11 +49,13 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "crashed or failed): {status: read, gpu_count, gpu}, {status: missing} or {status: malformed}; NULL: "
             "not read (alive, WANDB_ASSETS_FETCH_METADATA=false, offline, or the read failed and is retried)",
             "curves_status": "the run's curves (run_history, run_gpu_samples): read (some rows), none (it logged none "
-            "of WANDB_ASSETS_HISTORY_KEYS and no system stream) or failed (read again by a later fetch); NULL: not "
-            "yet (pending, offline, WANDB_ASSETS_FETCH_HISTORY=false, or a warehouse from before curves)",
+            "of WANDB_ASSETS_HISTORY_KEYS and no system stream) or failed (read again by a later tick); NULL: not "
+            "yet (pending, offline, WANDB_ASSETS_FETCH_HISTORY=false, or waiting in the backlog: each tick reads "
+            "WANDB_ASSETS_HISTORY_RUNS_PER_TICK runs' curves at most, the newest ended first)",
             "curves_read_at": "when its curves were last read, UTC: a running run's at most every "
             "WANDB_ASSETS_HISTORY_REFRESH_MINUTES",
-            "curves_final": "its curves were read after it ended (finished, crashed, failed, killed): never read again",
+            "curves_final": "its curves were read after it ended (finished, crashed, failed, killed, preempted): never "
+            "read again",
             "sps_steady": "steady-state steps per second: the median of its WANDB_ASSETS_SPS_METRIC curve "
             "(run_history) after warm-up, the first 10% of its steps dropped; NULL without that curve",
             "gpu_count": "GPUs: the first config key of WANDB_ASSETS_GPU_COUNT_KEYS holding a count, else W&B's "
@@ -148,20 +150,20 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "cost_usd": "gpu_hours times the model's USD per GPU-hour (WANDB_ASSETS_GPU_PRICES), else the fallback "
             "price (WANDB_ASSETS_GPU_DEFAULT_PRICE); NULL when neither prices it (never 0)",
             "idle_gpu_hours": "of those, GPU-hours idle (below WANDB_ASSETS_IDLE_GPU_PCT): for a run whose curves were "
-            "read after it ended, from its whole sampled GPU stream (run_gpu_samples); else in the samples taken "
+            "read after it ended, from its whole sampled GPU stream (run_curve_idle); else in the samples taken "
             "while it ran (gpu_samples); each sample holds until the run's next one, its end or now, an hour at "
             "most; for offline runs from their logs (runs.log_idle_gpu_hours); 0 without samples",
             "price_basis": "where cost_usd's price came from: list (the model's own price), fallback "
             "(WANDB_ASSETS_GPU_DEFAULT_PRICE) or NULL (no price)",
             "partly_idle_gpu_hours": "of idle_gpu_hours, those of GPUs idle while another GPU of the same run was "
-            "busy (from runs' sampled GPU streams, run_gpu_samples; 0 for runs without one)",
+            "busy (from runs' sampled GPU streams, run_curve_idle; 0 for runs without one)",
         },
     ),
     "run_history": (
         "table",
         "Each run's sampled training curves: WANDB_ASSETS_HISTORY_KEYS by step, at most WANDB_ASSETS_HISTORY_SAMPLES "
-        "points per metric (W&B's sampledHistory; the first and last step kept). Written with the run's row; a "
-        "re-read replaces the run's curves.",
+        "points per metric (W&B's sampledHistory; the first and last step kept). Loaded by run_curves with the "
+        "run's curves_status in one transaction; a re-read replaces the run's curves.",
         {
             **_PROJECT,
             "run_id": "W&B run id",
@@ -174,8 +176,8 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
     "run_gpu_samples": (
         "table",
         "Each run's sampled system stream, per GPU: at most WANDB_ASSETS_HISTORY_SAMPLES samples of the run (W&B's "
-        "events). Written with the run's row; a re-read replaces the run's samples. The live per-tick samples of "
-        "running runs stay in gpu_samples (what the idle_gpus alert judges, 8 days).",
+        "events). Loaded by run_curves with the run's curves_status; a re-read replaces the run's samples. The live "
+        "per-tick samples of running runs stay in gpu_samples (what the idle_gpus alert judges, 8 days).",
         {
             **_PROJECT,
             "run_id": "W&B run id",
@@ -184,6 +186,22 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "util_pct": "GPU utilisation, percent (NULL when not sampled)",
             "memory_pct": "GPU memory busy, percent (NULL when not sampled)",
             "power_w": "power draw, watts (NULL when not sampled)",
+        },
+    ),
+    "run_curve_idle": (
+        "table",
+        "Per ended run whose GPU stream was read (run_gpu_samples) and UTC day: its idle and partly idle GPU-hours, "
+        "judged once when its curves are loaded (the idle rule of gpu_usage: each sample holds until the next one or "
+        "the run's end, an hour at most, never past its day; idle GPUs scaled to the run's gpu_count). gpu_usage "
+        "sums these instead of scanning every sample on each tick; rows judged at another WANDB_ASSETS_IDLE_GPU_PCT "
+        "are judged again before gpu_usage is rebuilt.",
+        {
+            **_PROJECT,
+            "run_id": "W&B run id",
+            "day": "UTC day",
+            "idle_pct": "the WANDB_ASSETS_IDLE_GPU_PCT the row was judged at",
+            "idle_gpu_hours": "GPU-hours of its GPUs below idle_pct that day",
+            "partly_idle_gpu_hours": "of those, GPU-hours of GPUs idle while another GPU of the run was busy",
         },
     ),
     "gpu_samples": (

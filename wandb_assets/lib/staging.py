@@ -279,19 +279,6 @@ class Page:
     nodes: list[dict]
     metadata: list[dict | None]
     fetched_at: datetime
-    #: Each node's curves read with the page (``curves.read_curves`` / ``failed_curves``); None: not read now.
-    curves: list[dict | None] | None = None
-
-
-def add_curves(row: dict, curves: dict) -> None:
-    """A run's row carries the curves read with its page: ``curves_status``, ``curves_read_at`` and, when read,
-    ``curves`` (``{"history": [[metric, step, timestamp, value]], "gpu": [[timestamp, gpu, util, memory,
-    power]]}``), which the load moves to ``run_history`` and ``run_gpu_samples``, replacing the run's earlier ones."""
-    row["curves_status"] = curves["status"]
-    row["curves_read_at"] = datetime.fromisoformat(curves["read_at"])
-    row["curves_final"] = bool(curves.get("final")) and curves["status"] != "failed"
-    if "history" in curves:
-        row["curves"] = {"history": curves["history"], "gpu": curves["gpu"]}
 
 
 def stage_page(staged: StagedFetch, page: Page, rules: RowRules) -> PageTally:
@@ -310,9 +297,6 @@ def stage_page(staged: StagedFetch, page: Page, rules: RowRules) -> PageTally:
         )
         for node, metadata in zip(page.nodes, page.metadata, strict=True)
     ]
-    for row, curves in zip(made, page.curves or [None] * len(made), strict=True):
-        if curves:
-            add_curves(row, curves)
     rows = [row for row in made if row["run_id"] is not None]
     tally = PageTally()
     for _ in range(len(made) - len(rows)):

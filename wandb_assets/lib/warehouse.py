@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from wandb_assets.lib.alerts import ALERT_SQL, scope_unscoped_alerts
+from wandb_assets.lib.curves_warehouse import CURVE_IDLE_RUNS_SQL, CURVES_SCHEMA_SQL, rejudge_curve_idle
 from wandb_assets.lib.datadog_feed import LEDGER_SQL
 from wandb_assets.lib.gauges import (
-    CURVE_IDLE_RUNS_SQL,
     RUNS_AS_OF_SQL,
     compute_gauges,
-    curve_idle_sql,
     gauge_params,
     held_samples_sql,
     project_metrics_sql,
@@ -131,14 +130,7 @@ CREATE TABLE IF NOT EXISTS gpu_usage (
     runs BIGINT, gpu_hours DOUBLE, cost_usd DOUBLE, idle_gpu_hours DOUBLE, price_basis VARCHAR,
     partly_idle_gpu_hours DOUBLE
 );
-CREATE TABLE IF NOT EXISTS run_history (
-    entity VARCHAR, project VARCHAR, run_id VARCHAR, metric VARCHAR, step BIGINT, "timestamp" TIMESTAMP, value DOUBLE
-);
-CREATE TABLE IF NOT EXISTS run_gpu_samples (
-    entity VARCHAR, project VARCHAR, run_id VARCHAR, "timestamp" TIMESTAMP, gpu INTEGER, util_pct DOUBLE,
-    memory_pct DOUBLE, power_w DOUBLE
-);
-CREATE TABLE IF NOT EXISTS gpu_samples (
+{CURVES_SCHEMA_SQL}CREATE TABLE IF NOT EXISTS gpu_samples (
     snapshot_at TIMESTAMP, entity VARCHAR, project VARCHAR, run_id VARCHAR, gpu_index INTEGER, utilisation DOUBLE,
     memory DOUBLE
 );
@@ -429,88 +421,14 @@ def _one_copy_each(con, table: str) -> None:
 
 _STAGE_INCOMING = f"CREATE OR REPLACE TEMP TABLE incoming_runs AS {_READ_STAGED}"
 
-#: The runs whose curves this load brings: those of ``incoming_runs`` read now (their staged status, before
-#: ``_KEEP_CURVES_STATUS`` fills the others).
-_CURVE_RUNS = """
-CREATE OR REPLACE TEMP TABLE incoming_curves AS
-SELECT DISTINCT entity, project, run_id FROM incoming_runs WHERE curves_status IN ('read', 'none')
-"""
-
-#: The staged curves as typed lists (no JSON values held: DuckDB parses them straight into the rows inserted), of the
-#: rows the load keeps (the copy of ``incoming_runs``, by its ``ingested_at``). Measured on 1,013 runs' curves (260 MB
-#: staged), the whole load: 2,817 MiB peak with a temporary table of their JSON, 1,702 MiB read straight like this.
-_CURVES_SPEC = (
-    "'entity': 'VARCHAR', 'project': 'VARCHAR', 'run_id': 'VARCHAR', 'ingested_at': 'TIMESTAMP', "
-    "'curves': 'STRUCT(history VARCHAR[][], gpu VARCHAR[][])'"
-)
-
-
-def _staged_points(part: str, alias: str) -> str:
-    return f"""(SELECT c.entity, c.project, c.run_id, unnest(c.curves.{part}) AS {alias}
-          FROM read_json($paths, format = 'newline_delimited', columns = {{{_CURVES_SPEC}}}) c
-          WHERE c.curves IS NOT NULL AND EXISTS (
-              SELECT 1 FROM incoming_runs i WHERE i.entity = c.entity AND i.project = c.project
-                AND i.run_id = c.run_id AND i.ingested_at IS NOT DISTINCT FROM c.ingested_at
-                AND i.curves_status IN ('read', 'none')))"""
-
-
-#: A run whose curves were read replaces its earlier ones (never duplicates them).
-_REPLACE_CURVES = [
-    "DELETE FROM run_history WHERE (entity, project, run_id) IN (SELECT entity, project, run_id FROM incoming_curves)",
-    "DELETE FROM run_gpu_samples WHERE (entity, project, run_id) IN "
-    "(SELECT entity, project, run_id FROM incoming_curves)",
-    f"""INSERT INTO run_history BY NAME
-    SELECT entity, project, run_id, h[1] AS metric, h[2]::BIGINT AS step, h[3]::TIMESTAMP AS "timestamp",
-           h[4]::DOUBLE AS value
-    FROM {_staged_points("history", "h")}""",
-    f"""INSERT INTO run_gpu_samples BY NAME
-    SELECT entity, project, run_id, g[1]::TIMESTAMP AS "timestamp", g[2]::INTEGER AS gpu, g[3]::DOUBLE AS util_pct,
-           g[4]::DOUBLE AS memory_pct, g[5]::DOUBLE AS power_w
-    FROM {_staged_points("gpu", "g")}""",
-]
-
-#: A run's steady-state SPS from its curve of ``$sps_metric``: the median after warm-up, the first
-#: ``STEADY_WARMUP_SHARE`` of its steps dropped (a step range, not a count of points: sampling thins them evenly).
-STEADY_WARMUP_SHARE = 0.1
-_STEADY_SPS = f"""
-UPDATE incoming_runs SET sps_steady = s.steady
-FROM (
-    SELECT h.entity, h.project, h.run_id, median(h.value) AS steady
-    FROM run_history h
-    JOIN (SELECT entity, project, run_id, min(step) AS lo, max(step) AS hi FROM run_history
-          WHERE metric = $sps_metric
-            AND (entity, project, run_id) IN (SELECT entity, project, run_id FROM incoming_curves)
-          GROUP BY ALL) b USING (entity, project, run_id)
-    WHERE h.metric = $sps_metric AND h.step >= b.lo + {STEADY_WARMUP_SHARE} * (b.hi - b.lo)
-    GROUP BY ALL
-) s
-WHERE s.entity = incoming_runs.entity AND s.project = incoming_runs.project AND s.run_id = incoming_runs.run_id
-"""
-
-#: A row staged without curves read now keeps what the warehouse knew of its curves; so does a row whose read failed
-#: when earlier curves are kept (they stay; ``curves.curves_due`` asks again by their age).
+#: A run's row replaced by a load keeps what the warehouse knew of its curves (``lib.curves_warehouse``: its own
+#: asset reads and loads them).
 _KEEP_CURVES_STATUS = """
 UPDATE incoming_runs SET curves_status = r.curves_status, curves_read_at = r.curves_read_at,
     curves_final = r.curves_final, sps_steady = r.sps_steady
 FROM runs r
-WHERE (incoming_runs.curves_status IS NULL OR (incoming_runs.curves_status = 'failed'
-                                                AND r.curves_status IN ('read', 'none')))
-  AND r.entity = incoming_runs.entity AND r.project = incoming_runs.project AND r.run_id = incoming_runs.run_id
+WHERE r.entity = incoming_runs.entity AND r.project = incoming_runs.project AND r.run_id = incoming_runs.run_id
 """
-
-
-def _load_curves(con, paths: list[str], sps_metric: str) -> None:
-    """Inside a load's transaction, once ``incoming_runs`` holds the rows that will be stored: their curves replace
-    the runs' earlier ones and give their steady SPS (``$sps_metric``'s curve), and a row without curves read now
-    keeps its status and steady SPS."""
-    read_now = con.execute("SELECT count(*) FROM incoming_runs WHERE curves_status IN ('read', 'none')").fetchone()[0]
-    if read_now:  # else the staged files hold no curves: not read a second time
-        con.execute(_CURVE_RUNS)
-        for statement in _REPLACE_CURVES:
-            con.execute(statement, {"paths": [literal_path(p) for p in paths]} if "$paths" in statement else {})
-        con.execute(_STEADY_SPS, {"sps_metric": sps_metric})
-        con.execute("DROP TABLE incoming_curves")
-    con.execute(_KEEP_CURVES_STATUS)
 
 
 def fetched_since(path: str | os.PathLike) -> datetime:
@@ -586,7 +504,6 @@ def load_runs_window(
     refreshed: list[str] | None = None,
     projects: Iterable[tuple[str, str]] | None = None,
     prices: Iterable[tuple[str, float]] | None = None,
-    sps_metric: str = "overview/sps",
 ) -> int:
     """Replace every run created in ``[start, end)``, and any other copy of a staged run id, with the rows
     staged in ``paths``: one transaction, so a failure leaves the table as it was. Returns rows loaded.
@@ -667,7 +584,7 @@ def load_runs_window(
             "AND runs.entity = incoming_runs.entity AND runs.project = incoming_runs.project "
             "AND runs.ingested_at > incoming_runs.ingested_at)"
         )
-        _load_curves(con, paths + list(refreshed or []), sps_metric)
+        con.execute(_KEEP_CURVES_STATUS)
         # Every earlier copy of a fetched run (a vanished one W&B returns again is restored): a run appears once.
         con.execute(
             "DELETE FROM runs WHERE (entity, project, run_id) IN (SELECT entity, project, run_id FROM incoming_runs)"
@@ -870,9 +787,10 @@ FROM daily
 GROUP BY GROUPING SETS ((entity, project, day_start), (entity, project, day_start, category))
 """
 
-#: CTEs ``sampled``, ``held``, ``curve_held``, ``idle``, ``partly_idle``: idle GPU-hours per run and UTC day up to
-#: ``$now``: for a run whose curves were read after it ended, from its whole sampled GPU stream (``run_gpu_samples``,
-#: ``gauges.curve_idle_sql``; ``partly_idle``: GPUs idle while another GPU of the run was busy); else from the samples
+#: CTEs ``sampled``, ``held``, ``idle``, ``partly_idle``: idle GPU-hours per run and UTC day up to ``$now``: for a
+#: run whose curves were read after it ended, from its whole sampled GPU stream, judged when they were loaded
+#: (``run_curve_idle``, ``lib.curves_warehouse``; ``partly_idle``: GPUs idle while another GPU of the run was busy);
+#: else from the samples
 #: ticks took while it ran (``gauges.held_samples_sql``), or for an offline run from its log
 #: (``runs.log_idle_gpu_hours``); a GPU below ``$idle_pct`` is idle. The one rule for gpu_usage and the notebooks.
 IDLE_GPU_HOURS_SQL = f"""{
@@ -880,20 +798,17 @@ IDLE_GPU_HOURS_SQL = f"""{
         f"(SELECT * FROM runs WHERE (entity, project, run_id) NOT IN {CURVE_IDLE_RUNS_SQL})", "$now::TIMESTAMP"
     )
 },
-{curve_idle_sql("$now::TIMESTAMP")},
 partly_idle AS (
-    SELECT entity, project, run_id, date_trunc('day', sampled_at) AS day_start,
-           sum(partly * greatest(epoch(until) - epoch(sampled_at), 0) / 3600.0) AS partly_idle_gpu_hours
-    FROM curve_held GROUP BY ALL
+    SELECT entity, project, run_id, day::TIMESTAMP AS day_start, partly_idle_gpu_hours
+    FROM run_curve_idle WHERE day::TIMESTAMP <= $now::TIMESTAMP
 ),
 idle AS (
     SELECT entity, project, run_id, date_trunc('day', snapshot_at) AS day_start,
            sum(idle * greatest(epoch(until) - epoch(snapshot_at), 0) / 3600.0) AS idle_gpu_hours
     FROM held GROUP BY ALL
-    UNION ALL  -- runs read whole after their end: their own sampled stream
-    SELECT entity, project, run_id, date_trunc('day', sampled_at) AS day_start,
-           sum(idle * greatest(epoch(until) - epoch(sampled_at), 0) / 3600.0) AS idle_gpu_hours
-    FROM curve_held GROUP BY ALL
+    UNION ALL  -- runs read whole after their end: from their own sampled stream, judged at their load
+    SELECT entity, project, run_id, day::TIMESTAMP AS day_start, idle_gpu_hours
+    FROM run_curve_idle WHERE day::TIMESTAMP <= $now::TIMESTAMP
     UNION ALL  -- offline logs: idle GPU-hours per day from their stats records, judged when the log was read
     SELECT entity, project, run_id, day_start, sum(idle_gpu_hours) FROM (
         SELECT entity, project, run_id, u.day::TIMESTAMP AS day_start, u.idle_gpu_hours
@@ -954,6 +869,8 @@ def rebuild_gpu_usage(
         "prices": prices_param(prices.items()),
         "teams": json.dumps([{"user": u, "team": t} for u, t in teams.items()]),
     }
+    with transaction(con):
+        rejudge_curve_idle(con, idle_pct, now)
     return _replace_table(con, "gpu_usage", GPU_USAGE_SQL, params)
 
 
@@ -1198,20 +1115,6 @@ METADATA_CACHE_SQL = """
 SELECT entity || '/' || project, run_id, wandb_metadata::VARCHAR FROM runs
 WHERE wandb_metadata IS NOT NULL AND created_at >= $start AND created_at < $end
 """
-
-
-def cached_curves(con, start: datetime) -> dict[tuple[str, str], tuple[str | None, datetime | None, bool | None]]:
-    """``{(entity/project, run_id): (curves_status, curves_read_at, curves_final)}`` of the runs a fetch from
-    ``start`` may meet:
-    created since, or alive (refreshed by id); ``con`` read-only, or None (no warehouse yet)."""
-    if con is None or not has_table(con, "runs") or "curves_status" not in _columns(con, "runs"):
-        return {}
-    rows = con.execute(
-        "SELECT entity || '/' || project, run_id, curves_status, curves_read_at, curves_final FROM runs "
-        f"WHERE curves_status IS NOT NULL AND (created_at >= $start OR state IN ({ALIVE_SQL}))",
-        {"start": start},
-    ).fetchall()
-    return {(path, run_id): (status, read_at, final) for path, run_id, status, read_at, final in rows}
 
 
 def cached_metadata(con, start: datetime, end: datetime) -> dict[tuple[str, str], dict]:

@@ -31,14 +31,14 @@ from dagster import (
 from wandb_assets.defs.feed.jobs import feed_job
 from wandb_assets.defs.feed.notify import Notifier
 from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource
-from wandb_assets.defs.fleet.jobs import backfill_job, offline_job, refresh_job
+from wandb_assets.defs.fleet.jobs import backfill_job, curves_job, offline_job, refresh_job
 from wandb_assets.defs.warehouse.maintenance import warehouse_maintenance_job
 from wandb_assets.defs.warehouse.resources import WarehouseResource
 from wandb_assets.lib.alerts import PIPELINE_FAILURE, Transition, pipeline_failure, reconcile
 from wandb_assets.lib.clock import utc_now
 
 PIPELINE_ALERT_JOB = "pipeline_alert"
-MONITORED_JOBS = [refresh_job, backfill_job, offline_job, feed_job, warehouse_maintenance_job]
+MONITORED_JOBS = [refresh_job, backfill_job, offline_job, curves_job, feed_job, warehouse_maintenance_job]
 
 
 class PipelineAlertConfig(Config):

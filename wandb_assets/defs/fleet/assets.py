@@ -35,7 +35,7 @@ COMMON = {
     "group_name": "fleet",
     "kinds": {"duckdb"},
     "owners": ["team:ml-platform"],
-    "deps": [AssetKey("runs"), AssetKey("offline_runs")],
+    "deps": [AssetKey("runs"), AssetKey("offline_runs"), AssetKey("run_curves")],
     "pool": WAREHOUSE_POOL,
 }
 

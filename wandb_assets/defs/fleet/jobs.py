@@ -13,6 +13,7 @@ from wandb_assets.warehouse import reading
 REFRESH_JOB = "refresh"
 BACKFILL_JOB = "backfill"
 OFFLINE_JOB = "offline"
+CURVES_JOB = "curves"
 #: Run monitoring fails a tick that runs longer than this instead of letting it hang.
 TICK_MAX_RUNTIME_S = 900
 #: ... and an offline ingest (1,000 logs of 10,000 rows take 12 s; a crafted or huge log must not hold the
@@ -24,8 +25,9 @@ FALLBACK_LOOKBACK_DAYS = 7
 RANGE_START_TAG, RANGE_END_TAG = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
 DERIVED = AssetSelection.keys("push_to_main_sps", "success_rates", "gpu_hours", "gpu_usage")
-#: Fetch and load the mirrored projects' runs, and record what the fetch found of each project.
-MIRROR = AssetSelection.keys("staged_runs", "runs", "wandb_projects")
+#: Fetch and load the mirrored projects' runs, record what the fetch found of each project, and read the curves of
+#: the runs due (a share of the backlog per run: WANDB_ASSETS_HISTORY_RUNS_PER_TICK).
+MIRROR = AssetSelection.keys("staged_runs", "runs", "wandb_projects", "staged_curves", "run_curves")
 
 refresh_job = define_asset_job(
     REFRESH_JOB,
@@ -49,6 +51,16 @@ offline_job = define_asset_job(
     executor_def=in_process_executor,
     tags={"dagster/max_runtime": str(OFFLINE_MAX_RUNTIME_S)},
     description="Offline run logs into `runs`, then the fleet tables and a snapshot (a tick after its fetch).",
+)
+
+
+curves_job = define_asset_job(
+    CURVES_JOB,
+    selection=AssetSelection.keys("staged_curves", "run_curves", "gpu_usage"),
+    executor_def=in_process_executor,
+    description="Read a share of the curves due (WANDB_ASSETS_HISTORY_RUNS_PER_TICK runs) and load them, then "
+    "gpu_usage's idle hours: what each tick does for curves, without re-reading the runs (`wandb-assets curves` "
+    "repeats it until none is due).",
 )
 
 

@@ -20,7 +20,6 @@ from dagster import (
 from wandb_assets.defs.wandb_runs.resources import WandbResource
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.clock import utc_now
-from wandb_assets.lib.curves import ENDED_STATES, curves_due
 from wandb_assets.lib.fetch import Slice, WandbFetchError, id_slices, metadata_file_url, plan_slices
 from wandb_assets.lib.gpus import metadata_settled
 from wandb_assets.lib.markdown import markdown_table
@@ -40,14 +39,13 @@ from wandb_assets.lib.staging import (
 )
 from wandb_assets.lib.throttle import Throttle
 from wandb_assets.lib.warehouse import (
-    cached_curves,
     cached_metadata,
     load_runs_window,
     project_freshness,
     record_projects,
     unfinished_runs_by_project,
 )
-from wandb_assets.settings import alert_thresholds, pipeline_settings
+from wandb_assets.settings import pipeline_settings
 
 daily_partitions = DailyPartitionsDefinition(
     start_date=pipeline_settings().start_date.isoformat(), timezone="UTC", end_offset=1
@@ -57,8 +55,6 @@ daily_partitions = DailyPartitionsDefinition(
 METADATA_STATES = ("finished", "crashed", "failed")
 #: Where ``read_metadata`` leaves a node's metadata for ``handle_page`` (a key W&B never sends).
 FETCHED_METADATA = "__wandb_assets_metadata__"
-#: ... and ``read_curves`` its curves.
-FETCHED_CURVES = "__wandb_assets_curves__"
 
 #: Older unfinished runs are refreshed by id, this many per request (a filter stays a reasonable size).
 IDS_PER_REQUEST = 500
@@ -121,7 +117,6 @@ def staged_runs(
         unfinished = unfinished_runs_by_project(con, start) if con is not None else {}
         last_fetched, must_read = project_freshness(con)
         known_metadata = cached_metadata(con, start, end)
-        known_curves = cached_curves(con, start) if pipeline.fetch_history else {}
     if pipeline.projects is None and "" in unfinished:  # a warehouse not yet migrated, rows without a URL
         unfinished.setdefault(projects[0], []).extend(unfinished.pop(""))
     unchanged: list[str] = []
@@ -184,41 +179,10 @@ def staged_runs(
         for node in wanted:
             node[FETCHED_METADATA] = read[node["name"]]
 
-    curves_read: Counter[str] = Counter()
-
-    def read_curves(piece: Slice, nodes: list[dict], throttle: Throttle) -> None:
-        """The curves of each run of the page that is due (``curves.curves_due``: once after it ends, at most every
-        WANDB_ASSETS_HISTORY_REFRESH_MINUTES while it runs, again after a failed read): one request per 20 runs,
-        in the fetch's request budget. A failed request leaves its runs ``failed``, never the fetch."""
-        now = datetime.now(UTC).replace(tzinfo=None)
-        wanted = [
-            node["name"]
-            for node in nodes
-            if isinstance(node.get("name"), str)
-            and curves_due(
-                node.get("state"), known_curves.get((piece.project, node["name"])), now, pipeline.history_refresh
-            )
-        ]
-        if not wanted:
-            return
-        read = wandb.runs_curves(piece.project, wanted, throttle, pipeline)
-        with tally:
-            curves_read.update(curves["status"] for curves in read.values())
-        for node in nodes:
-            if node.get("name") in read:
-                node[FETCHED_CURVES] = read[node["name"]] | {"final": node.get("state") in ENDED_STATES}
-
-    def enrich(piece: Slice, nodes: list[dict], throttle: Throttle) -> None:
-        if pipeline.fetch_metadata:
-            read_metadata(piece, nodes)
-        if pipeline.fetch_history:
-            read_curves(piece, nodes, throttle)
-
     def handle_page(piece: Slice, nodes: list[dict]) -> None:
         fetched_at = datetime.now(UTC).replace(tzinfo=None)
         entity, _, project = (piece.project or "").partition("/")
         read_now = [node.pop(FETCHED_METADATA, None) for node in nodes]
-        curves = [node.pop(FETCHED_CURVES, None) for node in nodes]
         metadata = [
             (now if now and now["status"] != "error" else None) or known_metadata.get((piece.project, node.get("name")))
             for node, now in zip(nodes, read_now, strict=True)
@@ -230,7 +194,7 @@ def staged_runs(
             errors = [now["error"] for now in read_now if now and now["status"] == "error"]
             if errors and metadata_read["error"] == len(errors):  # the first failures: one line, not one per run
                 context.log.warning(f"{errors[0]} (read again by a later fetch)")
-        stager.stage(Page(piece.index, page_number, piece.days, entity, project, nodes, metadata, fetched_at, curves))
+        stager.stage(Page(piece.index, page_number, piece.days, entity, project, nodes, metadata, fetched_at))
 
     log = context.log.debug if config.progress_log_level == "debug" else context.log.info
     last_logged = [0.0]
@@ -249,7 +213,7 @@ def staged_runs(
             progress,
             report,
             others_read=bool(unchanged),
-            enrich=enrich if pipeline.fetch_metadata or pipeline.fetch_history else None,
+            enrich=read_metadata if pipeline.fetch_metadata else None,
         )
         staged_tally = stager.finish()  # pages still being staged by worker processes
         failed = stats.failed_projects
@@ -315,7 +279,6 @@ def staged_runs(
             "projects_unchanged": MetadataValue.json(unchanged),
             "failed_projects": MetadataValue.json({**listing_failures, **failed}),
             "metadata_files": MetadataValue.json(dict(metadata_read)),
-            "curves": MetadataValue.json(dict(curves_read)),
             "malformed_runs": len(malformed),
             "malformed_fields": MetadataValue.json(dict(anomalies)),
             "malformed_run_ids": MetadataValue.json(malformed[:50]),
@@ -358,7 +321,6 @@ def runs(context: AssetExecutionContext, warehouse: WarehouseResource) -> Materi
             end,
             [str(refreshed)] if refreshed.exists() else None,
             prices=pipeline.gpu_prices.items(),
-            sps_metric=alert_thresholds().sps_metric,
         )
         preview = con.execute(PREVIEW_SQL, {"start": start, "end": end}).fetchall()
         total = con.execute("SELECT count(*) FROM runs").fetchone()[0]

@@ -13,7 +13,7 @@ from wandb_assets.lib.fetch import (
     Slice,
     WandbFetchError,
     default_entity,
-    fetch_curves,
+    fetch_due_curves,
     fetch_run_pages,
     fetch_slices,
     get_api,
@@ -136,17 +136,17 @@ class WandbResource(ConfigurableResource):
             with_metadata_file=enrich is not None and pipeline.fetch_metadata,
         )
 
-    def runs_curves(self, path: str, names: list[str], throttle, pipeline: PipelineSettings) -> dict[str, dict]:
-        """``{run_id: curves}`` of ``names`` (``lib.fetch.fetch_curves``): one request per 20 runs, in ``throttle``."""
+    def due_curves(self, due: list[tuple[str, str, str, bool]], on_read, pipeline: PipelineSettings):
+        """The curves of the runs ``due`` (``lib.fetch.fetch_due_curves``: one request per 20 runs, at most
+        WANDB_ASSETS_FETCH_CONCURRENCY in flight), each request's handed to ``on_read``; returns the throttle."""
         settings, api, _ = self._client(pipeline)
-        return fetch_curves(
+        return fetch_due_curves(
             api,
-            path,
-            names,
+            due,
             list(pipeline.history_keys),
             pipeline.history_samples,
             fetch_policy(pipeline),
-            throttle,
+            on_read,
             settings.api_key,
         )
 

@@ -1,0 +1,187 @@
+"""The curves in the warehouse: their tables, which runs' curves are due (the backlog ``staged_curves`` reads a share
+of on each run), and their load from the point files of ``curves.CurvesFolder``, with what they give the run: its
+curves status, its steady SPS, and its idle GPU-hours per day from its whole sampled GPU stream. No Dagster here."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from wandb_assets.lib.curves import FAILED, GPU_FILE, HISTORY_FILE, NONE, READ, READS_FILE
+from wandb_assets.lib.gauges import curve_idle_sql
+from wandb_assets.lib.sql import BUSY_SQL, ENDED_SQL, MIRRORED_RUNS_SQL, literal_path, transaction
+
+CURVES_SCHEMA_SQL = """
+CREATE TABLE IF NOT EXISTS run_history (
+    entity VARCHAR, project VARCHAR, run_id VARCHAR, metric VARCHAR, step BIGINT, "timestamp" TIMESTAMP, value DOUBLE
+);
+CREATE TABLE IF NOT EXISTS run_gpu_samples (
+    entity VARCHAR, project VARCHAR, run_id VARCHAR, "timestamp" TIMESTAMP, gpu INTEGER, util_pct DOUBLE,
+    memory_pct DOUBLE, power_w DOUBLE
+);
+CREATE TABLE IF NOT EXISTS run_curve_idle (
+    entity VARCHAR, project VARCHAR, run_id VARCHAR, day DATE, idle_pct DOUBLE, idle_gpu_hours DOUBLE,
+    partly_idle_gpu_hours DOUBLE
+);
+"""
+
+#: The runs whose idle GPU-hours come from their own sampled stream (``run_curve_idle``), not from tick samples.
+CURVE_IDLE_RUNS_SQL = "(SELECT DISTINCT entity, project, run_id FROM run_curve_idle)"
+
+#: The one rule of when a run's curves are read, as SQL (``$now``, ``$refresh``: an INTERVAL). A run of a project
+#: mirrored now (never a vanished or pending one): ended, unless its curves were read after it ended (``curves_final``;
+#: read while it ran, it is read once more, the whole run; our clock is never compared with W&B's heartbeat); running,
+#: when never read, or its last read failed or is ``$refresh`` old. Newest first, the reads that failed last: they
+#: are asked again on every run until they answer, after the runs never tried.
+DUE_CURVES_SQL = f"""
+SELECT entity, project, run_id, state IN ({ENDED_SQL}) AS final
+FROM {MIRRORED_RUNS_SQL} runs
+WHERE coalesce(source, 'wandb') = 'wandb' AND (
+    (state IN ({ENDED_SQL}) AND NOT coalesce(curves_final, false))
+    OR (state IN ({BUSY_SQL}) AND (curves_status IS NULL OR curves_status = '{FAILED}'
+                                   OR curves_read_at <= $now::TIMESTAMP - $refresh::INTERVAL)))
+ORDER BY curves_status IS NOT DISTINCT FROM '{FAILED}', coalesce(ended_at, heartbeat_at, created_at) DESC NULLS LAST,
+         entity, project, run_id
+"""
+
+_COLUMNS = {
+    READS_FILE: "'entity': 'VARCHAR', 'project': 'VARCHAR', 'run_id': 'VARCHAR', 'status': 'VARCHAR', "
+    "'read_at': 'TIMESTAMP', 'final': 'BOOLEAN'",
+    HISTORY_FILE: "'entity': 'VARCHAR', 'project': 'VARCHAR', 'run_id': 'VARCHAR', 'metric': 'VARCHAR', "
+    "'step': 'BIGINT', 'timestamp': 'TIMESTAMP', 'value': 'DOUBLE'",
+    GPU_FILE: "'entity': 'VARCHAR', 'project': 'VARCHAR', 'run_id': 'VARCHAR', 'timestamp': 'TIMESTAMP', "
+    "'gpu': 'INTEGER', 'util_pct': 'DOUBLE', 'memory_pct': 'DOUBLE', 'power_w': 'DOUBLE'",
+}
+
+
+def _read(kind: str) -> str:
+    return f"read_csv($paths, header = true, auto_detect = false, columns = {{{_COLUMNS[kind]}}})"
+
+
+_KEYS = "(entity, project, run_id)"
+_REPLACED = f"{_KEYS} IN (SELECT entity, project, run_id FROM curve_reads WHERE status IN ('{READ}', '{NONE}'))"
+
+#: A run's steady-state SPS from its curve of ``$sps_metric``: the median after warm-up, the first
+#: ``STEADY_WARMUP_SHARE`` of its step range dropped (a step range, not a count of points: sampling thins them evenly).
+STEADY_WARMUP_SHARE = 0.1
+_STEADY_SPS = f"""
+UPDATE runs SET sps_steady = s.steady
+FROM (
+    SELECT c.entity, c.project, c.run_id, (
+        SELECT median(h.value) FROM points h
+        WHERE h.entity = c.entity AND h.project = c.project AND h.run_id = c.run_id
+          AND h.step >= b.lo + {STEADY_WARMUP_SHARE} * (b.hi - b.lo)) AS steady
+    FROM curve_reads c
+    LEFT JOIN (SELECT entity, project, run_id, min(step) AS lo, max(step) AS hi FROM points GROUP BY ALL) b
+        USING (entity, project, run_id)
+    WHERE c.status IN ('{READ}', '{NONE}')
+) s
+WHERE s.entity = runs.entity AND s.project = runs.project AND s.run_id = runs.run_id
+"""
+
+
+def _steady_sps(source: str) -> str:
+    """``_STEADY_SPS`` from ``source``'s points of ``$sps_metric`` (the rows being loaded: never a scan of every
+    run's history)."""
+    points = f"points AS (SELECT * FROM {source} WHERE metric = $sps_metric AND {_REPLACED})"
+    return f"WITH {points} {_STEADY_SPS}"
+
+
+#: Idle and partly idle GPU-hours per run and UTC day, from the whole sampled stream of the runs of ``$runs_sql``
+#: (``gauges.curve_idle_sql``: the one idle rule), a GPU below ``$idle_pct`` idle.
+def _curve_idle_insert(runs_sql: str, samples: str = "run_gpu_samples") -> str:
+    return f"""
+INSERT INTO run_curve_idle BY NAME
+WITH {curve_idle_sql("$now::TIMESTAMP", runs_sql, samples)}
+SELECT entity, project, run_id, date_trunc('day', sampled_at)::DATE AS day, $idle_pct::DOUBLE AS idle_pct,
+       sum(idle * greatest(epoch(until) - epoch(sampled_at), 0) / 3600.0) AS idle_gpu_hours,
+       sum(partly * greatest(epoch(until) - epoch(sampled_at), 0) / 3600.0) AS partly_idle_gpu_hours
+FROM curve_held GROUP BY ALL
+"""
+
+
+_FINAL_REPLACED = f"(SELECT entity, project, run_id FROM curve_reads WHERE final AND status IN ('{READ}', '{NONE}'))"
+
+
+def due_curves(con, now: datetime, refresh: timedelta, limit: int) -> tuple[list[tuple[str, str, str, bool]], int]:
+    """``([(entity, project, run_id, final)], due)``: at most ``limit`` runs whose curves are due (``DUE_CURVES_SQL``;
+    final: the run has ended, a read now is its last), and how many are due in all (the backlog)."""
+    if con is None or "curves_final" not in {r[0] for r in con.execute("DESCRIBE runs").fetchall()}:
+        return [], 0
+    params = {"now": now, "refresh": refresh}
+    rows = con.execute(f"{DUE_CURVES_SQL} LIMIT $limit", params | {"limit": limit}).fetchall()
+    total = (
+        len(rows)
+        if len(rows) < limit
+        else con.execute(f"SELECT count(*) FROM ({DUE_CURVES_SQL})", params).fetchone()[0]
+    )
+    return rows, total
+
+
+def load_curves(con, folders: list[Path], sps_metric: str, idle_pct: float, now: datetime) -> dict[str, int]:
+    """Load the published reads ``folders`` (oldest first) in one transaction: a run read (``read`` / ``none``)
+    replaces its earlier curves (never adds to them), gets its status, its steady SPS and, once ended, its idle
+    GPU-hours per day; a failed read marks a run ``failed`` only when no earlier read of it answered (those curves
+    stay). Idle rows judged with another ``idle_pct`` (WANDB_ASSETS_IDLE_GPU_PCT changed) are judged again.
+    Returns ``{status: runs}`` over the folders, and ``points``."""
+    counts: dict[str, int] = {}
+    with transaction(con):
+        for folder in folders:
+            paths = {kind: sorted(str(p) for p in folder.glob(f"{kind}-*.csv")) for kind in _COLUMNS}
+            if not paths[READS_FILE]:
+                continue
+
+            def params(kind: str, paths=paths) -> dict:
+                return {"paths": [literal_path(p) for p in paths[kind]]}
+
+            con.execute(
+                f"CREATE OR REPLACE TEMP TABLE curve_reads AS SELECT * FROM {_read(READS_FILE)} "
+                f"WHERE {_KEYS} IN (SELECT entity, project, run_id FROM runs)",
+                params(READS_FILE),
+            )
+            for status, runs in con.execute("SELECT status, count(*) FROM curve_reads GROUP BY 1").fetchall():
+                counts[status] = counts.get(status, 0) + runs
+            earlier = con.execute(
+                f"SELECT count(*) FROM runs WHERE curves_status IN ('{READ}', '{NONE}') AND {_REPLACED}"
+            ).fetchone()[0]
+            if earlier:  # else nothing to replace: no scan of every run's curves
+                for table in ("run_history", "run_gpu_samples"):
+                    con.execute(f"DELETE FROM {table} WHERE {_REPLACED}")
+            con.execute(f"DELETE FROM run_curve_idle WHERE {_REPLACED}")
+            for table, kind in (("run_history", HISTORY_FILE), ("run_gpu_samples", GPU_FILE)):
+                (added,) = con.execute(
+                    f"INSERT INTO {table} BY NAME SELECT * FROM {_read(kind)} WHERE {_REPLACED}", params(kind)
+                ).fetchone()
+                counts["points"] = counts.get("points", 0) + added
+            con.execute(
+                f"""UPDATE runs SET curves_status = c.status, curves_read_at = c.read_at, curves_final = c.final
+                FROM curve_reads c
+                WHERE c.entity = runs.entity AND c.project = runs.project AND c.run_id = runs.run_id
+                  AND (c.status <> '{FAILED}' OR runs.curves_status IS NULL OR runs.curves_status = '{FAILED}')"""
+            )
+            # Steady SPS and idle hours from the files just loaded (read again, streaming), not from the tables.
+            con.execute(_steady_sps(_read(HISTORY_FILE)), {"sps_metric": sps_metric, **params(HISTORY_FILE)})
+            con.execute(
+                _curve_idle_insert(_FINAL_REPLACED, _read(GPU_FILE)),
+                {"now": now, "idle_pct": idle_pct, **params(GPU_FILE)},
+            )
+            con.execute("DROP TABLE curve_reads")
+        counts["idle_rejudged"] = rejudge_curve_idle(con, idle_pct, now)
+    return counts
+
+
+def rejudge_curve_idle(con, idle_pct: float, now: datetime) -> int:
+    """Judge again, at ``idle_pct``, the idle GPU-hours of the runs whose rows were judged at another threshold
+    (WANDB_ASSETS_IDLE_GPU_PCT changed): the numbers keep one meaning. Returns the rows found stale (0: nothing
+    done). Inside the caller's transaction."""
+    stale = con.execute("SELECT count(*) FROM run_curve_idle WHERE idle_pct <> $p", {"p": idle_pct}).fetchone()[0]
+    if stale:
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE stale_idle AS SELECT DISTINCT entity, project, run_id "
+            "FROM run_curve_idle WHERE idle_pct <> $p",
+            {"p": idle_pct},
+        )
+        con.execute(f"DELETE FROM run_curve_idle WHERE {_KEYS} IN (SELECT entity, project, run_id FROM stale_idle)")
+        con.execute(_curve_idle_insert("(SELECT * FROM stale_idle)"), {"now": now, "idle_pct": idle_pct})
+        con.execute("DROP TABLE stale_idle")
+    return stale
