@@ -69,6 +69,12 @@ def test_definitions_contents():
         "fleet_report",
         "offline_runs",
     }
+    curves = defs.get_schedule_def("curves_every_15_minutes")  # between the ticks, never on their path
+    assert (curves.cron_schedule, curves.default_status.value, curves.job_name) == (
+        "7,22,37,52 * * * *",
+        "RUNNING",
+        "curves",
+    )
     schedule = defs.get_schedule_def("every_15_minutes")
     assert schedule.cron_schedule == "*/15 * * * *"
     assert schedule.default_status.value == "RUNNING"

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from wandb_assets.lib.curves import gpu_rows, history_rows, history_specs
 from wandb_assets.lib.curves_warehouse import due_curves
 from wandb_assets.localwandb import make_run_node
-from wandb_assets.ticks import execute_backfill, execute_refresh
+from wandb_assets.ticks import execute_backfill, execute_curves, execute_refresh
 from wandb_assets.warehouse import query_read_only
 
 DAY = datetime(2026, 6, 1)
@@ -46,6 +46,11 @@ def _events(samples: int, start: datetime, gpus: int = 2) -> list[dict]:
             row[f"system.gpu.{gpu}.powerWatts"] = 300.0
         rows.append(row)
     return rows
+
+
+def _backfill_and_curves(instance) -> bool:
+    """A backfill of DAY, then one run of the curves job (its schedule's, between the ticks)."""
+    return execute_backfill(instance, DAY.date(), DAY.date()).success and execute_curves(instance).success
 
 
 def _run(run_id: str, state: str, hours: float = 1.0, **curves) -> dict:
@@ -105,7 +110,7 @@ def test_a_backfill_stores_each_ended_runs_curves_with_its_row_one_request_per_2
     pending = _run("pend", "pending")  # not read: nothing to read yet
     server = wandb_server([*ended, quiet, pending])
     server.faults.cost_per_request_s = 0.05  # slow enough that requests overlap
-    assert execute_backfill(instance, DAY.date(), DAY.date()).success
+    assert _backfill_and_curves(instance)
     # 42 runs due (41 + quiet): 3 requests of at most 20 runs, in the fetch's budget of 2 in flight
     assert server.count("RunCurves") == 3
     assert server.max_in_flight <= 2
@@ -125,7 +130,7 @@ def test_a_backfill_stores_each_ended_runs_curves_with_its_row_one_request_per_2
         "SELECT sps_steady FROM runs WHERE run_id = 'quiet'",
     ) == [(113.0,), (None,)]
     # a second backfill of the same day reads none again: each ended run once (and keeps their steady SPS)
-    assert execute_backfill(instance, DAY.date(), DAY.date()).success
+    assert _backfill_and_curves(instance)
     assert server.count("RunCurves") == 3
     assert query_read_only(warehouse_path, "SELECT count(*) FROM run_history") == [(41 * 5,)]
     assert query_read_only(warehouse_path, "SELECT count(*) FROM runs WHERE sps_steady = 113") == [(41,)]
@@ -138,11 +143,11 @@ def test_a_failed_read_is_retried_by_a_later_fetch_and_never_fails_the_run(
     server = wandb_server([_run("a", "finished", history=_history(10, start))])
     server.faults.fail_status, server.faults.fail_count = 500, -1
     server.faults.fail_operations = frozenset({"RunCurves"})
-    assert execute_backfill(instance, DAY.date(), DAY.date()).success
+    assert _backfill_and_curves(instance)
     assert query_read_only(warehouse_path, "SELECT curves_status FROM runs") == [("failed",)]
     assert query_read_only(warehouse_path, "SELECT count(*) FROM run_history") == [(0,)]
     server.faults.fail_status = None
-    assert execute_backfill(instance, DAY.date(), DAY.date()).success
+    assert _backfill_and_curves(instance)
     assert query_read_only(warehouse_path, "SELECT curves_status FROM runs") == [("read",)]
     assert query_read_only(warehouse_path, "SELECT count(*) FROM run_history") == [(10,)]
 
@@ -159,21 +164,21 @@ def test_a_running_run_is_read_at_most_hourly_and_once_more_after_it_ends(
         "live", display_name=None, state="running", created_at=start, heartbeat_at=now, history=_history(4, start)
     )
     server = wandb_server([node])
-    assert execute_refresh(instance, today).success
+    assert execute_refresh(instance, today).success and execute_curves(instance).success
     assert server.count("RunCurves") == 1
-    assert execute_refresh(instance, today).success  # minutes later: not again
+    assert execute_refresh(instance, today).success and execute_curves(instance).success  # minutes later: not again
     assert server.count("RunCurves") == 1
     monkeypatch.setenv("WANDB_ASSETS_HISTORY_REFRESH_MINUTES", "0.001")  # an hour later, as far as the rule goes
-    assert execute_refresh(instance, today).success
+    assert execute_refresh(instance, today).success and execute_curves(instance).success
     assert server.count("RunCurves") == 2
     monkeypatch.setenv("WANDB_ASSETS_HISTORY_REFRESH_MINUTES", "60")
     ends = datetime.now(UTC).replace(tzinfo=None, microsecond=0) + timedelta(seconds=2)  # after the last read
     ended = dict(node, state="finished", heartbeatAt=ends.isoformat() + "Z")
     ended["_history"] = _history(8, start)
     server.upsert_runs([ended])
-    assert execute_refresh(instance, today).success
+    assert execute_refresh(instance, today).success and execute_curves(instance).success
     assert server.count("RunCurves") == 3  # once after it ended
-    assert execute_refresh(instance, today).success
+    assert execute_refresh(instance, today).success and execute_curves(instance).success
     assert server.count("RunCurves") == 3  # and never again
     assert query_read_only(
         warehouse_path, "SELECT count(*), max(step) FROM run_history WHERE metric = 'overview/sps'"
@@ -183,7 +188,7 @@ def test_a_running_run_is_read_at_most_hourly_and_once_more_after_it_ends(
 def test_curves_off_reads_none(wandb_server, warehouse_path, instance, monkeypatch):
     monkeypatch.setenv("WANDB_ASSETS_FETCH_HISTORY", "false")
     server = wandb_server([_run("a", "finished", history=_history(10, DAY))])
-    assert execute_backfill(instance, DAY.date(), DAY.date()).success
+    assert _backfill_and_curves(instance)
     assert server.count("RunCurves") == 0
     assert query_read_only(warehouse_path, "SELECT curves_status FROM runs") == [(None,)]
 
@@ -269,32 +274,35 @@ def test_idle_and_partly_idle_gpu_hours_come_from_an_ended_runs_whole_sampled_st
     GPU-hour, of which 20 minutes (the two samples where the other GPU was busy) = 0.333 partly idle. No tick ever
     sampled this run: before curves, it counted no idle time at all."""
     wandb_server([_two_gpus_partly_idle()])
-    assert execute_backfill(instance, DAY.date(), DAY.date()).success
+    assert _backfill_and_curves(instance)
     ((gpu_hours, idle, partly),) = query_read_only(
         warehouse_path, "SELECT gpu_hours, idle_gpu_hours, partly_idle_gpu_hours FROM gpu_usage"
     )
     assert (round(gpu_hours, 6), round(idle, 6), round(partly, 6)) == (round(80 / 60, 6), 1.0, round(20 / 60, 6))
 
 
-def test_a_backlog_is_read_a_share_per_tick_newest_ended_first_and_a_quiet_tick_asks_nothing(
+def test_a_backlog_is_read_a_share_per_run_newest_ended_first_and_never_by_a_tick(
     wandb_server, warehouse_path, instance, monkeypatch
 ):
-    """45 ended runs, WANDB_ASSETS_HISTORY_RUNS_PER_TICK=20: the backfill reads the 20 that ended last (one request),
-    the next tick the 20 before them, the third the last 5; a fourth, with nothing due, sends no RunCurves at all."""
+    """45 ended runs, WANDB_ASSETS_HISTORY_RUNS_PER_TICK=20. The backfill and the ticks read no curves (their own job
+    does, between the ticks); its first run reads the 20 that ended last (one request), the next the 20 before them,
+    the third the last 5; a fourth, with nothing due, sends no RunCurves at all."""
     monkeypatch.setenv("WANDB_ASSETS_HISTORY_RUNS_PER_TICK", "20")
     monkeypatch.setenv("WANDB_ASSETS_HISTORY_SAMPLES", "3")
     start = DAY + timedelta(hours=1)
     ended = [_run(f"r{i:02d}", "finished", hours=0.1 + i / 100, history=_history(3, start)) for i in range(45)]
     server = wandb_server(ended)
     assert execute_backfill(instance, DAY.date(), DAY.date()).success
+    assert execute_refresh(instance, datetime.now(UTC).date()).success
+    assert server.count("RunCurves") == 0
+    assert execute_curves(instance).success
     assert server.count("RunCurves") == 1
     read_first = query_read_only(
         warehouse_path, "SELECT min(run_id), max(run_id), count(*) FROM runs WHERE curves_status = 'read'"
     )
     assert read_first == [("r25", "r44", 20)]  # r44 ended last
-    today = datetime.now(UTC).date()
     for requests, read in ((2, 40), (3, 45), (3, 45)):
-        assert execute_refresh(instance, today).success
+        assert execute_curves(instance).success
         assert server.count("RunCurves") == requests
         assert query_read_only(warehouse_path, "SELECT count(*) FROM runs WHERE curves_status = 'read'") == [(read,)]
     assert query_read_only(warehouse_path, "SELECT count(*) FROM run_history") == [(45 * 3,)]
@@ -309,7 +317,7 @@ def test_changing_the_idle_threshold_judges_the_curves_idle_hours_again(wandb_se
     from wandb_assets.lib.warehouse import rebuild_gpu_usage
 
     wandb_server([_two_gpus_partly_idle()])
-    assert execute_backfill(instance, DAY.date(), DAY.date()).success
+    assert _backfill_and_curves(instance)
     idle_sql = "SELECT round(sum(idle_gpu_hours), 6), round(sum(partly_idle_gpu_hours), 6) FROM gpu_usage"
     assert query_read_only(warehouse_path, idle_sql) == [(1.0, round(20 / 60, 6))]
     with duckdb.connect(str(warehouse_path)) as con:
@@ -321,14 +329,15 @@ def test_changing_the_idle_threshold_judges_the_curves_idle_hours_again(wandb_se
 def test_the_curves_command_reads_the_whole_backlog_round_after_round(
     wandb_server, warehouse_path, instance, monkeypatch, capsys
 ):
-    """After a backfill that read 20 of 45 runs' curves, `wandb-assets curves` reads the other 25 in two rounds of at
-    most 20 (two requests), says so, and stops when none is due; `--once` with nothing due asks nothing."""
+    """After a backfill and one curves run (20 of 45 runs' curves), `wandb-assets curves` reads the other 25 in two
+    rounds of at most 20 (two requests), says so, and stops when none is due; `--once` with nothing due asks
+    nothing."""
     from wandb_assets.cli import main
 
     monkeypatch.setenv("WANDB_ASSETS_HISTORY_RUNS_PER_TICK", "20")
     start = DAY + timedelta(hours=1)
     server = wandb_server([_run(f"r{i:02d}", "finished", history=_history(3, start)) for i in range(45)])
-    assert execute_backfill(instance, DAY.date(), DAY.date()).success
+    assert _backfill_and_curves(instance)
     capsys.readouterr()
     assert main(["curves"]) == 0
     out = capsys.readouterr().out
@@ -349,3 +358,21 @@ def test_the_curves_command_says_when_curves_are_off(monkeypatch, capsys, instan
     assert capsys.readouterr().err == (
         "error: WANDB_ASSETS_FETCH_HISTORY is false: set it to true to read the runs' curves.\n"
     )
+
+
+def test_the_curves_schedule_skips_while_curves_are_off_and_never_stacks_runs(instance, monkeypatch):
+    from dagster import DagsterRunStatus, RunRequest, SkipReason, build_schedule_context
+
+    from wandb_assets.defs.fleet.schedules import curves_every_15_minutes
+
+    with build_schedule_context(instance=instance) as context:
+        assert isinstance(curves_every_15_minutes(context), RunRequest)
+        monkeypatch.setenv("WANDB_ASSETS_FETCH_HISTORY", "false")
+        assert "WANDB_ASSETS_FETCH_HISTORY is false" in curves_every_15_minutes(context).skip_message
+        monkeypatch.setenv("WANDB_ASSETS_FETCH_HISTORY", "true")
+        from wandb_assets.definitions import defs
+
+        job = defs.resolve_job_def("curves")
+        instance.create_run_for_job(job, status=DagsterRunStatus.STARTED)
+        skipped = curves_every_15_minutes(context)
+        assert isinstance(skipped, SkipReason) and "still in flight" in skipped.skip_message

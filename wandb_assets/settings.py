@@ -147,8 +147,9 @@ class Settings(BaseSettings):
     )
     WANDB_ASSETS_HISTORY_RUNS_PER_TICK: int = _var(
         2000,
-        "Most runs whose curves one tick (or backfill) reads (20-100000): the runs due beyond it wait for the next "
-        "ticks, the newest ended first, so a backfill or a first deployment never waits for a whole fleet's curves.",
+        "Most runs whose curves one run of the curves job reads (20-100000; its schedule runs every 15 minutes, "
+        "between the ticks): the runs due beyond it wait for the next ones, the newest ended first. "
+        "`wandb-assets curves` reads the whole backlog at once.",
         ge=20,
         le=100000,
     )

@@ -14,7 +14,7 @@ REFRESH_JOB = "refresh"
 BACKFILL_JOB = "backfill"
 OFFLINE_JOB = "offline"
 CURVES_JOB = "curves"
-#: Run monitoring fails a tick that runs longer than this instead of letting it hang.
+#: Run monitoring fails a tick that runs longer than this instead of letting it hang (a curves run too).
 TICK_MAX_RUNTIME_S = 900
 #: ... and an offline ingest (1,000 logs of 10,000 rows take 12 s; a crafted or huge log must not hold the
 #: warehouse slot for good).
@@ -25,9 +25,9 @@ FALLBACK_LOOKBACK_DAYS = 7
 RANGE_START_TAG, RANGE_END_TAG = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
 DERIVED = AssetSelection.keys("push_to_main_sps", "success_rates", "gpu_hours", "gpu_usage")
-#: Fetch and load the mirrored projects' runs, record what the fetch found of each project, and read the curves of
-#: the runs due (a share of the backlog per run: WANDB_ASSETS_HISTORY_RUNS_PER_TICK).
-MIRROR = AssetSelection.keys("staged_runs", "runs", "wandb_projects", "staged_curves", "run_curves")
+#: Fetch and load the mirrored projects' runs, and record what the fetch found of each project. The runs' curves are
+#: read by a job of their own (``curves_job``): never on the tick's or a backfill's path.
+MIRROR = AssetSelection.keys("staged_runs", "runs", "wandb_projects")
 
 refresh_job = define_asset_job(
     REFRESH_JOB,
@@ -58,9 +58,10 @@ curves_job = define_asset_job(
     CURVES_JOB,
     selection=AssetSelection.keys("staged_curves", "run_curves", "gpu_usage"),
     executor_def=in_process_executor,
-    description="Read a share of the curves due (WANDB_ASSETS_HISTORY_RUNS_PER_TICK runs) and load them, then "
-    "gpu_usage's idle hours: what each tick does for curves, without re-reading the runs (`wandb-assets curves` "
-    "repeats it until none is due).",
+    tags={"dagster/max_runtime": str(TICK_MAX_RUNTIME_S)},
+    description="Read the curves due (WANDB_ASSETS_HISTORY_RUNS_PER_TICK runs at most, the newest ended first) and "
+    "load them, then rebuild gpu_usage (idle hours from curves). Its own schedule, between the ticks: never on a "
+    "tick's or a backfill's path (`wandb-assets curves` repeats it until none is due).",
 )
 
 

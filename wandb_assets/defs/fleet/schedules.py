@@ -12,7 +12,16 @@ from dagster import (
     schedule,
 )
 
-from wandb_assets.defs.fleet.jobs import REFRESH_JOB, TICK_RUN_CONFIG, partition_range_tags, plan_tick, refresh_job
+from wandb_assets.defs.fleet.jobs import (
+    CURVES_JOB,
+    REFRESH_JOB,
+    TICK_RUN_CONFIG,
+    curves_job,
+    partition_range_tags,
+    plan_tick,
+    refresh_job,
+)
+from wandb_assets.settings import pipeline_settings
 
 IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 
@@ -32,3 +41,20 @@ def every_15_minutes(context: ScheduleEvaluationContext):
     first, last, reason = plan_tick(today)
     context.log.info(f"Tick covers {first}..{last}: {reason}")
     return RunRequest(tags=partition_range_tags(first, last), run_config=TICK_RUN_CONFIG)
+
+
+@schedule(
+    job=curves_job,
+    cron_schedule="7,22,37,52 * * * *",
+    execution_timezone="UTC",
+    default_status=DefaultScheduleStatus.RUNNING,
+    description="Every 15 minutes, between the ticks: read the curves due (WANDB_ASSETS_HISTORY_RUNS_PER_TICK runs at "
+    "most) and load them. Skipped while WANDB_ASSETS_FETCH_HISTORY is false.",
+)
+def curves_every_15_minutes(context: ScheduleEvaluationContext):
+    if not pipeline_settings().fetch_history:
+        return SkipReason("WANDB_ASSETS_FETCH_HISTORY is false: no curves are read.")
+    in_flight = context.instance.get_runs_count(RunsFilter(job_name=CURVES_JOB, statuses=IN_FLIGHT))
+    if in_flight:
+        return SkipReason(f"{in_flight} curves run(s) still in flight; not stacking another.")
+    return RunRequest()

@@ -21,8 +21,9 @@ from wandb_assets.settings import alert_thresholds, pipeline_settings
         "The curves of the runs due (once after a run ends, at most every WANDB_ASSETS_HISTORY_REFRESH_MINUTES while "
         "it runs, again after a failed read): their sampled history of WANDB_ASSETS_HISTORY_KEYS and their GPUs' "
         "system stream, 20 runs a request, at most WANDB_ASSETS_HISTORY_RUNS_PER_TICK runs a run (the newest ended "
-        "first; the rest wait for the next ticks), as point files under WANDB_ASSETS_STAGING_DIR/curves. A failed "
-        "request leaves its runs 'failed' and never fails the others. Off unless WANDB_ASSETS_FETCH_HISTORY."
+        "first; the rest wait for the next runs of the curves job), as point files under "
+        "WANDB_ASSETS_STAGING_DIR/curves. A failed request leaves its runs 'failed' and never fails the others. Off "
+        "unless WANDB_ASSETS_FETCH_HISTORY."
     ),
 )
 def staged_curves(
@@ -55,7 +56,7 @@ def staged_curves(
     requests = throttle.requests if throttle else 0
     context.log.info(
         f"Read the curves of {len(due)} run(s) in {requests} request(s): {statuses or 'none due'}"
-        + (f"; {more} more due, read by the next ticks (WANDB_ASSETS_HISTORY_RUNS_PER_TICK)" if more else "")
+        + (f"; {more} more due, read by the next runs (WANDB_ASSETS_HISTORY_RUNS_PER_TICK)" if more else "")
     )
     return MaterializeResult(
         metadata={
