@@ -19,7 +19,6 @@ Usage: ``uv run python benchmarks/bench_curves.py`` (``--days``, ``--runs-per-da
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 from datetime import UTC, datetime, timedelta

@@ -69,7 +69,7 @@ def test_definitions_contents():
         "fleet_report",
         "offline_runs",
     }
-    curves = defs.get_schedule_def("curves_every_15_minutes")  # between the ticks, never on their path
+    curves = defs.get_schedule_def("curves_between_ticks")  # between the ticks, never on their path
     assert (curves.cron_schedule, curves.default_status.value, curves.job_name) == (
         "7,22,37,52 * * * *",
         "RUNNING",

@@ -363,16 +363,16 @@ def test_the_curves_command_says_when_curves_are_off(monkeypatch, capsys, instan
 def test_the_curves_schedule_skips_while_curves_are_off_and_never_stacks_runs(instance, monkeypatch):
     from dagster import DagsterRunStatus, RunRequest, SkipReason, build_schedule_context
 
-    from wandb_assets.defs.fleet.schedules import curves_every_15_minutes
+    from wandb_assets.defs.fleet.schedules import curves_between_ticks
 
     with build_schedule_context(instance=instance) as context:
-        assert isinstance(curves_every_15_minutes(context), RunRequest)
+        assert isinstance(curves_between_ticks(context), RunRequest)
         monkeypatch.setenv("WANDB_ASSETS_FETCH_HISTORY", "false")
-        assert "WANDB_ASSETS_FETCH_HISTORY is false" in curves_every_15_minutes(context).skip_message
+        assert "WANDB_ASSETS_FETCH_HISTORY is false" in curves_between_ticks(context).skip_message
         monkeypatch.setenv("WANDB_ASSETS_FETCH_HISTORY", "true")
         from wandb_assets.definitions import defs
 
         job = defs.resolve_job_def("curves")
         instance.create_run_for_job(job, status=DagsterRunStatus.STARTED)
-        skipped = curves_every_15_minutes(context)
+        skipped = curves_between_ticks(context)
         assert isinstance(skipped, SkipReason) and "still in flight" in skipped.skip_message

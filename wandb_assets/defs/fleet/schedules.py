@@ -51,7 +51,7 @@ def every_15_minutes(context: ScheduleEvaluationContext):
     description="Every 15 minutes, between the ticks: read the curves due (WANDB_ASSETS_HISTORY_RUNS_PER_TICK runs at "
     "most) and load them. Skipped while WANDB_ASSETS_FETCH_HISTORY is false.",
 )
-def curves_every_15_minutes(context: ScheduleEvaluationContext):
+def curves_between_ticks(context: ScheduleEvaluationContext):
     if not pipeline_settings().fetch_history:
         return SkipReason("WANDB_ASSETS_FETCH_HISTORY is false: no curves are read.")
     in_flight = context.instance.get_runs_count(RunsFilter(job_name=CURVES_JOB, statuses=IN_FLIGHT))
