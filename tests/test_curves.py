@@ -19,12 +19,6 @@ from wandb_assets.warehouse import query_read_only
 DAY = datetime(2026, 6, 1)
 
 
-@pytest.fixture(autouse=True)
-def curves_on(monkeypatch):
-    """Curves are off by default until a backfill with them fits its memory (benchmarks/README.md)."""
-    monkeypatch.setenv("WANDB_ASSETS_FETCH_HISTORY", "true")
-
-
 def _history(steps: int, start: datetime, key: str = "overview/sps", every: int = 1) -> list[dict]:
     """Steps 0..steps-1, one a second; ``key`` = 100 + step on every ``every``-th step, ``loss`` on every one."""
     rows = []

@@ -20,19 +20,21 @@ from dagster import instance_for_test
 from tests.conftest import API_KEY, ENTITY, PROJECT
 from wandb_assets.lib.warehouse import replay_snapshots
 from wandb_assets.localwandb import LocalWandbServer
-from wandb_assets.localwandb.synthetic import generate_fleet
-from wandb_assets.ticks import execute_backfill, run_tick
+from wandb_assets.localwandb.synthetic import add_curves, generate_fleet
+from wandb_assets.ticks import execute_backfill, execute_curves, run_tick
 from wandb_assets.warehouse import connect, open_snapshot, snapshot_path
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
-CHARTS = {"fleet_overview": 3, "gpu_costs": 3, "push_to_main_throughput": 2, "sweeps": 1}
+CHARTS = {"fleet_overview": 3, "gpu_costs": 3, "push_to_main_throughput": 2, "sweeps": 1, "training_curves": 3}
 ARTIFACTS = REPO / "test-artifacts" / "notebooks"
 NOW = datetime.now(UTC).replace(tzinfo=None, microsecond=0)
 
 
 def fleet_server() -> LocalWandbServer:
-    return LocalWandbServer(generate_fleet(NOW, days=8, runs_per_day=60), entity=ENTITY, project=PROJECT).start()
+    nodes = generate_fleet(NOW, days=8, runs_per_day=60)
+    add_curves(nodes, NOW)  # the last days' runs carry curves, as the demo's do
+    return LocalWandbServer(nodes, entity=ENTITY, project=PROJECT).start()
 
 
 def point_at(monkeypatch, server: LocalWandbServer) -> None:
@@ -46,8 +48,10 @@ def point_at(monkeypatch, server: LocalWandbServer) -> None:
 
 
 def build_warehouse(instance) -> None:
-    """A backfill, 48 replayed hourly snapshots (what the demo does, so the gauges chart has a history), a tick."""
+    """A backfill, a run of the curves job, 48 replayed hourly snapshots (what the demo does, so the gauges chart has
+    a history), a tick."""
     assert execute_backfill(instance, (NOW - timedelta(days=8)).date(), NOW.date()).success
+    assert execute_curves(instance).success
     last_hour = NOW.replace(minute=0, second=0)
     con = connect(os.environ["WANDB_ASSETS_DUCKDB"], read_only=False)
     try:
@@ -110,7 +114,7 @@ def images(notebook: nbformat.NotebookNode) -> int:
     )
 
 
-def test_there_are_the_four_notebooks():
+def test_there_are_the_five_notebooks():
     assert [p.stem for p in NOTEBOOKS] == sorted(CHARTS)
 
 

@@ -182,6 +182,8 @@ def _contents(con, new_columns: bool = False) -> dict[str, list]:
     contents = {}
     for table in tables:
         columns = "* EXCLUDE (entity, project)" if new_columns and table in PROJECT_TABLES else "*"
+        if new_columns and table == "push_to_main_sps":  # and the steady SPS of issue 34
+            columns = "* EXCLUDE (entity, project, sps_steady)"
         if new_columns and table == "runs":  # and the GPU columns of issue 22
             columns = (
                 "* EXCLUDE (entity, project, gpu_count_source, gpu_model, gpu_util_pct, latest_gpu_sample, "

@@ -186,3 +186,81 @@ def _finish_daily(fig: Figure, ax: Axes, alt: str, notes: list[str]) -> str:
 
 def _when(moment) -> str:
     return "none" if pd.isna(moment) else pd.Timestamp(moment).strftime("%Y-%m-%d %H:%M")
+
+
+def ci_curves_over_commits(curves: pd.DataFrame, config: str, metric: str) -> str:
+    """One line per main commit of ``config`` (``warehouse.ci_curves``): ``metric`` by step, the newest darkest,
+    each run's steady SPS (median after warm-up) dashed. Returns the alt text."""
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    orders = sorted(curves.commit_order.unique()) if len(curves) else []
+    colours = plt.cm.viridis_r([0.15 + 0.8 * k / max(len(orders) - 1, 1) for k in range(len(orders))])
+    for colour, order in zip(colours, orders, strict=True):
+        run = curves[curves.commit_order == order]
+        label = f"{run.ci_commit.iloc[0] or run.run_id.iloc[0]}"
+        ax.plot(run.step, run.value, color=colour, label=label, linewidth=1.4)
+        if pd.notna(run.sps_steady.iloc[0]):
+            ax.axhline(run.sps_steady.iloc[0], color=colour, linestyle="--", linewidth=0.8)
+    ax.set(
+        title=f"{metric} of the last {len(orders)} main commits of {config} (dashed: steady SPS)",
+        xlabel="step",
+        ylabel=f"{metric} (steps per second)",
+    )
+    if orders:
+        _legend_outside(ax, "commit (oldest to newest)")
+    fig.tight_layout()
+    steady = curves.drop_duplicates("commit_order").sps_steady.dropna()
+    alt = f"{metric} by step for the last {len(orders)} main-branch commits of {config}, one line per commit."
+    if len(steady):
+        alt += (
+            f" Steady SPS ranges from {steady.min():,.0f} to {steady.max():,.0f}; the newest is {steady.iloc[-1]:,.0f}."
+        )
+    else:
+        alt += " No run of it has curves yet."
+    show(fig, alt)
+    return alt
+
+
+def steady_sps_by_gpu_model(frame: pd.DataFrame) -> str:
+    """Median steady SPS per CI config and GPU model, with the 10th-90th percentile as an error bar
+    (``warehouse.steady_sps_by_gpu_model``). Returns the alt text."""
+    configs = list(dict.fromkeys(frame.ci_config))
+    fig, axes = plt.subplots(1, max(len(configs), 1), figsize=(4 * max(len(configs), 1), 4), squeeze=False)
+    for ax, config in zip(axes[0], configs, strict=False):
+        rows = frame[frame.ci_config == config]
+        errors = [rows.median_sps - rows.p10_sps, rows.p90_sps - rows.median_sps]
+        ax.barh(rows.gpu_model, rows.median_sps, xerr=errors, color="tab:blue", capsize=3)
+        ax.set(title=config, xlabel="steady SPS (median, p10-p90)")
+        ax.invert_yaxis()
+    fig.suptitle("Steady-state SPS by GPU model, per CI config")
+    fig.tight_layout()
+    fastest = frame.loc[frame.groupby("ci_config").median_sps.idxmax()] if len(frame) else frame
+    alt = f"Median steady-state SPS by GPU model for {len(configs)} CI configs. " + " ".join(
+        f"{row.ci_config}: fastest on {row.gpu_model} ({row.median_sps:,.0f} SPS over {row.runs} runs)."
+        for row in fastest.itertuples()
+    )
+    show(fig, alt)
+    return alt
+
+
+def gpu_utilisation_heatmap(frame: pd.DataFrame, hours: int) -> str:
+    """Mean GPU utilisation per run (rows) and time bin (columns) over the fleet's last ``hours``
+    (``warehouse.gpu_utilisation_by_run``); white where a run had no sample. Returns the alt text."""
+    grid = frame.pivot(index="run", columns="bin_start", values="util_pct").sort_index()
+    fig, ax = plt.subplots(figsize=(11, max(3.0, 0.28 * len(grid) + 1.5)))
+    image = ax.imshow(
+        grid.to_numpy(dtype=float), aspect="auto", cmap="RdYlGn", vmin=0, vmax=100, interpolation="nearest"
+    )
+    ax.set_yticks(range(len(grid.index)), grid.index, fontsize=8)
+    ticks = list(range(0, len(grid.columns), max(1, len(grid.columns) // 8)))
+    ax.set_xticks(ticks, [pd.Timestamp(grid.columns[t]).strftime("%m-%d %H:%M") for t in ticks], rotation=45)
+    ax.set(title=f"GPU utilisation of the busiest runs over the fleet's last {hours} h (UTC)", xlabel="time (UTC)")
+    fig.colorbar(image, ax=ax, label="mean GPU utilisation, %")
+    fig.tight_layout()
+    means = frame.groupby("run").util_pct.mean()
+    idle = int((means < 5).sum())
+    alt = (
+        f"Heatmap of mean GPU utilisation for {len(grid)} runs over the last {hours} hours, red idle to green busy; "
+        f"{idle} of them averaged under 5% utilisation."
+    )
+    show(fig, alt)
+    return alt

@@ -276,6 +276,11 @@ def cmd_refresh(args: argparse.Namespace) -> int:
     return _tick(datetime.now(UTC).date(), args.quiet)
 
 
+def _metadata(result, node: str) -> dict:
+    """The metadata values of ``node``'s materialization in ``result``."""
+    return {k: v.value for k, v in result.asset_materializations_for_node(node)[0].metadata.items()}
+
+
 def cmd_curves(args: argparse.Namespace) -> int:
     from wandb_assets.settings import ConfigError, pipeline_settings
 
@@ -292,7 +297,7 @@ def cmd_curves(args: argparse.Namespace) -> int:
         code = _report(result, "curves")
         if code:
             return code
-        meta = {k: v.value for k, v in result.asset_materializations_for_node("staged_curves")[0].metadata.items()}
+        meta = _metadata(result, "staged_curves")
         rounds, read = rounds + 1, read + meta["runs_due"]
         print(
             f"Curves: {meta['runs_due']:,} run(s) read in {meta['requests']:,} request(s) {meta.get('by_status', {})}; "
@@ -319,7 +324,7 @@ def cmd_ingest_offline(args: argparse.Namespace) -> int:
     code = _report(result, "ingest-offline")
     if code:
         return code
-    meta = {k: v.value for k, v in result.asset_materializations_for_node("offline_runs")[0].metadata.items()}
+    meta = _metadata(result, "offline_runs")
     quiet = f" ({meta['logs_gone_quiet']} read again: gone quiet)" if meta["logs_gone_quiet"] else ""
     print(
         f"Offline logs: {meta['logs_found']} found, {meta['logs_read']} read, {meta['logs_unchanged']} unchanged"
@@ -486,12 +491,13 @@ def _demo_environment(folder: Path, warehouse: str | None) -> str:
 def cmd_demo(args: argparse.Namespace) -> int:
     from wandb_assets.lib.lake import is_lake
     from wandb_assets.localwandb import LocalWandbServer
-    from wandb_assets.localwandb.synthetic import generate_fleet
+    from wandb_assets.localwandb.synthetic import add_curves, generate_fleet
     from wandb_assets.settings import pipeline_settings
 
     warehouse = _demo_environment(Path(args.dir), args.warehouse)
     now = datetime.now(UTC).replace(tzinfo=None, microsecond=0)
     nodes = generate_fleet(now, days=args.days, runs_per_day=args.runs_per_day)
+    add_curves(nodes, now)
     try:  # a fixed port: the run links stored in the warehouse (and in the alerts) stay the same every demo
         server = LocalWandbServer(nodes, entity=DEMO_ENTITY, project=DEMO_PROJECT, port=args.wandb_port).start()
     except OSError:
@@ -502,6 +508,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         other = generate_fleet(
             now, days=args.days, runs_per_day=max(args.runs_per_day // 4, 1), seed=seed, incidents=False
         )
+        add_curves(other, now, seed=seed)
         server.add_project(entity, project, other)
         served += len(other)
     first = (now - timedelta(days=args.days)).date()
@@ -522,6 +529,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     print(f"Backfilling {first}..{now.date()} in one run ...", flush=True)
     code = _report(execute_backfill(_instance(), first, now.date()), "backfill")
+    if code == 0 and pipeline_settings().fetch_history:
+        code = _demo_curves()
     if code == 0 and args.history_hours > 0:
         replayed = _replay_history(now, args.history_hours)
         print(f"Replayed {replayed} hourly fleet snapshots (the last {args.history_hours} h) for the charts.")
@@ -541,6 +550,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"the run links open on {server.url} while it runs."
     )
     return 0
+
+
+def _demo_curves() -> int:
+    """One run of the curves job, as its schedule does between the ticks: the newest ended runs' curves."""
+    from wandb_assets.ticks import execute_curves
+
+    print("Reading the newest runs' curves (the curves job, between the ticks) ...", flush=True)
+    result = execute_curves(_instance())
+    code = _report(result, "curves")
+    if code == 0:
+        meta = _metadata(result, "staged_curves")
+        print(
+            f"Read the curves of {meta['runs_due']:,} runs in {meta['requests']} requests {meta.get('by_status', {})}; "
+            f"{meta['more_due']:,} older ones wait for the next runs."
+        )
+    return code
 
 
 def cmd_publish(args: argparse.Namespace) -> int:

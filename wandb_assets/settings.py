@@ -127,12 +127,12 @@ class Settings(BaseSettings):
         "true",
     )
     WANDB_ASSETS_FETCH_HISTORY: bool = _var(
-        False,
+        True,
         "Read each run's curves (sampled history of WANDB_ASSETS_HISTORY_KEYS and its GPUs' system stream) once after "
-        "it ends, and at most every WANDB_ASSETS_HISTORY_REFRESH_MINUTES while it runs: one request per 20 runs, into "
-        "run_history and run_gpu_samples. Off by default until a backfill with curves fits its memory (see "
-        "benchmarks/README.md: 6,000 runs took 8.4 GiB).",
-        "false",
+        "it ends, and at most every WANDB_ASSETS_HISTORY_REFRESH_MINUTES while it runs: one request per 20 runs, by "
+        "the curves job between the ticks (never on a tick's or a backfill's path), into run_history and "
+        "run_gpu_samples.",
+        "true",
     )
     WANDB_ASSETS_HISTORY_KEYS: str = _var(
         ",".join(SPS_KEYS),
@@ -449,7 +449,7 @@ class PipelineSettings:
     gpu_prices: dict[str, float] = field(default_factory=dict)
     #: Curves (``WANDB_ASSETS_FETCH_HISTORY``, ``..._HISTORY_KEYS``, ``..._HISTORY_SAMPLES``, ``..._REFRESH_MINUTES``,
     #: ``..._RUNS_PER_TICK``).
-    fetch_history: bool = False
+    fetch_history: bool = True
     history_keys: tuple[str, ...] = ()
     history_samples: int = 500
     history_refresh: timedelta = timedelta(hours=1)

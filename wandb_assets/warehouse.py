@@ -288,3 +288,54 @@ def partial_days(con) -> dict[date, str]:
         so_far = f"until {latest:%H:%M} UTC"
         partial[latest.date()] = f"{partial[latest.date()]}, {so_far}" if latest.date() in partial else so_far
     return partial
+
+
+def ci_curves(con, config: str, metric: str = "overview/sps", commits: int = 8):
+    """The ``metric`` curves (``run_history``) of the last ``commits`` main-branch runs of CI config ``config``, in
+    commit order: one row per point (``commit_order`` 1 = the oldest shown), with each run's ``sps_steady``."""
+    return con.execute(
+        """WITH main AS (
+            SELECT entity, project, run_id, ci_commit, sps_steady,
+                   row_number() OVER (ORDER BY coalesce(ci_timestamp, created_at) DESC, run_id DESC) AS newest
+            FROM runs WHERE category = 'push_to_main' AND ci_branch = 'main' AND ci_config = $config
+              AND curves_status = 'read'
+        )
+        SELECT $commits + 1 - m.newest AS commit_order, m.ci_commit, m.run_id, m.sps_steady, h.step, h.value
+        FROM main m JOIN run_history h USING (entity, project, run_id)
+        WHERE m.newest <= $commits AND h.metric = $metric
+        ORDER BY commit_order, h.step""",
+        {"config": config, "metric": metric, "commits": commits},
+    ).df()
+
+
+def steady_sps_by_gpu_model(con):
+    """Per CI config and GPU model: the runs with a steady SPS (``runs.sps_steady``), their median and spread."""
+    return con.execute(
+        """SELECT ci_config, coalesce(gpu_model, '(no model)') AS gpu_model, count(*) AS runs,
+                  median(sps_steady) AS median_sps, quantile_cont(sps_steady, 0.1) AS p10_sps,
+                  quantile_cont(sps_steady, 0.9) AS p90_sps
+           FROM runs WHERE sps_steady IS NOT NULL AND ci_config IS NOT NULL
+           GROUP BY ALL ORDER BY ci_config, median_sps DESC"""
+    ).df()
+
+
+def gpu_utilisation_by_run(con, hours: int = 24, runs: int = 30, bin_minutes: int = 30):
+    """The fleet's last ``hours`` (up to its newest GPU sample) from the runs' sampled GPU streams
+    (``run_gpu_samples``): the mean utilisation of each run's GPUs per ``bin_minutes``, for the ``runs`` runs with the
+    most samples then (pandas: run label x bin start)."""
+    return con.execute(
+        """WITH recent AS (
+            SELECT g.*, max(g."timestamp") OVER () AS newest FROM run_gpu_samples g
+        ), window_ AS (
+            SELECT * FROM recent WHERE "timestamp" > newest - to_hours($hours::BIGINT)
+        ), top AS (
+            SELECT entity, project, run_id, count(*) AS samples FROM window_ GROUP BY ALL
+            ORDER BY samples DESC, run_id LIMIT $runs
+        )
+        SELECT coalesce(r.name, w.run_id) || ' (' || coalesce(r.gpu_model, '?') || ')' AS run,
+               time_bucket(to_minutes($bin::BIGINT), w."timestamp") AS bin_start, avg(w.util_pct) AS util_pct
+        FROM window_ w JOIN top USING (entity, project, run_id)
+        JOIN runs r USING (entity, project, run_id)
+        GROUP BY ALL ORDER BY run, bin_start""",
+        {"hours": hours, "runs": runs, "bin": bin_minutes},
+    ).df()

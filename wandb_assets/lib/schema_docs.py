@@ -108,6 +108,7 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "ended_at": "end time, UTC; NULL while alive",
             "url": "W&B page",
             **_SPS,
+            "sps_steady": "steady-state SPS from the run's curve (runs.sps_steady); NULL until its curves are read",
         },
     ),
     "success_rates": (
@@ -386,6 +387,7 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "ended_at": "end time, UTC",
             "state": "W&B state",
             **_SPS,
+            "sps_steady": "steady-state SPS from the run's curve (runs.sps_steady); NULL until its curves are read",
             "url": "W&B page",
         },
     ),

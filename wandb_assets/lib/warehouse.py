@@ -111,13 +111,15 @@ def _runs_table_sql(name: str) -> str:
     });"""
 
 
-SCHEMA_SQL = f"""
-{_runs_table_sql("runs")}
-CREATE TABLE IF NOT EXISTS push_to_main_sps (
+_PUSH_TO_MAIN_SPS_COLUMNS = f"""
     entity VARCHAR, project VARCHAR, run_id VARCHAR, name VARCHAR, ci_branch VARCHAR, ci_commit VARCHAR,
     ci_config VARCHAR, ci_timestamp TIMESTAMP, state VARCHAR, created_at TIMESTAMP, ended_at TIMESTAMP, url VARCHAR,
-    {", ".join(f"{c} DOUBLE" for c in _SPS_COLUMNS)}
-);
+    {", ".join(f"{c} DOUBLE" for c in _SPS_COLUMNS)}, sps_steady DOUBLE
+"""
+
+SCHEMA_SQL = f"""
+{_runs_table_sql("runs")}
+CREATE TABLE IF NOT EXISTS push_to_main_sps ({_PUSH_TO_MAIN_SPS_COLUMNS});
 CREATE TABLE IF NOT EXISTS success_rates (
     entity VARCHAR, project VARCHAR, day DATE, category VARCHAR, completed BIGINT, failed BIGINT, other_ended BIGINT,
     success_rate_pct DOUBLE
@@ -153,7 +155,7 @@ CREATE OR REPLACE VIEW main_sps_by_config AS
 SELECT entity, project, ci_config,
        row_number() OVER (PARTITION BY entity, project, ci_config
                           ORDER BY coalesce(ci_timestamp, created_at), run_id) AS commit_order,
-       ci_commit, ci_timestamp, created_at, ended_at, state, {", ".join(_SPS_COLUMNS)}, url
+       ci_commit, ci_timestamp, created_at, ended_at, state, {", ".join(_SPS_COLUMNS)}, sps_steady, url
 FROM push_to_main_sps WHERE ci_branch = 'main' AND ci_config IS NOT NULL;
 
 CREATE OR REPLACE VIEW daily_fleet AS
@@ -225,6 +227,8 @@ def _create_schema(con, lake: bool, home: tuple[str | None, str | None] | None) 
     from wandb_assets.lib.schema_docs import comment_statements
 
     con.execute(SCHEMA_SQL)
+    if "sps_steady" not in _columns(con, "push_to_main_sps"):
+        _rebuild_push_to_main_sps(con)
     existing = _columns(con, "runs")
     for column, kind in RUNS_COLUMNS.items():
         if column not in existing:  # a warehouse made by an earlier version gains the new columns
@@ -258,6 +262,17 @@ def _create_schema(con, lake: bool, home: tuple[str | None, str | None] | None) 
     con.execute(VIEWS_SQL)
     for statement in comment_statements(lake):
         con.execute(statement)
+
+
+def _rebuild_push_to_main_sps(con) -> None:
+    """``push_to_main_sps`` made anew with today's columns (``sps_steady``) and its rows copied, before anything else
+    of the migration writes it: DuckDB refuses to commit a transaction that changes a table's rows and then its
+    columns (``ALTER ... ADD COLUMN``: "another transaction has altered this table")."""
+    con.execute("DROP TABLE IF EXISTS push_to_main_sps_migrated")
+    con.execute(f"CREATE TABLE push_to_main_sps_migrated ({_PUSH_TO_MAIN_SPS_COLUMNS})")
+    con.execute("INSERT INTO push_to_main_sps_migrated BY NAME SELECT * FROM push_to_main_sps")
+    con.execute("DROP TABLE push_to_main_sps")
+    con.execute("ALTER TABLE push_to_main_sps_migrated RENAME TO push_to_main_sps")
 
 
 def _rebuild_runs(con) -> None:
@@ -740,7 +755,7 @@ def _replace_table(con, table: str, select_sql: str, params: dict | None = None)
 
 PUSH_TO_MAIN_SPS_SQL = f"""
 SELECT entity, project, run_id, name, ci_branch, ci_commit, ci_config, ci_timestamp, state, created_at, ended_at, url,
-       {", ".join(_SPS_COLUMNS)}
+       {", ".join(_SPS_COLUMNS)}, sps_steady
 FROM runs WHERE category = 'push_to_main'
 """
 

@@ -9,6 +9,7 @@ summaries served double-encoded (the known client quirk) and a few GPU counts st
 
 from __future__ import annotations
 
+import json
 import random
 from datetime import datetime, timedelta
 
@@ -224,3 +225,65 @@ def generate_fleet(
             )
         )
     return nodes
+
+
+#: The demo's curves: the runs created in its last days carry them (earlier ones answer none), a sample every
+#: ``CURVE_MINUTES`` of the run (at most ``CURVE_POINTS``) and one SPS point per sample.
+CURVE_DAYS, CURVE_MINUTES, CURVE_POINTS = 3, 10, 60
+
+
+def add_curves(nodes: list[dict], now: datetime, seed: int = 11) -> int:
+    """Give the runs created in the last ``CURVE_DAYS`` days before ``now`` (not pending) the curves W&B would hold:
+    an ``overview/sps`` history (a warm-up at half speed for the first tenth of the steps, then the summary's SPS
+    within a few percent) and a GPU system stream over the run's life. Most runs keep their GPUs busy; one in five
+    idles all its GPUs for a stretch; one in five of the multi-GPU ones leaves half of them idle throughout (the
+    partly idle hours). Returns how many runs carry curves."""
+    rng = random.Random(seed)
+    carried = 0
+    for node in nodes:
+        created = datetime.fromisoformat(node["createdAt"].removesuffix("Z"))
+        if node["state"] == "pending" or created < now - timedelta(days=CURVE_DAYS):
+            continue
+        heartbeat = datetime.fromisoformat(node["heartbeatAt"].removesuffix("Z"))
+        span = max((heartbeat - created).total_seconds(), 60.0)
+        points = max(2, min(CURVE_POINTS, int(span // (CURVE_MINUTES * 60)) + 1))
+        every = span / (points - 1)
+        gpus = len({k.split(".")[2] for k in _system_metrics(node) if k.startswith("system.gpu.")})  # 0: no stream
+        sps = _summary_sps(node)
+        history = []
+        for k in range(points):
+            row = {"_step": k * 100, "_timestamp": (created + timedelta(seconds=k * every)).timestamp()}
+            if sps is not None:
+                row["overview/sps"] = round(sps * (0.5 if k < points / 10 else rng.uniform(0.97, 1.03)), 3)
+            history.append(row)
+        pattern = rng.random()
+        events = []
+        for k in range(points if gpus else 0):
+            idle_stretch = pattern < 0.2 and points * 0.4 <= k < points * 0.7
+            row = {"_timestamp": (created + timedelta(seconds=k * every)).timestamp()}
+            for gpu in range(gpus):
+                half_idle = 0.2 <= pattern < 0.4 and gpus > 1 and gpu >= gpus // 2
+                util = rng.uniform(0, 3) if idle_stretch or half_idle else rng.uniform(70, 99)
+                row[f"system.gpu.{gpu}.gpu"] = round(util, 1)
+                row[f"system.gpu.{gpu}.memory"] = round(rng.uniform(30, 80), 1)
+                row[f"system.gpu.{gpu}.powerWatts"] = round(60 + 3.4 * util, 1)
+            events.append(row)
+        node["_history"], node["_events"] = history, events
+        carried += 1
+    return carried
+
+
+def _system_metrics(node: dict) -> dict:
+    value = node.get("systemMetrics")
+    return json.loads(value) if isinstance(value, str) else value or {}
+
+
+def _summary_sps(node: dict) -> float | None:
+    summary = node.get("summaryMetrics")
+    while isinstance(summary, str):
+        try:
+            summary = json.loads(summary)
+        except ValueError:
+            return None
+    value = summary.get("overview/sps") if isinstance(summary, dict) else None
+    return float(value) if isinstance(value, (int, float)) else None
