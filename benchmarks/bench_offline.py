@@ -99,6 +99,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from wandb_assets.lib import offline_runs
+    from wandb_assets.lib.normalize import SPS_KEYS
     from wandb_assets.lib.offline_runs import read_changed_logs, read_offline_run
     from wandb_assets.lib.warehouse import load_offline_runs, stage_rows
     from wandb_assets.warehouse import connect
@@ -171,6 +172,24 @@ def main() -> int:
             f"(read {read_s:.1f} s, warehouse transaction {load_s:.2f} s); "
             f"{args.runs * args.rows / whole / 1e6:.2f} M history rows/s; (c) per log / (a) = "
             f"{whole / args.runs / baseline:.2f}"
+        )
+        t0 = time.perf_counter()
+        with_curves = read_changed_logs(
+            [tree],
+            {},
+            now=now,
+            stall=timedelta(minutes=30),
+            default_gpus=1,
+            workers=args.workers,
+            curves=(list(SPS_KEYS), 500),
+        )
+        curves_s = time.perf_counter() - t0
+        points = sum(len(c["history"]) for c in with_curves.curves.values())
+        assert len(with_curves.curves) == args.runs and points == args.runs * len(SPS_KEYS) * min(500, args.rows)
+        print(
+            f"(d) the same read with each log's curves (the {len(SPS_KEYS)} SPS keys, 500 samples each; "
+            f"WANDB_ASSETS_FETCH_HISTORY's default): {curves_s:.1f} s against {read_s:.1f} s without "
+            f"({(curves_s - read_s) / args.runs * 1000:.1f} ms more per log)"
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -2,6 +2,7 @@
 
     uv run python benchmarks/regressions.py                 # report seed (2), 300 series
     uv run python benchmarks/regressions.py --seed 1        # the tuning seed
+    uv run python benchmarks/regressions.py --curves        # the detector on each run's last point vs steady SPS
 
 The generator makes series of main-branch SPS with ground truth: multiplicative noise of 3-8%, slow
 stragglers (one run 15-50% slower), bimodal hardware in a third of the series (two node types, the slow one
@@ -10,6 +11,13 @@ improvements (+5..15%, never a regression), and regress-then-fix. Evaluation is 
 run a detector sees runs 0..t, as the 15-minute tick does; an alert counts once, when a detector first
 reports a regression, and is a true positive when its first slow run is within 5 runs of a true drop onset
 that no earlier alert matched. Every method gets the same series.
+
+``--curves`` (issue 34): each run of a series becomes a training curve of ``--points`` SPS points at its level (the
+generated value): a warm-up at half speed over the first tenth of its steps, multiplicative noise of
+``--point-noise`` per point, and, with probability ``--end-hiccup``, a last point taken while the run checkpoints
+or evaluates (60-90 % of its speed). The detector then sees either each run's last point (what a summary holds) or
+its steady SPS (the median after the first 10 % of its step range, ``lib.curves_warehouse``'s rule), on the same
+series and ground truth.
 
 Methods: the old rule (latest run > 10% below the median of the previous 10), a Conbench-style lookback
 z-score (mean and standard deviation of the previous 20 runs, z < -5, Conbench's default threshold), and
@@ -74,6 +82,26 @@ def generate(rng: random.Random, n: int) -> Series:
             y += math.log(rng.uniform(0.5, 0.85))
         values.append(math.exp(y))
     return Series(values, onsets)
+
+
+def as_curves(
+    series: list[Series], rng: random.Random, points: int, point_noise: float, end_hiccup: float
+) -> tuple[list[Series], list[Series]]:
+    """``(last point, steady SPS)`` of each run of each series, as ``--curves`` describes: the same onsets."""
+    last, steady = [], []
+    for s in series:
+        finals, steadies = [], []
+        for level in s.values:
+            curve = [
+                level * (0.5 if k < points / 10 else 1.0) * math.exp(rng.gauss(0, point_noise)) for k in range(points)
+            ]
+            if rng.random() < end_hiccup:
+                curve[-1] = level * rng.uniform(0.6, 0.9) * math.exp(rng.gauss(0, point_noise))
+            finals.append(curve[-1])
+            steadies.append(statistics.median(curve[math.ceil(0.1 * (points - 1)) :]))
+        last.append(Series(finals, s.onsets))
+        steady.append(Series(steadies, s.onsets))
+    return last, steady
 
 
 def old_rule(values: list[float]) -> list[int]:
@@ -158,6 +186,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=2, help="2 reports; 1 is the seed the constants were tuned on")
     parser.add_argument("--series", type=int, default=300)
+    parser.add_argument("--curves", action="store_true", help="last point of each run's curve vs its steady SPS")
+    parser.add_argument("--points", type=int, default=50, help="with --curves: SPS points per run")
+    parser.add_argument("--point-noise", type=float, default=0.04, help="with --curves: noise of one point")
+    parser.add_argument("--end-hiccup", type=float, default=0.25, help="with --curves: share of runs ending slow")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     series = [generate(rng, rng.randint(150, 250)) for _ in range(args.series)]
@@ -165,6 +197,29 @@ def main() -> None:
     print(
         f"seed {args.seed}: {len(series)} series, {runs:,} main runs, {sum(len(s.onsets) for s in series)} true drops"
     )
+    if args.curves:
+        last, steady = as_curves(series, rng, args.points, args.point_noise, args.end_hiccup)
+        print(
+            f"curves: {args.points} points a run, {args.point_noise:.0%} noise a point, last point a checkpoint or "
+            f"evaluation in {args.end_hiccup:.0%} of runs"
+        )
+        print(f"{'ours, on':42} {'precision':>9} {'recall':>7} {'F1':>5} {'false/100':>9} {'delay':>6}")
+        switched = []  # curves turned on mid-series: the last point before a random run, steady SPS from it on
+        for old, new in zip(last, steady, strict=True):
+            at = rng.randint(0, len(old.values))
+            switched.append(Series(old.values[:at] + new.values[at:], old.onsets))
+        variants = (
+            ("each run's last point (summary)", last),
+            ("steady SPS (median after warm-up)", steady),
+            ("last point, then steady SPS (switch)", switched),
+        )
+        for name, values in variants:
+            result = score([stream_ours(s.values) for s in values], values)
+            print(
+                f"{name:42} {result['precision']:9.3f} {result['recall']:7.3f} {result['f1']:5.3f} "
+                f"{result['false_per_100']:9.3f} {result['median_delay']:6.1f}"
+            )
+        return
     methods = {
         "old rule (latest < 0.9 x median of 10)": (lambda v: [(t, t) for t in old_rule(v)], old_rule),
         "Conbench lookback z-score (20, z < -5)": (lambda v: [(t, t) for t in conbench_z(v)], conbench_z),

@@ -370,3 +370,72 @@ def test_the_curves_schedule_skips_while_curves_are_off_and_never_stacks_runs(in
         instance.create_run_for_job(job, status=DagsterRunStatus.STARTED)
         skipped = curves_between_ticks(context)
         assert isinstance(skipped, SkipReason) and "still in flight" in skipped.skip_message
+
+
+def _ci_series(con, summary: list[float], steady: list[float | None]) -> None:
+    """Main-branch runs of one CI config, one an hour, with their summary overview/sps and their steady SPS."""
+    for k, (final, calm) in enumerate(zip(summary, steady, strict=True)):
+        at = DAY + timedelta(hours=k)
+        con.execute(
+            "INSERT INTO runs (entity, project, run_id, name, category, ci_branch, ci_config, ci_commit, ci_timestamp, "
+            "state, created_at, ended_at, summary, sps_steady, curves_status) VALUES ('e', 'p', $id, $id, "
+            "'push_to_main', 'main', 'ppo', $commit, $at, 'finished', $at, $at + INTERVAL 30 MINUTE, $summary, $calm, "
+            "CASE WHEN $calm IS NULL THEN NULL ELSE 'read' END)",
+            {
+                "id": f"r{k:02d}",
+                "commit": f"c{k:02d}",
+                "at": at,
+                "summary": json.dumps({"overview/sps": final}),
+                "calm": calm,
+            },
+        )
+
+
+def test_the_detector_judges_steady_sps_where_the_curves_are_of_its_metric():
+    """24 main runs whose summaries (their last epoch) hold ~1,000 SPS throughout, while their curves' steady SPS
+    falls from ~1,000 to ~700 at run 18: the detector finds that 30 % drop, first slow commit c18, on steady SPS; on
+    the summaries alone (curves of another metric, or none recorded) it finds nothing."""
+    import duckdb
+
+    from wandb_assets.lib.alerts import find_change_points
+    from wandb_assets.lib.curves_warehouse import STEADY_METRIC_KEY
+    from wandb_assets.lib.warehouse import ensure_schema
+
+    con = duckdb.connect()
+    ensure_schema(con)
+    wobble = [990.0, 1010.0] * 12
+    _ci_series(con, wobble, [w if k < 18 else 0.7 * w for k, w in enumerate(wobble)])
+    at = DAY + timedelta(days=2)
+    assert find_change_points(con, at, "overview/sps") == []  # no metric recorded: the summaries
+    con.execute("INSERT INTO warehouse_meta VALUES ($k, 'charts/SPS')", {"k": STEADY_METRIC_KEY})
+    assert find_change_points(con, at, "overview/sps") == []  # steady SPS of another metric: the summaries
+    con.execute("UPDATE warehouse_meta SET value = 'overview/sps' WHERE key = $k", {"k": STEADY_METRIC_KEY})
+    (found,) = find_change_points(con, at, "overview/sps")
+    assert (found["first_slow_commit"], found["last_good_commit"], round(found["change_pct"])) == ("c18", "c17", -30)
+
+
+def test_a_changed_sps_metric_restates_every_runs_steady_sps_at_the_next_load():
+    """A run with curves of two metrics, its steady SPS of overview/sps (50) recorded; WANDB_ASSETS_SPS_METRIC becomes
+    charts/SPS: the next load (with nothing new to load) restates it from charts/SPS, 100 + step over steps 0..10:
+    warm-up is steps below 1, so the median of 101..110 = 105.5, and records the metric."""
+    import duckdb
+
+    from wandb_assets.lib.curves_warehouse import load_curves, steady_metric
+    from wandb_assets.lib.warehouse import ensure_schema
+
+    con = duckdb.connect()
+    ensure_schema(con)
+    con.execute(
+        "INSERT INTO runs (entity, project, run_id, curves_status, sps_steady) VALUES ('e', 'p', 'r', 'read', 50)"
+    )
+    for step in range(11):
+        con.execute(
+            "INSERT INTO run_history VALUES ('e', 'p', 'r', 'charts/SPS', $s, NULL, 100 + $s), "
+            "('e', 'p', 'r', 'overview/sps', $s, NULL, 50)",
+            {"s": step},
+        )
+    assert load_curves(con, [], "overview/sps", 5.0, NOW)["steady_restated"] == 1  # first load: recorded
+    assert (steady_metric(con), con.execute("SELECT sps_steady FROM runs").fetchone()) == ("overview/sps", (50.0,))
+    assert load_curves(con, [], "overview/sps", 5.0, NOW)["steady_restated"] == 0
+    assert load_curves(con, [], "charts/SPS", 5.0, NOW)["steady_restated"] == 1
+    assert (steady_metric(con), con.execute("SELECT sps_steady FROM runs").fetchone()) == ("charts/SPS", (105.5,))

@@ -303,8 +303,10 @@ def test_cli_regressions_backtest(notebook_warehouse, capsys):
     code, out, err = cli(capsys, "regressions", "--warehouse", str(notebook_warehouse), "--config", "ppo_atari")
     assert code == 0, err
     (line,) = out.splitlines()
-    # the generator makes the regressed runs 30% slower than ppo_atari's level (3,640 vs 5,200), plus noise
-    assert re.match(r"ppo_atari: -(2[5-9]|3[0-5])\.\d% \([\d,.]+ -> 3,640\.0\) from \w+ to badc0de \(", line), line
+    # the generator makes the regressed runs 30% slower than ppo_atari's level (3,640 vs 5,200), plus noise; their
+    # curves (synthetic.add_curves: the summary's SPS within 3 % a point) make the detector's "after" their steady SPS
+    found = re.match(r"ppo_atari: -(2[5-9]|3[0-5])\.\d% \([\d,.]+ -> ([\d,.]+)\) from \w+ to badc0de \(", line)
+    assert found and abs(float(found.group(2).replace(",", "")) - 3640.0) <= 0.03 * 3640.0, line
     assert line.endswith("paged at badc0f2 after 3 slow run(s); still slow")
     tomorrow = (NOW + timedelta(days=1)).date().isoformat()
     code, out, _ = cli(capsys, "regressions", "--warehouse", str(notebook_warehouse), "--since", tomorrow)

@@ -806,3 +806,45 @@ def test_only_regular_files_inside_the_tree_are_opened_so_a_fifo_never_hangs_the
     assert find_run_logs([tree]) == ([run.resolve()], [])
     report = read_changed_logs([tree], {}, now=datetime(2030, 1, 1), stall=STALL, default_gpus=1)
     assert [r["run_id"] for r in report.rows] == ["a1"]
+
+
+def test_an_offline_run_and_the_same_run_read_online_give_the_same_curves(
+    offline_env, offline_tree, instance, warehouse_path, wandb_server, monkeypatch
+):
+    """The ci run's log (600 steps of overview/sps = 3000 + i and loss = 1/(i + 1), after a first row holding neither)
+    read offline, and the same history served by the local W&B server as a mirrored run and read by the curves job:
+    with 50 samples, the same 50 points per metric, the first (step 1) and last (step 600) among them, and the same
+    steady SPS (the median after warm-up)."""
+    from wandb_assets.lib.wandb_records import read_run
+    from wandb_assets.localwandb import make_run_node
+    from wandb_assets.ticks import execute_backfill, execute_curves, execute_offline
+
+    monkeypatch.setenv("WANDB_ASSETS_HISTORY_KEYS", "overview/sps,loss")
+    monkeypatch.setenv("WANDB_ASSETS_HISTORY_SAMPLES", "50")
+    soon = (offline_tree[2] + timedelta(minutes=1)).isoformat()
+    assert execute_offline(instance, [], now=soon).success  # before the server: no WANDB_PROJECT, every log loads
+    log = read_run(log_of(offline_env, "ci0001"))
+    started = datetime.fromtimestamp(log.history[0]["_timestamp"], UTC).replace(tzinfo=None, microsecond=0)
+    online = make_run_node(
+        "cionline",
+        display_name="github.sky.main.abc1234.ppo_atari.20261120T101010",
+        state="finished",
+        created_at=started,
+        heartbeat_at=started + timedelta(minutes=5),
+        history=log.history,
+    )
+    wandb_server([online])
+    assert execute_backfill(instance, started.date(), started.date()).success
+    assert execute_curves(instance).success
+    con = duckdb.connect(str(warehouse_path), read_only=True)
+    points = 'SELECT metric, step, "timestamp", value FROM run_history WHERE run_id = $r ORDER BY ALL'
+    offline, mirrored = (con.execute(points, {"r": r}).fetchall() for r in ("ci0001", "cionline"))
+    steady = dict(con.execute("SELECT run_id, sps_steady FROM runs WHERE run_id IN ('ci0001', 'cionline')").fetchall())
+    statuses = table(con, "SELECT run_id, curves_status FROM runs WHERE run_id IN ('ci0001', 'cionline') ORDER BY 1")
+    con.close()
+    assert offline == mirrored
+    sps = [step for metric, step, _, _ in offline if metric == "overview/sps"]
+    assert (len(sps), sps[0], sps[-1]) == (50, 1, 600)
+    assert len([p for p in offline if p[0] == "loss"]) == 50
+    assert statuses == [("ci0001", "read"), ("cionline", "read")]
+    assert steady["ci0001"] == steady["cionline"] is not None

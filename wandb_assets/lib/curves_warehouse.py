@@ -103,6 +103,42 @@ FROM curve_held GROUP BY ALL
 _FINAL_REPLACED = f"(SELECT entity, project, run_id FROM curve_reads WHERE final AND status IN ('{READ}', '{NONE}'))"
 
 
+#: ``warehouse_meta`` key: the metric ``runs.sps_steady`` was computed from (WANDB_ASSETS_SPS_METRIC at the last load).
+STEADY_METRIC_KEY = "sps_steady_metric"
+
+
+def steady_metric(con) -> str | None:
+    """The metric every ``runs.sps_steady`` is of (None: not recorded yet): the detector uses steady SPS only when it
+    is the metric it judges."""
+    made = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() AND schema_name = 'main' "
+        "AND table_name = 'warehouse_meta'"
+    ).fetchone()[0]
+    if not made:
+        return None
+    row = con.execute("SELECT value FROM warehouse_meta WHERE key = $k", {"k": STEADY_METRIC_KEY}).fetchone()
+    return row[0] if row else None
+
+
+def _restate_steady(con, sps_metric: str) -> int:
+    """Inside a load's transaction: when WANDB_ASSETS_SPS_METRIC is not the metric recorded for ``sps_steady``, every
+    run with curves gets its steady SPS of the new metric from ``run_history`` (one scan), and the metric is
+    recorded. Returns the runs restated (0: nothing to do)."""
+    if steady_metric(con) == sps_metric:
+        return 0
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE curve_reads AS SELECT entity, project, run_id, curves_status AS status "
+        f"FROM runs WHERE curves_status IN ('{READ}', '{NONE}')"
+    )
+    restated = con.execute("SELECT count(*) FROM curve_reads").fetchone()[0]
+    if restated:
+        con.execute(_steady_sps("run_history"), {"sps_metric": sps_metric})
+    con.execute("DROP TABLE curve_reads")
+    con.execute("DELETE FROM warehouse_meta WHERE key = $k", {"k": STEADY_METRIC_KEY})
+    con.execute("INSERT INTO warehouse_meta VALUES ($k, $v)", {"k": STEADY_METRIC_KEY, "v": sps_metric})
+    return restated
+
+
 def due_curves(con, now: datetime, refresh: timedelta, limit: int) -> tuple[list[tuple[str, str, str, bool]], int]:
     """``([(entity, project, run_id, final)], due)``: at most ``limit`` runs whose curves are due (``DUE_CURVES_SQL``;
     final: the run has ended, a read now is its last), and how many are due in all (the backlog)."""
@@ -123,9 +159,11 @@ def load_curves(con, folders: list[Path], sps_metric: str, idle_pct: float, now:
     replaces its earlier curves (never adds to them), gets its status, its steady SPS and, once ended, its idle
     GPU-hours per day; a failed read marks a run ``failed`` only when no earlier read of it answered (those curves
     stay). Idle rows judged with another ``idle_pct`` (WANDB_ASSETS_IDLE_GPU_PCT changed) are judged again.
-    Returns ``{status: runs}`` over the folders, and ``points``."""
+    When WANDB_ASSETS_SPS_METRIC changed, every run's steady SPS is restated first. Returns ``{status: runs}`` over
+    the folders, ``points``, ``idle_rejudged`` and ``steady_restated``."""
     counts: dict[str, int] = {}
     with transaction(con):
+        counts["steady_restated"] = _restate_steady(con, sps_metric)
         for folder in folders:
             paths = {kind: sorted(str(p) for p in folder.glob(f"{kind}-*.csv")) for kind in _COLUMNS}
             if not paths[READS_FILE]:

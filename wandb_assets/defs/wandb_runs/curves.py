@@ -103,6 +103,7 @@ def run_curves(context: AssetExecutionContext, warehouse: WarehouseResource) -> 
         folder.rmdir()
     points = counts.pop("points", 0)
     rejudged = counts.pop("idle_rejudged", 0)
+    restated = counts.pop("steady_restated", 0)
     context.log.info(f"Loaded the curves of {sum(counts.values())} run(s) ({points} points) in {held:.2f} s")
     return MaterializeResult(
         metadata={
@@ -110,6 +111,7 @@ def run_curves(context: AssetExecutionContext, warehouse: WarehouseResource) -> 
             "by_status": MetadataValue.json(counts),
             "points_loaded": points,
             "idle_rows_rejudged": rejudged,
+            "steady_sps_restated": restated,
             "history_points_total": stored[0],
             "gpu_samples_total": stored[1],
             "runs_with_curves_status": stored[2],

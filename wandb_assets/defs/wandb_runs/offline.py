@@ -5,8 +5,11 @@ grows, or goes quiet (its running run passed the stall threshold)."""
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 import time
 from datetime import timedelta
+from pathlib import Path
 
 from dagster import (
     AssetExecutionContext,
@@ -27,6 +30,8 @@ from dagster import (
 from wandb_assets.defs.fleet.jobs import offline_job
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.clock import configured_time, utc_now
+from wandb_assets.lib.curves import CurvesFolder
+from wandb_assets.lib.curves_warehouse import load_curves
 from wandb_assets.lib.offline_runs import file_states, find_run_logs, read_changed_logs, reader
 from wandb_assets.lib.warehouse import (
     load_offline_runs,
@@ -91,6 +96,7 @@ def offline_runs(
         project=mirrored.WANDB_PROJECT,
         idle_pct=thresholds.idle_gpu_pct,
         selection=settings.projects,  # WANDB_ASSETS_PROJECTS: its projects and whole entities
+        curves=(list(settings.history_keys), settings.history_samples) if settings.fetch_history else None,
     )
     if settings.projects is None and mirrored.WANDB_PROJECT is None:
         # The job reads no secret (it runs on air-gapped clusters: no network), so only these two can say which.
@@ -101,14 +107,18 @@ def offline_runs(
     for path in report.missing:
         context.log.warning(f"Offline logs: {path} does not exist")
     staged, _ = stage_rows(report.rows) if report.rows else (None, 0)
+    Path(settings.staging_dir).mkdir(parents=True, exist_ok=True)
+    curves_folder = Path(tempfile.mkdtemp(prefix="offline-curves-", dir=settings.staging_dir))
     try:
         with warehouse.get_connection() as con:
             counts = load_offline_runs(
                 con, staged, report.files, now, report.vanished, now - stall, prices=settings.gpu_prices.items()
             )
+            curves = _load_log_curves(con, report.curves, curves_folder, thresholds, now)
     finally:
         if staged:
             os.unlink(staged)
+        shutil.rmtree(curves_folder, ignore_errors=True)
     damaged = report.damaged
     line = (
         f"Offline logs: {report.found} found in {len(paths)} path(s), {len(report.files)} read, "
@@ -143,9 +153,29 @@ def offline_runs(
             "damage": MetadataValue.table(records, schema=DAMAGE_SCHEMA),
             "damage_by_kind": MetadataValue.json(report.damage_counts()),
             "missing_paths": ", ".join(report.missing),
+            "curves": MetadataValue.json(curves),
             "reader": reader(),  # native (the C extension) or python (built without a compiler: same rows, slower)
         }
     )
+
+
+def _load_log_curves(con, curves: dict, folder: Path, thresholds, now) -> dict[str, int]:
+    """The logs' curves into run_history and run_gpu_samples, as the curves job loads a read (``load_curves``), for
+    the runs whose stored row is the log's (a run W&B mirrors keeps its mirrored row and the curves read online).
+    Returns ``{status: runs}``."""
+    offline = {
+        tuple(key)
+        for key in con.execute("SELECT entity, project, run_id FROM runs WHERE source = 'offline'").fetchall()
+    }
+    mine = {key: value for key, value in curves.items() if key in offline}
+    if not mine:
+        return {}
+    staged = CurvesFolder(folder, "logs")
+    for path in sorted({f"{entity}/{project}" for entity, project, _ in mine}):
+        runs = {run_id: value for (entity, project, run_id), value in mine.items() if f"{entity}/{project}" == path}
+        staged.add(path, {run_id: value["final"] for run_id, value in runs.items()}, runs)
+    counts = load_curves(con, [staged.publish()], thresholds.sps_metric, thresholds.idle_gpu_pct, now)
+    return {status: runs for status, runs in counts.items() if status in ("read", "none", "failed")}
 
 
 @sensor(
