@@ -27,6 +27,7 @@ Nothing here imports Dagster or reads the environment.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import stat
@@ -630,14 +631,17 @@ def read_changed_logs(
     quiet = {p for p, state in states.items() if stored(p) in gone and known.get(stored(p)) == state}
     changed = [p for p, state in states.items() if known.get(stored(p)) != state or p in quiet]
     report.unchanged, report.gone_quiet = len(states) - len(changed), len(quiet)
+    read = functools.partial(_read_log, curves=curves, now=now)
     if workers > 1 and len(changed) > 16:
         from concurrent.futures import ProcessPoolExecutor
         from multiprocessing import get_context
 
         with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-            runs = list(pool.map(read_offline_run, changed, chunksize=8))
+            both = list(pool.map(read, changed, chunksize=8))
     else:
-        runs = [read_offline_run(p) for p in changed]
+        both = [read(p) for p in changed]
+    runs = [run for run, _ in both]
+    run_curves = {run.path: found for run, found in both}
     best: dict[tuple[str, str, str], tuple[datetime, dict[str, Any], dict[str, Any]]] = {}
     logs: dict[tuple[str, str, str], OfflineRun] = {}
     for run in runs:
@@ -686,13 +690,18 @@ def read_changed_logs(
         best[key] = (when, row, entry)
         logs[key] = run
     report.rows = [row for _, row, _ in best.values()]
-    if curves is not None:
-        keys, samples = curves
-        for key, (_, row, _) in best.items():
-            report.curves[key] = log_curves(logs[key], list(keys), samples, now) | {
-                "final": row["state"] in ENDED_STATES
-            }
+    for key, (_, row, _) in best.items():
+        if run_curves.get(logs[key].path) is not None:
+            report.curves[key] = run_curves[logs[key].path] | {"final": row["state"] in ENDED_STATES}
     return report
+
+
+def _read_log(
+    path: str, curves: tuple[list[str], int] | None, now: datetime
+) -> tuple[OfflineRun, dict[str, Any] | None]:
+    """``read_offline_run``, and the log's curves (``log_curves``) when asked for: both in the reading process."""
+    run = read_offline_run(path)
+    return run, log_curves(run, list(curves[0]), curves[1], now) if curves is not None and run.run_id else None
 
 
 def log_curves(run: OfflineRun, keys: list[str], samples: int, read_at: datetime) -> dict[str, Any]:
@@ -721,12 +730,18 @@ def log_curves(run: OfflineRun, keys: list[str], samples: int, read_at: datetime
             continue
         row = {}
         for item in record.history.item:
-            key = ".".join(item.nested_key) if item.nested_key else item.key
+            nested = item.nested_key
+            key = (nested[0] if len(nested) == 1 else ".".join(nested)) if nested else item.key
             if key in wanted:
-                row[key] = _decode(item.value_json)
+                row[key] = item.value_json  # decoded only if sampled
         rows.append(row)
     sampled = [
-        downsample([r for r in rows if "_step" in r and "_timestamp" in r and key in r], samples, keep={0})
+        [
+            {k: _decode(row[k]) for k in ("_step", "_timestamp", key)}
+            for row in downsample(
+                [r for r in rows if "_step" in r and "_timestamp" in r and key in r], samples, keep={0}
+            )
+        ]
         for key in keys
     ]
     events = downsample([{"_timestamp": at, **sample} for at, sample in run.gpu_stats], samples, keep={0})
