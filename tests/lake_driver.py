@@ -1,5 +1,6 @@
-"""Run a backfill and ticks in a fresh process (the warehouse resource is built from the environment at
-import time, so each warehouse mode gets its own process), then print what the warehouse holds as JSON.
+"""Run a backfill, a run of the curves job and ticks in a fresh process (the warehouse resource is built from the
+environment at import time, so each warehouse mode gets its own process), then print what the warehouse holds as
+JSON.
 
     python -m tests.lake_driver FIRST_DAY LAST_DAY SNAPSHOT_AT [SNAPSHOT_AT ...]
 """
@@ -10,7 +11,7 @@ from datetime import date
 
 from dagster import DagsterInstance
 
-from wandb_assets.ticks import execute_backfill, failure_message, run_tick
+from wandb_assets.ticks import execute_backfill, execute_curves, failure_message, run_tick
 from wandb_assets.warehouse import query_read_only
 
 
@@ -19,6 +20,9 @@ def main(first: str, last: str, *snapshots: str) -> None:
         backfill = execute_backfill(instance, date.fromisoformat(first), date.fromisoformat(last))
         if not backfill.success:
             sys.exit(f"backfill failed: {failure_message(backfill)}")
+        curves = execute_curves(instance)
+        if not curves.success:
+            sys.exit(f"curves failed: {failure_message(curves)}")
         for snapshot_at in snapshots:
             results = run_tick(instance, date.fromisoformat(snapshot_at[:10]), snapshot_at=snapshot_at, now=snapshot_at)
             if not results[-1].success:
@@ -29,7 +33,13 @@ def main(first: str, last: str, *snapshots: str) -> None:
     alerts = query_read_only(None, "SELECT alert_key FROM alerts WHERE resolved_at IS NULL ORDER BY alert_key")
     deliveries = query_read_only(None, "SELECT status, count(*) FROM datadog_deliveries GROUP BY ALL ORDER BY ALL")
     runs = query_read_only(None, "SELECT count(*), count(DISTINCT run_id) FROM runs")[0]
-    print(json.dumps({"metrics": metrics, "alerts": alerts, "deliveries": deliveries, "runs": runs}))
+    curves = query_read_only(
+        None,
+        "SELECT (SELECT count(*) FROM run_history), (SELECT round(sum(value), 3) FROM run_history), "
+        "(SELECT count(*) FROM run_gpu_samples), (SELECT round(sum(idle_gpu_hours), 6) FROM run_curve_idle), "
+        "(SELECT count(*) FROM runs WHERE curves_status = 'read'), (SELECT round(sum(sps_steady), 3) FROM runs)",
+    )[0]
+    print(json.dumps({"metrics": metrics, "alerts": alerts, "deliveries": deliveries, "runs": runs, "curves": curves}))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from wandb_assets.lib.errors import ConfigError
 from wandb_assets.lib.lake import Lake, is_conflict, parse_catalog, redact, retry_on_conflict
 from wandb_assets.lib.schema_docs import comment_statements
 from wandb_assets.localwandb import LocalWandbServer
-from wandb_assets.localwandb.synthetic import generate_fleet
+from wandb_assets.localwandb.synthetic import add_curves, generate_fleet
 from wandb_assets.settings import load_settings, warehouse_location
 from wandb_assets.warehouse import open_snapshot
 
@@ -56,7 +56,9 @@ def s3_endpoint():
 @pytest.fixture(scope="module")
 def fleet():
     """A synthetic fleet (five days, incidents included) served by the local W&B server."""
-    server = LocalWandbServer(generate_fleet(NOW, days=4, runs_per_day=150), entity="team", project="fleet").start()
+    nodes = generate_fleet(NOW, days=4, runs_per_day=150)
+    add_curves(nodes, NOW)  # the lake holds their curves as the file does (the driver runs the curves job)
+    server = LocalWandbServer(nodes, entity="team", project="fleet").start()
     yield server
     server.stop()
 
@@ -150,6 +152,7 @@ def test_a_backfill_and_ticks_on_the_lake_give_what_file_mode_gives(lake_env, tm
     assert {m[0] for m in file_mode["metrics"]} == {"2026-06-10T11:30:00", "2026-06-10T12:00:00"}
     assert file_mode["deliveries"] == [["dry_run", 2]]
     assert file_mode["runs"][0] == file_mode["runs"][1] > 200
+    assert file_mode["curves"][0] > 0 and file_mode["curves"][2] > 0 and file_mode["curves"][4] > 0  # then equal
     assert [key.split(":")[0] for (key,) in file_mode["alerts"]] == [
         "idle_gpus",  # the synthetic fleet's eight idle H100s
         "push_to_main_success_rate_low",
