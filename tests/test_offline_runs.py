@@ -848,3 +848,30 @@ def test_an_offline_run_and_the_same_run_read_online_give_the_same_curves(
     assert len([p for p in offline if p[0] == "loss"]) == 50
     assert statuses == [("ci0001", "read"), ("cionline", "read")]
     assert steady["ci0001"] == steady["cionline"] is not None
+
+
+def test_a_failing_curves_load_leaves_the_logs_unread_and_their_runs_out(
+    offline_env, offline_tree, instance, warehouse_path, monkeypatch
+):
+    """The logs' curves are loaded in their runs' transaction: when that load fails, neither the runs nor the ledger
+    entries are written, so the next run reads the logs again and loses nothing."""
+    from wandb_assets.defs.wandb_runs import offline
+    from wandb_assets.ticks import execute_offline
+
+    soon = (offline_tree[2] + timedelta(minutes=1)).isoformat()
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full while loading the curves")
+
+    monkeypatch.setattr(offline, "load_curves_in_transaction", broken)
+    assert not execute_offline(instance, [], now=soon).success
+    con = duckdb.connect(str(warehouse_path), read_only=True)
+    assert table(con, "SELECT count(*) FROM runs") == table(con, "SELECT count(*) FROM offline_log_files") == [(0,)]
+    con.close()
+    monkeypatch.undo()
+    monkeypatch.setenv("WANDB_ASSETS_OFFLINE_DIRS", str(offline_env))
+    result = execute_offline(instance, [], now=soon)
+    meta = {k: v.value for k, v in result.asset_materializations_for_node("offline_runs")[0].metadata.items()}
+    assert (meta["logs_read"], meta["runs_loaded"]) == (4, 4)
+    # only the ci run logs the default SPS keys; none has GPU stats; the sweep run's log names no entity ("")
+    assert meta["curves"] == {"read": 1, "none": 3}

@@ -145,6 +145,13 @@ READS_FILE, HISTORY_FILE, GPU_FILE = "reads", "history", "gpu"
 READS_HEADER = ["entity", "project", "run_id", "status", "read_at", "final"]
 HISTORY_HEADER = ["entity", "project", "run_id", "metric", "step", "timestamp", "value"]
 GPU_HEADER = ["entity", "project", "run_id", "timestamp", "gpu", "util_pct", "memory_pct", "power_w"]
+#: How the point files write NULL (``read_csv(nullstr=...)``): an empty field stays an empty string, so a run of a
+#: log without an entity ("") keeps its key.
+NULL_MARK = "\\N"
+
+
+def _cells(row: list) -> list:
+    return [NULL_MARK if cell is None else cell for cell in row]
 
 
 class CurvesFolder:
@@ -185,9 +192,9 @@ class CurvesFolder:
                 is_final = bool(final.get(run_id)) and curves["status"] != FAILED
                 writers[READS_FILE].writerow([*run, curves["status"], curves["read_at"], str(is_final).lower()])
                 for row in curves.get("history", []):
-                    writers[HISTORY_FILE].writerow([*run, *row])
+                    writers[HISTORY_FILE].writerow(_cells([*run, *row]))
                 for row in curves.get("gpu", []):
-                    writers[GPU_FILE].writerow([*run, *row])
+                    writers[GPU_FILE].writerow(_cells([*run, *row]))
                 points += len(curves.get("history", [])) + len(curves.get("gpu", []))
         finally:
             for f in files.values():

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from wandb_assets.lib.curves import FAILED, GPU_FILE, HISTORY_FILE, NONE, READ, READS_FILE
+from wandb_assets.lib.curves import FAILED, GPU_FILE, HISTORY_FILE, NONE, NULL_MARK, READ, READS_FILE
 from wandb_assets.lib.gauges import curve_idle_sql
 from wandb_assets.lib.sql import BUSY_SQL, ENDED_SQL, MIRRORED_RUNS_SQL, literal_path, transaction
 
@@ -55,7 +55,9 @@ _COLUMNS = {
 
 
 def _read(kind: str) -> str:
-    return f"read_csv($paths, header = true, auto_detect = false, columns = {{{_COLUMNS[kind]}}})"
+    return (
+        f"read_csv($paths, header = true, auto_detect = false, nullstr = '{NULL_MARK}', columns = {{{_COLUMNS[kind]}}})"
+    )
 
 
 _KEYS = "(entity, project, run_id)"
@@ -161,50 +163,57 @@ def load_curves(con, folders: list[Path], sps_metric: str, idle_pct: float, now:
     stay). Idle rows judged with another ``idle_pct`` (WANDB_ASSETS_IDLE_GPU_PCT changed) are judged again.
     When WANDB_ASSETS_SPS_METRIC changed, every run's steady SPS is restated first. Returns ``{status: runs}`` over
     the folders, ``points``, ``idle_rejudged`` and ``steady_restated``."""
-    counts: dict[str, int] = {}
     with transaction(con):
-        counts["steady_restated"] = _restate_steady(con, sps_metric)
-        for folder in folders:
-            paths = {kind: sorted(str(p) for p in folder.glob(f"{kind}-*.csv")) for kind in _COLUMNS}
-            if not paths[READS_FILE]:
-                continue
+        return load_curves_in_transaction(con, folders, sps_metric, idle_pct, now)
 
-            def params(kind: str, paths=paths) -> dict:
-                return {"paths": [literal_path(p) for p in paths[kind]]}
 
-            con.execute(
-                f"CREATE OR REPLACE TEMP TABLE curve_reads AS SELECT * FROM {_read(READS_FILE)} "
-                f"WHERE {_KEYS} IN (SELECT entity, project, run_id FROM runs)",
-                params(READS_FILE),
-            )
-            for status, runs in con.execute("SELECT status, count(*) FROM curve_reads GROUP BY 1").fetchall():
-                counts[status] = counts.get(status, 0) + runs
-            earlier = con.execute(
-                f"SELECT count(*) FROM runs WHERE curves_status IN ('{READ}', '{NONE}') AND {_REPLACED}"
-            ).fetchone()[0]
-            if earlier:  # else nothing to replace: no scan of every run's curves
-                for table in ("run_history", "run_gpu_samples"):
-                    con.execute(f"DELETE FROM {table} WHERE {_REPLACED}")
-            con.execute(f"DELETE FROM run_curve_idle WHERE {_REPLACED}")
-            for table, kind in (("run_history", HISTORY_FILE), ("run_gpu_samples", GPU_FILE)):
-                (added,) = con.execute(
-                    f"INSERT INTO {table} BY NAME SELECT * FROM {_read(kind)} WHERE {_REPLACED}", params(kind)
-                ).fetchone()
-                counts["points"] = counts.get("points", 0) + added
-            con.execute(
-                f"""UPDATE runs SET curves_status = c.status, curves_read_at = c.read_at, curves_final = c.final
-                FROM curve_reads c
-                WHERE c.entity = runs.entity AND c.project = runs.project AND c.run_id = runs.run_id
-                  AND (c.status <> '{FAILED}' OR runs.curves_status IS NULL OR runs.curves_status = '{FAILED}')"""
-            )
-            # Steady SPS and idle hours from the files just loaded (read again, streaming), not from the tables.
-            con.execute(_steady_sps(_read(HISTORY_FILE)), {"sps_metric": sps_metric, **params(HISTORY_FILE)})
-            con.execute(
-                _curve_idle_insert(_FINAL_REPLACED, _read(GPU_FILE)),
-                {"now": now, "idle_pct": idle_pct, **params(GPU_FILE)},
-            )
-            con.execute("DROP TABLE curve_reads")
-        counts["idle_rejudged"] = rejudge_curve_idle(con, idle_pct, now)
+def load_curves_in_transaction(
+    con, folders: list[Path], sps_metric: str, idle_pct: float, now: datetime, source: str | None = None
+) -> dict[str, int]:
+    """``load_curves`` inside the caller's transaction (offline logs: with their runs); ``source``: only the runs
+    whose stored row has it (a log's curves never replace those W&B's copy of the run has)."""
+    counts: dict[str, int] = {"steady_restated": _restate_steady(con, sps_metric)}
+    for folder in folders:
+        paths = {kind: sorted(str(p) for p in folder.glob(f"{kind}-*.csv")) for kind in _COLUMNS}
+        if not paths[READS_FILE]:
+            continue
+
+        def params(kind: str, paths=paths) -> dict:
+            return {"paths": [literal_path(p) for p in paths[kind]]}
+
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE curve_reads AS SELECT * FROM {_read(READS_FILE)} "
+            f"WHERE {_KEYS} IN (SELECT entity, project, run_id FROM runs WHERE $source IS NULL OR source = $source)",
+            params(READS_FILE) | {"source": source},
+        )
+        for status, runs in con.execute("SELECT status, count(*) FROM curve_reads GROUP BY 1").fetchall():
+            counts[status] = counts.get(status, 0) + runs
+        earlier = con.execute(
+            f"SELECT count(*) FROM runs WHERE curves_status IN ('{READ}', '{NONE}') AND {_REPLACED}"
+        ).fetchone()[0]
+        if earlier:  # else nothing to replace: no scan of every run's curves
+            for table in ("run_history", "run_gpu_samples"):
+                con.execute(f"DELETE FROM {table} WHERE {_REPLACED}")
+        con.execute(f"DELETE FROM run_curve_idle WHERE {_REPLACED}")
+        for table, kind in (("run_history", HISTORY_FILE), ("run_gpu_samples", GPU_FILE)):
+            (added,) = con.execute(
+                f"INSERT INTO {table} BY NAME SELECT * FROM {_read(kind)} WHERE {_REPLACED}", params(kind)
+            ).fetchone()
+            counts["points"] = counts.get("points", 0) + added
+        con.execute(
+            f"""UPDATE runs SET curves_status = c.status, curves_read_at = c.read_at, curves_final = c.final
+            FROM curve_reads c
+            WHERE c.entity = runs.entity AND c.project = runs.project AND c.run_id = runs.run_id
+              AND (c.status <> '{FAILED}' OR runs.curves_status IS NULL OR runs.curves_status = '{FAILED}')"""
+        )
+        # Steady SPS and idle hours from the files just loaded (read again, streaming), not from the tables.
+        con.execute(_steady_sps(_read(HISTORY_FILE)), {"sps_metric": sps_metric, **params(HISTORY_FILE)})
+        con.execute(
+            _curve_idle_insert(_FINAL_REPLACED, _read(GPU_FILE)),
+            {"now": now, "idle_pct": idle_pct, **params(GPU_FILE)},
+        )
+        con.execute("DROP TABLE curve_reads")
+    counts["idle_rejudged"] = rejudge_curve_idle(con, idle_pct, now)
     return counts
 
 

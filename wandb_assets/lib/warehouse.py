@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -650,9 +650,11 @@ def load_offline_runs(
     vanished_logs: Iterable[str] = (),
     stall_cutoff: datetime | None = None,
     prices: Iterable[tuple[str, float]] | None = None,
+    then: Callable[[Any], None] | None = None,
 ) -> dict[str, int]:
     """Load offline runs staged in ``staged_path`` (NDJSON ``runs`` rows) and record the ``files`` read, in one
-    transaction. Returns counts: ``loaded``, ``kept_mirrored``, ``kept_newer``, ``crashed_log_gone``.
+    transaction; ``then(con)`` runs last in it (the logs' curves: with their runs, or neither). Returns counts:
+    ``loaded``, ``kept_mirrored``, ``kept_newer``, ``crashed_log_gone``.
 
     Precedence: a run W&B already mirrored keeps its mirrored row (authoritative); an earlier offline copy of the
     same run id is replaced only by a log whose last record is not older (``heartbeat_at``), so an older log of
@@ -726,6 +728,8 @@ def load_offline_runs(
                     for f in files
                 ],
             )
+        if then is not None:
+            then(con)
     return {"loaded": loaded, "kept_mirrored": len(mirrored), "kept_newer": len(newer), "crashed_log_gone": crashed}
 
 

@@ -31,9 +31,10 @@ from wandb_assets.defs.fleet.jobs import offline_job
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.clock import configured_time, utc_now
 from wandb_assets.lib.curves import CurvesFolder
-from wandb_assets.lib.curves_warehouse import load_curves
+from wandb_assets.lib.curves_warehouse import load_curves_in_transaction
 from wandb_assets.lib.offline_runs import file_states, find_run_logs, read_changed_logs, reader
 from wandb_assets.lib.warehouse import (
+    SOURCE_OFFLINE,
     load_offline_runs,
     offline_logs_gone_quiet,
     read_offline_file_states,
@@ -109,12 +110,20 @@ def offline_runs(
     staged, _ = stage_rows(report.rows) if report.rows else (None, 0)
     Path(settings.staging_dir).mkdir(parents=True, exist_ok=True)
     curves_folder = Path(tempfile.mkdtemp(prefix="offline-curves-", dir=settings.staging_dir))
+    curves: dict[str, int] = {}
     try:
+        with_curves = _log_curves_loader(report.curves, curves_folder, thresholds, now, curves)
         with warehouse.get_connection() as con:
             counts = load_offline_runs(
-                con, staged, report.files, now, report.vanished, now - stall, prices=settings.gpu_prices.items()
+                con,
+                staged,
+                report.files,
+                now,
+                report.vanished,
+                now - stall,
+                prices=settings.gpu_prices.items(),
+                then=with_curves,
             )
-            curves = _load_log_curves(con, report.curves, curves_folder, thresholds, now)
     finally:
         if staged:
             os.unlink(staged)
@@ -159,23 +168,26 @@ def offline_runs(
     )
 
 
-def _load_log_curves(con, curves: dict, folder: Path, thresholds, now) -> dict[str, int]:
-    """The logs' curves into run_history and run_gpu_samples, as the curves job loads a read (``load_curves``), for
-    the runs whose stored row is the log's (a run W&B mirrors keeps its mirrored row and the curves read online).
-    Returns ``{status: runs}``."""
-    offline = {
-        tuple(key)
-        for key in con.execute("SELECT entity, project, run_id FROM runs WHERE source = 'offline'").fetchall()
-    }
-    mine = {key: value for key, value in curves.items() if key in offline}
-    if not mine:
-        return {}
+def _log_curves_loader(curves: dict, folder: Path, thresholds, now, counts: dict[str, int]):
+    """The logs' curves as point files (written now, with the warehouse closed), and what loads them into
+    run_history and run_gpu_samples in the runs' own transaction (``load_offline_runs(then=...)``), by the curves
+    job's rule, for the runs whose stored row is the log's (a run W&B mirrors keeps the curves read online).
+    ``counts`` gets ``{status: runs}``. None when there are none."""
+    if not curves:
+        return None
     staged = CurvesFolder(folder, "logs")
-    for path in sorted({f"{entity}/{project}" for entity, project, _ in mine}):
-        runs = {run_id: value for (entity, project, run_id), value in mine.items() if f"{entity}/{project}" == path}
+    for path in sorted({f"{entity}/{project}" for entity, project, _ in curves}):
+        runs = {run_id: value for (entity, project, run_id), value in curves.items() if f"{entity}/{project}" == path}
         staged.add(path, {run_id: value["final"] for run_id, value in runs.items()}, runs)
-    counts = load_curves(con, [staged.publish()], thresholds.sps_metric, thresholds.idle_gpu_pct, now)
-    return {status: runs for status, runs in counts.items() if status in ("read", "none", "failed")}
+    published = staged.publish()
+
+    def load(con) -> None:
+        found = load_curves_in_transaction(
+            con, [published], thresholds.sps_metric, thresholds.idle_gpu_pct, now, source=SOURCE_OFFLINE
+        )
+        counts.update({status: runs for status, runs in found.items() if status in ("read", "none", "failed")})
+
+    return load
 
 
 @sensor(
