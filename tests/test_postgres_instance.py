@@ -216,7 +216,13 @@ def test_a_schedule_tick_is_evaluated_and_recorded_in_postgres(postgres, pg_home
         postgres, "SELECT pipeline_name FROM runs WHERE pipeline_name NOT IN ('warehouse_maintenance', 'curves')"
     )
     assert runs == [("refresh",)]
-    tags = dict(_pg_query(postgres, "SELECT key, value FROM run_tags WHERE key LIKE 'dagster/%'"))
+    tags = dict(
+        _pg_query(
+            postgres,
+            "SELECT t.key, t.value FROM run_tags t JOIN runs r ON r.run_id = t.run_id "
+            "WHERE t.key LIKE 'dagster/%' AND r.pipeline_name = 'refresh'",
+        )
+    )
     assert tags["dagster/schedule_name"] == "every_15_minutes"
     yesterday = (quarter - timedelta(days=1)).date().isoformat()
     assert (tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]) == (
