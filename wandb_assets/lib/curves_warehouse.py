@@ -160,9 +160,10 @@ def load_curves(con, folders: list[Path], sps_metric: str, idle_pct: float, now:
     """Load the published reads ``folders`` (oldest first) in one transaction: a run read (``read`` / ``none``)
     replaces its earlier curves (never adds to them), gets its status, its steady SPS and, once ended, its idle
     GPU-hours per day; a failed read marks a run ``failed`` only when no earlier read of it answered (those curves
-    stay). Idle rows judged with another ``idle_pct`` (WANDB_ASSETS_IDLE_GPU_PCT changed) are judged again.
+    stay). (Idle rows judged at another ``idle_pct`` are judged again by ``rejudge_curve_idle``, right before
+    ``gpu_usage`` reads them.)
     When WANDB_ASSETS_SPS_METRIC changed, every run's steady SPS is restated first. Returns ``{status: runs}`` over
-    the folders, ``points``, ``idle_rejudged`` and ``steady_restated``."""
+    the folders, ``points`` and ``steady_restated``."""
     with transaction(con):
         return load_curves_in_transaction(con, folders, sps_metric, idle_pct, now)
 
@@ -213,7 +214,6 @@ def load_curves_in_transaction(
             {"now": now, "idle_pct": idle_pct, **params(GPU_FILE)},
         )
         con.execute("DROP TABLE curve_reads")
-    counts["idle_rejudged"] = rejudge_curve_idle(con, idle_pct, now)
     return counts
 
 
