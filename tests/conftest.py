@@ -15,6 +15,7 @@ import pytest
 _SESSION_DIR = Path(tempfile.mkdtemp(prefix="wandb-assets-tests-"))
 os.environ["WANDB_ASSETS_DUCKDB"] = str(_SESSION_DIR / "warehouse" / "test.duckdb")
 os.environ["WANDB_ASSETS_START_DATE"] = "2026-01-01"
+os.environ["WANDB_ASSETS_ANALYTICS"] = "false"  # dbt (~6 s a build) only where a test asks for it
 os.environ["WANDB_DIR"] = str(_SESSION_DIR / "wandb")
 os.environ["WANDB_CACHE_DIR"] = str(_SESSION_DIR / "wandb-cache")
 os.environ["XDG_CACHE_HOME"] = str(_SESSION_DIR / "xdg-cache")

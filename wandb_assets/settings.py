@@ -134,6 +134,13 @@ class Settings(BaseSettings):
         "run_gpu_samples.",
         "true",
     )
+    WANDB_ASSETS_ANALYTICS: bool = _var(
+        True,
+        "Build the analysts' dbt project (analytics/) in the warehouse after each feed and backfill run, in a run "
+        "of its own (the analytics job): staging views and marts in the warehouse's analytics schema, dbt tests "
+        "as asset checks.",
+        "true",
+    )
     WANDB_ASSETS_HISTORY_KEYS: str = _var(
         ",".join(SPS_KEYS),
         "History keys whose curves are read (comma-separated); the system stream's GPU metrics always are.",
@@ -450,6 +457,8 @@ class PipelineSettings:
     #: Curves (``WANDB_ASSETS_FETCH_HISTORY``, ``..._HISTORY_KEYS``, ``..._HISTORY_SAMPLES``, ``..._REFRESH_MINUTES``,
     #: ``..._RUNS_PER_TICK``).
     fetch_history: bool = True
+    #: Build the analysts' dbt models after each feed and backfill run (``WANDB_ASSETS_ANALYTICS``).
+    analytics: bool = True
     history_keys: tuple[str, ...] = ()
     history_samples: int = 500
     history_refresh: timedelta = timedelta(hours=1)
@@ -484,6 +493,7 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
         default_gpus_per_run=s.WANDB_ASSETS_DEFAULT_GPUS_PER_RUN,
         fetch_metadata=s.WANDB_ASSETS_FETCH_METADATA,
         fetch_history=s.WANDB_ASSETS_FETCH_HISTORY,
+        analytics=s.WANDB_ASSETS_ANALYTICS,
         history_keys=tuple(dict.fromkeys(k.strip() for k in s.WANDB_ASSETS_HISTORY_KEYS.split(",") if k.strip())),
         history_samples=s.WANDB_ASSETS_HISTORY_SAMPLES,
         history_refresh=timedelta(minutes=s.WANDB_ASSETS_HISTORY_REFRESH_MINUTES),

@@ -14,6 +14,7 @@ from datetime import date
 from dagster import DagsterInstance, ExecuteInProcessResult
 
 from wandb_assets.definitions import defs
+from wandb_assets.defs.analytics.jobs import ANALYTICS_JOB
 from wandb_assets.defs.feed.jobs import FEED_JOB
 from wandb_assets.defs.feed.pipeline_failure import (
     PIPELINE_ALERT_JOB,
@@ -31,6 +32,7 @@ from wandb_assets.defs.fleet.jobs import (
     plan_tick,
 )
 from wandb_assets.defs.report.jobs import REPORT_JOB
+from wandb_assets.settings import pipeline_settings
 
 log = logging.getLogger("wandb_assets")
 
@@ -93,6 +95,11 @@ def execute_curves(instance: DagsterInstance) -> ExecuteInProcessResult:
     return _execute(instance, CURVES_JOB)
 
 
+def execute_analytics(instance: DagsterInstance) -> ExecuteInProcessResult:
+    """The ``analytics`` job in this process: ``dbt build`` of the analysts' project, then the snapshot."""
+    return _execute(instance, ANALYTICS_JOB)
+
+
 def execute_offline(instance: DagsterInstance, paths: list[str], now: str = "") -> ExecuteInProcessResult:
     """Offline logs under ``paths`` into ``runs``, then the fleet tables and a snapshot (the ``offline`` job);
     ``now`` pins the clock (tests)."""
@@ -113,11 +120,16 @@ def execute_report(instance: DagsterInstance, force_artifact: bool = True) -> Ex
 def run_tick(
     instance: DagsterInstance, today: date, snapshot_at: str = "", now: str = ""
 ) -> list[ExecuteInProcessResult]:
-    """Refresh then feed; returns the results of the runs made (the last one failed if any did)."""
+    """Refresh, feed, then (``WANDB_ASSETS_ANALYTICS``) the analysts' dbt models, as the schedule and sensors do;
+    returns the results of the runs made (the last one failed if any did)."""
     refresh = execute_refresh(instance, today, snapshot_at=snapshot_at)
     settle_pipeline_alert(instance, refresh)
     if not refresh.success:
         return [refresh]
     feed = execute_feed(instance, now=now)
     settle_pipeline_alert(instance, feed)
-    return [refresh, feed]
+    if not feed.success or not pipeline_settings().analytics:
+        return [refresh, feed]
+    analytics = execute_analytics(instance)
+    settle_pipeline_alert(instance, analytics)
+    return [refresh, feed, analytics]

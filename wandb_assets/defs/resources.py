@@ -1,7 +1,9 @@
 """The resources every domain shares, built once from the settings (see ``wandb_assets.settings``)."""
 
 import dagster as dg
+from dagster_dbt import DbtCliResource
 
+from wandb_assets.defs.analytics.project import analytics_project
 from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource
 from wandb_assets.defs.wandb_runs.resources import wandb_resource
 from wandb_assets.defs.warehouse.resources import warehouse_resource
@@ -16,5 +18,6 @@ def resources() -> dg.Definitions:
             "warehouse": warehouse_resource(),
             "datadog": DatadogResource(wandb=wandb),
             "channels": AlertChannelsResource(),
+            "dbt": DbtCliResource(project_dir=analytics_project),
         }
     )

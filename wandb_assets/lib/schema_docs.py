@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
-from wandb_assets.lib.sql import sql_string
+import json
+
+from wandb_assets.lib.naming import CATEGORIES
+from wandb_assets.lib.normalize import ALIVE_STATES, ENDED_STATES, VANISHED
+from wandb_assets.lib.sql import ENDED_SQL, FAILED_SQL, run_gpu_hours_sql, sql_string, success_rate_sql
 
 _SPS = {
     "sps_overview_steps_per_second": "summary `overview/steps_per_second`, steps/s (NULL if absent or not finite)",
@@ -158,6 +162,9 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "(WANDB_ASSETS_GPU_DEFAULT_PRICE) or NULL (no price)",
             "partly_idle_gpu_hours": "of idle_gpu_hours, those of GPUs idle while another GPU of the same run was "
             "busy (from runs' sampled GPU streams, run_curve_idle; 0 for runs without one)",
+            "idle_cost_usd": "idle_gpu_hours at cost_usd's price: the dollars of idle GPUs; NULL when unpriced",
+            "failed_gpu_hours": "of gpu_hours, those of runs that failed or crashed (their state at the rebuild)",
+            "failed_cost_usd": "failed_gpu_hours at cost_usd's price: the dollars of failed runs; NULL when unpriced",
         },
     ),
     "run_history": (
@@ -442,6 +449,111 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
 }
 
 
+#: The tables analysts' dbt models read (``analytics/models/sources.yml``) -> the Dagster asset that writes each, so
+#: lineage runs from our assets through their models in one graph.
+DBT_SOURCE_ASSETS: dict[str, str] = {
+    "runs": "runs",
+    "push_to_main_sps": "push_to_main_sps",
+    "success_rates": "success_rates",
+    "gpu_hours": "gpu_hours",
+    "gpu_usage": "gpu_usage",
+    "run_history": "run_curves",
+    "run_curve_idle": "run_curves",
+    "fleet_metrics": "fleet_snapshot",
+    "project_metrics": "fleet_snapshot",
+    "wandb_projects": "wandb_projects",
+    "alerts": "fleet_alerts",
+    "sps_change_points": "fleet_alerts",
+}
+
+#: The source tests: a run is (entity, project, run_id) and has each; its state and category are one of these.
+RUN_STATES = (*ALIVE_STATES, *ENDED_STATES, VANISHED)
+
+
+def _yaml_text(text: str) -> str:
+    return json.dumps(text)  # a JSON string is a YAML string
+
+
+def render_dbt_sources() -> str:
+    """``analytics/models/sources.yml``: the warehouse tables as dbt sources, described from ``SCHEMA_DOCS``."""
+    lines = [
+        "# Generated from wandb_assets/lib/schema_docs.py (`python -m wandb_assets.lib.schema_docs --dbt-sources`):",
+        "# the same descriptions as docs/warehouse.md and the warehouse's COMMENTs. Do not edit by hand.",
+        "version: 2",
+        "",
+        "sources:",
+        "  - name: warehouse",
+        "    description: \"The pipeline's tables (Dagster assets), in the warehouse's main schema.\"",
+        "    schema: main",
+        "    tables:",
+    ]
+    for name, asset in DBT_SOURCE_ASSETS.items():
+        kind, description, columns = SCHEMA_DOCS[name]
+        lines += [
+            f"      - name: {name}",
+            f"        description: {_yaml_text(description)}",
+            "        config:",
+            "          meta:",
+            "            dagster:",
+            f"              asset_key: [{asset}]",
+        ]
+        if name == "runs":
+            lines += [
+                "        data_tests:",
+                "          - unique_combination:",
+                "              arguments:",
+                "                columns: [entity, project, run_id]",
+            ]
+        lines.append("        columns:")
+        for col, text in columns.items():
+            lines += [f"          - name: {_quote_column(col)}", f"            description: {_yaml_text(text)}"]
+            tests = _source_column_tests(name, col)
+            if tests:
+                lines.append("            data_tests:")
+                lines += [f"              {test}" for test in tests]
+    return "\n".join(lines) + "\n"
+
+
+def render_dbt_macros() -> str:
+    """``analytics/macros/warehouse_rules.sql``: the pipeline's own rules as dbt macros, so the analysts' models
+    count a failed run, an ended run and a run's GPU-hours exactly as the pipeline's tables do."""
+    return "\n".join(
+        [
+            "{#- Generated from wandb_assets/lib (`python -m wandb_assets.lib.schema_docs --dbt-macros`): the",
+            "    pipeline's rules, one definition. Do not edit by hand. -#}",
+            "",
+            f"{{% macro failed_states() %}}({FAILED_SQL}){{% endmacro %}}",
+            "",
+            f"{{% macro ended_states() %}}({ENDED_SQL}){{% endmacro %}}",
+            "",
+            "{#- A run's GPU-hours seen at `now` (SQL): its GPUs times the span it held them (the gpu_usage rule). -#}",
+            f"{{% macro run_gpu_hours(now) %}}{run_gpu_hours_sql('{{ now }}')}{{% endmacro %}}",
+            "",
+            "{#- Completed out of completed + failed, percent; NULL when both are 0 (counts summed first). -#}",
+            "{% macro success_rate_pct(completed, failed) %}"
+            + success_rate_sql("{{ completed }}", "{{ failed }}")
+            + "{% endmacro %}",
+            "",
+        ]
+    )
+
+
+def _quote_column(column: str) -> str:
+    return f'"{column}"' if column in ("user",) else column
+
+
+def _source_column_tests(table: str, column: str) -> list[str]:
+    if table != "runs":
+        return []
+    if column in ("entity", "project", "run_id"):
+        return ["- not_null"]
+    allowed = {"state": RUN_STATES, "category": CATEGORIES}.get(column)
+    if allowed is None:
+        return []
+    values = ", ".join(allowed)
+    return ["- accepted_values:", "    arguments:", f"      values: [{values}]"]
+
+
 def comment_statements(lake: bool = False) -> list[str]:
     """``COMMENT ON`` statements for every table, view and column.
 
@@ -478,4 +590,7 @@ def render_markdown() -> str:
 
 
 if __name__ == "__main__":
-    print(render_markdown(), end="")
+    import sys
+
+    renders = {"--dbt-sources": render_dbt_sources, "--dbt-macros": render_dbt_macros}
+    print(renders.get(sys.argv[-1], render_markdown)(), end="")

@@ -130,7 +130,7 @@ CREATE TABLE IF NOT EXISTS gpu_hours (
 CREATE TABLE IF NOT EXISTS gpu_usage (
     day DATE, entity VARCHAR, project VARCHAR, username VARCHAR, team VARCHAR, category VARCHAR, gpu_model VARCHAR,
     runs BIGINT, gpu_hours DOUBLE, cost_usd DOUBLE, idle_gpu_hours DOUBLE, price_basis VARCHAR,
-    partly_idle_gpu_hours DOUBLE
+    partly_idle_gpu_hours DOUBLE, idle_cost_usd DOUBLE, failed_gpu_hours DOUBLE, failed_cost_usd DOUBLE
 );
 {CURVES_SCHEMA_SQL}CREATE TABLE IF NOT EXISTS gpu_samples (
     snapshot_at TIMESTAMP, entity VARCHAR, project VARCHAR, run_id VARCHAR, gpu_index INTEGER, utilisation DOUBLE,
@@ -248,6 +248,8 @@ def _create_schema(con, lake: bool, home: tuple[str | None, str | None] | None) 
     con.execute("ALTER TABLE report_publications ADD COLUMN IF NOT EXISTS artifact VARCHAR")
     con.execute("ALTER TABLE gpu_usage ADD COLUMN IF NOT EXISTS price_basis VARCHAR")  # rebuilt by the next tick
     con.execute("ALTER TABLE gpu_usage ADD COLUMN IF NOT EXISTS partly_idle_gpu_hours DOUBLE")
+    for column in ("idle_cost_usd", "failed_gpu_hours", "failed_cost_usd"):  # the chargeback's; the next tick fills
+        con.execute(f"ALTER TABLE gpu_usage ADD COLUMN IF NOT EXISTS {column} DOUBLE")
     con.execute(LEDGER_SQL)
     con.execute(ALERT_SQL)
     scope_unscoped_alerts(con)  # every alert key names its project now, with one project as with several
@@ -847,11 +849,14 @@ teams AS (
     SELECT unnest(from_json($teams::JSON, '[{{"user": "VARCHAR", "team": "VARCHAR"}}]'), recursive := true)
 ),
 {IDLE_GPU_HOURS_SQL},
-{daily_gpu_hours_sql('entity, project, run_id, category, "user" AS username, gpu_model')}
+{daily_gpu_hours_sql('entity, project, run_id, category, "user" AS username, gpu_model, state')}
 SELECT day_start::DATE AS day, d.entity, d.project, username, coalesce(t.team, 'unassigned') AS team, category,
        gpu_model, count(*) AS runs, sum(gpu_hours) AS gpu_hours, sum(gpu_hours * {usd_sql()}) AS cost_usd,
        coalesce(sum(i.idle_gpu_hours), 0) AS idle_gpu_hours, {price_basis_sql()} AS price_basis,
-       coalesce(sum(pi.partly_idle_gpu_hours), 0) AS partly_idle_gpu_hours
+       coalesce(sum(pi.partly_idle_gpu_hours), 0) AS partly_idle_gpu_hours,
+       coalesce(sum(i.idle_gpu_hours), 0) * {usd_sql()} AS idle_cost_usd,
+       coalesce(sum(gpu_hours) FILTER (WHERE state IN ({FAILED_SQL})), 0) AS failed_gpu_hours,
+       coalesce(sum(gpu_hours) FILTER (WHERE state IN ({FAILED_SQL})), 0) * {usd_sql()} AS failed_cost_usd
 FROM daily d LEFT JOIN prices p ON p.model = d.gpu_model LEFT JOIN teams t ON t.user = d.username
 LEFT JOIN idle i USING (entity, project, run_id, day_start)
 LEFT JOIN partly_idle pi USING (entity, project, run_id, day_start)

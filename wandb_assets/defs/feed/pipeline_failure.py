@@ -28,6 +28,7 @@ from dagster import (
     run_status_sensor,
 )
 
+from wandb_assets.defs.analytics.jobs import analytics_job
 from wandb_assets.defs.feed.jobs import feed_job
 from wandb_assets.defs.feed.notify import Notifier
 from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource
@@ -38,7 +39,15 @@ from wandb_assets.lib.alerts import PIPELINE_FAILURE, Transition, pipeline_failu
 from wandb_assets.lib.clock import utc_now
 
 PIPELINE_ALERT_JOB = "pipeline_alert"
-MONITORED_JOBS = [refresh_job, backfill_job, offline_job, curves_job, feed_job, warehouse_maintenance_job]
+MONITORED_JOBS = [
+    refresh_job,
+    backfill_job,
+    offline_job,
+    curves_job,
+    feed_job,
+    warehouse_maintenance_job,
+    analytics_job,
+]
 
 
 class PipelineAlertConfig(Config):

@@ -1,0 +1,62 @@
+"""The analysts' dbt models, seed and tests as Dagster assets and asset checks: one ``dbt build`` in the
+``warehouse`` pool (dbt writes the warehouse like our assets do: one writer at a time), in a run of its own after
+the feed or a backfill, so a tick never waits for it."""
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from dagster import AssetExecutionContext, AssetKey
+from dagster_dbt import DagsterDbtTranslator, DagsterDbtTranslatorSettings, DbtCliResource, dbt_assets
+
+from wandb_assets.defs.analytics.project import analytics_project, ensure_manifest
+from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL
+from wandb_assets.lib.lake import Lake
+from wandb_assets.settings import warehouse_location
+
+ANALYTICS_GROUP = "analytics"
+
+
+class AnalyticsTranslator(DagsterDbtTranslator):
+    """Sources are our assets (``meta.dagster.asset_key``; several tables of one asset share its key); models and
+    the seed are assets named as in dbt, in group ``analytics``; tests on sources are checks of our assets."""
+
+    def get_group_name(self, dbt_resource_props: Mapping[str, Any]) -> str | None:
+        return None if dbt_resource_props["resource_type"] == "source" else ANALYTICS_GROUP
+
+    def get_asset_key(self, dbt_resource_props: Mapping[str, Any]) -> AssetKey:
+        if dbt_resource_props["resource_type"] == "source":
+            return super().get_asset_key(dbt_resource_props)
+        return AssetKey(dbt_resource_props["name"])
+
+
+TRANSLATOR = AnalyticsTranslator(
+    settings=DagsterDbtTranslatorSettings(
+        enable_duplicate_source_asset_keys=True,
+        enable_source_tests_as_checks=True,
+        enable_source_metadata=False,  # several tables per asset (run_curves, fleet_snapshot): no conflicting deps
+    )
+)
+
+
+def dbt_environment(location: Any = None) -> dict[str, str]:
+    """What ``analytics/profiles.yml`` reads: the target and where the warehouse is, from the pipeline's settings
+    (a file's absolute path; a lake's catalog without its password, which dbt inherits as ``PGPASSWORD``)."""
+    location = warehouse_location() if location is None else location
+    if isinstance(location, Lake):
+        return {"WANDB_ANALYTICS_TARGET": "lake", "WANDB_ANALYTICS_CATALOG": location.catalog}
+    return {"WANDB_ANALYTICS_TARGET": "file", "WANDB_ANALYTICS_PATH": str(location.resolve())}
+
+
+@dbt_assets(
+    manifest=ensure_manifest(),
+    project=analytics_project,
+    dagster_dbt_translator=TRANSLATOR,
+    pool=WAREHOUSE_POOL,
+    name="analytics_models",
+    op_tags={"dagster/max_runtime": "900"},
+)
+def analytics_models(context: AssetExecutionContext, dbt: DbtCliResource) -> Iterator:
+    import os
+
+    os.environ.update(dbt_environment())  # this run's process: the dbt subprocess inherits it
+    yield from dbt.cli(["build"], context=context).stream()

@@ -1,0 +1,37 @@
+"""The analysts' dbt project and its manifest.
+
+The manifest (``analytics/target/manifest.json``) is made at build time: the image runs ``dagster-dbt project
+prepare-and-package --file wandb_assets/defs/analytics/project.py``; ``dagster dev`` prepares it on start
+(``prepare_if_dev``); anywhere else it is made once when missing or older than a file of the project, never on a
+tick's path (loading the definitions only compares modification times).
+"""
+
+from pathlib import Path
+
+from dagster_dbt import DbtProject
+
+from wandb_assets.warehouse import PROJECT_ROOT
+
+ANALYTICS_DIR = PROJECT_ROOT / "analytics"
+#: What the manifest is made from: a change to any of these makes it stale.
+_SOURCES = ("dbt_project.yml", "profiles.yml", "models", "seeds", "macros", "tests")
+
+analytics_project = DbtProject(project_dir=ANALYTICS_DIR)  # target: WANDB_ANALYTICS_TARGET (profiles.yml)
+analytics_project.prepare_if_dev()
+
+
+def _newest_source_mtime(project_dir: Path) -> float:
+    newest = 0.0
+    for name in _SOURCES:
+        path = project_dir / name
+        files = [path] if path.is_file() else path.rglob("*") if path.is_dir() else []
+        newest = max([newest, *(f.stat().st_mtime for f in files if f.is_file())])
+    return newest
+
+
+def ensure_manifest(project: DbtProject = analytics_project) -> Path:
+    """The project's manifest, made first (``dbt parse``, ~3 s) when it is missing or stale."""
+    manifest = project.manifest_path
+    if not manifest.exists() or manifest.stat().st_mtime < _newest_source_mtime(project.project_dir):
+        project.preparer.prepare(project)
+    return manifest
