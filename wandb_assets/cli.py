@@ -221,7 +221,7 @@ def _tick(today: date, quiet: bool = False) -> int:
     from wandb_assets.ticks import run_tick
 
     results = run_tick(instance, today)
-    code = _report(results[-1], "refresh" if len(results) == 1 else "feed")
+    code = _report(results[-1], results[-1].job_def.name)
     if code == 0 and not quiet:
         _print_gauges()
         _print_projects()
@@ -307,6 +307,104 @@ def cmd_curves(args: argparse.Namespace) -> int:
         if args.once or not meta["more_due"] or not meta["runs_due"]:
             break
     print(f"Read the curves of {read:,} run(s) in {rounds} round(s), {time.monotonic() - started:.1f} s.")
+    return 0
+
+
+def cmd_analytics(args: argparse.Namespace) -> int:
+    """Build the analysts' dbt project now (what the sensor does after each feed), then say where its docs are."""
+    instance = _instance()
+    from wandb_assets.ticks import execute_analytics, settle_pipeline_alert
+
+    started = time.monotonic()
+    result = execute_analytics(instance)
+    settle_pipeline_alert(instance, result)
+    code = _report(result, "analytics")
+    if code == 0:
+        checks = [e.event_specific_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+        built = {e.asset_key for e in result.all_events if e.event_type_value == "ASSET_MATERIALIZATION"}
+        print(
+            f"Built the analysts' dbt project in {time.monotonic() - started:.1f} s: {len(built) - 1} models and "
+            f"seeds, {sum(c.passed for c in checks)} of {len(checks)} tests passed. "
+            "Browse them: uv run wandb-assets docs"
+        )
+    return code
+
+
+def _export_source(args: argparse.Namespace):
+    """The snapshot (a file warehouse: an export never blocks the tick's writer) or the lake, read-only."""
+    return _snapshot_or_exit(args.warehouse)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from wandb_assets.lib import exports
+    from wandb_assets.settings import ConfigError
+
+    try:
+        if args.what == "chargeback":
+            month = exports.parse_month(args.month)
+        else:
+            since = _day(args.since, "--since")
+        fmt = args.format or ("csv" if args.what == "chargeback" else "parquet")
+        if fmt not in exports.FORMATS:
+            raise ValueError(f"--format must be one of {', '.join(exports.FORMATS)} (got {fmt!r}).")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    out = Path(args.out)
+    _check_writable(out, "--out", folder=True)
+    con = _export_source(args)
+    if con is None:
+        return 2
+    try:
+        if args.what == "runs":
+            done = exports.export_runs(con, since, out, fmt)
+            print(f"Wrote {done.rows:,} runs created since {since} to {done.path}")
+            return 0
+        if not exports.has_chargeback(con):
+            raise ConfigError(
+                "The analysts' marts are not built in this warehouse yet: run `uv run wandb-assets analytics` "
+                "(the analytics job runs after every feed and backfill while WANDB_ASSETS_ANALYTICS is true)."
+            )
+        done = exports.export_chargeback(con, month, out, fmt)
+        cents, usage, gpu_hours = exports.chargeback_totals(con, month)
+    finally:
+        con.close()
+    total = "no priced GPU-hours" if cents is None else f"${cents:,.2f}"
+    print(
+        f"Wrote the chargeback of {month:%Y-%m} to {done.path}: {done.rows} rows, {gpu_hours:,.1f} GPU-hours, {total}"
+        + ("" if cents == usage else f" (gpu_usage says ${usage or 0:,.2f}: rebuild the marts)")
+    )
+    return 0
+
+
+def cmd_docs(args: argparse.Namespace) -> int:
+    """Serve the analysts' dbt docs (one static page) on loopback until interrupted."""
+    import functools
+    import http.server
+
+    from wandb_assets.defs.analytics.project import DOCS_SITE
+    from wandb_assets.settings import ConfigError
+
+    if not DOCS_SITE.exists():
+        raise ConfigError(
+            f"No dbt docs at {DOCS_SITE} yet: each analytics run writes them (`uv run wandb-assets analytics`)."
+        )
+    if args.write:
+        target = Path(args.write) / "index.html"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(DOCS_SITE.read_bytes())
+        print(f"Wrote the dbt docs site to {target}")
+        return 0
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(DOCS_SITE.parent))
+    handler.log_message = lambda *a, **k: None  # type: ignore[attr-defined]
+    with http.server.ThreadingHTTPServer(("127.0.0.1", args.port), handler) as server:
+        print(
+            f"The analysts' dbt docs (tables, models, columns, lineage): http://127.0.0.1:{server.server_port}/",
+            flush=True,
+        )
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
     return 0
 
 
@@ -540,6 +638,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if code:
         return code
     _print_costs("team", args.days)
+    if pipeline_settings().analytics:
+        _print_chargeback(now.date().replace(day=1))
     print(f"\nWarehouse: {pipeline_settings().warehouse if is_lake(warehouse) else Path(warehouse).resolve()}")
     if args.ui:
         print(f"Run links (the runs table, the alerts) open on the demo's W&B server {server.url} while this runs.")
@@ -550,6 +650,38 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"the run links open on {server.url} while it runs."
     )
     return 0
+
+
+#: This month's spend per team against its budget, from the analysts' marts (what `export chargeback` writes in full).
+_CHARGEBACK_BY_TEAM_SQL = """
+SELECT c.team, sum(c.gpu_hours), sum(c.cost_usd), sum(c.idle_cost_usd), sum(c.failed_cost_usd),
+       any_value(b.budget_usd), any_value(b.pct_of_budget)
+FROM analytics.team_gpu_cost_monthly c LEFT JOIN analytics.team_budget_vs_spend b USING (month, team)
+WHERE c.month = $month GROUP BY c.team ORDER BY sum(c.cost_usd) DESC NULLS LAST, c.team
+"""
+
+
+def _print_chargeback(month: date) -> None:
+    from wandb_assets.lib.exports import has_chargeback
+    from wandb_assets.warehouse import reading
+
+    def usd(value) -> str:
+        return "-" if value is None else f"${value:,.0f}"
+
+    with reading() as con:
+        if con is None or not has_chargeback(con):
+            return
+        rows = con.execute(_CHARGEBACK_BY_TEAM_SQL, {"month": month}).fetchall()
+    print(
+        f"\nChargeback {month:%Y-%m} so far, by team (the analysts' dbt marts; full file: "
+        f"uv run wandb-assets export chargeback --month {month:%Y-%m}):"
+    )
+    print(f"  {'team':<12} {'GPU-hours':>10} {'cost':>10} {'idle':>8} {'failed':>8} {'budget':>10} {'used':>6}")
+    for team, hours, cost, idle, failed, budget, pct in rows:
+        used = "-" if pct is None else f"{pct:.0f}%"
+        print(
+            f"  {team:<12} {hours:>10,.1f} {usd(cost):>10} {usd(idle):>8} {usd(failed):>8} {usd(budget):>10} {used:>6}"
+        )
 
 
 def _demo_curves() -> int:
@@ -732,6 +864,47 @@ def build_parser() -> argparse.ArgumentParser:
     )
     curves.add_argument("--once", action="store_true", help="one round only, as one tick does")
     curves.set_defaults(func=cmd_curves)
+    analytics = sub.add_parser(
+        "analytics",
+        help="build the analysts' dbt project (analytics/) now",
+        description="Build the analysts' dbt project in the warehouse: the seed, staging views, marts and their "
+        "tests (asset checks), then its docs and the analysts' snapshot. The analytics job does the same after "
+        "every feed and backfill run.",
+    )
+    analytics.set_defaults(func=cmd_analytics)
+    export = sub.add_parser(
+        "export",
+        help="write a month's chargeback (finance) or the runs since a day (another warehouse) to a file",
+        description="Write a file to hand on, from the analysts' snapshot (or the lake), streamed by DuckDB.",
+    )
+    export_sub = export.add_subparsers(dest="what", required=True)
+    chargeback = export_sub.add_parser(
+        "chargeback",
+        help="one month's GPU-hours and dollars by team, project and GPU model",
+        description="Write chargeback-YYYY-MM.<format>: one month of the team_gpu_cost_monthly mart, dollars in "
+        "cents adding up to gpu_usage's month to the cent (columns: docs/analytics.md).",
+    )
+    chargeback.add_argument("--month", required=True, help="the UTC month, YYYY-MM")
+    runs_export = export_sub.add_parser(
+        "runs",
+        help="every column of the runs created since a day",
+        description="Write runs-since-YYYY-MM-DD.<format>: every column of the runs created on or after --since.",
+    )
+    runs_export.add_argument("--since", required=True, help="first UTC day, YYYY-MM-DD")
+    for command in (chargeback, runs_export):
+        command.add_argument("--format", choices=("csv", "parquet"), help="csv (chargeback default) or parquet")
+        command.add_argument("--out", default=".", help="folder to write into (default: here)")
+        command.add_argument("--warehouse", help="warehouse path or ducklake: string (default WANDB_ASSETS_DUCKDB)")
+    export.set_defaults(func=cmd_export)
+    docs = sub.add_parser(
+        "docs",
+        help="serve the analysts' dbt docs (tables, models, columns, lineage) on loopback",
+        description="Serve the docs the last analytics run generated (every source table and model with its "
+        "columns and lineage) at http://127.0.0.1:PORT/, or write them as a static site with --write DIR.",
+    )
+    docs.add_argument("--port", type=int, default=8580, help="loopback port (default 8580; 0: any free one)")
+    docs.add_argument("--write", metavar="DIR", help="write DIR/index.html instead of serving")
+    docs.set_defaults(func=cmd_docs)
     offline = sub.add_parser(
         "ingest-offline",
         help="read offline .wandb run logs (files, run directories, folders) into the warehouse",

@@ -8,6 +8,7 @@ imports it back.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from datetime import date
 
@@ -15,6 +16,7 @@ from dagster import DagsterInstance, ExecuteInProcessResult
 
 from wandb_assets.definitions import defs
 from wandb_assets.defs.analytics.jobs import ANALYTICS_JOB
+from wandb_assets.defs.analytics.project import DBT_CONSOLE_LOG
 from wandb_assets.defs.feed.jobs import FEED_JOB
 from wandb_assets.defs.feed.pipeline_failure import (
     PIPELINE_ALERT_JOB,
@@ -96,8 +98,11 @@ def execute_curves(instance: DagsterInstance) -> ExecuteInProcessResult:
 
 
 def execute_analytics(instance: DagsterInstance) -> ExecuteInProcessResult:
-    """The ``analytics`` job in this process: ``dbt build`` of the analysts' project, then the snapshot."""
-    return _execute(instance, ANALYTICS_JOB)
+    """The ``analytics`` job in this process: ``dbt build`` of the analysts' project, then the snapshot. dbt's own
+    log lines go to ``DBT_CONSOLE_LOG`` (each model and test is an event of the run anyway), not this console."""
+    DBT_CONSOLE_LOG.parent.mkdir(parents=True, exist_ok=True)
+    with open(DBT_CONSOLE_LOG, "w") as log_file, contextlib.redirect_stdout(log_file):
+        return _execute(instance, ANALYTICS_JOB)
 
 
 def execute_offline(instance: DagsterInstance, paths: list[str], now: str = "") -> ExecuteInProcessResult:

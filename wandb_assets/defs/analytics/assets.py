@@ -2,13 +2,16 @@
 ``warehouse`` pool (dbt writes the warehouse like our assets do: one writer at a time), in a run of its own after
 the feed or a backfill, so a tick never waits for it."""
 
+import os
+import shutil
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from dagster import AssetExecutionContext, AssetKey
 from dagster_dbt import DagsterDbtTranslator, DagsterDbtTranslatorSettings, DbtCliResource, dbt_assets
 
-from wandb_assets.defs.analytics.project import analytics_project, ensure_manifest
+from wandb_assets.defs.analytics.project import DOCS_SITE, analytics_project, ensure_manifest
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL
 from wandb_assets.lib.lake import Lake
 from wandb_assets.settings import warehouse_location
@@ -47,6 +50,15 @@ def dbt_environment(location: Any = None) -> dict[str, str]:
     return {"WANDB_ANALYTICS_TARGET": "file", "WANDB_ANALYTICS_PATH": str(location.resolve())}
 
 
+def publish_docs(page: Path, site: Path = DOCS_SITE) -> Path:
+    """Swap ``page`` in as ``site`` atomically (a reader never sees half a page)."""
+    site.parent.mkdir(parents=True, exist_ok=True)
+    partial = site.with_name(f".{site.name}.{os.getpid()}.partial")
+    shutil.copyfile(page, partial)
+    os.replace(partial, site)
+    return site
+
+
 @dbt_assets(
     manifest=ensure_manifest(),
     project=analytics_project,
@@ -56,7 +68,10 @@ def dbt_environment(location: Any = None) -> dict[str, str]:
     op_tags={"dagster/max_runtime": "900"},
 )
 def analytics_models(context: AssetExecutionContext, dbt: DbtCliResource) -> Iterator:
-    import os
-
     os.environ.update(dbt_environment())  # this run's process: the dbt subprocess inherits it
     yield from dbt.cli(["build"], context=context).stream()
+    # the analysts' browsable docs (every table and model, columns, lineage) as one static page: dbt reads the
+    # catalog now, while the run holds the warehouse slot; `wandb-assets docs` serves the page
+    generated = dbt.cli(["docs", "generate", "--static"], raise_on_error=True).wait()
+    site = publish_docs(Path(generated.target_path) / "static_index.html")
+    context.log.info(f"dbt docs: {site}")

@@ -13,6 +13,11 @@ from dagster_dbt import DbtProject
 from wandb_assets.warehouse import PROJECT_ROOT
 
 ANALYTICS_DIR = PROJECT_ROOT / "analytics"
+#: The analysts' docs (``dbt docs generate --static``): published by each analytics run, served by
+#: ``wandb-assets docs``.
+DOCS_SITE = ANALYTICS_DIR / "target" / "site" / "index.html"
+#: dbt's console output of the last analytics run made by the CLI (its models and tests are run events anyway).
+DBT_CONSOLE_LOG = ANALYTICS_DIR / "target" / "cli-dbt.log"
 #: What the manifest is made from: a change to any of these makes it stale.
 _SOURCES = ("dbt_project.yml", "profiles.yml", "models", "seeds", "macros", "tests")
 

@@ -1,0 +1,124 @@
+"""Files to hand on: one month's chargeback for finance, and the runs since a day for another warehouse. DuckDB
+writes them with ``COPY ... TO`` from the query, streaming (no table is read into Python), under a memory limit of
+its own. No Dagster here, no environment reads.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+
+from wandb_assets.lib.sql import sql_string
+
+FORMATS = ("csv", "parquet")
+#: The export connection's DuckDB memory (it spills to ``temp_directory`` beyond): a million runs stream in less.
+EXPORT_MEMORY_LIMIT = "512MB"
+CHARGEBACK_MART = "analytics.team_gpu_cost_monthly"
+
+#: The chargeback file's columns, in order, with what each holds (docs/analytics.md prints this list).
+CHARGEBACK_COLUMNS: dict[str, str] = {
+    "month": "the UTC calendar month, YYYY-MM",
+    "team": "team of the users (WANDB_ASSETS_TEAMS); unassigned when not mapped",
+    "entity": "W&B entity",
+    "project": "W&B project",
+    "gpu_model": "canonical GPU model; empty when no source names it",
+    "users": "distinct W&B users whose runs used these GPUs that month",
+    "gpu_hours": "GPU-hours, 2 decimals",
+    "cost_usd": "USD, in cents; the rows add up to gpu_usage's month total rounded to the cent (largest remainders "
+    "take the leftover cents); empty when unpriced",
+    "unpriced_gpu_hours": "of gpu_hours, those with no price (not in cost_usd)",
+    "idle_gpu_hours": "of gpu_hours, idle (below WANDB_ASSETS_IDLE_GPU_PCT)",
+    "idle_cost_usd": "the dollars of those idle GPU-hours, in cents (part of cost_usd)",
+    "failed_gpu_hours": "of gpu_hours, those of runs that failed or crashed",
+    "failed_cost_usd": "the dollars of failed runs, in cents (part of cost_usd)",
+}
+
+#: One month of the chargeback mart (``$month``: its first day), cost in whole cents by largest remainders: each
+#: row's cents rounded down, then the cents the month's rounded total still lacks go one each to the rows with the
+#: largest remainders (ties by the row's key), so the file's total equals the month's total to the cent.
+CHARGEBACK_SQL = f"""
+WITH m AS (
+    SELECT *, cost_usd * 100 - floor(cost_usd * 100) AS remainder FROM {CHARGEBACK_MART} WHERE month = $month
+),
+leftover AS (SELECT coalesce(round(sum(cost_usd) * 100) - sum(floor(cost_usd * 100)), 0) AS cents FROM m),
+ranked AS (
+    SELECT *, row_number() OVER (ORDER BY remainder DESC NULLS LAST, team, entity, project, gpu_model) AS rank FROM m
+)
+SELECT strftime(month, '%Y-%m') AS month, team, entity, project, gpu_model, users,
+       round(gpu_hours, 2) AS gpu_hours,
+       ((floor(cost_usd * 100) + CASE WHEN rank <= (SELECT cents FROM leftover) THEN 1 ELSE 0 END) / 100)
+           ::DECIMAL(18, 2) AS cost_usd,
+       round(unpriced_gpu_hours, 2) AS unpriced_gpu_hours, round(idle_gpu_hours, 2) AS idle_gpu_hours,
+       round(idle_cost_usd, 2)::DECIMAL(18, 2) AS idle_cost_usd, round(failed_gpu_hours, 2) AS failed_gpu_hours,
+       round(failed_cost_usd, 2)::DECIMAL(18, 2) AS failed_cost_usd
+FROM ranked
+ORDER BY team, entity, project, gpu_model NULLS LAST
+"""
+
+#: Every column of the runs created from ``$since`` (UTC), as stored.
+RUNS_SQL = "SELECT * FROM runs WHERE created_at >= $since::TIMESTAMP"
+
+
+@dataclass(frozen=True)
+class Exported:
+    path: Path
+    rows: int
+
+
+def parse_month(text: str) -> date:
+    """``2026-10`` -> 2026-10-01; anything else raises ``ValueError`` with the sentence to print."""
+    match = re.fullmatch(r"(\d{4})-(\d{2})", text.strip())
+    if not match or not 1 <= int(match[2]) <= 12:
+        raise ValueError(f"--month must be a month as YYYY-MM, e.g. 2026-10 (got {text!r}).")
+    return date(int(match[1]), int(match[2]), 1)
+
+
+def _copy(con, select_sql: str, params: dict, target: Path, fmt: str) -> Exported:
+    if fmt not in FORMATS:
+        raise ValueError(f"--format must be one of {', '.join(FORMATS)} (got {fmt!r}).")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    options = "FORMAT csv, HEADER true" if fmt == "csv" else "FORMAT parquet, COMPRESSION zstd"
+    spill = target.parent / f".{target.name}.{os.getpid()}.spill"
+    con.execute(f"SET memory_limit = {sql_string(EXPORT_MEMORY_LIMIT)}")
+    con.execute(f"SET temp_directory = {sql_string(str(spill))}")
+    try:
+        rows = con.execute(f"COPY ({select_sql}) TO {sql_string(str(partial))} ({options})", params).fetchone()[0]
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+        shutil.rmtree(spill, ignore_errors=True)
+    return Exported(target, rows)
+
+
+def has_chargeback(con) -> bool:
+    """Whether the analysts' chargeback mart is built in this warehouse."""
+    sql = (
+        "SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'analytics' AND table_name = 'team_gpu_cost_monthly'"
+    )
+    return con.execute(f"{sql} AND database_name = current_database()").fetchone()[0] > 0
+
+
+def export_chargeback(con, month: date, out: Path, fmt: str = "csv") -> Exported:
+    """``out/chargeback-YYYY-MM.<fmt>``: the month's rows of the chargeback mart."""
+    return _copy(con, CHARGEBACK_SQL, {"month": month}, out / f"chargeback-{month:%Y-%m}.{fmt}", fmt)
+
+
+def chargeback_totals(con, month: date) -> tuple[float | None, float | None, float]:
+    """The month's dollars in the chargeback file's cents, in gpu_usage rounded to the cent, and its GPU-hours."""
+    mart = con.execute(f"SELECT sum(cost_usd) FROM ({CHARGEBACK_SQL})", {"month": month}).fetchone()[0]
+    usage = con.execute(
+        "SELECT round(sum(cost_usd), 2), coalesce(sum(gpu_hours), 0) FROM gpu_usage "
+        "WHERE date_trunc('month', day) = $month",
+        {"month": month},
+    ).fetchone()
+    return (None if mart is None else float(mart)), usage[0], usage[1]
+
+
+def export_runs(con, since: date, out: Path, fmt: str = "parquet") -> Exported:
+    """``out/runs-since-YYYY-MM-DD.<fmt>``: every column of the runs created from ``since``."""
+    return _copy(con, RUNS_SQL, {"since": since}, out / f"runs-since-{since:%Y-%m-%d}.{fmt}", fmt)
