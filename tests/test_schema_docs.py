@@ -2,15 +2,26 @@
 
 from pathlib import Path
 
-from wandb_assets.lib.schema_docs import SCHEMA_DOCS, render_markdown
+from wandb_assets.lib.schema_docs import SCHEMA_DOCS, render_dbt_macros, render_dbt_sources, render_markdown
 from wandb_assets.lib.warehouse import ensure_schema
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "warehouse.md"
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs" / "warehouse.md"
 
 
 def test_docs_file_is_current():
     assert DOCS.read_text() == render_markdown(), (
         "run: uv run python -m wandb_assets.lib.schema_docs > docs/warehouse.md"
+    )
+
+
+def test_the_dbt_projects_sources_and_rules_are_generated_from_the_same_definitions():
+    """One definition: the analysts' dbt sources carry these descriptions, and their macros the pipeline's rules."""
+    assert (REPO / "analytics" / "models" / "sources.yml").read_text() == render_dbt_sources(), (
+        "run: uv run python -m wandb_assets.lib.schema_docs --dbt-sources > analytics/models/sources.yml"
+    )
+    assert (REPO / "analytics" / "macros" / "warehouse_rules.sql").read_text() == render_dbt_macros(), (
+        "run: uv run python -m wandb_assets.lib.schema_docs --dbt-macros > analytics/macros/warehouse_rules.sql"
     )
 
 

@@ -97,12 +97,12 @@ def execute_curves(instance: DagsterInstance) -> ExecuteInProcessResult:
     return _execute(instance, CURVES_JOB)
 
 
-def execute_analytics(instance: DagsterInstance) -> ExecuteInProcessResult:
+def execute_analytics(instance: DagsterInstance, docs: bool = True) -> ExecuteInProcessResult:
     """The ``analytics`` job in this process: ``dbt build`` of the analysts' project, then the snapshot. dbt's own
     log lines go to ``DBT_CONSOLE_LOG`` (each model and test is an event of the run anyway), not this console."""
     DBT_CONSOLE_LOG.parent.mkdir(parents=True, exist_ok=True)
     with open(DBT_CONSOLE_LOG, "w") as log_file, contextlib.redirect_stdout(log_file):
-        return _execute(instance, ANALYTICS_JOB)
+        return _execute(instance, ANALYTICS_JOB, {"ops": {"analytics_models": {"config": {"docs": docs}}}})
 
 
 def execute_offline(instance: DagsterInstance, paths: list[str], now: str = "") -> ExecuteInProcessResult:

@@ -82,9 +82,10 @@ def _copy(con, select_sql: str, params: dict, target: Path, fmt: str) -> Exporte
         raise ValueError(f"--format must be one of {', '.join(FORMATS)} (got {fmt!r}).")
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
-    options = "FORMAT csv, HEADER true" if fmt == "csv" else "FORMAT parquet, COMPRESSION zstd"
+    options = "FORMAT csv, HEADER true" if fmt == "csv" else "FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 50000"
     spill = target.parent / f".{target.name}.{os.getpid()}.spill"
     con.execute(f"SET memory_limit = {sql_string(EXPORT_MEMORY_LIMIT)}")
+    con.execute("SET preserve_insertion_order = false")  # stream: no buffering to keep the stored order
     con.execute(f"SET temp_directory = {sql_string(str(spill))}")
     try:
         rows = con.execute(f"COPY ({select_sql}) TO {sql_string(str(partial))} ({options})", params).fetchone()[0]

@@ -19,7 +19,7 @@ select
     r.gpu_model,
     r.gpu_hours,
     i.idle_gpu_hours,
-    least(i.idle_gpu_hours / nullif(r.gpu_hours, 0), 1.0) as idle_share,
+    i.idle_gpu_hours / nullif(r.gpu_hours, 0) as idle_share,  -- NULL stays NULL (least() would make it 1)
     r.cost_usd,
     r.sps_steady,
     r.sps_steady * 3600 / nullif(r.gpu_count, 0) as steps_per_gpu_hour,

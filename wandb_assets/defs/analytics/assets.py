@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from dagster import AssetExecutionContext, AssetKey
+from dagster import AssetExecutionContext, AssetKey, Config
 from dagster_dbt import DagsterDbtTranslator, DagsterDbtTranslatorSettings, DbtCliResource, dbt_assets
 
 from wandb_assets.defs.analytics.project import DOCS_SITE, analytics_project, ensure_manifest
@@ -50,6 +50,11 @@ def dbt_environment(location: Any = None) -> dict[str, str]:
     return {"WANDB_ANALYTICS_TARGET": "file", "WANDB_ANALYTICS_PATH": str(location.resolve())}
 
 
+class AnalyticsConfig(Config):
+    #: Generate the browsable docs after the build (~5 s: dbt reads the warehouse's catalog).
+    docs: bool = True
+
+
 def publish_docs(page: Path, site: Path = DOCS_SITE) -> Path:
     """Swap ``page`` in as ``site`` atomically (a reader never sees half a page)."""
     site.parent.mkdir(parents=True, exist_ok=True)
@@ -67,9 +72,11 @@ def publish_docs(page: Path, site: Path = DOCS_SITE) -> Path:
     name="analytics_models",
     op_tags={"dagster/max_runtime": "900"},
 )
-def analytics_models(context: AssetExecutionContext, dbt: DbtCliResource) -> Iterator:
+def analytics_models(context: AssetExecutionContext, dbt: DbtCliResource, config: AnalyticsConfig) -> Iterator:
     os.environ.update(dbt_environment())  # this run's process: the dbt subprocess inherits it
     yield from dbt.cli(["build"], context=context).stream()
+    if not config.docs:
+        return
     # the analysts' browsable docs (every table and model, columns, lineage) as one static page: dbt reads the
     # catalog now, while the run holds the warehouse slot; `wandb-assets docs` serves the page
     generated = dbt.cli(["docs", "generate", "--static"], raise_on_error=True).wait()

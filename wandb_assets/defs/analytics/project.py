@@ -6,6 +6,7 @@ prepare-and-package --file wandb_assets/defs/analytics/project.py``; ``dagster d
 tick's path (loading the definitions only compares modification times).
 """
 
+import fcntl
 from pathlib import Path
 
 from dagster_dbt import DbtProject
@@ -34,9 +35,19 @@ def _newest_source_mtime(project_dir: Path) -> float:
     return newest
 
 
+def _stale(manifest: Path, project_dir: Path) -> bool:
+    return not manifest.exists() or manifest.stat().st_mtime < _newest_source_mtime(project_dir)
+
+
 def ensure_manifest(project: DbtProject = analytics_project) -> Path:
-    """The project's manifest, made first (``dbt parse``, ~3 s) when it is missing or stale."""
+    """The project's manifest, made first (``dbt parse``, ~3 s) when it is missing or stale; one process at a time
+    makes it (the others wait and find it made)."""
     manifest = project.manifest_path
-    if not manifest.exists() or manifest.stat().st_mtime < _newest_source_mtime(project.project_dir):
-        project.preparer.prepare(project)
+    if not _stale(manifest, project.project_dir):
+        return manifest
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    with open(manifest.parent / ".manifest.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _stale(manifest, project.project_dir):
+            project.preparer.prepare(project)
     return manifest

@@ -1,0 +1,329 @@
+"""The analysts' dbt project (analytics/) built by the analytics job on a hand-made warehouse: every mart's values
+worked out by hand, the chargeback file to the cent, a broken source failing its asset check and paging, the
+docs page in Chromium, the export's memory on a million runs."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+import time
+from datetime import date, datetime
+from pathlib import Path
+
+import duckdb
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wandb_assets.lib import exports
+from wandb_assets.lib.schema_docs import DBT_SOURCE_ASSETS
+from wandb_assets.lib.warehouse import (
+    ensure_schema,
+    rebuild_gpu_hours,
+    rebuild_gpu_usage,
+    rebuild_success_rates,
+)
+
+NOW = datetime(2026, 11, 10, 12, 0)
+PRICES = {"H100-80GB": 2.99, "A100-40GB": 1.29}
+TEAMS = {"alice": "research", "bob": "research"}
+RUNS = [
+    # r1: 2 H100s for 4 h across the Oct/Nov midnight; r2: 1 A100 for 6 h, failed; r3: 4 GPUs of no model for 1 h
+    dict(run_id="r1", user="alice", state="finished", created_at="2026-10-31 22:00", ended_at="2026-11-01 02:00",
+         gpu_count=2, gpu_model="H100-80GB", cost_usd=23.92, sps_steady=1200.0),
+    dict(run_id="r2", user="bob", state="failed", created_at="2026-11-02 00:00", ended_at="2026-11-02 06:00",
+         gpu_count=1, gpu_model="A100-40GB", cost_usd=7.74, sps_steady=None),
+    dict(run_id="r3", user="carol", state="finished", created_at="2026-11-03 00:00", ended_at="2026-11-03 01:00",
+         gpu_count=4, gpu_model=None, cost_usd=None, sps_steady=None),
+]  # fmt: skip
+
+
+def build_hand_made_warehouse(path: Path, duplicate: str | None = None) -> None:
+    """Three runs, r1's idle hours from its GPU stream, and the pipeline's own gpu_usage/success_rates/gpu_hours."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect(str(path))
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+        ensure_schema(con)
+        for run in RUNS + [r for r in RUNS if r["run_id"] == duplicate]:
+            con.execute(
+                "INSERT INTO runs BY NAME SELECT 'e' AS entity, 'p' AS project, $run_id AS run_id, $user AS \"user\", "
+                "$state AS state, 'regular' AS category, $created_at::TIMESTAMP AS created_at, "
+                "$ended_at::TIMESTAMP AS ended_at, $ended_at::TIMESTAMP AS heartbeat_at, $gpu_count AS gpu_count, "
+                "'config' AS gpu_count_source, $gpu_model AS gpu_model, $cost_usd AS cost_usd, "
+                "$sps_steady AS sps_steady, 'wandb' AS source, $now AS ingested_at, "
+                "(epoch($ended_at::TIMESTAMP) - epoch($created_at::TIMESTAMP)) / 3600 AS duration_hours",
+                {**run, "now": NOW},
+            )
+        con.execute(
+            "INSERT INTO run_curve_idle VALUES ('e', 'p', 'r1', DATE '2026-10-31', 5.0, 0.5, 0.0), "
+            "('e', 'p', 'r1', DATE '2026-11-01', 5.0, 1.0, 0.0)"
+        )
+        rebuild_gpu_usage(con, NOW, PRICES, TEAMS)
+        rebuild_success_rates(con)
+        rebuild_gpu_hours(con, NOW)
+    finally:
+        con.close()
+
+
+def rows(con, sql: str) -> list[tuple]:
+    return [tuple(round(v, 6) if isinstance(v, float) else v for v in row) for row in con.execute(sql).fetchall()]
+
+
+def test_the_dbt_sources_are_our_assets_and_the_models_follow_them():
+    from wandb_assets.definitions import defs
+    from wandb_assets.defs.analytics.assets import analytics_models
+
+    ours = {spec.key.to_user_string() for spec in defs.resolve_all_asset_specs() if spec.group_name != "analytics"}
+    assert set(DBT_SOURCE_ASSETS.values()) <= ours
+    deps = {key.to_user_string() for key in analytics_models.dependency_keys}
+    assert {"runs", "gpu_usage", "success_rates", "run_curves"} <= deps
+    graph = defs.resolve_asset_graph()
+    assert {k.to_user_string() for k in graph.get(analytics_models.keys_by_output_name["stg_runs"]).parent_keys} == {
+        "runs"
+    }
+    checks = {(c.asset_key.to_user_string(), c.name) for c in analytics_models.check_keys}
+    assert ("runs", "source_unique_combination_warehouse_runs_entity__project__run_id") in checks
+    assert ("team_gpu_cost_monthly", "chargeback_matches_gpu_usage") in checks
+    # the tick and the backfill never run dbt (its tests on our tables are checks of the analytics job)
+    for job in ("refresh", "backfill", "offline", "curves"):
+        assert "analytics_models" not in {n.name for n in defs.resolve_job_def(job).graph.node_defs}, job
+
+
+@pytest.fixture
+def built(warehouse_path, instance, monkeypatch):
+    """The hand-made warehouse at WANDB_ASSETS_DUCKDB and one analytics run over it (docs too)."""
+    from wandb_assets.ticks import execute_analytics
+
+    build_hand_made_warehouse(warehouse_path)
+    result = execute_analytics(instance)
+    assert result.success
+    return result
+
+
+def test_the_marts_hold_the_hand_worked_values(built, warehouse_path, tmp_path, capsys):
+    from tests.conftest import cli
+
+    evaluations = [e.event_specific_data for e in built.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+    assert len(evaluations) == 38 and all(e.passed for e in evaluations)
+    con = duckdb.connect(str(warehouse_path), read_only=True)
+    try:
+        cost = rows(con, "SELECT * EXCLUDE (last_day) FROM analytics.team_gpu_cost_monthly ORDER BY ALL NULLS LAST")
+        # month, team, entity, project, model, users, GPU-h, $, unpriced GPU-h, idle GPU-h, idle $, failed GPU-h, $
+        assert cost == [
+            (date(2026, 10, 1), "research", "e", "p", "H100-80GB", 1, 4.0, 11.96, 0.0, 0.5, 1.495, 0.0, 0.0),
+            (date(2026, 11, 1), "research", "e", "p", "A100-40GB", 1, 6.0, 7.74, 0.0, 0.0, 0.0, 6.0, 7.74),
+            (date(2026, 11, 1), "research", "e", "p", "H100-80GB", 1, 4.0, 11.96, 0.0, 1.0, 2.99, 0.0, 0.0),
+            (date(2026, 11, 1), "unassigned", "e", "p", None, 1, 4.0, None, 4.0, 0.0, None, 0.0, None),
+        ]
+        # the budget in force: research's 2026-11 row from November, its 2026-01 row before; none for unassigned
+        assert rows(
+            con,
+            "SELECT month, team, spend_usd, budget_usd, over_budget FROM analytics.team_budget_vs_spend ORDER BY ALL",
+        ) == [
+            (date(2026, 10, 1), "research", 11.96, 250000.0, False),
+            (date(2026, 11, 1), "research", 19.7, 300000.0, False),
+            (date(2026, 11, 1), "unassigned", None, None, None),
+        ]
+        assert rows(
+            con,
+            "SELECT run_id, team, gpu_hours, idle_gpu_hours, idle_share, cost_usd, steps_per_gpu_hour "
+            "FROM analytics.run_efficiency ORDER BY run_id",
+        ) == [
+            ("r1", "research", 8.0, 1.5, 0.1875, 23.92, 2160000.0),
+            ("r2", "research", 6.0, None, None, 7.74, None),
+            ("r3", "unassigned", 4.0, None, None, None, None),
+        ]
+        assert rows(con, "SELECT * FROM analytics.fleet_health_daily ORDER BY day") == [
+            (date(2026, 10, 31), 1, 0, 0, 0, None, 4.0, 11.96, 0.5, 12.5, 0.0),
+            (date(2026, 11, 1), 0, 1, 0, 0, 100.0, 4.0, 11.96, 1.0, 25.0, 0.0),
+            (date(2026, 11, 2), 1, 0, 1, 0, 0.0, 6.0, 7.74, 0.0, 0.0, 100.0),
+            (date(2026, 11, 3), 1, 1, 0, 0, 100.0, 4.0, None, 0.0, 0.0, 0.0),
+        ]
+    finally:
+        con.close()
+    # the chargeback file: cents, NULL as empty, the month's total equal to gpu_usage's to the cent
+    code, out, err = cli(capsys, "export", "chargeback", "--month", "2026-11", "--out", str(tmp_path))
+    assert (code, err) == (0, ""), err
+    assert "3 rows, 14.0 GPU-hours, $19.70" in out
+    with open(tmp_path / "chargeback-2026-11.csv", newline="") as f:
+        written = list(csv.reader(f))
+    assert written == [
+        list(exports.CHARGEBACK_COLUMNS),
+        ["2026-11", "research", "e", "p", "A100-40GB", "1", "6.0", "7.74", "0.0", "0.0", "0.00", "6.0", "7.74"],
+        ["2026-11", "research", "e", "p", "H100-80GB", "1", "4.0", "11.96", "0.0", "1.0", "2.99", "0.0", "0.00"],
+        ["2026-11", "unassigned", "e", "p", "", "1", "4.0", "", "4.0", "0.0", "", "0.0", ""],
+    ]
+    code, out, _ = cli(capsys, "export", "runs", "--since", "2026-11-01", "--out", str(tmp_path), "--format", "csv")
+    assert code == 0 and "Wrote 2 runs created since 2026-11-01" in out
+    code, _, err = cli(capsys, "export", "chargeback", "--month", "2026-11-01", "--out", str(tmp_path))
+    assert (code, err.strip()) == (2, "error: --month must be a month as YYYY-MM, e.g. 2026-10 (got '2026-11-01').")
+
+
+@pytest.mark.breaks_invariants  # a duplicate run is the point
+def test_a_duplicate_run_fails_the_source_test_as_a_failed_asset_check_and_pages(warehouse_path, instance):
+    from wandb_assets.ticks import execute_analytics, settle_pipeline_alert
+
+    build_hand_made_warehouse(warehouse_path, duplicate="r2")
+    result = execute_analytics(instance, docs=False)
+    assert not result.success
+    failed = {
+        (e.event_specific_data.asset_key.to_user_string(), e.event_specific_data.check_name)
+        for e in result.all_events
+        if e.event_type_value == "ASSET_CHECK_EVALUATION" and not e.event_specific_data.passed
+    }
+    assert failed == {("runs", "source_unique_combination_warehouse_runs_entity__project__run_id")}
+    # the UI's view: the check's latest execution on the runs asset failed
+    from dagster import AssetCheckKey, AssetKey
+
+    key = AssetCheckKey(AssetKey("runs"), "source_unique_combination_warehouse_runs_entity__project__run_id")
+    record = instance.event_log_storage.get_latest_asset_check_execution_by_key([key])[key]
+    assert record.evaluation.passed is False
+    # the marts built from runs were not rebuilt from the broken table (dbt skips what depends on a failed test)
+    con = duckdb.connect(str(warehouse_path), read_only=True)
+    try:
+        assert con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'analytics' AND table_name = 'run_efficiency'"
+        ).fetchone() == (0,)
+    finally:
+        con.close()
+    # and pipeline_failure opens the analytics job's alert, as the run-failure sensor does
+    settle_pipeline_alert(instance, result)
+    con = duckdb.connect(str(warehouse_path), read_only=True)
+    try:
+        assert con.execute("SELECT alert_key, resolved_at FROM alerts WHERE rule = 'pipeline_failure'").fetchall() == [
+            ("pipeline_failure:analytics", None)
+        ]
+    finally:
+        con.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.floats(0, 10_000, allow_nan=False)), min_size=1, max_size=30))
+def test_the_chargeback_cents_add_up_to_the_months_total_to_the_cent(costs):
+    """Each row within a cent of its own dollars, and the rows' cents summing to the month's total rounded."""
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute("CREATE SCHEMA analytics")
+        con.execute(
+            "CREATE TABLE analytics.team_gpu_cost_monthly (month DATE, team VARCHAR, entity VARCHAR, project VARCHAR, "
+            "gpu_model VARCHAR, users BIGINT, gpu_hours DOUBLE, cost_usd DOUBLE, unpriced_gpu_hours DOUBLE, "
+            "idle_gpu_hours DOUBLE, idle_cost_usd DOUBLE, failed_gpu_hours DOUBLE, failed_cost_usd DOUBLE)"
+        )
+        con.executemany(
+            "INSERT INTO analytics.team_gpu_cost_monthly (month, team, entity, project, cost_usd) "
+            "VALUES ('2026-10-01', ?, 'e', 'p', ?)",
+            [(f"t{i:02d}", cost) for i, cost in enumerate(costs)],
+        )
+        written = dict(
+            con.execute(
+                f"SELECT team, cost_usd FROM ({exports.CHARGEBACK_SQL})", {"month": date(2026, 10, 1)}
+            ).fetchall()
+        )
+    finally:
+        con.close()
+    priced = [c for c in costs if c is not None]
+    assert [written[f"t{i:02d}"] is None for i in range(len(costs))] == [c is None for c in costs]
+    for i, cost in enumerate(costs):
+        if cost is not None:
+            assert abs(float(written[f"t{i:02d}"]) - cost) < 0.01 + 1e-9
+    total = sum(v for v in written.values() if v is not None)
+    assert (
+        total == (round(sum(priced) * 100) / 100 if priced else 0) or abs(float(total) - round(sum(priced), 2)) < 1e-9
+    )
+
+
+def test_analytics_runs_after_each_feed_or_backfill_unless_off_or_in_flight(instance, monkeypatch):
+    from dagster import (
+        DagsterEvent,
+        DagsterEventType,
+        DagsterRun,
+        DagsterRunStatus,
+        RunRequest,
+        SkipReason,
+        build_run_status_sensor_context,
+    )
+
+    from wandb_assets.defs.analytics.jobs import analytics_after_feed
+
+    feed_run = DagsterRun(
+        job_name="feed", run_id="f" * 8 + "-0000-0000-0000-" + "0" * 12, status=DagsterRunStatus.SUCCESS
+    )
+    instance.add_run(feed_run)
+
+    def evaluate():
+        context = build_run_status_sensor_context(
+            sensor_name="analytics_after_feed",
+            dagster_event=DagsterEvent(DagsterEventType.RUN_SUCCESS.value, job_name="feed"),
+            dagster_instance=instance,
+            dagster_run=feed_run,
+        )
+        return analytics_after_feed(context)
+
+    monkeypatch.setenv("WANDB_ASSETS_ANALYTICS", "true")
+    request = evaluate()
+    assert isinstance(request, RunRequest) and request.run_key == f"after:{feed_run.run_id}"
+    monkeypatch.setenv("WANDB_ASSETS_ANALYTICS", "false")
+    assert isinstance(evaluate(), SkipReason)
+    monkeypatch.setenv("WANDB_ASSETS_ANALYTICS", "true")
+    instance.add_run(
+        DagsterRun(
+            job_name="analytics", run_id="a" * 8 + "-0000-0000-0000-" + "0" * 12, status=DagsterRunStatus.STARTED
+        )
+    )
+    skipped = evaluate()
+    assert isinstance(skipped, SkipReason) and "1 analytics run(s) still in flight" in skipped.skip_message
+
+
+def _million_run_snapshot(path: Path) -> None:
+    """A warehouse snapshot of 1,000,000 runs with real-sized config and summary JSON (~1.3 KB a run)."""
+    con = duckdb.connect(str(path))
+    try:
+        ensure_schema(con)
+        con.execute(
+            """
+            INSERT INTO runs BY NAME
+            SELECT 'team' AS entity, 'fleet' AS project, 'run' || lpad(i::VARCHAR, 7, '0') AS run_id,
+                   'finished' AS state, 'regular' AS category, 'u' || (i % 50) AS "user",
+                   TIMESTAMP '2026-10-01' + to_seconds(i * 2) AS created_at,
+                   TIMESTAMP '2026-10-01' + to_seconds(i * 2 + 3600) AS ended_at, 8 AS gpu_count,
+                   'H100-80GB' AS gpu_model, 23.92 AS cost_usd, 'wandb' AS source,
+                   to_json({lr: i / 1e6, batch: 256, model: repeat('m', 400), seed: i, notes: repeat('x', 400)})
+                       AS config,
+                   to_json({_step: i, loss: 1.0 / (i + 1), "overview/sps": 1000 + i % 97, text: repeat('s', 300)})
+                       AS summary,
+                   ['ci', 'nightly'] AS tags
+            FROM range(1000000) t(i)
+            """
+        )
+    finally:
+        con.close()
+
+
+def test_exporting_a_million_runs_streams_under_a_gib(tmp_path):
+    snapshot = tmp_path / "big.snapshot.duckdb"
+    _million_run_snapshot(snapshot)
+    for fmt in ("parquet", "csv"):
+        child = subprocess.Popen(
+            [sys.executable, "-m", "wandb_assets.cli", "export", "runs", "--since", "2026-10-01", "--format", fmt,
+             "--warehouse", str(snapshot), "--out", str(tmp_path / "out")],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        peak_kib = 0
+        while child.poll() is None:  # VmHWM: this process's own peak (ru_maxrss would carry pytest's over the fork)
+            try:
+                status = Path(f"/proc/{child.pid}/status").read_text()
+            except OSError:
+                break
+            peak_kib = max(
+                [peak_kib, *(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM"))]
+            )
+            time.sleep(0.01)
+        out = child.communicate()[0]
+        assert child.returncode == 0, out
+        assert "Wrote 1,000,000 runs" in out
+        assert 100 < peak_kib / 1024 < 1024, f"{fmt}: {peak_kib / 1024:.0f} MiB"
+        print(f"export runs --format {fmt}: peak {peak_kib / 1024:.0f} MiB")
+    exported = duckdb.sql(f"SELECT count(*), count(DISTINCT run_id) FROM '{tmp_path / 'out'}/*.parquet'").fetchone()
+    assert exported == (1_000_000, 1_000_000)
