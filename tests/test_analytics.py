@@ -102,7 +102,9 @@ def built(warehouse_path, instance, monkeypatch):
     return result
 
 
-def test_the_marts_hold_the_hand_worked_values(built, warehouse_path, tmp_path, capsys):
+def test_the_marts_hold_the_hand_worked_values_and_the_docs_show_them(
+    built, warehouse_path, tmp_path, capsys, chromium
+):
     from tests.conftest import cli
 
     evaluations = [e.event_specific_data for e in built.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
@@ -159,6 +161,48 @@ def test_the_marts_hold_the_hand_worked_values(built, warehouse_path, tmp_path, 
     assert code == 0 and "Wrote 2 runs created since 2026-11-01" in out
     code, _, err = cli(capsys, "export", "chargeback", "--month", "2026-11-01", "--out", str(tmp_path))
     assert (code, err.strip()) == (2, "error: --month must be a month as YYYY-MM, e.g. 2026-10 (got '2026-11-01').")
+    check_docs_page(chromium, tmp_path)
+
+
+def check_docs_page(page, tmp_path: Path) -> None:
+    """`wandb-assets docs` serves the page the analytics run wrote; Chromium shows our tables and the analysts'
+    models with their columns and lineage, and asks nothing of any host but loopback."""
+    from tests.conftest import free_port, stop_process_group
+
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "wandb_assets.cli", "docs", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    elsewhere: list[str] = []
+    try:
+        assert f"http://127.0.0.1:{port}/" in server.stdout.readline()
+        page.route("**/*", lambda route, _request: _routed(route, elsewhere, port))
+        page.goto(f"http://127.0.0.1:{port}/#!/model/model.wandb_analytics.team_gpu_cost_monthly")
+        page.wait_for_selector("text=unpriced_gpu_hours", timeout=30_000)
+        body = page.inner_text("body")
+        assert "team_gpu_cost_monthly" in body and "stg_gpu_usage" in body  # the model, what it depends on
+        assert "of gpu_hours, those without any price" in body  # a column's description
+        page.goto(f"http://127.0.0.1:{port}/#!/source/source.wandb_analytics.warehouse.runs")
+        page.wait_for_selector("text=curves_status", timeout=30_000)
+        assert "W&B run id (the `name` of the GraphQL node)" in page.inner_text("body")  # schema_docs' text
+        page.screenshot(path=str(tmp_path / "dbt-docs.png"), full_page=True)
+        artifacts = Path(__file__).resolve().parent.parent / "test-artifacts"
+        artifacts.mkdir(exist_ok=True)
+        page.screenshot(path=str(artifacts / "dbt-docs.png"))
+    finally:
+        stop_process_group(server)
+    assert elsewhere == []
+
+
+def _routed(route, elsewhere: list[str], port: int):
+    url = route.request.url
+    if url.startswith((f"http://127.0.0.1:{port}/", "data:", "blob:")):
+        return route.continue_()
+    elsewhere.append(url)
+    return route.abort()
 
 
 @pytest.mark.breaks_invariants  # a duplicate run is the point
