@@ -11,7 +11,7 @@ from datetime import date
 
 from dagster import DagsterInstance
 
-from wandb_assets.ticks import execute_backfill, execute_curves, failure_message, run_tick
+from wandb_assets.ticks import execute_analytics, execute_backfill, execute_curves, failure_message, run_tick
 from wandb_assets.warehouse import query_read_only
 
 
@@ -27,6 +27,9 @@ def main(first: str, last: str, *snapshots: str) -> None:
             results = run_tick(instance, date.fromisoformat(snapshot_at[:10]), snapshot_at=snapshot_at, now=snapshot_at)
             if not results[-1].success:
                 sys.exit(f"tick failed: {failure_message(results[-1])}")
+        analytics = execute_analytics(instance, docs=False)
+        if not analytics.success:
+            sys.exit(f"analytics failed: {failure_message(analytics)}")
     metrics = query_read_only(
         None, "SELECT strftime(snapshot_at, '%Y-%m-%dT%H:%M:%S'), metric, value FROM fleet_metrics ORDER BY ALL"
     )
@@ -39,7 +42,34 @@ def main(first: str, last: str, *snapshots: str) -> None:
         "(SELECT count(*) FROM run_gpu_samples), (SELECT round(sum(idle_gpu_hours), 6) FROM run_curve_idle), "
         "(SELECT count(*) FROM runs WHERE curves_status = 'read'), (SELECT round(sum(sps_steady), 3) FROM runs)",
     )[0]
-    print(json.dumps({"metrics": metrics, "alerts": alerts, "deliveries": deliveries, "runs": runs, "curves": curves}))
+    marts = {
+        "chargeback": query_read_only(
+            None,
+            "SELECT strftime(u.month, '%Y-%m'), round(u.cost, 2), round(c.cost, 2) FROM "
+            "(SELECT date_trunc('month', day)::DATE AS month, sum(cost_usd) AS cost FROM gpu_usage GROUP BY 1) u "
+            "FULL JOIN (SELECT month, sum(cost_usd) AS cost FROM analytics.team_gpu_cost_monthly GROUP BY 1) c "
+            "USING (month) ORDER BY 1",
+        ),
+        "rows": query_read_only(
+            None,
+            "SELECT (SELECT count(*) FROM analytics.run_efficiency), "
+            "(SELECT count(*) FROM analytics.fleet_health_daily), "
+            "(SELECT count(*) FROM analytics.team_budget_vs_spend), "
+            "(SELECT count(*) FROM analytics.stg_runs)",
+        ),
+    }
+    print(
+        json.dumps(
+            {
+                "marts": marts,
+                "metrics": metrics,
+                "alerts": alerts,
+                "deliveries": deliveries,
+                "runs": runs,
+                "curves": curves,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -66,8 +66,7 @@ def demo_ui(tmp_path_factory):
     home = tmp_path_factory.mktemp("demo-ui")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "DAGSTER_", "DD_"))}
-    # the dbt models are built and browsed in test_analytics: here they would add two dbt builds to the slowest file
-    env.update(WANDB_DIR=str(home), WANDB_SILENT="true", WANDB_ASSETS_ANALYTICS="false")
+    env.update(WANDB_DIR=str(home), WANDB_SILENT="true")
     # a dagster.yaml where the user stands, as in the repository's root: the demo's own instance is elsewhere
     (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
     log = open(home / "demo.log", "w")

@@ -96,6 +96,7 @@ def _env(tmp_path: Path, fleet: LocalWandbServer, **extra: str) -> dict[str, str
         WANDB_ASSETS_STAGING_DIR=str(tmp_path / "staging"),
         WANDB_ASSETS_FETCH_CONCURRENCY="2",
         WANDB_DIR=str(tmp_path),
+        WANDB_ASSETS_ANALYTICS="false",  # the driver builds the dbt models once, after its ticks
         **extra,
     )
     return env
@@ -168,6 +169,12 @@ def test_a_backfill_and_ticks_on_the_lake_give_what_file_mode_gives(lake_env, tm
         key: (file_values[key], lake_values[key]) for key in file_values if lake_values[key] != file_values[key]
     }
     assert lake_values == pytest.approx(file_values, rel=1e-12, abs=1e-9), differing
+    # The analysts' dbt models, built once on each: the same marts, and each month's chargeback is gpu_usage's
+    lake_marts, file_marts = lake_mode.pop("marts"), file_mode.pop("marts")
+    assert file_marts["chargeback"] and all(usage == mart for _, usage, mart in file_marts["chargeback"])
+    assert all(usage == mart for _, usage, mart in lake_marts["chargeback"])
+    assert [m for m, _, _ in lake_marts["chargeback"]] == [m for m, _, _ in file_marts["chargeback"]]
+    assert lake_marts["rows"] == file_marts["rows"]  # rows of run_efficiency, fleet_health_daily, budgets, stg_runs
     assert lake_mode == file_mode
     # The lake's data are Parquet files in S3; in lake mode no snapshot copy and no DuckDB file are made.
     prefix = lake_env["WANDB_ASSETS_DUCKLAKE_DATA_PATH"].removeprefix(f"s3://{BUCKET}/")
