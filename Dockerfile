@@ -35,12 +35,18 @@ RUN build="gcc libc6-dev" \
     && apt-get purge -y -qq --auto-remove $build >/dev/null \
     && rm -rf /var/lib/apt/lists/*
 
+# The analysts' dbt project and its manifest, made now (dbt parse, offline) so no process parses it at start or
+# per run; dbt writes its run folders under analytics/target at run time (owned by the dagster user below).
+COPY analytics ./analytics
+RUN dagster-dbt project prepare-and-package --file wandb_assets/defs/analytics/project.py \
+    && test -s analytics/target/manifest.json
+
 # The instance for `docker run` and compose (PostgreSQL storage from the DAGSTER_PG_* variables; the Helm chart sets
 # its own DAGSTER_HOME and instance instead), and a non-root user.
 COPY deploy/postgres/dagster.yaml /opt/dagster/home/dagster.yaml
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin dagster \
     && mkdir -p /data /tmp/wandb \
-    && chown -R dagster:dagster /opt/dagster /data /tmp/wandb
+    && chown -R dagster:dagster /opt/dagster /data /tmp/wandb /opt/wandb-assets/analytics
 USER 10001
 
 # No ENTRYPOINT: the Helm chart and the K8sRunLauncher give whole command lines as container args (the code

@@ -1,9 +1,8 @@
 """The resources every domain shares, built once from the settings (see ``wandb_assets.settings``)."""
 
 import dagster as dg
-from dagster_dbt import DbtCliResource
 
-from wandb_assets.defs.analytics.project import analytics_project
+from wandb_assets.defs.analytics.project import analytics_cli
 from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource
 from wandb_assets.defs.wandb_runs.resources import wandb_resource
 from wandb_assets.defs.warehouse.resources import warehouse_resource
@@ -18,6 +17,6 @@ def resources() -> dg.Definitions:
             "warehouse": warehouse_resource(),
             "datadog": DatadogResource(wandb=wandb),
             "channels": AlertChannelsResource(),
-            "dbt": DbtCliResource(project_dir=analytics_project),
+            "dbt": analytics_cli(),
         }
     )

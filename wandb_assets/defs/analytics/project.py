@@ -7,9 +7,10 @@ tick's path (loading the definitions only compares modification times).
 """
 
 import fcntl
+import sys
 from pathlib import Path
 
-from dagster_dbt import DbtProject
+from dagster_dbt import DbtCliResource, DbtProject
 
 from wandb_assets.warehouse import PROJECT_ROOT
 
@@ -49,5 +50,12 @@ def ensure_manifest(project: DbtProject = analytics_project) -> Path:
     with open(manifest.parent / ".manifest.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _stale(manifest, project.project_dir):
-            project.preparer.prepare(project)
+            analytics_cli().cli(["parse", "--quiet"], target_path=manifest.parent).wait()
     return manifest
+
+
+def analytics_cli() -> DbtCliResource:
+    """The dbt CLI of this environment (its own ``dbt``, found beside this Python even when the virtual
+    environment's ``bin`` is not on ``PATH``)."""
+    beside = Path(sys.executable).parent / "dbt"
+    return DbtCliResource(project_dir=analytics_project, dbt_executable=str(beside) if beside.exists() else "dbt")
