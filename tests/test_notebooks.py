@@ -21,12 +21,19 @@ from tests.conftest import API_KEY, ENTITY, PROJECT
 from wandb_assets.lib.warehouse import replay_snapshots
 from wandb_assets.localwandb import LocalWandbServer
 from wandb_assets.localwandb.synthetic import add_curves, generate_fleet
-from wandb_assets.ticks import execute_backfill, execute_curves, run_tick
+from wandb_assets.ticks import execute_analytics, execute_backfill, execute_curves, run_tick
 from wandb_assets.warehouse import connect, open_snapshot, snapshot_path
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
-CHARTS = {"fleet_overview": 3, "gpu_costs": 3, "push_to_main_throughput": 2, "sweeps": 1, "training_curves": 3}
+CHARTS = {
+    "fleet_overview": 3,
+    "gpu_costs": 3,
+    "push_to_main_throughput": 2,
+    "sweeps": 1,
+    "team_budgets": 1,
+    "training_curves": 3,
+}
 ARTIFACTS = REPO / "test-artifacts" / "notebooks"
 NOW = datetime.now(UTC).replace(tzinfo=None, microsecond=0)
 
@@ -59,6 +66,7 @@ def build_warehouse(instance) -> None:
     finally:
         con.close()
     assert all(r.success for r in run_tick(instance, NOW.date()))
+    assert execute_analytics(instance, docs=False).success  # the analysts' dbt marts (team_budgets.ipynb reads one)
 
 
 @pytest.fixture(scope="session")
@@ -114,7 +122,7 @@ def images(notebook: nbformat.NotebookNode) -> int:
     )
 
 
-def test_there_are_the_five_notebooks():
+def test_there_are_the_six_notebooks():
     assert [p.stem for p in NOTEBOOKS] == sorted(CHARTS)
 
 

@@ -175,6 +175,32 @@ def daily_cost_by_team(usage: pd.DataFrame, partial: dict[date, str]) -> str:
     return alt
 
 
+def team_spend_vs_budget(spend: pd.DataFrame) -> str:
+    """The latest month's spend per team as bars against each team's budget (a tick), teams over budget in red, and
+    what the dollars leave out. ``spend``: ``warehouse.team_budget_vs_spend``. Returns the alt text."""
+    month = spend.month.max()
+    latest = spend[spend.month == month].sort_values("spend_usd", ascending=True, na_position="first")
+    fig, ax = plt.subplots(figsize=(11, 0.6 * max(len(latest), 3) + 1.5))
+    over = latest.over_budget.fillna(False).astype(bool)
+    ax.barh(latest.team, latest.spend_usd.fillna(0), color=["tab:red" if o else "tab:blue" for o in over])
+    budgeted = latest[latest.budget_usd.notna()]
+    ax.scatter(budgeted.budget_usd, budgeted.team, marker="|", s=600, color="black", label="monthly budget")
+    label = pd.Timestamp(month).strftime("%Y-%m")
+    ax.set(title=f"GPU spend by team in {label} against its budget, USD", xlabel="USD")
+    ax.legend(loc="lower right")
+    unpriced = latest.unpriced_gpu_hours.sum()
+    fig.text(0.01, 0.01, f"Spend leaves out {unpriced:,.0f} GPU-hours without a price.", fontsize=9, color="0.3")
+    fig.tight_layout()
+    over_names = ", ".join(latest.team[over]) or "none"
+    alt = (
+        f"GPU spend per team in {label} against each team's monthly budget: {latest.spend_usd.sum():,.0f} USD over "
+        f"{len(latest)} teams; over budget: {over_names}; {unpriced:,.0f} GPU-hours have no price and are not in "
+        "the dollars."
+    )
+    show(fig, alt)
+    return alt
+
+
 def _finish_daily(fig: Figure, ax: Axes, alt: str, notes: list[str]) -> str:
     """Legend outside, the partial-day notes appended to the alt text, shown; returns the alt text."""
     _legend_outside(ax, "category")

@@ -330,6 +330,16 @@ def cmd_analytics(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_dbt(args: argparse.Namespace) -> int:
+    """dbt itself, in the analysts' project, pointed at this deployment's warehouse (what the analytics job sets)."""
+    from wandb_assets.defs.analytics.assets import dbt_environment
+    from wandb_assets.defs.analytics.project import ANALYTICS_DIR, analytics_cli
+
+    dbt_args = args.dbt_args[1:] if args.dbt_args[:1] == ["--"] else args.dbt_args
+    env = {**os.environ, **dbt_environment()}
+    return subprocess.run([analytics_cli().dbt_executable, *dbt_args], cwd=ANALYTICS_DIR, env=env).returncode
+
+
 def _export_source(args: argparse.Namespace):
     """The snapshot (a file warehouse: an export never blocks the tick's writer) or the lake, read-only."""
     return _snapshot_or_exit(args.warehouse)
@@ -872,6 +882,14 @@ def build_parser() -> argparse.ArgumentParser:
         "every feed and backfill run.",
     )
     analytics.set_defaults(func=cmd_analytics)
+    dbt = sub.add_parser(
+        "dbt",
+        help="run dbt in the analysts' project against this warehouse (e.g. dbt -- build -s run_efficiency+)",
+        description="Run dbt with these arguments in analytics/, its profile pointed at WANDB_ASSETS_DUCKDB (the file "
+        "or the lake) as the analytics job does. On a file it takes the writer's lock while it runs: a tick waits.",
+    )
+    dbt.add_argument("dbt_args", nargs=argparse.REMAINDER, help="dbt's own arguments, after --")
+    dbt.set_defaults(func=cmd_dbt)
     export = sub.add_parser(
         "export",
         help="write a month's chargeback (finance) or the runs since a day (another warehouse) to a file",

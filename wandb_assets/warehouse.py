@@ -247,6 +247,34 @@ def gpu_costs(con, start=None, end=None):
     return con.execute(f"SELECT * FROM gpu_usage{where} ORDER BY day, cost_usd DESC NULLS LAST", params).df()
 
 
+def _mart(con, name: str, where: str = "", params: dict | None = None):
+    from wandb_assets.lib.exports import has_chargeback
+
+    if not has_chargeback(con):
+        raise RuntimeError(
+            "The analysts' dbt marts are not in this warehouse yet: they are built after each tick while "
+            "WANDB_ASSETS_ANALYTICS is true (`uv run wandb-assets analytics` builds them now)."
+        )
+    return con.execute(f"SELECT * FROM analytics.{name}{where}", params or {}).df()
+
+
+def team_budget_vs_spend(con):
+    """Each team's spend per month against its budget: the analysts' dbt mart ``analytics.team_budget_vs_spend``."""
+    return _mart(con, "team_budget_vs_spend", " ORDER BY month, spend_usd DESC NULLS LAST")
+
+
+def chargeback(con, month: date | str | None = None):
+    """The chargeback (the dbt mart ``analytics.team_gpu_cost_monthly``), one month (its first day) or all."""
+    if month is None:
+        return _mart(con, "team_gpu_cost_monthly", " ORDER BY month, cost_usd DESC NULLS LAST")
+    return _mart(
+        con,
+        "team_gpu_cost_monthly",
+        " WHERE month = $month ORDER BY cost_usd DESC NULLS LAST",
+        {"month": _day(month).replace(day=1)},
+    )
+
+
 def top_idle_runs(con, limit: int = 10, now=None, idle_pct: float | None = None):
     """The runs that left the most GPU-hours idle (from ``gpu_samples``; ``WANDB_ASSETS_IDLE_GPU_PCT``)."""
     from wandb_assets.lib.warehouse import TOP_IDLE_RUNS_SQL
