@@ -371,3 +371,9 @@ def test_exporting_a_million_runs_streams_under_a_gib(tmp_path):
         print(f"export runs --format {fmt}: peak {peak_kib / 1024:.0f} MiB")
     exported = duckdb.sql(f"SELECT count(*), count(DISTINCT run_id) FROM '{tmp_path / 'out'}/*.parquet'").fetchone()
     assert exported == (1_000_000, 1_000_000)
+
+
+def test_the_chargeback_columns_are_documented_as_the_code_defines_them():
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "analytics.md").read_text()
+    for column, meaning in exports.CHARGEBACK_COLUMNS.items():
+        assert f"| `{column}` | {meaning} |" in guide, column
