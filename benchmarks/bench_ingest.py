@@ -110,7 +110,7 @@ def _phase(name: str, days: int) -> dict:
         import wandb  # noqa: F401 - imported lazily by the pipeline; an import cost, as in (a)
         from dagster import DagsterInstance
 
-        from wandb_assets.ticks import execute_backfill, run_tick
+        from wandb_assets.ticks import execute_analytics, execute_backfill, run_tick
 
         holds = _record_writer_holds()
     import_seconds = time.perf_counter() - imports_started
@@ -130,6 +130,21 @@ def _phase(name: str, days: int) -> dict:
         instance = DagsterInstance.ephemeral()
         if name == "ours":
             result = execute_backfill(instance, first, now.date())
+        elif name == "analytics":  # the analysts' dbt project: build, tests, docs, snapshot (its own run)
+            result = execute_analytics(instance)
+            steps = instance.get_records_for_run(result.run_id).records
+            ends = {
+                r.event_log_entry.dagster_event.step_key: r.event_log_entry.timestamp
+                for r in steps
+                if r.event_log_entry.dagster_event
+                and r.event_log_entry.dagster_event.event_type_value == "STEP_SUCCESS"
+            }
+            starts = {
+                r.event_log_entry.dagster_event.step_key: r.event_log_entry.timestamp
+                for r in steps
+                if r.event_log_entry.dagster_event and r.event_log_entry.dagster_event.event_type_value == "STEP_START"
+            }
+            holds.append(ends["analytics_models"] - starts["analytics_models"])  # dbt holds the warehouse slot
         else:
             result = run_tick(instance, now.date())[-1]  # refresh, then the feed job: a whole tick
         assert result.success, f"{name} failed"
@@ -236,6 +251,8 @@ def _environment(server, workdir: Path, now: datetime, days: int) -> dict:
         # ... and curves (issue 34): bench_curves.py measures them.
         "WANDB_ASSETS_FETCH_HISTORY": os.environ.get("WANDB_ASSETS_FETCH_HISTORY", "false"),
         "DAGSTER_HOME": str(workdir / "dagster-home"),
+        # a tick's runs without the dbt build (the scale run measures it as a phase of its own, then a tick again)
+        "WANDB_ASSETS_ANALYTICS": "false",
     }
     wandb_dir.mkdir(parents=True, exist_ok=True)
     (workdir / "dagster-home").mkdir(parents=True, exist_ok=True)
@@ -317,6 +334,19 @@ def bench_scale(now: datetime, days: int, runs_per_day: int) -> dict:
         size = sum(p.stat().st_size for p in workdir.glob("bench*.duckdb"))
         staged = sum(p.stat().st_size for p in (workdir / "staging").rglob("*.ndjson"))
         tick = _measure(server, "scale: one tick (refresh + feed) in process", [*me, "tick"], env)
+        analytics = _measure(server, "scale: the analysts' dbt project (analytics job)", [*me, "analytics"], env)
+        tick_after = _measure(server, "scale: one tick with the dbt marts built", [*me, "tick"], env)
+        exports = {
+            fmt: _measure(
+                server,
+                f"scale: export runs --format {fmt} (whole process)",
+                [sys.executable, "-m", "wandb_assets.cli", "export", "runs", "--since", "2000-01-01", "--format", fmt,
+                 "--out", str(workdir / "exports")],
+                env,
+                parse_json=False,
+            )
+            for fmt in ("parquet", "csv")
+        }  # fmt: skip
         helpers = _measure(server, "scale: the notebook helpers on the snapshot", [*me, "helpers"], env)
     if os.environ.get("BENCH_KEEP_WORKDIR"):  # to look into the warehouse afterwards
         print(f"kept {workdir}", file=sys.stderr)
@@ -328,6 +358,9 @@ def bench_scale(now: datetime, days: int, runs_per_day: int) -> dict:
         "days": days,
         "backfill": backfill,
         "tick": tick,
+        "analytics": analytics,
+        "tick_after_analytics": tick_after,
+        "exports": exports,
         "helpers": helpers,
         "warehouse_bytes": size,
         "staged_bytes": staged,
@@ -413,6 +446,17 @@ def main() -> None:
             f"one tick on top: {t['seconds']:.2f} s in process (target < 10), {t['wall_seconds']:.2f} s with "
             f"process start and imports, peak RSS {t['peak_rss_mib']:.0f} MiB"
         )
+        a, t2 = scale["analytics"], scale["tick_after_analytics"]
+        print(
+            f"analytics job (dbt build + tests + docs + snapshot): {a['seconds']:.2f} s in process, dbt held the "
+            f"warehouse slot {a['writer_held_max_s']:.2f} s, peak RSS {a['peak_rss_mib']:.0f} MiB; the tick again "
+            f"with the marts built: {t2['seconds']:.2f} s in process (before: {t['seconds']:.2f} s)"
+        )
+        for fmt, e in scale["exports"].items():
+            print(
+                f"export runs --format {fmt}: {e['wall_seconds']:.2f} s whole process, "
+                f"peak RSS {e['peak_rss_mib']:.0f} MiB"
+            )
         slowest = sorted(scale["helpers"]["helpers"].items(), key=lambda item: -item[1])
         print(
             "notebook helpers on the snapshot (target < 1 s each): " + ", ".join(f"{n} {s:.2f} s" for n, s in slowest)
