@@ -68,6 +68,16 @@ def test_definitions_contents():
         "warehouse_snapshot",
         "fleet_report",
         "offline_runs",
+        # the analysts' dbt project: its seed, staging views and marts
+        "team_budgets",
+        "stg_runs",
+        "stg_gpu_usage",
+        "stg_success_rates",
+        "stg_run_curve_idle",
+        "team_gpu_cost_monthly",
+        "run_efficiency",
+        "fleet_health_daily",
+        "team_budget_vs_spend",
     }
     curves = defs.get_schedule_def("curves_between_ticks")  # between the ticks, never on their path
     assert (curves.cron_schedule, curves.default_status.value, curves.job_name) == (
@@ -85,13 +95,16 @@ def test_definitions_contents():
         "pipeline_failure_opens",
         "pipeline_failure_resolves",
         "offline_run_logs",
+        "analytics_after_feed",
     }
     assert all(s.default_status.value == "RUNNING" for s in defs.sensors)
     # a failed run of any job that writes the warehouse or feeds Datadog opens (and its next success resolves)
     # the pipeline_failure alert: the sensor-launched offline job included
     for name in ("pipeline_failure_opens", "pipeline_failure_resolves"):
         watched = {job.name for job in defs.get_sensor_def(name)._monitored_jobs}  # noqa: SLF001 (no public accessor)
-        assert watched == {"refresh", "backfill", "offline", "curves", "feed", "warehouse_maintenance"}, name
+        assert watched == {"refresh", "backfill", "offline", "curves", "feed", "warehouse_maintenance", "analytics"}, (
+            name
+        )
     assert {j.name for j in defs.jobs} == {
         "refresh",
         "backfill",
@@ -101,6 +114,7 @@ def test_definitions_contents():
         "offline",
         "curves",
         "warehouse_maintenance",
+        "analytics",
     }
     maintenance = defs.get_schedule_def("daily_warehouse_maintenance")
     assert (maintenance.cron_schedule, maintenance.default_status.value) == ("40 3 * * *", "RUNNING")
