@@ -78,7 +78,8 @@ def analytics_models(context: AssetExecutionContext, dbt: DbtCliResource, config
     if not config.docs:
         return
     # the analysts' browsable docs (every table and model, columns, lineage) as one static page: dbt reads the
-    # catalog now, while the run holds the warehouse slot; `wandb-assets docs` serves the page
-    generated = dbt.cli(["docs", "generate", "--static"], raise_on_error=True).wait()
+    # catalog now, while the run holds the warehouse slot (the models are compiled by the build already: --no-compile);
+    # `wandb-assets docs` serves the page
+    generated = dbt.cli(["docs", "generate", "--static", "--no-compile"], raise_on_error=True).wait()
     site = publish_docs(Path(generated.target_path) / "static_index.html")
     context.log.info(f"dbt docs: {site}")
