@@ -895,7 +895,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a month's chargeback (finance) or the runs since a day (another warehouse) to a file",
         description="Write a file to hand on, from the analysts' snapshot (or the lake), streamed by DuckDB.",
     )
-    export_sub = export.add_subparsers(dest="what", required=True)
+    export_sub = export.add_subparsers(dest="what", required=True, help="chargeback or runs")
     chargeback = export_sub.add_parser(
         "chargeback",
         help="one month's GPU-hours and dollars by team, project and GPU model",

@@ -74,12 +74,15 @@ def publish_docs(page: Path, site: Path = DOCS_SITE) -> Path:
 )
 def analytics_models(context: AssetExecutionContext, dbt: DbtCliResource, config: AnalyticsConfig) -> Iterator:
     os.environ.update(dbt_environment())  # this run's process: the dbt subprocess inherits it
-    yield from dbt.cli(["build"], context=context).stream()
+    build = dbt.cli(["build"], context=context)
+    yield from build.stream()
     if not config.docs:
         return
     # the analysts' browsable docs (every table and model, columns, lineage) as one static page: dbt reads the
     # catalog now, while the run holds the warehouse slot (the models are compiled by the build already: --no-compile);
     # `wandb-assets docs` serves the page
-    generated = dbt.cli(["docs", "generate", "--static", "--no-compile"], raise_on_error=True).wait()
+    generated = dbt.cli(
+        ["docs", "generate", "--static", "--no-compile"], target_path=build.target_path, raise_on_error=True
+    ).wait()
     site = publish_docs(Path(generated.target_path) / "static_index.html")
     context.log.info(f"dbt docs: {site}")
