@@ -145,8 +145,9 @@ def _drive(env: dict[str, str], *snapshots: str, first: str = FIRST) -> dict:
 
 
 def test_a_backfill_and_ticks_on_the_lake_give_what_file_mode_gives(lake_env, tmp_path, fleet, s3_endpoint):
-    file_mode = _drive(_env(tmp_path / "file", fleet, WANDB_ASSETS_DUCKDB=str(tmp_path / "file" / "w.duckdb")), *TICKS)
-    lake_mode = _drive(lake_env, *TICKS)
+    file_env = _env(tmp_path / "file", fleet, WANDB_ASSETS_DUCKDB=str(tmp_path / "file" / "w.duckdb"))
+    file_mode = _drive({**file_env, "LAKE_DRIVER_ANALYTICS": "1"}, *TICKS)
+    lake_mode = _drive({**lake_env, "LAKE_DRIVER_ANALYTICS": "1"}, *TICKS)
     # Hand-checked shape: 2 snapshots x 24 gauges; the fleet's three incidents are open; both snapshots sent
     # (dry run: no Datadog key); every fetched run once.
     assert len(file_mode["metrics"]) == len(lake_mode["metrics"]) == 48

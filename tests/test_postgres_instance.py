@@ -127,9 +127,9 @@ def test_the_daemon_keeps_sensor_ticks_and_cursors_in_postgres(postgres, pg_home
             time.sleep(3)
         assert sensors == set(SENSORS), f"sensor ticks in PostgreSQL: {sorted(sensors)}"
         assert with_cursor == 1
-        # the daemon registered the three schedules' and the four sensors' states there too (ticks come later)
+        # the daemon registered the three schedules' and the five sensors' states there too (ticks come later)
         states = _pg_query(postgres, "SELECT instigator_type, count(*) FROM instigators GROUP BY 1 ORDER BY 1")
-        assert states == [("SCHEDULE", 3), ("SENSOR", 4)]
+        assert states == [("SCHEDULE", 3), ("SENSOR", 5)]
     finally:
         stop_process_group(daemon)
 
