@@ -321,7 +321,7 @@ def bench_server(
     return results
 
 
-def bench_scale(now: datetime, days: int, runs_per_day: int) -> dict:
+def bench_scale(now: datetime, days: int, runs_per_day: int, repeat: int = 1) -> dict:
     from wandb_assets.localwandb import LocalWandbServer
     from wandb_assets.localwandb.synthetic import generate_fleet
 
@@ -333,9 +333,15 @@ def bench_scale(now: datetime, days: int, runs_per_day: int) -> dict:
         backfill = _measure(server, "scale: backfill in process", [*me, "ours"], env)
         size = sum(p.stat().st_size for p in workdir.glob("bench*.duckdb"))
         staged = sum(p.stat().st_size for p in (workdir / "staging").rglob("*.ndjson"))
-        tick = _measure(server, "scale: one tick (refresh + feed) in process", [*me, "tick"], env)
+        ticks = [
+            _measure(server, "scale: one tick (refresh + feed) in process", [*me, "tick"], env) for _ in range(repeat)
+        ]
+        tick = ticks[0]
         analytics = _measure(server, "scale: the analysts' dbt project (analytics job)", [*me, "analytics"], env)
-        tick_after = _measure(server, "scale: one tick with the dbt marts built", [*me, "tick"], env)
+        ticks_after = [
+            _measure(server, "scale: one tick with the dbt marts built", [*me, "tick"], env) for _ in range(repeat)
+        ]
+        tick_after = ticks_after[0]
         exports = {
             fmt: _measure(
                 server,
@@ -360,6 +366,8 @@ def bench_scale(now: datetime, days: int, runs_per_day: int) -> dict:
         "tick": tick,
         "analytics": analytics,
         "tick_after_analytics": tick_after,
+        "tick_seconds": [t["seconds"] for t in ticks],
+        "tick_after_seconds": [t["seconds"] for t in ticks_after],
         "exports": exports,
         "helpers": helpers,
         "warehouse_bytes": size,
@@ -414,6 +422,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs of (a) and (b) on the instant server")
     parser.add_argument("--scale-days", type=int, default=120)
     parser.add_argument("--scale-runs-per-day", type=int, default=834)
+    parser.add_argument("--scale-ticks", type=int, default=1, help="ticks before and after the dbt build")
     parser.add_argument("--phase", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase:
@@ -431,7 +440,7 @@ def main() -> None:
             repeat = args.repeat if mode == "instant" else 1
             _print_table(mode, bench_server(mode, nodes, now, args.days, cost, args.no_naive, repeat), cost)
     if not args.no_scale:
-        scale = bench_scale(now, args.scale_days, args.scale_runs_per_day)
+        scale = bench_scale(now, args.scale_days, args.scale_runs_per_day, args.scale_ticks)
         b, t = scale["backfill"], scale["tick"]
         print(f"\nscale: {scale['runs']:,} runs over {scale['days']} days, instant server")
         print(
@@ -452,6 +461,14 @@ def main() -> None:
             f"warehouse slot {a['writer_held_max_s']:.2f} s, peak RSS {a['peak_rss_mib']:.0f} MiB; the tick again "
             f"with the marts built: {t2['seconds']:.2f} s in process (before: {t['seconds']:.2f} s)"
         )
+        if len(scale["tick_seconds"]) > 1:
+            print(
+                "ticks before the dbt build: "
+                + ", ".join(f"{x:.2f}" for x in scale["tick_seconds"])
+                + " s; after: "
+                + ", ".join(f"{x:.2f}" for x in scale["tick_after_seconds"])
+                + " s"
+            )
         for fmt, e in scale["exports"].items():
             print(
                 f"export runs --format {fmt}: {e['wall_seconds']:.2f} s whole process, "

@@ -1,9 +1,9 @@
 """The analysts' dbt project and its manifest.
 
 The manifest (``analytics/target/manifest.json``) is made at build time: the image runs ``dagster-dbt project
-prepare-and-package --file wandb_assets/defs/analytics/project.py``; ``dagster dev`` prepares it on start
-(``prepare_if_dev``); anywhere else it is made once when missing or older than a file of the project, never on a
-tick's path (loading the definitions only compares modification times).
+prepare-and-package --file wandb_assets/defs/analytics/project.py``; anywhere else (``dagster dev``, the CLI) it is
+made once when missing or older than a file of the project, never on a tick's path (loading the definitions only
+compares modification times).
 """
 
 import fcntl
@@ -24,7 +24,9 @@ DBT_CONSOLE_LOG = ANALYTICS_DIR / "target" / "cli-dbt.log"
 _SOURCES = ("dbt_project.yml", "profiles.yml", "models", "seeds", "macros", "tests")
 
 analytics_project = DbtProject(project_dir=ANALYTICS_DIR)  # target: WANDB_ANALYTICS_TARGET (profiles.yml)
-analytics_project.prepare_if_dev()
+# Not ``prepare_if_dev()``: under ``dagster dev`` it runs ``dbt parse`` in every process that loads the definitions,
+# and every run worker and step process does (measured: +6 s per step, a UI backfill's runs 2-4x slower).
+# ``ensure_manifest`` parses only when a file of the project changed.
 
 
 def _newest_source_mtime(project_dir: Path) -> float:
