@@ -35,6 +35,7 @@ SLOWEST_FIRST = (
     "test_postgres_instance.py",
     "test_feed_e2e.py",
     "test_cli_and_definitions.py",
+    "test_analytics.py",
     "test_ingestion.py",
     "test_notebooks.py",
     "test_offline_runs.py",
