@@ -83,6 +83,7 @@ def demo_ui(tmp_path_factory):
             "5",
             "--history-hours",
             "6",
+            "--no-analytics",  # the dbt project is built and browsed in test_analytics
         ]
         + ["--port", str(port), "--wandb-port", str(free_port())],
         cwd=home,

@@ -603,6 +603,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from wandb_assets.settings import pipeline_settings
 
     warehouse = _demo_environment(Path(args.dir), args.warehouse)
+    if args.no_analytics:  # the CLI's tick and, with --ui, the analytics sensor alike
+        os.environ["WANDB_ASSETS_ANALYTICS"] = "false"
     now = datetime.now(UTC).replace(tzinfo=None, microsecond=0)
     nodes = generate_fleet(now, days=args.days, runs_per_day=args.runs_per_day)
     add_curves(nodes, now)
@@ -840,6 +842,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--runs-per-day", type=int, default=150, help="runs a day in the main project; the others get a quarter"
     )
     demo.add_argument("--ui", action="store_true", help="then open the Dagster UI on the same data")
+    demo.add_argument(
+        "--no-analytics", action="store_true", help="skip the analysts' dbt project (its build, docs and chargeback)"
+    )
     demo.add_argument(
         "--history-hours",
         type=int,
