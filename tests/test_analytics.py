@@ -377,3 +377,18 @@ def test_the_chargeback_columns_are_documented_as_the_code_defines_them():
     guide = (Path(__file__).resolve().parent.parent / "docs" / "analytics.md").read_text()
     for column, meaning in exports.CHARGEBACK_COLUMNS.items():
         assert f"| `{column}` | {meaning} |" in guide, column
+
+
+def test_the_docs_page_is_made_again_when_missing_stale_or_an_hour_old(tmp_path):
+    from wandb_assets.defs.analytics.assets import DOCS_MAX_AGE_S, docs_due
+
+    site, manifest = tmp_path / "index.html", tmp_path / "manifest.json"
+    manifest.write_text("{}")
+    os.utime(manifest, (1_000_000, 1_000_000))
+    assert docs_due(site, manifest, now=1_000_100)  # missing
+    site.write_text("<html>")
+    os.utime(site, (1_000_050, 1_000_050))
+    assert not docs_due(site, manifest, now=1_000_100)
+    assert docs_due(site, manifest, now=1_000_050 + DOCS_MAX_AGE_S + 1)  # an hour old
+    os.utime(manifest, (1_000_060, 1_000_060))
+    assert docs_due(site, manifest, now=1_000_100)  # the project changed after the page was made

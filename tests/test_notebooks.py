@@ -362,3 +362,29 @@ def test_the_documented_export_keeps_the_alt_text_and_writes_outside_the_reposit
     assert "have no price and are not counted" in alts[0]
     after = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO, capture_output=True)
     assert after.stdout == before.stdout
+
+
+def test_the_chargeback_of_the_demo_fleet_equals_gpu_usage_and_the_demo_prints_it(built_warehouse, capsys):
+    """The synthetic fleet the demo serves, built as the demo builds it (dbt marts included): every month's chargeback
+    file adds up to gpu_usage to the cent, and the demo's closing lines show this month's spend by team."""
+    from wandb_assets.cli import _print_chargeback
+    from wandb_assets.lib import exports
+
+    con = open_snapshot(built_warehouse)
+    try:
+        months = [
+            m
+            for (m,) in con.execute("SELECT DISTINCT month FROM analytics.team_gpu_cost_monthly ORDER BY 1").fetchall()
+        ]
+        teams = {t for (t,) in con.execute("SELECT DISTINCT team FROM analytics.team_gpu_cost_monthly").fetchall()}
+        assert months and teams
+        for month in months:
+            cents, usage, gpu_hours = exports.chargeback_totals(con, month)
+            assert cents == usage and usage > 0 and gpu_hours > 0, (month, cents, usage)
+    finally:
+        con.close()
+    capsys.readouterr()
+    _print_chargeback(months[-1])
+    out = capsys.readouterr().out
+    assert f"Chargeback {months[-1]:%Y-%m} so far, by team (the analysts' dbt marts" in out
+    assert {line.split()[0] for line in out.splitlines()[2:] if line.strip()} >= teams

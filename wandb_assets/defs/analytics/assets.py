@@ -4,6 +4,7 @@ the feed or a backfill, so a tick never waits for it."""
 
 import os
 import shutil
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -51,8 +52,21 @@ def dbt_environment(location: Any = None) -> dict[str, str]:
 
 
 class AnalyticsConfig(Config):
-    #: Generate the browsable docs after the build (~5 s: dbt reads the warehouse's catalog).
+    #: Generate the browsable docs after the build when due (``docs_due``; ~4 s: dbt reads the warehouse's catalog).
     docs: bool = True
+
+
+#: The docs page is made again at most this often (the columns and types it shows change only with an upgrade),
+#: or at once when the dbt project changed.
+DOCS_MAX_AGE_S = 3600
+
+
+def docs_due(site: Path, manifest: Path, now: float | None = None) -> bool:
+    """Whether the docs page is missing, older than the project's manifest, or older than ``DOCS_MAX_AGE_S``."""
+    if not site.exists():
+        return True
+    made = site.stat().st_mtime
+    return made < manifest.stat().st_mtime or (now or time.time()) - made > DOCS_MAX_AGE_S
 
 
 def publish_docs(page: Path, site: Path = DOCS_SITE) -> Path:
@@ -76,7 +90,7 @@ def analytics_models(context: AssetExecutionContext, dbt: DbtCliResource, config
     os.environ.update(dbt_environment())  # this run's process: the dbt subprocess inherits it
     build = dbt.cli(["build"], context=context)
     yield from build.stream()
-    if not config.docs:
+    if not config.docs or not docs_due(DOCS_SITE, analytics_project.manifest_path):
         return
     # the analysts' browsable docs (every table and model, columns, lineage) as one static page: dbt reads the
     # catalog now, while the run holds the warehouse slot (the models are compiled by the build already: --no-compile);
