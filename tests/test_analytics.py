@@ -5,6 +5,7 @@ docs page in Chromium, the export's memory on a million runs."""
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
 import sys
 import time
