@@ -503,6 +503,7 @@ def render_dbt_sources() -> str:
                 "          - unique_combination:",
                 "              arguments:",
                 "                columns: [entity, project, run_id]",
+                "              config: {severity: warn}  # stg_runs' own test is the gate (an asset check)",
             ]
         lines.append("        columns:")
         for col, text in columns.items():
@@ -545,13 +546,14 @@ def _quote_column(column: str) -> str:
 def _source_column_tests(table: str, column: str) -> list[str]:
     if table != "runs":
         return []
+    warn = "    config: {severity: warn}"
     if column in ("entity", "project", "run_id"):
-        return ["- not_null"]
+        return ["- not_null:", warn]
     allowed = {"state": RUN_STATES, "category": CATEGORIES}.get(column)
     if allowed is None:
         return []
     values = ", ".join(allowed)
-    return ["- accepted_values:", "    arguments:", f"      values: [{values}]"]
+    return ["- accepted_values:", "    arguments:", f"      values: [{values}]", warn]
 
 
 def comment_statements(lake: bool = False) -> list[str]:

@@ -22,7 +22,7 @@ ANALYTICS_GROUP = "analytics"
 
 class AnalyticsTranslator(DagsterDbtTranslator):
     """Sources are our assets (``meta.dagster.asset_key``; several tables of one asset share its key); models and
-    the seed are assets named as in dbt, in group ``analytics``; tests on sources are checks of our assets."""
+    the seed are assets named as in dbt, in group ``analytics``; tests on models are their asset checks."""
 
     def get_group_name(self, dbt_resource_props: Mapping[str, Any]) -> str | None:
         return None if dbt_resource_props["resource_type"] == "source" else ANALYTICS_GROUP
@@ -36,7 +36,11 @@ class AnalyticsTranslator(DagsterDbtTranslator):
 TRANSLATOR = AnalyticsTranslator(
     settings=DagsterDbtTranslatorSettings(
         enable_duplicate_source_asset_keys=True,
-        enable_source_tests_as_checks=True,
+        # The tests on our tables run in every dbt build (a failure fails the analytics run and pages, and dbt skips
+        # the models downstream) and are recorded on our assets as observations, not checks: a check on `runs`
+        # would make Dagster run dbt whenever `runs` is materialized from the UI (seen: a UI backfill of `runs` ran
+        # the dbt op). stg_runs' own uniqueness test is the asset check a duplicate run fails.
+        enable_source_tests_as_checks=False,
         enable_source_metadata=False,  # several tables per asset (run_curves, fleet_snapshot): no conflicting deps
     )
 )
