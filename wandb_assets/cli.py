@@ -651,7 +651,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return code
     _print_costs("team", args.days)
     if pipeline_settings().analytics:
-        _print_chargeback(now.date().replace(day=1))
+        _print_chargeback(now.date().replace(day=1), None if is_lake(warehouse) else os.path.relpath(warehouse))
     print(f"\nWarehouse: {pipeline_settings().warehouse if is_lake(warehouse) else Path(warehouse).resolve()}")
     if args.ui:
         print(f"Run links (the runs table, the alerts) open on the demo's W&B server {server.url} while this runs.")
@@ -673,7 +673,9 @@ WHERE c.month = $month GROUP BY c.team ORDER BY sum(c.cost_usd) DESC NULLS LAST,
 """
 
 
-def _print_chargeback(month: date) -> None:
+def _print_chargeback(month: date, warehouse: str | None = None) -> None:
+    """This month's spend by team; ``warehouse``: named in the export hint (the demo's is not the default)."""
+    where = f" --warehouse {warehouse}" if warehouse else ""
     from wandb_assets.lib.exports import has_chargeback
     from wandb_assets.warehouse import reading
 
@@ -686,7 +688,7 @@ def _print_chargeback(month: date) -> None:
         rows = con.execute(_CHARGEBACK_BY_TEAM_SQL, {"month": month}).fetchall()
     print(
         f"\nChargeback {month:%Y-%m} so far, by team (the analysts' dbt marts; full file: "
-        f"uv run wandb-assets export chargeback --month {month:%Y-%m}):"
+        f"uv run wandb-assets export chargeback --month {month:%Y-%m}{where}):"
     )
     print(f"  {'team':<12} {'GPU-hours':>10} {'cost':>10} {'idle':>8} {'failed':>8} {'budget':>10} {'used':>6}")
     for team, hours, cost, idle, failed, budget, pct in rows:
