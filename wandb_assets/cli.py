@@ -651,7 +651,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return code
     _print_costs("team", args.days)
     if pipeline_settings().analytics:
-        _print_chargeback(now.date().replace(day=1), None if is_lake(warehouse) else os.path.relpath(warehouse))
+        shown = os.path.relpath(warehouse) if not os.path.relpath(warehouse).startswith("..") else warehouse
+        _print_chargeback(now.date().replace(day=1), None if is_lake(warehouse) else shown)
     print(f"\nWarehouse: {pipeline_settings().warehouse if is_lake(warehouse) else Path(warehouse).resolve()}")
     if args.ui:
         print(f"Run links (the runs table, the alerts) open on the demo's W&B server {server.url} while this runs.")
