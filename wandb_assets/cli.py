@@ -340,11 +340,6 @@ def cmd_dbt(args: argparse.Namespace) -> int:
     return subprocess.run([analytics_cli().dbt_executable, *dbt_args], cwd=ANALYTICS_DIR, env=env).returncode
 
 
-def _export_source(args: argparse.Namespace):
-    """The snapshot (a file warehouse: an export never blocks the tick's writer) or the lake, read-only."""
-    return _snapshot_or_exit(args.warehouse)
-
-
 def cmd_export(args: argparse.Namespace) -> int:
     from wandb_assets.lib import exports
     from wandb_assets.settings import ConfigError
@@ -354,14 +349,12 @@ def cmd_export(args: argparse.Namespace) -> int:
             month = exports.parse_month(args.month)
         else:
             since = _day(args.since, "--since")
-        fmt = args.format or ("csv" if args.what == "chargeback" else "parquet")
-        if fmt not in exports.FORMATS:
-            raise ValueError(f"--format must be one of {', '.join(exports.FORMATS)} (got {fmt!r}).")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    fmt = args.format or ("csv" if args.what == "chargeback" else "parquet")  # argparse checked --format
     out = Path(args.out)
     _check_writable(out, "--out", folder=True)
-    con = _export_source(args)
+    con = _snapshot_or_exit(args.warehouse)  # a file's snapshot (never blocking the tick's writer), or the lake
     if con is None:
         return 2
     try:
@@ -651,7 +644,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return code
     _print_costs("team", args.days)
     if pipeline_settings().analytics:
-        shown = os.path.relpath(warehouse) if not os.path.relpath(warehouse).startswith("..") else warehouse
+        shown = os.path.relpath(warehouse)
+        shown = warehouse if shown.startswith("..") else shown
         _print_chargeback(now.date().replace(day=1), None if is_lake(warehouse) else shown)
     print(f"\nWarehouse: {pipeline_settings().warehouse if is_lake(warehouse) else Path(warehouse).resolve()}")
     if args.ui:
@@ -820,6 +814,8 @@ def cmd_fetch_warehouse(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from wandb_assets.lib.exports import FORMATS as EXPORT_FORMATS
+
     parser = argparse.ArgumentParser(prog="wandb-assets", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
@@ -918,7 +914,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     runs_export.add_argument("--since", required=True, help="first UTC day, YYYY-MM-DD")
     for command in (chargeback, runs_export):
-        command.add_argument("--format", choices=("csv", "parquet"), help="csv (chargeback default) or parquet")
+        command.add_argument("--format", choices=EXPORT_FORMATS, help="csv (chargeback default) or parquet")
         command.add_argument("--out", default=".", help="folder to write into (default: here)")
         command.add_argument("--warehouse", help="warehouse path or ducklake: string (default WANDB_ASSETS_DUCKDB)")
     export.set_defaults(func=cmd_export)

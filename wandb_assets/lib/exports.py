@@ -13,6 +13,7 @@ from datetime import date
 from pathlib import Path
 
 from wandb_assets.lib.sql import sql_string
+from wandb_assets.lib.warehouse import has_table
 
 FORMATS = ("csv", "parquet")
 #: The export connection's DuckDB memory (it spills to ``temp_directory`` beyond): a million runs stream in less.
@@ -98,10 +99,7 @@ def _copy(con, select_sql: str, params: dict, target: Path, fmt: str) -> Exporte
 
 def has_chargeback(con) -> bool:
     """Whether the analysts' chargeback mart is built in this warehouse."""
-    sql = (
-        "SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'analytics' AND table_name = 'team_gpu_cost_monthly'"
-    )
-    return con.execute(f"{sql} AND database_name = current_database()").fetchone()[0] > 0
+    return has_table(con, "team_gpu_cost_monthly", schema="analytics")
 
 
 def export_chargeback(con, month: date, out: Path, fmt: str = "csv") -> Exported:

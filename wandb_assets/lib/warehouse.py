@@ -1096,12 +1096,13 @@ def refresh_days(
     return max(first, first_partition), today
 
 
-def has_table(con, name: str) -> bool:
-    """Whether the current database has table ``name`` (a new lake's catalog starts empty)."""
+def has_table(con, name: str, schema: str | None = None) -> bool:
+    """Whether the current database has table ``name`` (in ``schema``, or any; a new lake's catalog starts empty)."""
     return bool(
         con.execute(
-            "SELECT count(*) FROM duckdb_tables() WHERE table_name = $name AND database_name = current_database()",
-            {"name": name},
+            "SELECT count(*) FROM duckdb_tables() WHERE table_name = $name AND database_name = current_database() "
+            "AND schema_name = coalesce($schema, schema_name)",
+            {"name": name, "schema": schema},
         ).fetchone()[0]
     )
 

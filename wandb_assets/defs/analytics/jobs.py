@@ -6,7 +6,6 @@ from dagster import (
     DagsterRunStatus,
     DefaultSensorStatus,
     RunRequest,
-    RunsFilter,
     RunStatusSensorContext,
     SkipReason,
     define_asset_job,
@@ -17,16 +16,14 @@ from dagster import (
 from wandb_assets.defs.analytics.assets import analytics_models
 from wandb_assets.defs.feed.jobs import feed_job
 from wandb_assets.defs.fleet.jobs import backfill_job
+from wandb_assets.defs.fleet.schedules import runs_in_flight
 from wandb_assets.settings import pipeline_settings
 
 ANALYTICS_JOB = "analytics"
-IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 
 analytics_job = define_asset_job(
     ANALYTICS_JOB,
-    selection=AssetSelection.assets(analytics_models)
-    | AssetSelection.checks(*analytics_models.check_keys)  # its tests on our tables (sources) too
-    | AssetSelection.keys("warehouse_snapshot"),
+    selection=AssetSelection.assets(analytics_models) | AssetSelection.keys("warehouse_snapshot"),
     executor_def=in_process_executor,
     tags={"dagster/max_runtime": "900"},
     description="Build the analysts' dbt project (analytics/: seed, staging views, marts, tests as asset checks) "
@@ -46,7 +43,7 @@ analytics_job = define_asset_job(
 def analytics_after_feed(context: RunStatusSensorContext):
     if not pipeline_settings().analytics:
         return SkipReason("WANDB_ASSETS_ANALYTICS is false: the dbt models are not built.")
-    in_flight = context.instance.get_runs_count(RunsFilter(job_name=ANALYTICS_JOB, statuses=IN_FLIGHT))
+    in_flight = runs_in_flight(context.instance, ANALYTICS_JOB)
     if in_flight:
         return SkipReason(f"{in_flight} analytics run(s) still in flight; the next feed builds the models.")
     return RunRequest(run_key=f"after:{context.dagster_run.run_id}")

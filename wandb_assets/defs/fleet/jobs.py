@@ -24,12 +24,10 @@ FALLBACK_LOOKBACK_DAYS = 7
 #: Dagster's run tags for a partition range in one run (the literal strings, as Dagster documents them).
 RANGE_START_TAG, RANGE_END_TAG = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
-#: The derived tables and the mirror, without the asset checks on them: those are the analysts' dbt tests on these
-#: tables (its sources), which the ``analytics`` job runs after the tick (never on the tick's path).
-DERIVED = AssetSelection.keys("push_to_main_sps", "success_rates", "gpu_hours", "gpu_usage").without_checks()
+DERIVED = AssetSelection.keys("push_to_main_sps", "success_rates", "gpu_hours", "gpu_usage")
 #: Fetch and load the mirrored projects' runs, and record what the fetch found of each project. The runs' curves are
 #: read by a job of their own (``curves_job``): never on the tick's or a backfill's path.
-MIRROR = AssetSelection.keys("staged_runs", "runs", "wandb_projects").without_checks()
+MIRROR = AssetSelection.keys("staged_runs", "runs", "wandb_projects")
 
 refresh_job = define_asset_job(
     REFRESH_JOB,

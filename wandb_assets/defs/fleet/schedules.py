@@ -3,6 +3,7 @@
 from datetime import UTC
 
 from dagster import (
+    DagsterInstance,
     DagsterRunStatus,
     DefaultScheduleStatus,
     RunRequest,
@@ -26,6 +27,11 @@ from wandb_assets.settings import pipeline_settings
 IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 
 
+def runs_in_flight(instance: DagsterInstance, job_name: str) -> int:
+    """Runs of ``job_name`` queued or running: a schedule or sensor never stacks another on them."""
+    return instance.get_runs_count(RunsFilter(job_name=job_name, statuses=IN_FLIGHT))
+
+
 @schedule(
     job=refresh_job,
     cron_schedule="*/15 * * * *",
@@ -34,7 +40,7 @@ IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunSt
     description="Every 15 minutes: refresh recent and unfinished runs, rebuild fleet tables, snapshot gauges.",
 )
 def every_15_minutes(context: ScheduleEvaluationContext):
-    in_flight = context.instance.get_runs_count(RunsFilter(job_name=REFRESH_JOB, statuses=IN_FLIGHT))
+    in_flight = runs_in_flight(context.instance, REFRESH_JOB)
     if in_flight:
         return SkipReason(f"{in_flight} refresh run(s) still in flight; not stacking another tick.")
     today = context.scheduled_execution_time.astimezone(UTC).date()
@@ -54,7 +60,7 @@ def every_15_minutes(context: ScheduleEvaluationContext):
 def curves_between_ticks(context: ScheduleEvaluationContext):
     if not pipeline_settings().fetch_history:
         return SkipReason("WANDB_ASSETS_FETCH_HISTORY is false: no curves are read.")
-    in_flight = context.instance.get_runs_count(RunsFilter(job_name=CURVES_JOB, statuses=IN_FLIGHT))
+    in_flight = runs_in_flight(context.instance, CURVES_JOB)
     if in_flight:
         return SkipReason(f"{in_flight} curves run(s) still in flight; not stacking another.")
     return RunRequest()
