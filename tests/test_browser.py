@@ -15,6 +15,7 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from tests.conftest import REPO, free_port, require_chromium, stop_process_group
 from wandb_assets.defs.fleet.jobs import RANGE_END_TAG, RANGE_START_TAG
@@ -154,6 +155,15 @@ def fleet_group_backfill(demo_ui) -> str:
     return launched["backfillId"]
 
 
+ENDED = ("SUCCESS", "FAILURE", "CANCELED")
+
+
+def _backfill_finished(base: str, backfill: str, runs: int) -> list[dict] | None:
+    """The backfill's runs once there are `runs` of them and all have ended, else None."""
+    found = [r for r in _runs(base) if r["tags"].get("dagster/backfill") == backfill]
+    return found if len(found) == runs and all(r["status"] in ENDED for r in found) else None
+
+
 def _tables_fit(page) -> list[str]:
     """The first column header of every metadata table on the page, after checking that each lies wholly inside
     the metadata table's box and on screen at WIDTH (the UI cuts off what is wider)."""
@@ -276,9 +286,23 @@ def _backfill_a_range_and_read_a_gauge(demo_ui, other_backfill: str, page) -> No
 
     # A warning-level check that found something: Dagster labels it "Failed" (its yellow warning tag; the label is
     # Dagster's own for any failed check), and our words say it is a warning, not a failure of the pipeline.
-    page.goto(f"{base}/assets/fleet_snapshot?view=checks")
-    page.get_by_text("sps_regression_check", exact=True).first.click()
-    page.get_by_text("Warning (the alert is open; nothing failed to run)", exact=False).first.wait_for(timeout=60_000)
+    # The page shows the latest evaluation, and another run may be evaluating it again (the other backfill's fleet
+    # run, or a tick of the demo's 15-minute schedule): under load the page then shows "Running" (seen in CI). So
+    # wait for the other backfill and for no run in flight, then read the page; a tick starting meanwhile means
+    # one more try.
+    _wait(lambda: _backfill_finished(base, other_backfill, 2), 300, "the fleet group backfill's two runs")
+    warning = page.get_by_text("Warning (the alert is open; nothing failed to run)", exact=False).first
+    for attempt in range(3):
+        _wait(lambda: all(r["status"] in ENDED for r in _runs(base)), 300, "no run in flight")
+        page.goto(f"{base}/assets/fleet_snapshot?view=checks")
+        page.get_by_text("sps_regression_check", exact=True).first.click()
+        try:
+            warning.wait_for(timeout=60_000)
+            break
+        except PlaywrightTimeoutError:
+            page.screenshot(path=str(ARTIFACTS / f"3-warning-check-try-{attempt}.png"))
+            if attempt == 2:
+                raise
     page.screenshot(path=str(ARTIFACTS / "3-warning-check-1440.png"))
 
     # An alert's run link opens the run's page on the demo's W&B server (up as long as the UI).
@@ -308,14 +332,7 @@ def test_a_ui_backfill_of_runs_with_the_fleet_group_is_two_runs_in_order(demo_ui
     base, _home = demo_ui
     days, fleet, backfill = _last_three_days(), FLEET, fleet_group_backfill
 
-    def its_runs() -> list[dict]:
-        return [r for r in _runs(base) if r["tags"].get("dagster/backfill") == backfill]
-
-    def finished() -> list[dict] | None:
-        runs = its_runs()
-        return runs if len(runs) == 2 and all(r["status"] in ("SUCCESS", "FAILURE") for r in runs) else None
-
-    done = _wait(finished, 300, "the backfill's two runs")
+    done = _wait(lambda: _backfill_finished(base, backfill, 2), 300, "the backfill's two runs")
     query = "query($id: ID!) { runOrError(runId: $id) { ... on Run { assetSelection { path } startTime } } }"
     shapes = []
     for run in done:

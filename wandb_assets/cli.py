@@ -523,10 +523,26 @@ def _dagster_dev(port: int = 3000, verbose: bool = False, in_home: bool = False)
     # in_home (the demo, whose instance is its own): run from DAGSTER_HOME, else `dagster dev` warns that the
     # repository's dagster.yaml "will not be used", which reads as "your configuration is ignored"
     cwd = os.environ["DAGSTER_HOME"] if in_home else None
+    # stderr through a filter that drops grpc's spurious poller traceback (lib/terminal.py); stdout is untouched
+    dev = subprocess.Popen(command, cwd=cwd, stderr=subprocess.PIPE)
     try:
-        return subprocess.call(command, cwd=cwd)
-    except KeyboardInterrupt:
+        _pass_through(dev.stderr)
+        return dev.wait()
+    except KeyboardInterrupt:  # `dagster dev` had the same Ctrl-C: let it print its shutdown
+        try:
+            _pass_through(dev.stderr)
+            dev.wait()
+        except KeyboardInterrupt:
+            pass
         return 0
+
+
+def _pass_through(stream) -> None:
+    from wandb_assets.lib.terminal import drop_known_noise
+
+    for line in drop_known_noise(iter(stream.readline, b"")):
+        sys.stderr.buffer.write(line)
+        sys.stderr.buffer.flush()
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
