@@ -10,7 +10,14 @@ import pytest
 
 from tests.fleet import fleet_row, load
 from wandb_assets.lib.checks import INVARIANTS, broken, check_warehouse
-from wandb_assets.lib.warehouse import GPU_SAMPLES_SQL, ensure_schema, load_runs_window, record_projects, stage_rows
+from wandb_assets.lib.warehouse import (
+    GPU_SAMPLES_SQL,
+    ensure_schema,
+    load_runs_window,
+    rebuild_gpu_usage,
+    record_projects,
+    stage_rows,
+)
 
 NOW = datetime.now(UTC).replace(tzinfo=None)
 T = datetime(2026, 6, 1)
@@ -29,17 +36,25 @@ def _good(con) -> None:
     load_runs_window(con, path, T, T + timedelta(days=1), prices=[("H100-80GB", 3.0)])
     con.execute(GPU_SAMPLES_SQL, {"snapshot_at": T + timedelta(hours=1)})
     record_projects(con, [{"entity": "e", "project": p, "error": None} for p in ("p", "q")], T)
+    rebuild_gpu_usage(con, T + timedelta(hours=3), {"H100-80GB": 3.0}, {"alice": "vision"})
 
 
+STALE = "; UPDATE warehouse_meta SET value = 'changed since' WHERE key = 'inputs_version'"
 BREAKS = {
-    "one_row_per_run": "INSERT INTO runs SELECT * FROM runs WHERE run_id = 'done'",
-    "idle_within_gpu_hours": "INSERT INTO gpu_samples VALUES (TIMESTAMP '2026-05-30 12:00', 'e', 'q', 'live', 0, 0, 0)",
+    # (a change to runs or the samples without a rebuild of gpu_usage: gpu_usage_reconciles waits for the rebuild)
+    "one_row_per_run": "INSERT INTO runs SELECT * FROM runs WHERE run_id = 'done'" + STALE,
+    "idle_within_gpu_hours": "UPDATE gpu_usage SET idle_gpu_hours = gpu_hours + 1 WHERE project = 'p'" + STALE,
+    "curve_idle_reconciles": "INSERT INTO run_curve_idle VALUES ('e', 'p', 'done', DATE '2026-06-01', 5, 0.5, 0)"
+    + STALE,
     "cost_is_hours_times_price": "UPDATE runs SET cost_usd = cost_usd + 0.01 WHERE run_id = 'done'",
     "no_busy_unmirrored_run": "UPDATE wandb_projects SET mirrored = false WHERE project = 'q'",
     "no_alert_on_a_run_not_alive": (
         "INSERT INTO alerts VALUES ('stalled_run:e/p:done', 'stalled_run', 'e/p:done', 'warning', 'm', "
         '\'{"run_id": "done", "entity": "e", "project": "p"}\', now(), TIMESTAMP \'2100-01-01\', NULL)'
     ),
+    "gpu_usage_reconciles": "UPDATE gpu_usage SET gpu_hours = gpu_hours + 0.01 WHERE project = 'p'",
+    "one_project_per_run": "INSERT INTO runs SELECT * REPLACE ('p2' AS project) FROM runs WHERE run_id = 'done'"
+    + STALE,
     "curves_once": "INSERT INTO run_history VALUES ('e', 'p', 'done', 'overview/sps', 1, NULL, 1.0), "
     "('e', 'p', 'done', 'overview/sps', 1, NULL, 1.0), ('e', 'p', 'done', 'overview/sps', 2, NULL, 1.0)",
 }
@@ -78,14 +93,14 @@ def test_the_command_exits_0_when_all_hold_1_naming_what_breaks_and_2_without_a_
 
     ok = check()
     assert ok.returncode == 0, ok.stderr
-    assert ok.stdout.splitlines()[-1] == f"6 of 6 invariants hold over 2 runs of {path}."
+    assert ok.stdout.splitlines()[-1] == f"9 of 9 invariants hold over 2 runs of {path}."
     con = duckdb.connect(str(path))
     con.execute(BREAKS["cost_is_hours_times_price"])
     con.close()
     bad = check()
     assert bad.returncode == 1
     assert "FAILED cost_is_hours_times_price: 1 row(s) break" in bad.stdout
-    assert bad.stdout.splitlines()[-1].startswith("5 of 6 invariants hold")
+    assert bad.stdout.splitlines()[-1].startswith("8 of 9 invariants hold")
     path.unlink()
     gone = check()
     assert (gone.returncode, gone.stdout) == (2, "")

@@ -1,6 +1,6 @@
 """Which projects a deployment mirrors: ``WANDB_ASSETS_PROJECTS`` parsed and resolved (pure functions)."""
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import duckdb
@@ -281,7 +281,9 @@ def test_a_one_project_warehouse_has_its_derived_tables_filled_by_the_migration(
 
 
 def _staged(path: Path, rows: list[tuple], fetched_at: datetime) -> str:
-    """A staged file of ``(entity, project, run_id, state)`` rows created on 2026-06-01, fetched at ``fetched_at``."""
+    """A staged file of ``(entity, project, run_id, state)`` rows created on 2026-06-01, fetched at ``fetched_at``:
+    each project's runs a minute apart from the others' (the same id and creation time in two projects of an entity
+    is one run moved between them)."""
     import os
     from datetime import UTC
 
@@ -289,7 +291,14 @@ def _staged(path: Path, rows: list[tuple], fetched_at: datetime) -> str:
 
     created = datetime(2026, 6, 1, 12)
     dicts = [
-        {"entity": e, "project": p, "run_id": r, "state": s, "created_at": created, "anomalies": []}
+        {
+            "entity": e,
+            "project": p,
+            "run_id": r,
+            "state": s,
+            "created_at": created + timedelta(minutes=ord(p[0]) - ord("a")),
+            "anomalies": [],
+        }
         for e, p, r, s in rows
     ]
     path.write_text("".join(ndjson_lines(dicts, fetched_at)))

@@ -1,21 +1,20 @@
 """The warehouse's invariants, each one SQL query that lists what breaks it (``wandb-assets check``, and the tests
-after their loads). No Dagster here.
-
-1. One row per run: (entity, project, run_id) is unique in ``runs``.
-2. Idle GPU-hours never exceed GPU-hours, per run and UTC day (the rules of ``gpu_usage``).
-3. A run's dollars are its GPU-hours times its model's price (``runs.cost_usd``, at the prices last priced with).
-4. No running row of a project no longer mirrored counts as busy.
-5. No alert stays open on a run that is not alive once the rules have seen it so (an evaluation after its load).
+after their loads). No Dagster here. ``INVARIANTS`` holds them, each with its promise; among them: one row per run,
+idle never above total in any table, ``runs.cost_usd`` and ``gpu_usage`` equal to their fresh recomputation (the
+derived numbers reconcile with their source), no run counted in two projects, no curve point stored twice.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 
+from wandb_assets.lib.gauges import curve_idle_sql
 from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, usd_sql
-from wandb_assets.lib.sql import ALIVE_SQL, BUSY_SQL, MIRRORED_NOW_SQL, run_gpu_hours_sql
-from wandb_assets.lib.warehouse import IDLE_GPU_HOURS_SQL, daily_gpu_hours_sql, has_table
+from wandb_assets.lib.normalize import MOVED
+from wandb_assets.lib.sql import ALIVE_SQL, BUSY_SQL, INPUTS_KEY, MIRRORED_NOW_SQL, meta_value, run_gpu_hours_sql
+from wandb_assets.lib.warehouse import GPU_USAGE_BUILD_KEY, GPU_USAGE_SQL, daily_gpu_hours_sql, has_table
 
 #: Rules whose subject is one run (its id in ``details.run_id``).
 RUN_RULES = ("stalled_run", "long_running", "idle_gpus")
@@ -30,6 +29,9 @@ class Invariant:
     promise: str
     violations_sql: str
     tables: tuple[str, ...] = ("runs",)
+    #: A derived table's build record (``warehouse_meta``): the invariant is computed with the parameters it was
+    #: built with, and holds while the table was never built or its inputs changed since (it is then rebuilt).
+    built: str | None = None
 
 
 INVARIANTS: tuple[Invariant, ...] = (
@@ -40,13 +42,22 @@ INVARIANTS: tuple[Invariant, ...] = (
     ),
     Invariant(
         "idle_within_gpu_hours",
-        "idle GPU-hours <= GPU-hours per run and UTC day",
-        f"""WITH {IDLE_GPU_HOURS_SQL}, {daily_gpu_hours_sql("entity, project, run_id")}
-SELECT i.entity, i.project, i.run_id, i.day_start::DATE AS day, round(i.idle_gpu_hours, 3) AS idle,
-       round(coalesce(d.gpu_hours, 0), 3) AS gpu_hours
-FROM idle i LEFT JOIN daily d USING (entity, project, run_id, day_start)
-WHERE i.idle_gpu_hours > coalesce(d.gpu_hours, 0) * (1 + 1e-9) + 1e-9""",
-        ("runs", "gpu_samples", "run_gpu_samples"),
+        "idle GPU-hours <= GPU-hours per run and UTC day, and in every gpu_usage row (partly idle <= idle, idle and "
+        "failed dollars <= dollars)",
+        f"""WITH {daily_gpu_hours_sql("entity, project, run_id")},
+per_run AS (
+    SELECT i.entity, i.project, i.run_id, i.day, round(i.idle_gpu_hours, 3) AS idle,
+           round(coalesce(d.gpu_hours, 0), 3) AS gpu_hours
+    FROM run_curve_idle i LEFT JOIN daily d
+      ON d.entity = i.entity AND d.project = i.project AND d.run_id = i.run_id AND d.day_start = i.day::TIMESTAMP
+    WHERE i.idle_gpu_hours > coalesce(d.gpu_hours, 0) * (1 + 1e-9) + 1e-9
+)
+SELECT * FROM per_run
+UNION ALL
+SELECT entity, project, username, day, round(idle_gpu_hours, 3), round(gpu_hours, 3) FROM gpu_usage
+WHERE idle_gpu_hours > gpu_hours * (1 + 1e-9) + 1e-9 OR partly_idle_gpu_hours > idle_gpu_hours * (1 + 1e-9) + 1e-9
+   OR idle_cost_usd > cost_usd * (1 + 1e-9) + 1e-9 OR failed_cost_usd > cost_usd * (1 + 1e-9) + 1e-9""",
+        ("runs", "run_curve_idle", "gpu_usage"),
     ),
     Invariant(
         "cost_is_hours_times_price",
@@ -77,6 +88,55 @@ WHERE a.resolved_at IS NULL AND a.rule IN ({", ".join(f"'{rule}'" for rule in RU
         ("runs", "alerts"),
     ),
     Invariant(
+        "gpu_usage_reconciles",
+        "gpu_usage equals gpu_usage computed again from runs and their GPU samples at its build's time, prices, teams "
+        "and idle threshold (GPU-hours to 1e-6, dollars to the cent), when nothing it is computed from changed since",
+        f"""SELECT coalesce(a.day, b.day) AS day, coalesce(a.entity, b.entity) AS entity,
+       coalesce(a.project, b.project) AS project, coalesce(a.username, b.username) AS username,
+       round(a.gpu_hours, 3) AS stored_gpu_hours, round(b.gpu_hours, 3) AS computed_gpu_hours,
+       round(a.idle_gpu_hours, 3) AS stored_idle, round(b.idle_gpu_hours, 3) AS computed_idle
+FROM gpu_usage a FULL OUTER JOIN ({GPU_USAGE_SQL}) b
+  ON a.day = b.day AND a.entity = b.entity AND a.project = b.project
+ AND a.username IS NOT DISTINCT FROM b.username AND a.team = b.team AND a.category IS NOT DISTINCT FROM b.category
+ AND a.gpu_model IS NOT DISTINCT FROM b.gpu_model
+WHERE a.day IS NULL OR b.day IS NULL
+   OR abs(a.gpu_hours - b.gpu_hours) > 1e-6 OR abs(a.idle_gpu_hours - b.idle_gpu_hours) > 1e-6
+   OR abs(a.partly_idle_gpu_hours - b.partly_idle_gpu_hours) > 1e-6
+   OR abs(a.failed_gpu_hours - b.failed_gpu_hours) > 1e-6
+   OR abs(coalesce(a.cost_usd, 0) - coalesce(b.cost_usd, 0)) >= 0.005 OR (a.cost_usd IS NULL) <> (b.cost_usd IS NULL)
+   OR abs(coalesce(a.idle_cost_usd, 0) - coalesce(b.idle_cost_usd, 0)) >= 0.005
+   OR abs(coalesce(a.failed_cost_usd, 0) - coalesce(b.failed_cost_usd, 0)) >= 0.005""",
+        ("runs", "gpu_usage", "run_curve_idle", "gpu_samples"),
+        built=GPU_USAGE_BUILD_KEY,
+    ),
+    Invariant(
+        "curve_idle_reconciles",
+        "run_curve_idle equals the idle GPU-hours of each run's stored GPU stream computed again by the hold rule "
+        "(lib.idle), at the threshold it was judged at (to 1e-6 GPU-hours per run and UTC day)",
+        f"""WITH {
+            curve_idle_sql("$now::TIMESTAMP", "(SELECT DISTINCT entity, project, run_id FROM run_curve_idle)").replace(
+                "$idle_pct", "(SELECT max(idle_pct) FROM run_curve_idle)"
+            )
+        },
+computed AS (
+    SELECT entity, project, run_id, day_start::DATE AS day, sum(idle * hours) AS idle_gpu_hours
+    FROM held_daily GROUP BY ALL
+)
+SELECT coalesce(s.entity, c.entity) AS entity, coalesce(s.project, c.project) AS project,
+       coalesce(s.run_id, c.run_id) AS run_id, coalesce(s.day, c.day) AS day,
+       round(s.idle_gpu_hours, 3) AS stored, round(c.idle_gpu_hours, 3) AS computed
+FROM run_curve_idle s FULL OUTER JOIN computed c USING (entity, project, run_id, day)
+WHERE abs(coalesce(s.idle_gpu_hours, 0) - coalesce(c.idle_gpu_hours, 0)) > 1e-6""",
+        ("runs", "run_curve_idle", "run_gpu_samples"),
+    ),
+    Invariant(
+        "one_project_per_run",
+        "no run (entity, run id, creation time) counted in two projects (a moved run's old copy is 'moved')",
+        f"""SELECT entity, run_id, created_at, list(project ORDER BY project) AS projects FROM runs
+WHERE state <> '{MOVED}' AND created_at IS NOT NULL GROUP BY entity, run_id, created_at
+HAVING count(DISTINCT project) > 1""",
+    ),
+    Invariant(
         "curves_once",
         "each point of a run's curves stored once (a re-read replaces them)",
         """SELECT entity, project, run_id, 'history' AS curve, metric AS series, step::VARCHAR AS at, count(*) AS copies
@@ -102,14 +162,34 @@ def check_warehouse(
     params = {"now": now, "idle_pct": idle_pct, "prices": last[0] if last else None}
     found = []
     for invariant in INVARIANTS:
-        unpriced = "$prices" in invariant.violations_sql and params["prices"] is None  # never priced: no cost
+        given = params
+        if invariant.built is not None:
+            given = _build_params(con, invariant.built)
+            if given is None:  # never built, or built from inputs that have changed since: nothing to compare
+                found.append((invariant, 0, []))
+                continue
+        unpriced = "$prices" in invariant.violations_sql and given["prices"] is None  # never priced: no cost
         if unpriced or not all(has_table(con, table) for table in invariant.tables):  # nothing to hold yet
             found.append((invariant, 0, []))
             continue
-        used = {name: value for name, value in params.items() if f"${name}" in invariant.violations_sql}
+        used = {name: value for name, value in given.items() if f"${name}" in invariant.violations_sql}
         rows = con.execute(f"SELECT * FROM ({invariant.violations_sql})", used).fetchall()
         found.append((invariant, len(rows), rows[:examples]))
     return found
+
+
+def _build_params(con, key: str) -> dict | None:
+    """The parameters a derived table was built with (``key`` of ``warehouse_meta``), or None when it was never built
+    or what it is computed from changed since (``sql.INPUTS_KEY``)."""
+    if not has_table(con, "warehouse_meta"):
+        return None
+    text = meta_value(con, key)
+    if text is None:
+        return None
+    build = json.loads(text)
+    if build.pop("inputs") != meta_value(con, INPUTS_KEY):
+        return None
+    return build
 
 
 def broken(con, now: datetime, idle_pct: float = DEFAULT_IDLE_GPU_PCT) -> list[str]:

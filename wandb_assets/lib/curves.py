@@ -56,10 +56,18 @@ def history_specs(keys: Iterable[str], samples: int) -> list[str]:
 
 
 def _number(value: Any) -> float | None:
+    """A finite number, or None (not a number, NaN, infinite, or an integer too large for a float)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # JSON allows an integer of any length
+        return None
     return value if math.isfinite(value) else None
+
+
+#: The steps the ``run_history.step`` column (BIGINT) holds.
+_STEP_RANGE = (-(2**63), 2**63)
 
 
 def _moment(seconds: Any) -> datetime | None:
@@ -81,7 +89,9 @@ def history_rows(keys: list[str], sampled: Any) -> list[list]:
             if not isinstance(row, Mapping):
                 continue
             step, value = _number(row.get("_step")), _number(row.get(key))
-            if step is None or value is None or not step.is_integer() or int(step) in seen:
+            if step is None or value is None or not step.is_integer() or not _STEP_RANGE[0] <= step < _STEP_RANGE[1]:
+                continue
+            if int(step) in seen:
                 continue
             seen.add(int(step))
             at = _moment(row.get("_timestamp"))
@@ -212,6 +222,11 @@ class CurvesFolder:
 
     def discard(self) -> None:
         shutil.rmtree(self.partial, ignore_errors=True)
+
+
+#: Where the curves job sets aside a published read the warehouse cannot hold (under the curves folder; a name with a
+#: leading dot is never a published read).
+REJECTED_FOLDER = ".rejected"
 
 
 def published_folders(staging: Path) -> list[Path]:

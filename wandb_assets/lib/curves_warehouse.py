@@ -7,9 +7,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import duckdb
+
 from wandb_assets.lib.curves import FAILED, GPU_FILE, HISTORY_FILE, NONE, NULL_MARK, READ, READS_FILE
 from wandb_assets.lib.gauges import curve_idle_sql
-from wandb_assets.lib.sql import BUSY_SQL, ENDED_SQL, MIRRORED_RUNS_SQL, literal_path, transaction
+from wandb_assets.lib.sql import BUSY_SQL, ENDED_SQL, MIRRORED_RUNS_SQL, inputs_changed, literal_path, transaction
 
 CURVES_SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS run_history (
@@ -95,10 +97,9 @@ def _curve_idle_insert(runs_sql: str, samples: str = "run_gpu_samples") -> str:
     return f"""
 INSERT INTO run_curve_idle BY NAME
 WITH {curve_idle_sql("$now::TIMESTAMP", runs_sql, samples)}
-SELECT entity, project, run_id, date_trunc('day', sampled_at)::DATE AS day, $idle_pct::DOUBLE AS idle_pct,
-       sum(idle * greatest(epoch(until) - epoch(sampled_at), 0) / 3600.0) AS idle_gpu_hours,
-       sum(partly * greatest(epoch(until) - epoch(sampled_at), 0) / 3600.0) AS partly_idle_gpu_hours
-FROM curve_held GROUP BY ALL
+SELECT entity, project, run_id, day_start::DATE AS day, $idle_pct::DOUBLE AS idle_pct,
+       sum(idle * hours) AS idle_gpu_hours, sum(partly * hours) AS partly_idle_gpu_hours
+FROM held_daily GROUP BY ALL
 """
 
 
@@ -165,7 +166,48 @@ def load_curves(con, folders: list[Path], sps_metric: str, idle_pct: float, now:
     When WANDB_ASSETS_SPS_METRIC changed, every run's steady SPS is restated first. Returns ``{status: runs}`` over
     the folders, ``points`` and ``steady_restated``."""
     with transaction(con):
+        inputs_changed(con)
         return load_curves_in_transaction(con, folders, sps_metric, idle_pct, now)
+
+
+def load_curves_setting_aside(
+    con, folders: list[Path], sps_metric: str, idle_pct: float, now: datetime
+) -> tuple[dict[str, int], list[Path]]:
+    """``load_curves``, and when the folders cannot load together, each alone (oldest first): a folder the tables
+    cannot hold is left out and its runs are marked ``failed`` (read again later, as a read that failed). Returns the
+    counts and the folders left out, for the caller to set aside: one bad folder never blocks the others."""
+    try:
+        return load_curves(con, folders, sps_metric, idle_pct, now), []
+    except duckdb.Error:
+        pass  # rolled back: each folder alone
+    counts: dict[str, int] = {}
+    rejected: list[Path] = []
+    for folder in folders:
+        try:
+            loaded = load_curves(con, [folder], sps_metric, idle_pct, now)
+        except duckdb.Error:
+            rejected.append(folder)
+            _mark_failed(con, folder, now)
+            continue
+        for key, value in loaded.items():
+            counts[key] = counts.get(key, 0) + value
+    counts["rejected_folders"] = len(rejected)
+    return counts, rejected
+
+
+def _mark_failed(con, folder: Path, now: datetime) -> None:
+    """The runs of a folder that cannot load: ``failed`` unless an earlier read of them answered (their curves stay)."""
+    reads = sorted(str(p) for p in folder.glob(f"{READS_FILE}-*.csv"))
+    if not reads:
+        return
+    with transaction(con):
+        con.execute(
+            f"""UPDATE runs SET curves_status = '{FAILED}', curves_read_at = $now
+            FROM (SELECT entity, project, run_id FROM {_read(READS_FILE)}) c
+            WHERE c.entity = runs.entity AND c.project = runs.project AND c.run_id = runs.run_id
+              AND (runs.curves_status IS NULL OR runs.curves_status = '{FAILED}')""",
+            {"paths": [literal_path(p) for p in reads], "now": now},
+        )
 
 
 def load_curves_in_transaction(

@@ -410,8 +410,15 @@ def fetch_curves(
     entity, _, project = path.partition("/")
     extra = {"specs": history_specs(keys, samples), "samples": samples}
     found: dict[str, dict] = {}
-    for first in range(0, len(names), CURVES_RUNS_PER_REQUEST):
-        chunk = names[first : first + CURVES_RUNS_PER_REQUEST]
+
+    def read_one(node: dict, read_at: datetime) -> dict:
+        try:
+            return read_curves(node, keys, read_at)
+        except Exception as exc:  # noqa: BLE001 - a run whose curves cannot be read is that run's failure alone
+            return failed_curves(read_at, f"unreadable curves: {type(exc).__name__}")
+
+    def request(chunk: list[str]) -> Exception | None:
+        """Read ``chunk`` in one request; the error that stopped it, or None."""
         read_at = datetime.now(UTC).replace(tzinfo=None)
         pages = iter_run_pages(
             api,
@@ -427,9 +434,31 @@ def fetch_curves(
         )
         try:
             for nodes, _ in pages:
-                found.update({node["name"]: read_curves(node, keys, read_at) for node in nodes if node.get("name")})
+                found.update({node["name"]: read_one(node, read_at) for node in nodes if node.get("name")})
         except (WandbFetchError, ConfigError) as exc:
-            found.update({name: failed_curves(read_at, str(exc)) for name in chunk if name not in found})
+            return exc
+        return None
+
+    for first in range(0, len(names), CURVES_RUNS_PER_REQUEST):
+        chunk = names[first : first + CURVES_RUNS_PER_REQUEST]
+        error = request(chunk)
+        unread = [name for name in chunk if name not in found]
+        if error is not None and len(chunk) > 1:
+            # One run W&B cannot serve stops its request where it stands: the runs not read yet are asked alone,
+            # so only that run fails (two failing alone in a row is an outage: the rest wait for a later fetch).
+            failed_alone = 0
+            for name in unread:
+                if failed_alone >= 2:
+                    break
+                alone = request([name])
+                failed_alone = failed_alone + 1 if alone is not None else 0
+                if alone is not None:
+                    found[name] = failed_curves(datetime.now(UTC).replace(tzinfo=None), str(alone))
+            else:
+                error = None  # each run was asked alone: what it answered stands
+        read_at = datetime.now(UTC).replace(tzinfo=None)
+        if error is not None:
+            found.update({name: failed_curves(read_at, str(error)) for name in chunk if name not in found})
         found.update({name: read_curves({}, keys, read_at) for name in chunk if name not in found})  # not returned
     return found
 

@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, prices_param, usd_sql
+from wandb_assets.lib.idle import TICK_INTERVAL, held_daily_sql, held_sql, idle_of_run
 from wandb_assets.lib.normalize import SPS_KEYS
 from wandb_assets.lib.sql import (
     ENDED_SQL,
@@ -158,19 +159,10 @@ GAUGES: tuple[Gauge, ...] = (
 GAUGE_NAMES: tuple[str, ...] = tuple(g.name for g in GAUGES)
 
 
-def idle_of_run(idle: str, sampled: str, gpu_count: str) -> str:
-    """The one rule of a run's idle GPUs in a sample, as SQL: the idle GPUs counted, scaled to the run's
-    ``gpu_count`` when the sample sees more GPUs than the run holds (NVML lists the whole node: 6 idle of 8 seen, on a
-    run of 2, is 1.5), so idle GPU-hours never exceed GPU-hours."""
-    return f"({idle}) * least(1.0, coalesce(({gpu_count}) / nullif({sampled}, 0), 1.0))"
-
-
 def curve_idle_sql(now: str, runs: str, samples: str = "run_gpu_samples") -> str:
-    """CTE ``curve_held``: per run of ``runs`` (a set of ``(entity, project, run_id)``) and sample of its stream
-    (``samples``: ``run_gpu_samples``, or the rows about to be loaded into it) up to ``now``: its ``idle`` GPUs
-    (below ``$idle_pct``, scaled by ``idle_of_run``), those idle while another GPU of the run was busy (``partly``),
-    and until when the sample holds (its next sample or the run's end, an hour at most, never past the sample's UTC
-    day: idle hours never exceed the day's GPU-hours)."""
+    """CTEs ``curve_sampled``, ``gaps``, ``held``, ``held_daily``: per run of ``runs`` (a set of ``(entity, project,
+    run_id)``) and sample of its stream (``samples``: ``run_gpu_samples``, or the rows about to be loaded into it) up to
+    ``now``, held by the one rule (``lib.idle``) and cut at UTC midnights."""
     return f"""
 curve_sampled AS (
     SELECT g.entity, g.project, g.run_id, g."timestamp" AS sampled_at,
@@ -178,41 +170,25 @@ curve_sampled AS (
            count(*) FILTER (WHERE g.util_pct >= $idle_pct) AS busy,
            count(g.util_pct) AS gpus
     FROM {samples} g
-    WHERE g."timestamp" <= {now} AND (g.entity, g.project, g.run_id) IN {runs}
+    WHERE (g.entity, g.project, g.run_id) IN {runs}
     GROUP BY ALL
 ),
-curve_held AS (
-    SELECT c.entity, c.project, c.run_id, c.sampled_at,
-           {idle_of_run("c.idle", "c.gpus", "r.gpu_count")} AS idle,
-           CASE WHEN c.busy > 0 THEN {idle_of_run("c.idle", "c.gpus", "r.gpu_count")} ELSE 0 END AS partly,
-           least(coalesce(lead(c.sampled_at) OVER (PARTITION BY c.entity, c.project, c.run_id ORDER BY c.sampled_at),
-                          {busy_until_sql(now)}, {now}),
-                 {busy_until_sql(now)}, c.sampled_at + INTERVAL 1 HOUR,
-                 date_trunc('day', c.sampled_at) + INTERVAL 1 DAY) AS until
-    FROM curve_sampled c JOIN runs r USING (entity, project, run_id)
-    WHERE c.sampled_at >= r.created_at  -- within the run's GPU time, on the sample's own UTC day
-)"""
+{held_sql("curve_sampled", "runs", now)},
+{held_daily_sql()}"""
 
 
 def held_samples_sql(runs: str, now: str) -> str:
-    """CTEs ``sampled`` and ``held``: per run and snapshot of ``gpu_samples`` up to ``now``, its ``idle`` GPUs (below
-    ``$idle_pct``, ``idle_of_run``) and until when that sample holds: the run's next sample, its end or ``now``, an
-    hour at most (a longer gap is missed ticks, not known idleness). An offline run's own log has every sample: it
-    is left to ``log_idle_gpu_hours``. The one idle rule of the gauges, gpu_usage and the notebooks."""
+    """CTEs ``sampled``, ``gaps`` and ``held``: per run of ``runs`` and snapshot of ``gpu_samples`` up to ``now``, its
+    ``idle`` GPUs and until when that sample holds (``lib.idle``: the one rule). An offline run's own log has every
+    sample: it is left to ``log_idle_gpu_hours``."""
     return f"""
 sampled AS (
-    SELECT s.entity, s.project, s.run_id, s.snapshot_at, count(*) FILTER (WHERE s.utilisation < $idle_pct) AS idle,
-           count(*) AS gpus
-    FROM gpu_samples s WHERE s.snapshot_at <= {now} GROUP BY ALL
+    SELECT s.entity, s.project, s.run_id, s.snapshot_at AS sampled_at,
+           count(*) FILTER (WHERE s.utilisation < $idle_pct) AS idle,
+           count(*) FILTER (WHERE s.utilisation >= $idle_pct) AS busy, count(*) AS gpus
+    FROM gpu_samples s GROUP BY ALL
 ),
-held AS (
-    SELECT sampled.* REPLACE ({idle_of_run("sampled.idle", "sampled.gpus", "r.gpu_count")} AS idle), least(
-               coalesce(lead(snapshot_at) OVER (PARTITION BY entity, project, run_id ORDER BY snapshot_at),
-                        {busy_until_sql(now)}, {now}),
-               snapshot_at + INTERVAL 1 HOUR) AS until
-    FROM sampled JOIN {runs} r USING (entity, project, run_id)
-    WHERE r.log_idle_gpu_hours IS NULL
-)"""
+{held_sql("sampled", f"(SELECT * FROM {runs} WHERE log_idle_gpu_hours IS NULL)", now, TICK_INTERVAL)}"""
 
 
 _GAUGE_SQL = """
@@ -221,7 +197,7 @@ WITH w AS (SELECT $snapshot_at::TIMESTAMP AS t1, $snapshot_at::TIMESTAMP - INTER
 {held},
 idle_in_w AS (
     SELECT entity, project, run_id, sum(idle * greatest(
-        epoch(least(until, w.t1)) - epoch(greatest(snapshot_at, w.t0)), 0) / 3600.0) AS idle_gpu_hours_in_w
+        epoch(least(until, w.t1)) - epoch(greatest(sampled_at, w.t0)), 0) / 3600.0) AS idle_gpu_hours_in_w
     FROM held, w GROUP BY ALL
 ),
 classified AS (

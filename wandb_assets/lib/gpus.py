@@ -97,9 +97,13 @@ def system_gpus(system_metrics: Mapping[str, Any]) -> dict[int, dict[str, float]
         parts = _GPU_KEYS[key] if key in _GPU_KEYS else _gpu_key(key)
         if parts is None or value.__class__ not in (int, float):  # bool (an int subclass) is not a reading
             continue
-        if value != value or value in (float("inf"), float("-inf")):
+        try:
+            reading = float(value)
+        except OverflowError:  # an integer too large for a float (JSON allows any length): no reading
             continue
-        gpus.setdefault(parts[0], {})[parts[1]] = float(value)
+        if reading != reading or reading in (float("inf"), float("-inf")):
+            continue
+        gpus.setdefault(parts[0], {})[parts[1]] = reading
     return gpus
 
 

@@ -33,6 +33,10 @@ RATED_STATES = ("finished", *FAILED_STATES)
 #: id, it was not in the answer), or whose project left the mirror set (anomaly ``unmirrored``). Neither alive nor
 #: ended: it is last seen at ``heartbeat_at`` and occupies its GPUs up to then, never after (its past stays).
 VANISHED = "vanished"
+#: A copy of a run W&B now returns from another project of its entity (the UI's "Move runs"): the same run id and
+#: creation time, vanished here and present there. It occupies nothing here (its GPU-hours and dollars count once, in
+#: the project that holds it now); W&B returning it here again restores it.
+MOVED = "moved"
 #: Ended runs whose throughput counts (a crashed CI run may still have logged its SPS).
 SPS_STATES = ("finished", "crashed")
 

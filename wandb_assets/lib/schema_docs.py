@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from wandb_assets.lib.naming import CATEGORIES
-from wandb_assets.lib.normalize import ALIVE_STATES, ENDED_STATES, VANISHED
+from wandb_assets.lib.normalize import ALIVE_STATES, ENDED_STATES, MOVED, VANISHED
 from wandb_assets.lib.sql import ENDED_SQL, FAILED_SQL, run_gpu_hours_sql, sql_string, success_rate_sql
 
 _SPS = {
@@ -38,7 +38,8 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "run_id": "W&B run id (the `name` of the GraphQL node); unique within its project",
             "name": "display name (NULL when the run has none)",
             "state": "W&B state: running, pending, preempting, finished, failed, crashed, killed, preempted; "
-            "vanished: asked for by id while alive, W&B no longer returns it",
+            "vanished: W&B no longer returns it while it was alive, or its project left the mirror set (anomaly "
+            "unmirrored); moved: W&B now returns it from another project of its entity (it counts there)",
             "category": "push_to_main, sweep or regular (see the README for the rules)",
             "created_at": "creation time, UTC",
             "heartbeat_at": "last heartbeat, UTC",
@@ -467,7 +468,7 @@ DBT_SOURCE_ASSETS: dict[str, str] = {
 }
 
 #: The source tests: a run is (entity, project, run_id) and has each; its state and category are one of these.
-RUN_STATES = (*ALIVE_STATES, *ENDED_STATES, VANISHED)
+RUN_STATES = (*ALIVE_STATES, *ENDED_STATES, VANISHED, MOVED)
 
 
 def _yaml_text(text: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
@@ -104,3 +105,26 @@ def transaction(con) -> Iterator[None]:
         con.execute("ROLLBACK")
         raise
     con.execute("COMMIT")
+
+
+#: ``warehouse_meta`` key: a token made anew by every write to what the derived tables are computed from (runs, their
+#: curves' idle hours, the tick's GPU samples). A derived table records the token it was built from, so ``check``
+#: compares it with a fresh recomputation only when nothing it depends on changed since.
+INPUTS_KEY = "inputs_version"
+
+
+def set_meta(con, key: str, value: str) -> None:
+    """``warehouse_meta[key] = value`` (inside the caller's transaction)."""
+    con.execute("DELETE FROM warehouse_meta WHERE key = $k", {"k": key})
+    con.execute("INSERT INTO warehouse_meta VALUES ($k, $v)", {"k": key, "v": value})
+
+
+def meta_value(con, key: str) -> str | None:
+    """``warehouse_meta[key]``, or None."""
+    row = con.execute("SELECT value FROM warehouse_meta WHERE key = $k", {"k": key}).fetchone()
+    return row[0] if row else None
+
+
+def inputs_changed(con) -> None:
+    """Record that the inputs of the derived tables changed (``INPUTS_KEY``; inside the writer's transaction)."""
+    set_meta(con, INPUTS_KEY, uuid.uuid4().hex)

@@ -27,17 +27,22 @@ from wandb_assets.lib.gauges import (
     project_metrics_sql,
 )
 from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, price_basis_sql, prices_param, usd_sql
+from wandb_assets.lib.idle import held_daily_sql
 from wandb_assets.lib.lake import in_lake, retry_on_conflict
 from wandb_assets.lib.normalize import SPS_KEYS, VANISHED
+from wandb_assets.lib.runs_lifecycle import ASK_AGAIN_SQL, mark_moved, price_runs, settle, unmirror
 from wandb_assets.lib.sql import (
     ALIVE_SQL,
     ENDED_SQL,
     FAILED_SQL,
-    MIRRORED_NOW_SQL,
+    INPUTS_KEY,
     NOW_UTC_SQL,
     busy_until_sql,
+    inputs_changed,
     literal_path,
+    meta_value,
     run_gpu_hours_sql,
+    set_meta,
     success_rate_sql,
     transaction,
 )
@@ -469,49 +474,6 @@ def _whole_triples(paths: list[str], projects: Iterable[tuple[str, str]] | None)
     return triples
 
 
-#: A run's ``cost_usd``: its GPU-hours up to its end (alive: up to when it was read, ``ingested_at``) times the USD
-#: per GPU-hour of its model (``$prices``, ``PRICES_CTE``; ``gpus.usd_sql``: else the fallback price); NULL without
-#: a price.
-def _price_sql(table: str, where: str = "TRUE") -> str:
-    return f"""WITH {PRICES_CTE}
-UPDATE {table} SET cost_usd = {run_gpu_hours_sql("ingested_at")}
-    * {usd_sql(f"(SELECT usd FROM prices WHERE prices.model = {table}.gpu_model)")} WHERE {where}"""
-
-
-#: Marks the runs of ``just_vanished``: W&B no longer returns them. An alive one becomes ``vanished`` (last seen at
-#: its heartbeat: it occupies no GPU after it); an ended one keeps its state (its success, duration and GPU-hours
-#: stay as they were counted). Both carry ``vanished`` in their anomalies; W&B returning one restores it.
-VANISHED_SQL = f"""
-UPDATE runs SET state = CASE WHEN state IN ({ALIVE_SQL}) THEN '{VANISHED}' ELSE state END,
-    anomalies = list_append(coalesce(anomalies, []), '{VANISHED}')
-WHERE (entity, project, run_id) IN (SELECT entity, project, run_id FROM just_vanished)
-"""
-
-
-def _reprice_vanished(con) -> None:
-    """Inside a load's transaction: the runs just marked vanished cost their GPU-hours up to when they were last
-    seen, at the prices the warehouse last priced with (none recorded: they keep what they hold)."""
-    last = con.execute("SELECT value FROM warehouse_meta WHERE key = 'gpu_prices'").fetchone()
-    if last is not None:
-        vanished = "(entity, project, run_id) IN (SELECT entity, project, run_id FROM just_vanished)"
-        con.execute(_price_sql("runs", vanished), {"prices": last[0]})
-
-
-def _price_runs(con, prices: Iterable[tuple[str, float]] | None) -> None:
-    """Inside a load's transaction: price the incoming rows (``incoming_runs``) with ``prices``; when the prices
-    differ from those the warehouse last priced with (``warehouse_meta``), every run is priced again. None: rows
-    keep what they hold (a caller without settings, such as a test)."""
-    if prices is None:
-        return
-    param = prices_param(sorted(prices))
-    con.execute(_price_sql("incoming_runs"), {"prices": param})
-    last = con.execute("SELECT value FROM warehouse_meta WHERE key = 'gpu_prices'").fetchone()
-    if last is None or last[0] != param:
-        con.execute(_price_sql("runs"), {"prices": param})
-        con.execute("DELETE FROM warehouse_meta WHERE key = 'gpu_prices'")
-        con.execute("INSERT INTO warehouse_meta VALUES ('gpu_prices', $p)", {"p": param})
-
-
 @retry_on_conflict
 def load_runs_window(
     con,
@@ -531,7 +493,8 @@ def load_runs_window(
     published after a quicker one, cannot turn back the clock or mark runs a later fetch found.
 
     Nothing W&B stops returning is deleted: a window row missing from the files (deleted or moved in W&B) stays,
-    marked ``vanished`` (``VANISHED_SQL``), its past GPU-hours and cost as they were.
+    marked ``vanished`` (``runs_lifecycle.settle``), its past GPU-hours and cost as they were; a copy another project
+    of its entity now holds is ``moved`` (``runs_lifecycle.mark_moved``: it counts there only).
 
     ``refreshed`` holds the runs fetched by id: every run the warehouse held alive, created before ``start``. Each
     replaces the warehouse's copy only if fetched later. A run those fetches asked for by id (``asked_runs``: their
@@ -541,7 +504,8 @@ def load_runs_window(
 
     A run is (entity, project, run_id). ``projects``: the (entity, project) pairs whose window the files hold
     whole; only their rows in the window may be judged (a project whose fetch failed keeps its rows as they are).
-    None: every project's. ``prices``: ``(model, USD per GPU-hour)``, each run's ``cost_usd`` (see ``_price_runs``).
+    None: every project's. ``prices``: ``(model, USD per GPU-hour)``, each run's ``cost_usd``
+    (``runs_lifecycle.price_runs``).
     """
     ensure_schema(con)
     paths = [paths] if isinstance(paths, str) else list(paths)
@@ -550,6 +514,7 @@ def load_runs_window(
     whole = _whole_triples(paths, projects)
     asked = asked_runs(refreshed or [])
     with transaction(con):
+        inputs_changed(con)
         con.execute(_STAGE_INCOMING, {"paths": [literal_path(p) for p in paths]})
         _one_copy_each(con, "incoming_runs")
         con.execute("CREATE OR REPLACE TEMP TABLE refreshed_runs AS SELECT * FROM incoming_runs LIMIT 0")
@@ -561,7 +526,7 @@ def load_runs_window(
             _one_copy_each(con, "refreshed_runs")
         # What W&B no longer returns: a window row of a project the files hold whole, fetched before these files'
         # fetches began (a later fetch's row is never judged by an older file), and a run asked for by id, held
-        # alive since before that fetch began. Each stays, marked (see VANISHED_SQL).
+        # alive since before that fetch began. Each stays, marked (runs_lifecycle.settle).
         con.execute(
             f"""CREATE OR REPLACE TEMP TABLE just_vanished AS
             SELECT entity, project, run_id FROM runs
@@ -573,7 +538,7 @@ def load_runs_window(
                     AND (ingested_at IS NULL OR ingested_at <= $fetched)
                     AND ($whole IS NULL OR list_contains($whole, [strftime(created_at, '%Y-%m-%d'), entity, project])
                          OR list_contains($whole, ['*', entity, project])))
-                   OR (state IN ({ALIVE_SQL}) AND ingested_at <= $refreshed_fetched
+                   OR ({ASK_AGAIN_SQL} AND ingested_at <= $refreshed_fetched
                        AND (entity, project, run_id) IN (
                            SELECT unnest($e::VARCHAR[]), unnest($p::VARCHAR[]), unnest($r::VARCHAR[]))))""",
             {
@@ -587,9 +552,7 @@ def load_runs_window(
                 "r": [a[2] for a in asked],
             },
         )
-        con.execute(VANISHED_SQL)
-        _reprice_vanished(con)
-        con.execute("DROP TABLE just_vanished")
+        settle(con)
         con.execute(
             "INSERT INTO incoming_runs BY NAME SELECT * FROM refreshed_runs "
             "WHERE (entity, project, run_id) NOT IN (SELECT entity, project, run_id FROM incoming_runs)"
@@ -606,11 +569,12 @@ def load_runs_window(
         con.execute(
             "DELETE FROM runs WHERE (entity, project, run_id) IN (SELECT entity, project, run_id FROM incoming_runs)"
         )
-        _price_runs(con, prices)
+        price_runs(con, prices)
         con.execute(
             f"INSERT INTO runs BY NAME SELECT * REPLACE (coalesce(source, '{SOURCE_WANDB}') AS source) "
             "FROM incoming_runs"
         )
+        mark_moved(con)
         loaded = con.execute("SELECT count(*) FROM incoming_runs").fetchone()[0]
         con.execute("DROP TABLE incoming_runs")
     return loaded
@@ -665,6 +629,7 @@ def load_offline_runs(
     no record will ever come."""
     ensure_schema(con)
     with transaction(con):
+        inputs_changed(con)
         if staged_path:
             con.execute(_STAGE_INCOMING, {"paths": [literal_path(staged_path)]})
             _one_copy_each(con, "incoming_runs")
@@ -689,7 +654,7 @@ def load_offline_runs(
             "SELECT entity, project, run_id FROM incoming_runs EXCEPT SELECT * FROM newer_offline)"
         )
         con.execute("DROP TABLE newer_offline")
-        _price_runs(con, prices)
+        price_runs(con, prices)
         con.execute(
             f"INSERT INTO runs BY NAME SELECT * REPLACE ('{SOURCE_OFFLINE}' AS source) FROM incoming_runs "
             "WHERE (entity, project, run_id) NOT IN (SELECT entity, project, run_id FROM runs)"
@@ -823,10 +788,10 @@ partly_idle AS (
     SELECT entity, project, run_id, day::TIMESTAMP AS day_start, partly_idle_gpu_hours
     FROM run_curve_idle WHERE day::TIMESTAMP <= $now::TIMESTAMP
 ),
+{held_daily_sql()},
 idle AS (
-    SELECT entity, project, run_id, date_trunc('day', snapshot_at) AS day_start,
-           sum(idle * greatest(epoch(until) - epoch(snapshot_at), 0) / 3600.0) AS idle_gpu_hours
-    FROM held GROUP BY ALL
+    SELECT entity, project, run_id, day_start, sum(idle * hours) AS idle_gpu_hours
+    FROM held_daily GROUP BY ALL
     UNION ALL  -- runs read whole after their end: from their own sampled stream, judged at their load
     SELECT entity, project, run_id, day::TIMESTAMP AS day_start, idle_gpu_hours
     FROM run_curve_idle WHERE day::TIMESTAMP <= $now::TIMESTAMP
@@ -882,11 +847,12 @@ GROUP BY 1 ORDER BY gpu_hours DESC
 """
 
 
+@retry_on_conflict
 def rebuild_gpu_usage(
     con, now: datetime, prices: dict[str, float], teams: dict[str, str], idle_pct: float = DEFAULT_IDLE_GPU_PCT
 ) -> int:
     """Rebuild ``gpu_usage`` at ``now`` (running runs count up to it) with these prices and teams; a sampled GPU
-    below ``idle_pct`` is idle."""
+    below ``idle_pct`` is idle. Records how it was built (``GPU_USAGE_BUILD_KEY``)."""
     params = {
         "now": now,
         "idle_pct": idle_pct,
@@ -895,7 +861,16 @@ def rebuild_gpu_usage(
     }
     with transaction(con):
         rejudge_curve_idle(con, idle_pct, now)
-    return _replace_table(con, "gpu_usage", GPU_USAGE_SQL, params)
+        con.execute("DELETE FROM gpu_usage")
+        con.execute(f"INSERT INTO gpu_usage BY NAME {GPU_USAGE_SQL}", params)
+        built = {**params, "now": now.isoformat(sep=" "), "inputs": meta_value(con, INPUTS_KEY)}
+        set_meta(con, GPU_USAGE_BUILD_KEY, json.dumps(built))
+    return con.execute("SELECT count(*) FROM gpu_usage").fetchone()[0]
+
+
+#: ``warehouse_meta`` key: how ``gpu_usage`` was last built (its ``now``, prices, teams and idle threshold, and the
+#: inputs' token), so ``check`` can compute it again and compare.
+GPU_USAGE_BUILD_KEY = "gpu_usage_build"
 
 
 def rebuild_push_to_main_sps(con) -> int:
@@ -949,22 +924,14 @@ ORDER BY ALL
 _REPORT_SHAPE = '[{"entity": "VARCHAR", "project": "VARCHAR", "error": "VARCHAR", "unchanged": "BOOLEAN"}]'
 
 
-#: Alive mirrored rows of projects no longer mirrored: nobody will refresh them, so they are last seen where they
-#: are (``vanished``, with the anomaly ``unmirrored``): out of every gauge and alert, their past GPU-hours kept.
-_UNMIRROR_SQL = f"""
-UPDATE runs SET state = '{VANISHED}', anomalies = list_append(anomalies, 'unmirrored')
-WHERE state IN ({ALIVE_SQL}) AND NOT {MIRRORED_NOW_SQL}
-"""
-
-
 @retry_on_conflict
 def record_projects(
     con, report: list[dict[str, str | None]], checked_at: datetime, partial: bool = False
 ) -> tuple[list[tuple], list[str], list[str]]:
     """Replace ``wandb_projects`` with the projects of one fetch's ``report`` merged into what it held (see
     ``WANDB_PROJECTS_SQL``; the table is small, a row per project, so the merge is read whole, then written), and
-    mark the alive rows of projects no longer mirrored (``_UNMIRROR_SQL``), in one transaction. Returns the rows
-    written and the mirror set's change: ``(rows, left, came)`` as ``entity/project`` names."""
+    mark the alive rows of projects no longer mirrored (``runs_lifecycle.unmirror``), in one transaction. Returns the
+    rows written and the mirror set's change: ``(rows, left, came)`` as ``entity/project`` names."""
     ensure_schema(con)
     params = {"report": json.dumps(report), "checked_at": checked_at, "partial": partial, "shape": _REPORT_SHAPE}
     before = {
@@ -972,10 +939,11 @@ def record_projects(
     }
     rows = con.execute(WANDB_PROJECTS_SQL, params).fetchall()
     with transaction(con):
+        inputs_changed(con)
         con.execute("DELETE FROM wandb_projects")
         if rows:
             con.executemany(f"INSERT INTO wandb_projects VALUES ({', '.join('?' * len(rows[0]))})", rows)
-        con.execute(_UNMIRROR_SQL)
+        unmirror(con)
     after = {f"{r[0]}/{r[1]}" for r in rows if r[2] and r[1] != "*"}
     before = {name for name in before if not name.endswith("/*")}
     return rows, sorted(before - after), sorted(after - before) if before else []
@@ -1027,6 +995,7 @@ def record_snapshot(
     this snapshot count the samples taken at it. ``project_metrics_days`` > 0: older per-project rows are deleted."""
     ensure_schema(con)
     with transaction(con):
+        inputs_changed(con)
         params = {"snapshot_at": snapshot_at, "kept": snapshot_at - GPU_SAMPLES_KEPT}
         con.execute(
             "DELETE FROM gpu_samples WHERE snapshot_at = $snapshot_at OR snapshot_at < $kept::TIMESTAMP", params
@@ -1065,6 +1034,7 @@ def replay_snapshots(
     ensure_schema(con)  # (the Datadog ledger is part of the schema)
     rows = []
     with transaction(con):
+        inputs_changed(con)
         for table in ("fleet_metrics", "project_metrics", "gpu_samples", "datadog_deliveries"):
             con.execute(
                 f"DELETE FROM {table} WHERE snapshot_at IN (SELECT unnest($moments::TIMESTAMP[]))", {"moments": moments}
@@ -1126,7 +1096,7 @@ def unfinished_runs_by_project(con, before: datetime) -> dict[str, list[str]]:
     )
     found: dict[str, list[str]] = {}
     for path, run_id in con.execute(
-        f"SELECT {project}, run_id FROM runs WHERE state IN ({ALIVE_SQL}) AND created_at < $before "
+        f"SELECT {project}, run_id FROM runs WHERE {ASK_AGAIN_SQL} AND created_at < $before "
         f"AND coalesce(source, '{SOURCE_WANDB}') = '{SOURCE_WANDB}' ORDER BY ALL",
         {"before": before},
     ).fetchall():
@@ -1165,7 +1135,7 @@ def project_freshness(con) -> tuple[dict[str, datetime], set[str]]:
         last = {project: fetched for project, fetched, _ in rows if fetched is not None}
         must_read = {project for project, _, failing in rows if failing}
     alive = con.execute(
-        f"SELECT DISTINCT entity || '/' || project FROM runs WHERE state IN ({ALIVE_SQL}) "
+        f"SELECT DISTINCT entity || '/' || project FROM runs WHERE {ASK_AGAIN_SQL} "
         f"AND coalesce(source, '{SOURCE_WANDB}') = '{SOURCE_WANDB}'"
     ).fetchall()
     return last, must_read | {r[0] for r in alive}

@@ -8,8 +8,8 @@ from dagster import AssetExecutionContext, AssetKey, MaterializeResult, Metadata
 
 from wandb_assets.defs.wandb_runs.resources import WandbResource
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
-from wandb_assets.lib.curves import CurvesFolder, published_folders
-from wandb_assets.lib.curves_warehouse import due_curves, load_curves
+from wandb_assets.lib.curves import REJECTED_FOLDER, CurvesFolder, published_folders
+from wandb_assets.lib.curves_warehouse import due_curves, load_curves_setting_aside
 from wandb_assets.settings import alert_thresholds, pipeline_settings
 
 
@@ -92,14 +92,20 @@ def run_curves(context: AssetExecutionContext, warehouse: WarehouseResource) -> 
     folders = published_folders(pipeline.staging_dir)
     now = datetime.now(UTC).replace(tzinfo=None)
     with warehouse.get_connection() as con:
-        counts = load_curves(con, folders, thresholds.sps_metric, thresholds.idle_gpu_pct, now)
+        counts, rejected = load_curves_setting_aside(con, folders, thresholds.sps_metric, thresholds.idle_gpu_pct, now)
         stored = con.execute(
             "SELECT (SELECT count(*) FROM run_history), (SELECT count(*) FROM run_gpu_samples), "
             "(SELECT count(*) FROM runs WHERE curves_status IS NOT NULL)"
         ).fetchone()
     held = warehouse.last_writer_hold_s()
+    for folder in rejected:  # the tables cannot hold it: kept for a look, never loaded again; its runs are failed
+        aside = folder.parent / REJECTED_FOLDER
+        aside.mkdir(exist_ok=True)
+        folder.rename(aside / folder.name)
+        context.log.warning(f"Set aside curves the warehouse cannot hold: {aside / folder.name} (its runs: failed)")
     for folder in folders:  # loaded: the next run must not load them again
-        shutil.rmtree(folder)
+        if folder.exists():
+            shutil.rmtree(folder)
     points = counts.pop("points", 0)
     restated = counts.pop("steady_restated", 0)
     context.log.info(f"Loaded the curves of {sum(counts.values())} run(s) ({points} points) in {held:.2f} s")

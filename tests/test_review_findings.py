@@ -1,0 +1,171 @@
+"""The fourth review's findings (B1-B12, ``code-review-2026-11d.md``), each as a test that failed on a12c3e6: the
+numbers worked out by hand in each docstring."""
+
+import json
+import os
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from wandb_assets.lib.checks import broken
+from wandb_assets.lib.curves import CurvesFolder, read_curves
+from wandb_assets.lib.curves_warehouse import load_curves
+from wandb_assets.lib.warehouse import (
+    WHOLE_KEY,
+    ensure_schema,
+    load_runs_window,
+    ndjson_lines,
+    rebuild_gpu_usage,
+    record_projects,
+    unfinished_runs_by_project,
+)
+
+EPOCH = datetime(1970, 1, 1)
+
+
+def _finished(con, run_id: str, start: datetime, end: datetime, gpus: int) -> None:
+    con.execute(
+        "INSERT INTO runs (entity, project, run_id, name, state, created_at, heartbeat_at, ended_at, gpu_count, "
+        "gpu_model, url, ingested_at, source) VALUES ('e', 'p', $id, $id, 'finished', $s, $e, $e, $g, 'H100-80GB', "
+        "'u', $e, 'wandb')",
+        {"id": run_id, "s": start, "e": end, "g": gpus},
+    )
+
+
+def _load_stream(con, tmp_path: Path, run_id: str, events: list[dict], now: datetime) -> None:
+    folder = CurvesFolder(tmp_path, "read")
+    folder.add("e/p", {run_id: True}, {run_id: read_curves({"events": events}, [], now)})
+    load_curves(con, [folder.publish()], "overview/sps", 5.0, now)
+
+
+def test_b1_a_30_day_idle_run_sampled_500_times_is_idle_all_its_gpu_hours(memory_con, tmp_path):
+    """8 GPUs idle from June 1 to July 1 (30 days = 720 h): 5,760 GPU-hours, and W&B's 500 samples of the stream are
+    87 minutes apart. Each holds until the next (2 x the median gap is 174 min): 5,760 idle GPU-hours, $11,520 idle
+    at $2. (a12c3e6 held each an hour at most: 3,913.)"""
+    ensure_schema(memory_con)
+    start, end, samples = datetime(2026, 6, 1), datetime(2026, 7, 1), 500
+    _finished(memory_con, "big", start, end, 8)
+    step = (end - start) / (samples - 1)
+    events = [
+        {"_timestamp": (start + k * step - EPOCH).total_seconds(), **{f"system.gpu.{g}.gpu": 0.0 for g in range(8)}}
+        for k in range(samples)
+    ]
+    _load_stream(memory_con, tmp_path, "big", events, datetime(2026, 7, 2))
+    rebuild_gpu_usage(memory_con, datetime(2026, 7, 2), {"H100-80GB": 2.0}, {})
+    hours, idle, idle_usd = memory_con.execute(
+        "SELECT sum(gpu_hours), sum(idle_gpu_hours), sum(idle_cost_usd) FROM gpu_usage"
+    ).fetchone()
+    assert (round(hours, 6), round(idle, 6), round(idle_usd, 4)) == (5760.0, 5760.0, 11520.0)
+
+
+def test_b10_idle_time_across_utc_midnight_counts_on_both_days(memory_con, tmp_path):
+    """1 GPU from 23:30 to 01:30, sampled hourly at 0 %: 0.5 idle GPU-hours on day 1, 1.5 on day 2 (the 23:30 sample's
+    hold is cut at midnight and its second half counts on day 2)."""
+    ensure_schema(memory_con)
+    start = datetime(2026, 6, 1, 23, 30)
+    _finished(memory_con, "r", start, start + timedelta(hours=2), 1)
+    events = [
+        {"_timestamp": (start + timedelta(hours=k) - EPOCH).total_seconds(), "system.gpu.0.gpu": 0.0} for k in range(3)
+    ]
+    _load_stream(memory_con, tmp_path, "r", events, datetime(2026, 6, 3))
+    rebuild_gpu_usage(memory_con, datetime(2026, 6, 3), {"H100-80GB": 2.0}, {})
+    rows = memory_con.execute("SELECT day::VARCHAR, gpu_hours, idle_gpu_hours FROM gpu_usage ORDER BY day").fetchall()
+    assert rows == [("2026-06-01", 0.5, 0.5), ("2026-06-02", 1.5, 1.5)]
+
+
+def _staged(folder: Path, name: str, rows: list[dict], fetched_at: datetime, whole: list[str]) -> str:
+    path = folder / name
+    with open(path, "w") as handle:
+        handle.write(json.dumps({WHOLE_KEY: whole}) + "\n")
+        handle.writelines(ndjson_lines(rows, fetched_at))
+    stamp = (fetched_at - EPOCH).total_seconds()
+    os.utime(path, (stamp, stamp))
+    return str(path)
+
+
+def _row(project: str, day: datetime, state: str = "finished", **extra) -> dict:
+    ended = day + timedelta(hours=11) if state == "finished" else None
+    return {
+        "entity": "e",
+        "project": project,
+        "run_id": "r1",
+        "name": "r1",
+        "state": state,
+        "created_at": day + timedelta(hours=1),
+        "heartbeat_at": day + timedelta(hours=11),
+        "ended_at": ended,
+        "gpu_count": 8,
+        "gpu_model": "H100-80GB",
+        "url": "u",
+    } | extra
+
+
+def test_b2_a_finished_run_moved_to_another_project_counts_once_and_back_again(memory_con, tmp_path):
+    """8 GPUs x 10 h = 80 GPU-hours at $3 = $240, in e/a; moved to e/b: 80 GPU-hours and $240 in e/b only, the e/a copy
+    ``moved`` (0 GPU-hours, $0); moved back: in e/a only again."""
+    ensure_schema(memory_con)
+    day, prices, both = datetime(2026, 11, 1), [("H100-80GB", 3.0)], ["e/a", "e/b"]
+    window = (day, day + timedelta(days=1))
+    for n, project in enumerate(("a", "b", "a"), start=1):
+        path = _staged(tmp_path, f"{n}-2026-11-01.ndjson", [_row(project, day)], day + timedelta(days=n), both)
+        load_runs_window(memory_con, [path], *window, projects=[("e", "a"), ("e", "b")], prices=prices)
+        rebuild_gpu_usage(memory_con, day + timedelta(days=n), dict(prices), {})
+        usage = memory_con.execute("SELECT project, sum(gpu_hours), sum(cost_usd) FROM gpu_usage GROUP BY 1").fetchall()
+        assert usage == [(project, 80.0, 240.0)]
+        states = memory_con.execute("SELECT project, state, cost_usd FROM runs ORDER BY 1").fetchall()
+        other = "b" if project == "a" else "a"
+        assert sorted(states) == sorted([(project, "finished", 240.0), *([(other, "moved", 0.0)] if n > 1 else [])])
+        assert broken(memory_con, day + timedelta(days=n)) == []
+
+
+def test_b3_a_project_back_in_the_mirror_set_has_its_running_runs_asked_for_again(memory_con):
+    """r1 runs in e/p, created before the next tick's window; e/p leaves the mirror set for one fetch (r1: vanished,
+    unmirrored) and comes back: the next tick asks W&B for r1 by id."""
+    ensure_schema(memory_con)
+    t0 = datetime(2026, 11, 1)
+    memory_con.execute(
+        "INSERT INTO runs (entity, project, run_id, name, state, created_at, heartbeat_at, gpu_count, url, "
+        "ingested_at, source) VALUES ('e', 'p', 'r1', 'r1', 'running', $t, $h, 8, 'u', $h, 'wandb')",
+        {"t": t0, "h": t0 + timedelta(days=5)},
+    )
+    p, q = ({"entity": "e", "project": name, "error": None} for name in ("p", "q"))
+    record_projects(memory_con, [p], t0 + timedelta(days=5))
+    record_projects(memory_con, [q], t0 + timedelta(days=5, hours=1))
+    assert memory_con.execute("SELECT state, anomalies FROM runs").fetchall() == [("vanished", ["unmirrored"])]
+    record_projects(memory_con, [p, q], t0 + timedelta(days=5, hours=2))
+    assert unfinished_runs_by_project(memory_con, t0 + timedelta(days=4)) == {"e/p": ["r1"]}
+
+
+def test_b3_a_returning_run_w_and_b_no_longer_has_is_asked_once_then_vanished(memory_con, tmp_path):
+    """Asked for by id after its project came back, r1 is not returned: it is ``vanished`` for good (never asked
+    again)."""
+    ensure_schema(memory_con)
+    day = datetime(2026, 11, 1)
+    path = _staged(tmp_path, "2026-11-01.ndjson", [_row("p", day, "running")], day + timedelta(hours=12), ["e/p"])
+    load_runs_window(memory_con, [path], day, day + timedelta(days=1))
+    record_projects(memory_con, [{"entity": "e", "project": "q", "error": None}], day + timedelta(hours=13))
+    empty = tmp_path / "ids.ndjson"
+    empty.write_text(json.dumps({WHOLE_KEY: [], "__asked__": {"e/p": ["r1"]}}) + "\n")
+    stamp = (day + timedelta(days=3) - EPOCH).total_seconds()
+    os.utime(empty, (stamp, stamp))
+    later = day + timedelta(days=3)
+    window = _staged(tmp_path, "2026-11-04.ndjson", [], later, ["e/p"])
+    load_runs_window(memory_con, [window], later, later + timedelta(days=1), refreshed=[str(empty)])
+    assert memory_con.execute("SELECT state, anomalies FROM runs").fetchall() == [
+        ("vanished", ["unmirrored", "vanished"])
+    ]
+    assert unfinished_runs_by_project(memory_con, later) == {}
+
+
+def test_b9_a_run_of_a_project_that_left_costs_its_hours_to_its_last_heartbeat(memory_con, tmp_path):
+    """8 GPUs from t0, last heartbeat t0 + 48 h, read at t0 + 72 h ($1,152 at $2 while running). Its project leaves:
+    it costs 8 x 48 x 2 = $768, and ``check`` holds."""
+    ensure_schema(memory_con)
+    t0 = datetime(2026, 11, 1)
+    row = _row("p", t0 - timedelta(hours=1), "running", heartbeat_at=t0 + timedelta(hours=48), created_at=t0)
+    path = _staged(tmp_path, "2026-11-01.ndjson", [row], t0 + timedelta(hours=72), ["e/p"])
+    load_runs_window(memory_con, [path], t0, t0 + timedelta(days=1), prices=[("H100-80GB", 2.0)])
+    record_projects(memory_con, [{"entity": "e", "project": "p", "error": None}], t0 + timedelta(hours=72))
+    assert memory_con.execute("SELECT cost_usd FROM runs").fetchone() == (1152.0,)
+    record_projects(memory_con, [{"entity": "e", "project": "q", "error": None}], t0 + timedelta(hours=73))
+    assert memory_con.execute("SELECT state, cost_usd FROM runs").fetchall() == [("vanished", 768.0)]
+    assert broken(memory_con, t0 + timedelta(hours=74)) == []

@@ -1,0 +1,104 @@
+"""The one lifecycle of a run the warehouse holds, after W&B stops returning it where it was: vanished (deleted, or
+not returned when asked for by id), unmirrored (its project left the mirror set), moved (W&B returns it from another
+project of its entity), and the pricing each change needs. Every path goes through ``settle``: mark, then re-price
+the runs marked, then find the moves. No Dagster here; each function runs inside its caller's transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from wandb_assets.lib.gpus import PRICES_CTE, prices_param, usd_sql
+from wandb_assets.lib.normalize import MOVED, VANISHED
+from wandb_assets.lib.sql import ALIVE_SQL, MIRRORED_NOW_SQL, run_gpu_hours_sql
+
+#: The anomaly of a run marked because its project left the mirror set (not because W&B lost it).
+UNMIRRORED = "unmirrored"
+
+#: The runs a fetch asks W&B for by id (besides its window): alive ones, and those marked only because their project
+#: left the mirror set (when it comes back they are asked again; W&B not returning one then marks it vanished).
+ASK_AGAIN_SQL = (
+    f"(state IN ({ALIVE_SQL}) OR (state = '{VANISHED}' AND list_contains(coalesce(anomalies, []), '{UNMIRRORED}') "
+    f"AND NOT list_contains(coalesce(anomalies, []), '{VANISHED}')))"
+)
+
+_MARKED = "(entity, project, run_id) IN (SELECT entity, project, run_id FROM just_vanished)"
+
+
+def price_sql(table: str, where: str = "TRUE") -> str:
+    """A run's ``cost_usd``: its GPU-hours up to its end (alive: up to when it was read, ``ingested_at``) times the USD
+    per GPU-hour of its model (``$prices``, ``PRICES_CTE``; ``gpus.usd_sql``: else the fallback price); NULL without
+    a price or without GPU time (pending, moved)."""
+    return f"""WITH {PRICES_CTE}
+UPDATE {table} SET cost_usd = {run_gpu_hours_sql("ingested_at")}
+    * {usd_sql(f"(SELECT usd FROM prices WHERE prices.model = {table}.gpu_model)")} WHERE {where}"""
+
+
+def last_prices(con) -> str | None:
+    """The prices the warehouse last priced its runs with (``warehouse_meta``), or None."""
+    row = con.execute("SELECT value FROM warehouse_meta WHERE key = 'gpu_prices'").fetchone()
+    return row[0] if row else None
+
+
+def price_runs(con, prices: Iterable[tuple[str, float]] | None) -> None:
+    """Price the incoming rows (``incoming_runs``) with ``prices``; when the prices differ from those the warehouse
+    last priced with, every run is priced again. None: rows keep what they hold (a caller without settings)."""
+    if prices is None:
+        return
+    param = prices_param(sorted(prices))
+    con.execute(price_sql("incoming_runs"), {"prices": param})
+    if last_prices(con) != param:
+        con.execute(price_sql("runs"), {"prices": param})
+        con.execute("DELETE FROM warehouse_meta WHERE key = 'gpu_prices'")
+        con.execute("INSERT INTO warehouse_meta VALUES ('gpu_prices', $p)", {"p": param})
+
+
+def settle(con, anomaly: str = VANISHED) -> int:
+    """Mark the runs of the temp table ``just_vanished`` (``entity, project, run_id``): an alive one becomes
+    ``vanished`` (last seen at its heartbeat: it occupies no GPU after it); an ended one keeps its state (its success,
+    duration and GPU-hours stay as counted). Each carries ``anomaly`` (``vanished``; ``unmirrored`` for a project that
+    left the mirror set). They are re-priced at the prices last priced with. The temp table is dropped. Returns the
+    runs marked. (A load then finds the moves, ``mark_moved``, once its rows are in.)"""
+    marked = con.execute("SELECT count(*) FROM just_vanished").fetchone()[0]
+    if marked:
+        con.execute(
+            f"UPDATE runs SET state = CASE WHEN state IN ({ALIVE_SQL}) THEN '{VANISHED}' ELSE state END, "
+            f"anomalies = list_append(coalesce(anomalies, []), $anomaly) WHERE {_MARKED}",
+            {"anomaly": anomaly},
+        )
+        prices = last_prices(con)
+        if prices is not None:
+            con.execute(price_sql("runs", _MARKED), {"prices": prices})
+    con.execute("DROP TABLE just_vanished")
+    return marked
+
+
+def mark_moved(con) -> int:
+    """A vanished copy of a run whose id and creation time another project of its entity holds (not vanished there)
+    is ``moved``: it occupies no GPU here and costs nothing here (re-priced: 0 GPU-hours), and its curves' idle hours
+    go (the other copy's count). Returns the copies marked."""
+    moved = f"""state <> '{MOVED}' AND list_contains(coalesce(anomalies, []), '{VANISHED}') AND EXISTS (
+        SELECT 1 FROM runs o WHERE o.entity = runs.entity AND o.run_id = runs.run_id AND o.project <> runs.project
+        AND o.created_at = runs.created_at AND NOT list_contains(coalesce(o.anomalies, []), '{VANISHED}'))"""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE moved_runs AS SELECT entity, project, run_id FROM runs WHERE {moved}")
+    count = con.execute("SELECT count(*) FROM moved_runs").fetchone()[0]
+    if count:
+        keys = "(entity, project, run_id) IN (SELECT entity, project, run_id FROM moved_runs)"
+        con.execute(f"UPDATE runs SET state = '{MOVED}', anomalies = list_append(anomalies, '{MOVED}') WHERE {keys}")
+        prices = last_prices(con)
+        if prices is not None:
+            con.execute(price_sql("runs", keys), {"prices": prices})
+        con.execute(f"DELETE FROM run_curve_idle WHERE {keys}")
+    con.execute("DROP TABLE moved_runs")
+    return count
+
+
+def unmirror(con) -> int:
+    """The alive mirrored rows of projects no longer mirrored (``MIRRORED_NOW_SQL``): nobody will refresh them, so they
+    are last seen where they are (``settle`` with ``unmirrored``: out of every gauge and alert, their past GPU-hours
+    and dollars up to their heartbeat). Asked for again when the project comes back (``ASK_AGAIN_SQL``)."""
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE just_vanished AS SELECT entity, project, run_id FROM runs "
+        f"WHERE state IN ({ALIVE_SQL}) AND NOT {MIRRORED_NOW_SQL}"
+    )
+    return settle(con, UNMIRRORED)
