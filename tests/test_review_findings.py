@@ -169,3 +169,172 @@ def test_b9_a_run_of_a_project_that_left_costs_its_hours_to_its_last_heartbeat(m
     record_projects(memory_con, [{"entity": "e", "project": "q", "error": None}], t0 + timedelta(hours=73))
     assert memory_con.execute("SELECT state, cost_usd FROM runs").fetchall() == [("vanished", 768.0)]
     assert broken(memory_con, t0 + timedelta(hours=74)) == []
+
+
+def _curves_of(due: list[str], monkeypatch) -> dict[str, str]:
+    """One read of ``due``'s curves through the real client against the local server: ``{run id: status}``."""
+    from wandb_assets.defs.wandb_runs.resources import wandb_resource
+    from wandb_assets.settings import pipeline_settings
+
+    monkeypatch.setenv("WANDB_ASSETS_HTTP_RETRIES", "0")
+    read: dict[str, dict] = {}
+    wandb_resource().due_curves(
+        [("test-team", "test-project", run_id, True) for run_id in due],
+        lambda path, final, runs: read.update(runs),
+        pipeline_settings(),
+    )
+    return {run_id: curves["status"] for run_id, curves in read.items()}
+
+
+def _node(run_id: str, hour: int, events: list | None = None) -> dict:
+    from wandb_assets.localwandb import make_run_node
+
+    start = datetime(2026, 6, 1, hour)
+    history = [{"_step": s, "_timestamp": (start - EPOCH).total_seconds() + s, "overview/sps": 100.0} for s in range(3)]
+    return make_run_node(
+        run_id,
+        display_name=None,
+        state="finished",
+        created_at=start,
+        heartbeat_at=start + timedelta(hours=1),
+        history=history,
+        events=events or [],
+    )
+
+
+def test_b7_a_run_w_and_b_cannot_serve_fails_alone_and_the_runs_after_it_are_read(wandb_server, monkeypatch):
+    """Five runs in one request, created a, b, poison, d, e; the server answers 500 for any page holding poison: a, b,
+    d and e are read, poison alone is failed, and asked again it fails alone."""
+    server = wandb_server([_node(run_id, hour) for hour, run_id in enumerate(["a", "b", "poison", "d", "e"], 1)])
+    server.faults.poison_curves = frozenset({"poison"})
+    order = ["a", "b", "poison", "d", "e"]
+    assert _curves_of(order, monkeypatch) == {"a": "read", "b": "read", "poison": "failed", "d": "read", "e": "read"}
+    assert _curves_of(["poison", "d"], monkeypatch) == {"poison": "failed", "d": "read"}
+
+
+def test_b4_an_integer_too_large_for_a_float_skips_that_value_and_the_round_reads_every_run(wandb_server, monkeypatch):
+    """A 401-digit utilisation in one system sample (JSON allows it): the round reads all three runs; the poison run
+    keeps its other two samples (the bad value is no reading)."""
+    huge = int("1" + "0" * 400)
+    start = datetime(2026, 6, 1, 2)
+    events = [
+        {"_timestamp": (start - EPOCH).total_seconds() + 60 * k, "system.gpu.0.gpu": huge if k == 1 else 50.0}
+        for k in range(3)
+    ]
+    wandb_server([_node("good1", 1), _node("poison", 2, events), _node("good2", 3)])
+    assert _curves_of(["good1", "poison", "good2"], monkeypatch) == {"good1": "read", "poison": "read", "good2": "read"}
+    from wandb_assets.lib.curves import read_curves
+
+    read = read_curves({"events": [json.dumps(e) for e in events]}, [], start)
+    assert [row[2] for row in read["gpu"]] == [50.0, 50.0]
+
+
+def test_b5_a_step_beyond_bigint_is_left_out_and_a_folder_the_tables_cannot_hold_is_set_aside(memory_con, tmp_path):
+    """A step of 1e19 (above 2^63) is no whole step the tables hold: that point is left out, the run's others load.
+    A folder that cannot load whatever the cause (here a hand-damaged CSV) is set aside with its runs failed, and the
+    folder after it loads: good (3 points) and later (2 points)."""
+    from wandb_assets.lib.curves import history_rows, published_folders
+    from wandb_assets.lib.curves_warehouse import load_curves_setting_aside
+
+    assert history_rows(["s"], [[{"_step": 1e19, "s": 1.0}, {"_step": 2, "s": 1.0}]]) == [["s", 2, None, 1.0]]
+    ensure_schema(memory_con)
+    for run_id in ("good", "bad", "later"):
+        _finished(memory_con, run_id, datetime(2026, 6, 1, 10), datetime(2026, 6, 1, 11), 1)
+    now = datetime(2026, 6, 2)
+
+    def hist(steps):
+        return [[{"_step": s, "_timestamp": 1780300000 + s, "overview/sps": 100.0} for s in steps]]
+
+    first = CurvesFolder(tmp_path, "20260602T000000000000-aaaa")
+    first.add("e/p", {"bad": True}, {"bad": read_curves({"sampledHistory": hist([0, 1])}, ["overview/sps"], now)})
+    published = first.publish()
+    (history,) = published.glob("history-*.csv")
+    history.write_text(history.read_text().replace(",1,", ",one,"))  # a step the BIGINT column cannot take
+    second = CurvesFolder(tmp_path, "20260602T010000000000-bbbb")
+    second.add(
+        "e/p",
+        {"good": True, "later": True},
+        {
+            "good": read_curves({"sampledHistory": hist([0, 1, 2])}, ["overview/sps"], now),
+            "later": read_curves({"sampledHistory": hist([0, 1])}, ["overview/sps"], now),
+        },
+    )
+    second.publish()
+    counts, rejected = load_curves_setting_aside(memory_con, published_folders(tmp_path), "overview/sps", 5.0, now)
+    assert [folder.name for folder in rejected] == ["20260602T000000000000-aaaa"]
+    assert memory_con.execute("SELECT run_id, count(*) FROM run_history GROUP BY 1 ORDER BY 1").fetchall() == [
+        ("good", 3),
+        ("later", 2),
+    ]
+    statuses = memory_con.execute("SELECT run_id, curves_status FROM runs ORDER BY 1").fetchall()
+    assert statuses == [("bad", "failed"), ("good", "read"), ("later", "read")]
+    assert counts["rejected_folders"] == 1
+
+
+def test_b8_pipeline_failure_follows_the_order_runs_ended_and_ignores_cancels():
+    """(a) B1 created before B2 fails after B2 succeeded: B1's failure opens, and B3's success resolves it. (b) A
+    cancelled run opens nothing, so the success after it resolves nothing."""
+    from dagster import DagsterInstance, DagsterRunStatus
+    from dagster._core.test_utils import create_run_for_test
+
+    from wandb_assets.defs.feed.pipeline_failure import previous_run_failed
+
+    with DagsterInstance.ephemeral() as instance:
+        create_run_for_test(instance, job_name="backfill", status=DagsterRunStatus.SUCCESS)
+        b1 = create_run_for_test(instance, job_name="backfill", status=DagsterRunStatus.STARTED)
+        create_run_for_test(instance, job_name="backfill", status=DagsterRunStatus.SUCCESS)
+        instance.report_run_failed(b1)
+        assert not previous_run_failed(instance, "backfill", b1.run_id)  # the first failure of a streak pages
+        b3 = create_run_for_test(instance, job_name="backfill", status=DagsterRunStatus.SUCCESS)
+        assert previous_run_failed(instance, "backfill", b3.run_id)
+    with DagsterInstance.ephemeral() as instance:
+        create_run_for_test(instance, job_name="backfill", status=DagsterRunStatus.SUCCESS)
+        create_run_for_test(instance, job_name="backfill", status=DagsterRunStatus.CANCELED)
+        ok = create_run_for_test(instance, job_name="backfill", status=DagsterRunStatus.SUCCESS)
+        assert not previous_run_failed(instance, "backfill", ok.run_id)
+
+
+def test_b6_an_offline_log_read_again_replaces_its_curves(memory_con, tmp_path):
+    """Five reads of a growing log (3, 4, 5, 6, then 7 steps): run_history holds steps 0..6 once, run_gpu_samples 7."""
+    from wandb_assets.lib.curves_warehouse import load_curves_in_transaction
+    from wandb_assets.lib.warehouse import load_offline_runs, stage_rows
+
+    ensure_schema(memory_con)
+    t0 = datetime(2026, 6, 1, 10)
+    for n, steps in enumerate((3, 4, 5, 6, 7)):
+        state = "finished" if steps == 7 else "running"
+        row = {
+            "entity": "team",
+            "project": "p",
+            "run_id": "off1",
+            "name": "off1",
+            "state": state,
+            "created_at": t0,
+            "heartbeat_at": t0.replace(minute=steps),
+            "ended_at": t0.replace(minute=steps) if state == "finished" else None,
+            "gpu_count": 1,
+            "log_path": "/logs/run-off1.wandb",
+        }
+        node = {
+            "sampledHistory": [
+                [{"_step": s, "_timestamp": t0.timestamp() + 60 * s, "loss": 1.0} for s in range(steps)]
+            ],
+            "events": [{"_timestamp": t0.timestamp() + 60 * s, "system.gpu.0.gpu": 0.0} for s in range(steps)],
+        }
+        curves = read_curves(node, ["loss"], t0) | {"final": state == "finished"}
+        staged, _ = stage_rows([row], folder=str(tmp_path))
+        folder = CurvesFolder(tmp_path / str(n), "logs")
+        folder.add("team/p", {"off1": curves["final"]}, {"off1": curves})
+        published = folder.publish()
+        load_offline_runs(
+            memory_con,
+            staged,
+            [],
+            t0.replace(hour=12),
+            then=lambda c, published=published: load_curves_in_transaction(
+                c, [published], "loss", 5.0, t0.replace(hour=12), source="offline"
+            ),
+        )
+    steps = [r[0] for r in memory_con.execute("SELECT step FROM run_history ORDER BY step").fetchall()]
+    assert steps == list(range(7))
+    assert memory_con.execute("SELECT count(*) FROM run_gpu_samples").fetchone() == (7,)

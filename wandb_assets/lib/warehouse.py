@@ -633,6 +633,7 @@ def load_offline_runs(
         if staged_path:
             con.execute(_STAGE_INCOMING, {"paths": [literal_path(staged_path)]})
             _one_copy_each(con, "incoming_runs")
+            con.execute(_KEEP_CURVES_STATUS)  # a log read again replaces its curves (``then``), never adds to them
         else:
             con.execute("CREATE OR REPLACE TEMP TABLE incoming_runs AS SELECT * FROM runs LIMIT 0")
         mirrored = set(

@@ -164,6 +164,8 @@ class Faults:
     #: A ``Runs`` answer longer than this many bytes fails with 500 instead, as a gateway gives up on a page
     #: too big to serve (summaries with histograms); None serves any size.
     max_page_bytes: int | None = None
+    #: Runs (ids) whose curves the server cannot serve: a ``RunCurves`` answer that would hold one fails with 500.
+    poison_curves: frozenset[str] = frozenset()
     #: Fraction of runs whose summary is served as a non-object (``"[1, 2]"``), chosen by run id.
     malformed_summary_fraction: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -587,7 +589,10 @@ class LocalWandbServer:
         if runs is None:
             return json.dumps({"data": {"project": None}})
         selected = runs.select(variables.get("filters") or "{}", variables.get("order") or "+created_at")
-        selected = selected[: int(variables.get("perPage") or 50)]
+        cursor = variables.get("cursor")  # as W&B pages: after the run the cursor names
+        start = int(base64.b64decode(cursor).decode().removeprefix("cursor:")) + 1 if cursor else 0
+        listed = len(selected)
+        selected = selected[start : start + int(variables.get("perPage") or 50)]
         samples = max(1, min(int(variables.get("samples") or 500), MAX_CURVE_SAMPLES))
         specs = [json.loads(spec) for spec in variables.get("specs") or []]
         edges = []
@@ -595,9 +600,9 @@ class LocalWandbServer:
             node = record["node"]
             sampled, events = self._sampled_curves(node["_history"], node["_events"], specs, samples)
             answer = {"name": node["name"], "sampledHistory": sampled, "events": events}
-            edges.append({"node": answer, "cursor": base64.b64encode(f"cursor:{i}".encode()).decode()})
-        info = {"endCursor": edges[-1]["cursor"] if edges else None, "hasNextPage": False}
-        data = {"runCount": len(selected), "runs": {"edges": edges, "pageInfo": info}}
+            edges.append({"node": answer, "cursor": base64.b64encode(f"cursor:{start + i}".encode()).decode()})
+        info = {"endCursor": edges[-1]["cursor"] if edges else None, "hasNextPage": start + len(edges) < listed}
+        data = {"runCount": listed, "runs": {"edges": edges, "pageInfo": info}}
         return json.dumps({"data": {"project": data}}, separators=(",", ":"))
 
     def _sampled_curves(self, history: list, events: list, specs: list[dict], samples: int) -> tuple[list, list]:
@@ -829,6 +834,11 @@ def _handler_for(server: LocalWandbServer) -> type[BaseHTTPRequestHandler]:
                 time.sleep(
                     faults.cost_per_request_s + faults.cost_per_run_s * returned + faults.cost_per_run_files_s * files
                 )
+            if operation == "RunCurves" and faults.poison_curves:
+                edges = ((json.loads(body).get("data") or {}).get("project") or {}).get("runs", {}).get("edges", [])
+                if any(edge["node"].get("name") in faults.poison_curves for edge in edges):
+                    self._send(500, json.dumps({"errors": [{"message": "injected 500: poison run"}]}).encode())
+                    return
             if operation == "RunCurves" and (faults.cost_per_request_s or faults.cost_per_run_curves_s):
                 time.sleep(faults.cost_per_request_s + faults.cost_per_run_curves_s * body.count(',"cursor":"'))
             if operation == "Runs" and faults.max_page_bytes is not None and len(body) > faults.max_page_bytes:

@@ -124,18 +124,31 @@ def last_failed_run(instance: DagsterInstance, job_name: str) -> str | None:
     return records[0].dagster_run.run_id if records else None
 
 
+#: How many of a job's latest runs ``previous_run_failed`` orders by their end (runs in flight together: a few).
+_RECENT_RUNS = 25
+
+
+def _ended_at(record) -> float:
+    """When a run record's run ended (its end time; else its last update or creation, for a run recorded without
+    events: storage may keep the update to the second only)."""
+    return record.end_time or max(record.update_timestamp, record.create_timestamp).timestamp()
+
+
 def previous_run_failed(instance: DagsterInstance, job_name: str, run_id: str) -> bool:
-    """Whether the run of ``job_name`` that finished before ``run_id`` failed: only then is there an alert
-    for a success to resolve (so a healthy 15-minute tick launches nothing)."""
+    """Whether the run of ``job_name`` that finished last before ``run_id`` finished failed: only then is there an
+    alert for a success to resolve (so a healthy 15-minute tick launches nothing), or is a failure not the first of
+    a streak. Runs are ordered by when they ended, not when they were created (backfills run side by side); a
+    cancelled run is an operator's choice: it opens nothing, so it is passed over."""
     records = instance.get_run_records(
-        RunsFilter(
-            job_name=job_name,
-            statuses=[DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED],
-        ),
-        limit=3,
+        RunsFilter(job_name=job_name, statuses=[DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE]),
+        limit=_RECENT_RUNS,
     )
-    earlier = [r.dagster_run for r in records if r.dagster_run.run_id != run_id]
-    return bool(earlier) and earlier[0].status != DagsterRunStatus.SUCCESS
+    own = next((r for r in records if r.dagster_run.run_id == run_id), None)
+    ended = _ended_at(own) if own is not None else float("inf")
+    earlier = sorted(
+        (r for r in records if r.dagster_run.run_id != run_id and _ended_at(r) <= ended), key=_ended_at, reverse=True
+    )
+    return bool(earlier) and earlier[0].dagster_run.status == DagsterRunStatus.FAILURE
 
 
 @run_failure_sensor(
