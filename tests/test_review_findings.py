@@ -3,8 +3,10 @@ numbers worked out by hand in each docstring."""
 
 import json
 import os
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from pathlib import Path
+
+import pytest
 
 from wandb_assets.lib.checks import broken
 from wandb_assets.lib.curves import CurvesFolder, read_curves
@@ -338,3 +340,64 @@ def test_b6_an_offline_log_read_again_replaces_its_curves(memory_con, tmp_path):
     steps = [r[0] for r in memory_con.execute("SELECT step FROM run_history ORDER BY step").fetchall()]
     assert steps == list(range(7))
     assert memory_con.execute("SELECT count(*) FROM run_gpu_samples").fetchone() == (7,)
+
+
+@pytest.mark.parametrize(
+    ("url", "refused"),
+    [
+        ("https://169.254.169.254/latest/meta-data/", "another host than W&B's named by its IP address"),
+        ("https://10.0.0.5:8443/internal", "another host than W&B's named by its IP address"),
+        ("https://[::1]/admin", "another host than W&B's named by its IP address"),
+        (
+            "https://localhost/admin",
+            "another host than W&B's on a local or private network (127.0.0.1): WANDB_ASSETS_FILE_HOSTS allows it",
+        ),
+        ("https://storage.example.com/bucket/wandb-metadata.json?sig=1", None),  # not resolvable here: not refused
+        ("https://wandb.example.com/files/x", None),  # W&B's own origin
+    ],
+)
+def test_b11_downloads_refuse_ip_literals_and_names_on_a_local_network(url, refused):
+    from wandb_assets.lib.fetch import metadata_url_refused
+
+    assert metadata_url_refused(url, "https://wandb.example.com") == refused
+
+
+def test_b11_a_storage_host_on_a_private_network_is_fetched_when_allowed():
+    from wandb_assets.lib.fetch import metadata_url_refused
+
+    assert metadata_url_refused("https://localhost/files/x", "https://wandb.example.com", ("LOCALHOST",)) is None
+
+
+def test_b12_idle_and_failed_cents_follow_the_rows_cents_and_a_month_is_not_exported_twice_silently(tmp_path):
+    """Two fully idle rows of 0.6 cents each: the month is 1.2 cents -> 1 cent, which goes to one row (A, the key
+    breaks the tie); idle cents follow the same rule: A 0.01 idle of 0.01, B 0.00 of 0.00. Exported again, the month's
+    file stays as it was unless forced."""
+    import duckdb
+
+    from wandb_assets.lib.exports import export_chargeback
+
+    con = duckdb.connect()
+    con.execute("CREATE SCHEMA analytics")
+    con.execute(
+        "CREATE TABLE analytics.team_gpu_cost_monthly (month DATE, team VARCHAR, entity VARCHAR, project VARCHAR, "
+        "gpu_model VARCHAR, users BIGINT, gpu_hours DOUBLE, cost_usd DOUBLE, unpriced_gpu_hours DOUBLE, "
+        "idle_gpu_hours DOUBLE, idle_cost_usd DOUBLE, failed_gpu_hours DOUBLE, failed_cost_usd DOUBLE, last_day DATE)"
+    )
+    for model in ("A-model", "B-model"):
+        con.execute(
+            "INSERT INTO analytics.team_gpu_cost_monthly VALUES ('2026-10-01', 'research', 'e', 'p', $m, 1, 0.002, "
+            "0.006, 0, 0.002, 0.006, 0.002, 0.006, '2026-10-31')",
+            {"m": model},
+        )
+    done = export_chargeback(con, date(2026, 10, 1), tmp_path)
+    lines = done.path.read_text().splitlines()
+    assert [line.split(",")[4:] for line in lines[1:]] == [
+        ["A-model", "1", "0.0", "0.01", "0.0", "0.0", "0.01", "0.0", "0.01"],
+        ["B-model", "1", "0.0", "0.00", "0.0", "0.0", "0.00", "0.0", "0.00"],
+    ]
+    first = done.path.read_text()
+    con.execute("UPDATE analytics.team_gpu_cost_monthly SET cost_usd = 100.0")
+    with pytest.raises(FileExistsError, match="pass --force to write it again"):
+        export_chargeback(con, date(2026, 10, 1), tmp_path)
+    assert done.path.read_text() == first
+    assert "100.00" in export_chargeback(con, date(2026, 10, 1), tmp_path, force=True).path.read_text()

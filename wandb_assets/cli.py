@@ -367,7 +367,10 @@ def cmd_export(args: argparse.Namespace) -> int:
                 "The analysts' marts are not built in this warehouse yet: run `uv run wandb-assets analytics` "
                 "(the analytics job runs after every feed and backfill while WANDB_ASSETS_ANALYTICS is true)."
             )
-        done = exports.export_chargeback(con, month, out, fmt)
+        try:
+            done = exports.export_chargeback(con, month, out, fmt, force=args.force)
+        except FileExistsError as exc:
+            raise ConfigError(str(exc)) from None
         cents, usage, gpu_hours = exports.chargeback_totals(con, month)
     finally:
         con.close()
@@ -923,6 +926,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cents adding up to gpu_usage's month to the cent (columns: docs/analytics.md).",
     )
     chargeback.add_argument("--month", required=True, help="the UTC month, YYYY-MM")
+    chargeback.add_argument("--force", action="store_true", help="write the month's file again where it exists")
     runs_export = export_sub.add_parser(
         "runs",
         help="every column of the runs created since a day",

@@ -167,6 +167,12 @@ class Settings(BaseSettings):
         ge=1,
         le=64,
     )
+    WANDB_ASSETS_FILE_HOSTS: str = _var(
+        "",
+        "Hosts (comma-separated) of a self-hosted W&B's file storage on a private network: metadata downloads go to "
+        "them although they resolve to a private address (any other host that does, and any IP literal, is refused).",
+        "(none)",
+    )
     WANDB_ASSETS_GPU_COUNT_KEYS: str = _var(
         "compute.gpu_count",
         "Config keys (comma-separated dotted paths, nested objects or flat dotted keys alike) holding a run's GPU "
@@ -469,6 +475,8 @@ class PipelineSettings:
     fetch_metadata: bool = True
     #: Most metadata file downloads in flight (``WANDB_ASSETS_METADATA_DOWNLOADS``): storage, not the API.
     metadata_downloads: int = 32
+    #: File storage hosts allowed on a private network (``WANDB_ASSETS_FILE_HOSTS``).
+    file_hosts: tuple[str, ...] = ()
     teams: dict[str, str] = field(default_factory=dict)
 
 
@@ -499,6 +507,7 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
         history_refresh=timedelta(minutes=s.WANDB_ASSETS_HISTORY_REFRESH_MINUTES),
         history_runs_per_tick=s.WANDB_ASSETS_HISTORY_RUNS_PER_TICK,
         metadata_downloads=s.WANDB_ASSETS_METADATA_DOWNLOADS,
+        file_hosts=tuple(h.strip() for h in s.WANDB_ASSETS_FILE_HOSTS.split(",") if h.strip()),
         gpu_count_keys=tuple(k.strip() for k in s.WANDB_ASSETS_GPU_COUNT_KEYS.split(",") if k.strip()),
         gpu_prices=prices,
         unknown_price_keys=tuple(unknown_price_keys(price_document)),

@@ -33,30 +33,42 @@ CHARGEBACK_COLUMNS: dict[str, str] = {
     "take the leftover cents); empty when unpriced",
     "unpriced_gpu_hours": "of gpu_hours, those with no price (not in cost_usd)",
     "idle_gpu_hours": "of gpu_hours, idle (below WANDB_ASSETS_IDLE_GPU_PCT)",
-    "idle_cost_usd": "the dollars of those idle GPU-hours, in cents (part of cost_usd)",
+    "idle_cost_usd": "the dollars of those idle GPU-hours, in cents by the same largest remainders, never more than "
+    "the row's cost_usd",
     "failed_gpu_hours": "of gpu_hours, those of runs that failed or crashed",
-    "failed_cost_usd": "the dollars of failed runs, in cents (part of cost_usd)",
+    "failed_cost_usd": "the dollars of failed runs, in cents by the same largest remainders, never more than the "
+    "row's cost_usd",
 }
 
-#: One month of the chargeback mart (``$month``: its first day), cost in whole cents by largest remainders: each
-#: row's cents rounded down, then the cents the month's rounded total still lacks go one each to the rows with the
-#: largest remainders (ties by the row's key), so the file's total equals the month's total to the cent.
+
+def _cents(column: str) -> str:
+    """``column`` (dollars) of one month's rows in whole cents by largest remainders: each row's cents rounded down,
+    then the cents the month's rounded total still lacks go one each to the rows with the largest remainders (ties by
+    the row's key), so the rows add up to the month's total to the cent. NULL stays NULL."""
+    lacking = f"round(sum({column}) OVER () * 100) - sum(floor({column} * 100)) OVER ()"
+    rank = (
+        f"row_number() OVER (ORDER BY {column} * 100 - floor({column} * 100) DESC NULLS LAST, "
+        "team, entity, project, gpu_model)"
+    )
+    return f"floor({column} * 100) + CASE WHEN {rank} <= {lacking} THEN 1 ELSE 0 END"
+
+
+#: One month of the chargeback mart (``$month``: its first day), every dollar column in whole cents by the same
+#: largest-remainder rule (``_cents``); a row's idle and failed cents are capped at its cents (parts of its dollars).
 CHARGEBACK_SQL = f"""
-WITH m AS (
-    SELECT *, cost_usd * 100 - floor(cost_usd * 100) AS remainder FROM {CHARGEBACK_MART} WHERE month = $month
-),
-leftover AS (SELECT coalesce(round(sum(cost_usd) * 100) - sum(floor(cost_usd * 100)), 0) AS cents FROM m),
-ranked AS (
-    SELECT *, row_number() OVER (ORDER BY remainder DESC NULLS LAST, team, entity, project, gpu_model) AS rank FROM m
+WITH m AS (SELECT * FROM {CHARGEBACK_MART} WHERE month = $month),
+cents AS (
+    SELECT *, {_cents("cost_usd")} AS cost_cents, {_cents("idle_cost_usd")} AS idle_cents,
+           {_cents("failed_cost_usd")} AS failed_cents
+    FROM m
 )
 SELECT strftime(month, '%Y-%m') AS month, team, entity, project, gpu_model, users,
-       round(gpu_hours, 2) AS gpu_hours,
-       ((floor(cost_usd * 100) + CASE WHEN rank <= (SELECT cents FROM leftover) THEN 1 ELSE 0 END) / 100)
-           ::DECIMAL(18, 2) AS cost_usd,
+       round(gpu_hours, 2) AS gpu_hours, (cost_cents / 100)::DECIMAL(18, 2) AS cost_usd,
        round(unpriced_gpu_hours, 2) AS unpriced_gpu_hours, round(idle_gpu_hours, 2) AS idle_gpu_hours,
-       round(idle_cost_usd, 2)::DECIMAL(18, 2) AS idle_cost_usd, round(failed_gpu_hours, 2) AS failed_gpu_hours,
-       round(failed_cost_usd, 2)::DECIMAL(18, 2) AS failed_cost_usd
-FROM ranked
+       (least(idle_cents, cost_cents) / 100)::DECIMAL(18, 2) AS idle_cost_usd,
+       round(failed_gpu_hours, 2) AS failed_gpu_hours,
+       (least(failed_cents, cost_cents) / 100)::DECIMAL(18, 2) AS failed_cost_usd
+FROM cents
 ORDER BY team, entity, project, gpu_model NULLS LAST
 """
 
@@ -102,9 +114,21 @@ def has_chargeback(con) -> bool:
     return has_table(con, "team_gpu_cost_monthly", schema="analytics")
 
 
-def export_chargeback(con, month: date, out: Path, fmt: str = "csv") -> Exported:
-    """``out/chargeback-YYYY-MM.<fmt>``: the month's rows of the chargeback mart."""
-    return _copy(con, CHARGEBACK_SQL, {"month": month}, out / f"chargeback-{month:%Y-%m}.{fmt}", fmt)
+def chargeback_path(month: date, out: Path, fmt: str = "csv") -> Path:
+    """Where a month's chargeback file is written: ``out/chargeback-YYYY-MM.<fmt>``."""
+    return out / f"chargeback-{month:%Y-%m}.{fmt}"
+
+
+def export_chargeback(con, month: date, out: Path, fmt: str = "csv", force: bool = False) -> Exported:
+    """``chargeback_path``: the month's rows of the chargeback mart. A month whose file exists already (the one
+    finance was given) is written again only with ``force``: else ``FileExistsError`` with the sentence to print."""
+    target = chargeback_path(month, out, fmt)
+    if target.exists() and not force:
+        raise FileExistsError(
+            f"{target} exists already (a chargeback handed on is not replaced silently): pass --force to write it "
+            "again, or --out another folder."
+        )
+    return _copy(con, CHARGEBACK_SQL, {"month": month}, target, fmt)
 
 
 def chargeback_totals(con, month: date) -> tuple[float | None, float | None, float]:

@@ -14,7 +14,9 @@ response headers up to Python, so ``RateLimit-Remaining`` cannot be seen; the 42
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -881,9 +883,24 @@ def metadata_headers(url: str, base_url: str, api_key: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"api:{api_key}".encode()).decode()}
 
 
-def metadata_url_refused(url: str, base_url: str) -> str | None:
+def _addresses(host: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The addresses ``host`` names: itself when an IP literal, else what it resolves to (none when it does not)."""
+    try:
+        return [ipaddress.ip_address(host.strip("[]"))]
+    except ValueError:
+        pass
+    try:
+        return [ipaddress.ip_address(info[4][0].split("%")[0]) for info in socket.getaddrinfo(host, None)]
+    except (OSError, UnicodeError, ValueError):
+        return []  # not resolvable: the download fails on its own
+
+
+def metadata_url_refused(url: str, base_url: str, allowed_hosts: tuple[str, ...] = ()) -> str | None:
     """Why a file URL the server named is not fetched (None: it is): only the W&B base URL's own origin, or another
-    host over HTTPS (what signed storage URLs are); never another scheme (``file:``) or plain HTTP elsewhere."""
+    host over HTTPS (what signed storage URLs are); never another scheme (``file:``) or plain HTTP elsewhere, never an
+    IP literal, and never a name that resolves to a loopback, link-local, private or reserved address (the cluster's
+    own services, the cloud's metadata endpoint) unless ``allowed_hosts`` names it (a self-hosted W&B whose file
+    storage is on a private network: WANDB_ASSETS_FILE_HOSTS)."""
     try:
         origin = _origin(url)
         same = origin == _origin(base_url)
@@ -894,6 +911,16 @@ def metadata_url_refused(url: str, base_url: str) -> str | None:
     scheme, host, _ = origin
     if scheme != "https" or not host:
         return "another host than W&B's, not over https"
+    if host.lower() in {allowed.lower() for allowed in allowed_hosts}:
+        return None
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return "another host than W&B's named by its IP address"
+    except ValueError:
+        pass
+    inside = [a for a in _addresses(host) if a.is_loopback or a.is_link_local or a.is_private or a.is_reserved]
+    if inside:
+        return f"another host than W&B's on a local or private network ({inside[0]}): WANDB_ASSETS_FILE_HOSTS allows it"
     return None
 
 

@@ -165,7 +165,7 @@ class WandbResource(ConfigurableResource):
                 return {"status": "missing"}
             what = f"wandb-metadata.json of {path}/{run_id}"
             base_url = settings.base_url or "https://api.wandb.ai"
-            refused = metadata_url_refused(url, base_url)
+            refused = metadata_url_refused(url, base_url, pipeline.file_hosts)
             if refused:  # kept as read: asking again would be refused again
                 return {"status": "refused", "error": f"{what} not read: {refused}"}
             headers = metadata_headers(url, base_url, settings.api_key)
