@@ -53,8 +53,8 @@ BREAKS = {
         '\'{"run_id": "done", "entity": "e", "project": "p"}\', now(), TIMESTAMP \'2100-01-01\', NULL)'
     ),
     "gpu_usage_reconciles": "UPDATE gpu_usage SET gpu_hours = gpu_hours + 0.01 WHERE project = 'p'",
-    "one_project_per_run": "INSERT INTO runs SELECT * REPLACE ('p2' AS project) FROM runs WHERE run_id = 'done'"
-    + STALE,
+    "one_project_per_run": "INSERT INTO runs SELECT * REPLACE ('p2' AS project, ['vanished'] AS anomalies) "
+    "FROM runs WHERE run_id = 'done'" + STALE,
     "curves_once": "INSERT INTO run_history VALUES ('e', 'p', 'done', 'overview/sps', 1, NULL, 1.0), "
     "('e', 'p', 'done', 'overview/sps', 1, NULL, 1.0), ('e', 'p', 'done', 'overview/sps', 2, NULL, 1.0)",
 }

@@ -12,7 +12,7 @@ from datetime import datetime
 
 from wandb_assets.lib.gauges import curve_idle_sql
 from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, usd_sql
-from wandb_assets.lib.normalize import MOVED
+from wandb_assets.lib.normalize import MOVED, VANISHED
 from wandb_assets.lib.sql import ALIVE_SQL, BUSY_SQL, INPUTS_KEY, MIRRORED_NOW_SQL, meta_value, run_gpu_hours_sql
 from wandb_assets.lib.warehouse import GPU_USAGE_BUILD_KEY, GPU_USAGE_SQL, daily_gpu_hours_sql, has_table
 
@@ -131,10 +131,12 @@ WHERE abs(coalesce(s.idle_gpu_hours, 0) - coalesce(c.idle_gpu_hours, 0)) > 1e-6"
     ),
     Invariant(
         "one_project_per_run",
-        "no run (entity, run id, creation time) counted in two projects (a moved run's old copy is 'moved')",
-        f"""SELECT entity, run_id, created_at, list(project ORDER BY project) AS projects FROM runs
-WHERE state <> '{MOVED}' AND created_at IS NOT NULL GROUP BY entity, run_id, created_at
-HAVING count(DISTINCT project) > 1""",
+        "a run W&B returns from one project is not counted again as a vanished copy in another (a moved run's old copy "
+        "is 'moved': same entity, run id and creation time)",
+        f"""SELECT v.entity, v.run_id, v.created_at, v.project AS vanished_in, o.project AS returned_from FROM runs v
+JOIN runs o ON o.entity = v.entity AND o.run_id = v.run_id AND o.created_at = v.created_at AND o.project <> v.project
+WHERE v.state <> '{MOVED}' AND list_contains(coalesce(v.anomalies, []), '{VANISHED}')
+  AND NOT list_contains(coalesce(o.anomalies, []), '{VANISHED}')""",
     ),
     Invariant(
         "curves_once",

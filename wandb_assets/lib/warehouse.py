@@ -996,11 +996,16 @@ def record_snapshot(
     this snapshot count the samples taken at it. ``project_metrics_days`` > 0: older per-project rows are deleted."""
     ensure_schema(con)
     with transaction(con):
-        inputs_changed(con)
         params = {"snapshot_at": snapshot_at, "kept": snapshot_at - GPU_SAMPLES_KEPT}
-        con.execute(
-            "DELETE FROM gpu_samples WHERE snapshot_at = $snapshot_at OR snapshot_at < $kept::TIMESTAMP", params
-        )
+        # Only dropping old samples changes what gpu_usage was computed from (its ``now`` is before this snapshot).
+        pruned = con.execute(
+            "DELETE FROM gpu_samples WHERE snapshot_at < $kept::TIMESTAMP", {"kept": params["kept"]}
+        ).fetchone()[0]
+        replaced = con.execute(
+            "DELETE FROM gpu_samples WHERE snapshot_at = $snapshot_at", {"snapshot_at": snapshot_at}
+        ).fetchone()[0]
+        if pruned or replaced:
+            inputs_changed(con)
         con.execute(GPU_SAMPLES_SQL, {"snapshot_at": snapshot_at})
         gauges = compute_gauges(con, snapshot_at, prices=prices, idle_pct=idle_pct)
         con.execute("DELETE FROM fleet_metrics WHERE snapshot_at = $t", {"t": snapshot_at})
