@@ -73,13 +73,20 @@ def settle(con, anomaly: str = VANISHED) -> int:
     return marked
 
 
+#: A copy of a run W&B no longer answers for where it is: vanished, or of a project no longer mirrored (nobody asks).
+LEFT_BEHIND_SQL = (
+    f"list_contains(coalesce(runs.anomalies, []), '{VANISHED}') OR "
+    f"(coalesce(runs.source, 'wandb') = 'wandb' AND NOT {MIRRORED_NOW_SQL})"
+)
+
+
 def mark_moved(con) -> int:
-    """A vanished copy of a run whose id and creation time another project of its entity holds (not vanished there)
-    is ``moved``: it occupies no GPU here and costs nothing here (re-priced: 0 GPU-hours), and its curves' idle hours
-    go (the other copy's count). Returns the copies marked."""
-    moved = f"""state <> '{MOVED}' AND list_contains(coalesce(anomalies, []), '{VANISHED}') AND EXISTS (
+    """A copy left behind (``LEFT_BEHIND_SQL``) of a run whose id and creation time another project of its entity
+    holds (and answers for: not left behind there) is ``moved``: it occupies no GPU here and costs nothing here
+    (re-priced: 0 GPU-hours), and its curves' idle hours go (the other copy's count). Returns the copies marked."""
+    moved = f"""state <> '{MOVED}' AND ({LEFT_BEHIND_SQL}) AND EXISTS (
         SELECT 1 FROM runs o WHERE o.entity = runs.entity AND o.run_id = runs.run_id AND o.project <> runs.project
-        AND o.created_at = runs.created_at AND NOT list_contains(coalesce(o.anomalies, []), '{VANISHED}'))"""
+        AND o.created_at = runs.created_at AND NOT ({LEFT_BEHIND_SQL.replace("runs.", "o.")}))"""
     con.execute(f"CREATE OR REPLACE TEMP TABLE moved_runs AS SELECT entity, project, run_id FROM runs WHERE {moved}")
     count = con.execute("SELECT count(*) FROM moved_runs").fetchone()[0]
     if count:

@@ -945,6 +945,7 @@ def record_projects(
         if rows:
             con.executemany(f"INSERT INTO wandb_projects VALUES ({', '.join('?' * len(rows[0]))})", rows)
         unmirror(con)
+        mark_moved(con)  # a run of a project that left, now held by a mirrored one
     after = {f"{r[0]}/{r[1]}" for r in rows if r[2] and r[1] != "*"}
     before = {name for name in before if not name.endswith("/*")}
     return rows, sorted(before - after), sorted(after - before) if before else []

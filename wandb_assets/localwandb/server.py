@@ -333,6 +333,15 @@ class LocalWandbServer:
         (created if new) when given, else in the server's own project."""
         self.add_project(entity or self.entity, project or self.project, nodes)
 
+    def remove_runs(self, run_ids: list[str], entity: str | None = None, project: str | None = None) -> None:
+        """Delete runs (by run id) from ``entity/project`` (else the server's own project), as W&B's UI does."""
+        runs = self._projects[(entity or self.entity, project or self.project)]
+        with runs.lock:
+            for run_id in run_ids:
+                runs.records.pop(run_id, None)
+            runs.ordered_cache.clear()
+            runs.created_index = None
+
     def set_malformed_summary_fraction(self, fraction: float) -> None:
         self.faults.malformed_summary_fraction = fraction
         for runs in self._projects.values():

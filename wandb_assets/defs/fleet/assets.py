@@ -35,7 +35,9 @@ COMMON = {
     "group_name": "fleet",
     "kinds": {"duckdb"},
     "owners": ["team:ml-platform"],
-    "deps": [AssetKey("runs"), AssetKey("offline_runs"), AssetKey("run_curves")],
+    # wandb_projects too: recording the mirror set marks the runs of a project that left (their hours stop at their
+    # last heartbeat), so the derived tables are built after it, from the runs as they stand
+    "deps": [AssetKey("runs"), AssetKey("wandb_projects"), AssetKey("offline_runs"), AssetKey("run_curves")],
     "pool": WAREHOUSE_POOL,
 }
 

@@ -1,0 +1,157 @@
+"""The reference model of GPU accounting: plain Python, no SQL, no code shared with ``wandb_assets.lib``, slow and
+obviously right. It states the rules of docs/gpu-accounting.md ("The rules every number follows") once more, from
+what an organisation's history says of each run, so the warehouse can be checked against it.
+
+Input: one ``Copy`` per run and project the warehouse should hold (a run moved between projects has one copy per
+project it was seen in; only the copy where W&B holds it now occupies GPUs), and the time ``now`` the tables were
+computed at. Output: per (UTC day, entity, project, user, team, GPU model) the GPU-hours, idle and partly idle
+GPU-hours and dollars, and per UTC month the chargeback's totals.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta
+
+ENDED = ("finished", "failed", "crashed", "killed", "preempted")
+FAILED = ("failed", "crashed")
+BUSY = ("running", "preempting")
+#: A sample holds at most the longer of this and twice its stream's sampling interval.
+MIN_HOLD = timedelta(hours=1)
+
+
+@dataclass
+class Copy:
+    """What the warehouse should hold of one run in one project."""
+
+    entity: str
+    project: str
+    run_id: str
+    user: str
+    gpu_model: str | None
+    gpu_count: int
+    created_at: datetime
+    #: finished, failed, crashed, running, pending; ``vanished`` (W&B stopped answering for it while it was alive, or
+    #: its project left the mirror set); ``moved`` (W&B holds it in another project now).
+    state: str
+    ended_at: datetime | None = None
+    #: The last heartbeat the pipeline saw (a vanished copy occupies its GPUs up to it).
+    last_seen: datetime | None = None
+    #: The GPU stream that counts for idle time: ``(taken at, [utilisation % of each GPU])``, in any order.
+    samples: list[tuple[datetime, list[float]]] = field(default_factory=list)
+    #: The stream's sampling interval (None: the median gap between its samples).
+    interval: timedelta | None = None
+
+
+def busy_span(run: Copy, now: datetime) -> tuple[datetime, datetime] | None:
+    """When the run occupies its GPUs, seen at ``now``; None when it occupies nothing."""
+    if run.state in ENDED:
+        end = run.ended_at
+    elif run.state in BUSY:
+        end = now
+    elif run.state == "vanished":
+        end = min(run.last_seen, now) if run.last_seen else None
+    else:  # pending, moved
+        end = None
+    if end is None or end <= run.created_at:
+        return None
+    return run.created_at, end
+
+
+def by_day(start: datetime, end: datetime) -> list[tuple[date, float]]:
+    """``[(UTC day, hours of [start, end) on that day)]``."""
+    parts = []
+    moment = start
+    while moment < end:
+        midnight = datetime(moment.year, moment.month, moment.day) + timedelta(days=1)
+        stop = min(end, midnight)
+        parts.append((moment.date(), (stop - moment).total_seconds() / 3600.0))
+        moment = stop
+    return parts
+
+
+def idle_by_day(run: Copy, now: datetime, idle_pct: float) -> dict[date, tuple[float, float]]:
+    """``{day: (idle GPU-hours, partly idle GPU-hours)}`` of a run from its samples, each held until the next sample,
+    the run's end or now, at most the longer of an hour and twice the stream's sampling interval."""
+    span = busy_span(run, now)
+    if span is None:
+        return {}
+    samples = sorted((t, u) for t, u in run.samples if span[0] <= t <= now)
+    times = [t for t, _ in samples]
+    gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False)]
+    interval = run.interval.total_seconds() if run.interval else (statistics.median(gaps) if gaps else 0.0)
+    longest = max(MIN_HOLD.total_seconds(), 2 * interval)
+    found: dict[date, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for i, (taken, utilisation) in enumerate(samples):
+        until = min(times[i + 1] if i + 1 < len(times) else span[1], span[1], now, taken + timedelta(seconds=longest))
+        idle = sum(1 for u in utilisation if u < idle_pct)
+        busy = len(utilisation) - idle
+        if utilisation and len(utilisation) > run.gpu_count:
+            idle = idle * run.gpu_count / len(utilisation)
+        for day, hours in by_day(taken, until) if until > taken else []:
+            found[day][0] += idle * hours
+            found[day][1] += (idle if busy else 0) * hours
+    return {day: (v[0], v[1]) for day, v in found.items()}
+
+
+@dataclass
+class Usage:
+    gpu_hours: float = 0.0
+    idle_gpu_hours: float = 0.0
+    partly_idle_gpu_hours: float = 0.0
+    failed_gpu_hours: float = 0.0
+    cost_usd: float | None = None
+    idle_cost_usd: float | None = None
+    failed_cost_usd: float | None = None
+
+
+def usd_per_gpu_hour(model: str | None, prices: dict[str, float], fallback: float | None) -> float | None:
+    """The model's list price, else the fallback price, else None (unpriced: never 0)."""
+    if model is not None and model in prices:
+        return prices[model]
+    return fallback
+
+
+def gpu_usage(
+    runs: list[Copy],
+    now: datetime,
+    prices: dict[str, float],
+    teams: dict[str, str],
+    idle_pct: float,
+    fallback: float | None = None,
+) -> dict[tuple, Usage]:
+    """Per ``(day, entity, project, user, team, gpu_model)``: GPU-hours, idle, partly idle and failed GPU-hours, and
+    their dollars (None when unpriced)."""
+    usage: dict[tuple, Usage] = defaultdict(Usage)
+    for run in runs:
+        span = busy_span(run, now)
+        if span is None:
+            continue
+        idle = idle_by_day(run, now, idle_pct)
+        price = usd_per_gpu_hour(run.gpu_model, prices, fallback)
+        for day, hours in by_day(*span):
+            row = usage[(day, run.entity, run.project, run.user, teams.get(run.user, "unassigned"), run.gpu_model)]
+            gpu_hours = run.gpu_count * hours
+            row.gpu_hours += gpu_hours
+            row.idle_gpu_hours += idle.get(day, (0.0, 0.0))[0]
+            row.partly_idle_gpu_hours += idle.get(day, (0.0, 0.0))[1]
+            if run.state in FAILED:
+                row.failed_gpu_hours += gpu_hours
+            if price is not None:
+                row.cost_usd = row.gpu_hours * price
+                row.idle_cost_usd = row.idle_gpu_hours * price
+                row.failed_cost_usd = row.failed_gpu_hours * price
+    return dict(usage)
+
+
+def monthly_chargeback(usage: dict[tuple, Usage]) -> dict[tuple, tuple[float, float | None]]:
+    """Per ``(month, team, entity, project, gpu_model)``: GPU-hours and dollars (None when nothing is priced)."""
+    months: dict[tuple, list] = defaultdict(lambda: [0.0, None])
+    for (day, entity, project, _user, team, model), row in usage.items():
+        key = (day.strftime("%Y-%m"), team, entity, project, model)
+        months[key][0] += row.gpu_hours
+        if row.cost_usd is not None:
+            months[key][1] = (months[key][1] or 0.0) + row.cost_usd
+    return {key: (hours, usd) for key, (hours, usd) in months.items()}

@@ -1,0 +1,394 @@
+"""Every number reconciles (issue 42): an organisation evolves on the local W&B server (runs start, end, are deleted,
+moved between projects, run for weeks, cross midnight, go idle and busy; projects leave the mirror set and return;
+prices change) while real Dagster backfills and curves runs mirror it; after each, every ``gpu_usage`` row equals
+what the reference model (``tests/reference/model.py``) computes from the organisation's history, and
+``wandb-assets check`` holds.
+
+Tolerance: 1e-6 GPU-hours and a thousandth of a cent per row (the model and the warehouse hold the same samples:
+the streams here have fewer points than W&B's sampling keeps, so nothing is sampled away).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import duckdb
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from tests.reference.model import ENDED, Copy, gpu_usage
+
+ENTITY = "test-team"
+PROJECTS = ("test-project", "p2", "p3")
+USERS = ("alice", "bob", "carol")  # carol is in no team
+TEAMS = {"alice": "vision", "bob": "llm"}
+MODELS = ("H100-80GB", "A100-80GB", "Mystery-X1")  # the last has no price: unpriced, or the fallback price
+IDLE_PCT = 5.0
+DAYS = 42  # the history: runs up to 40 days long
+
+
+#: A run: project, user, GPU model, GPUs, days ago, minute of that day, hours (a day or so, or 20-40 days), state,
+#: and its GPU stream's utilisation per sample (idle, idle, busy: spread evenly over the run once it ends).
+RUNS = st.tuples(
+    st.sampled_from(PROJECTS),
+    st.sampled_from(USERS),
+    st.sampled_from(MODELS),
+    st.sampled_from([1, 2, 8]),
+    st.integers(0, DAYS - 2),
+    st.integers(0, 24 * 60 - 1),
+    st.one_of(st.floats(0.05, 30), st.floats(24 * 20, 24 * 40)),
+    st.sampled_from(["running", "running", "finished", "failed", "crashed"]),
+    st.lists(st.sampled_from([0.0, 2.0, 90.0]), min_size=2, max_size=12),
+)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None, microsecond=0)
+
+
+@dataclass
+class WorldRun:
+    """One run as W&B has it now (``project`` None: deleted), and what the pipeline last saw of it."""
+
+    run_id: str
+    project: str | None
+    user: str
+    model: str
+    gpus: int
+    created_at: datetime
+    state: str
+    ended_at: datetime | None
+    heartbeat_at: datetime
+    #: utilisation per sample, spread evenly over the run once it ends (its curves' system stream)
+    pattern: list[list[float]]
+    #: per project: what the last backfill that could see it there saw (state, ended_at, heartbeat), or None
+    seen: dict[str, tuple[str, datetime | None, datetime]] = field(default_factory=dict)
+    #: where W&B held it at the last backfill (None: deleted): what the warehouse knows
+    synced_project: str | None = None
+    #: per project: the curves job read its curves once the warehouse knew it ended (True: W&B held it there then,
+    #: so its stream counts; False: it was read as not there, and is never read again)
+    curves_final: dict[str, bool] = field(default_factory=dict)
+
+    def events(self) -> list[dict]:
+        """The system stream: evenly spaced samples from creation to end (none while it runs)."""
+        if self.ended_at is None or len(self.pattern) < 2:
+            return []
+        step = (self.ended_at - self.created_at) / (len(self.pattern) - 1)
+        return [
+            {
+                "_timestamp": (self.created_at + k * step).replace(tzinfo=UTC).timestamp(),
+                **{f"system.gpu.{g}.gpu": u for g, u in enumerate(utils)},
+            }
+            for k, utils in enumerate(self.pattern)
+        ]
+
+    def samples(self) -> list[tuple[datetime, list[float]]]:
+        if self.ended_at is None or len(self.pattern) < 2:
+            return []
+        step = (self.ended_at - self.created_at) / (len(self.pattern) - 1)
+        return [(self.created_at + k * step, utils) for k, utils in enumerate(self.pattern)]
+
+    def node(self) -> dict:
+        from wandb_assets.localwandb import make_run_node
+
+        return make_run_node(
+            self.run_id,
+            display_name=None,
+            state=self.state,
+            created_at=self.created_at,
+            heartbeat_at=self.ended_at or self.heartbeat_at,
+            config={"compute.gpu_count": self.gpus, "compute.gpu_type": self.model},
+            username=self.user,
+            events=self.events(),
+        )
+
+
+class Organisation(RuleBasedStateMachine):
+    """Set up by ``test_every_number_reconciles_with_the_reference_model`` (``Organisation.context``)."""
+
+    context: dict = {}
+
+    def __init__(self) -> None:
+        super().__init__()
+        ctx = self.context
+        self.server = ctx["server"]
+        self.instance = ctx["instance"]
+        self.path: Path = ctx["warehouse"]
+        self.folder: Path = ctx["folder"]
+        for leftover in (self.path, self.path.with_suffix(".duckdb.wal")):
+            leftover.unlink(missing_ok=True)
+        shutil.rmtree(self.path.parent / "staging", ignore_errors=True)
+        for project in PROJECTS:
+            self.server.add_project(ENTITY, project)
+            self.server.remove_runs(list(self.server._projects[(ENTITY, project)].records), ENTITY, project)
+        self.runs: dict[str, WorldRun] = {}
+        self.mirrored: tuple[str, ...] = PROJECTS
+        self.prices = {"H100-80GB": 2.5, "A100-80GB": 1.4}
+        self.fallback: float | None = None
+        self.today = _now().date()
+        self._configure()
+
+    # -- the organisation ---------------------------------------------------------------------------------------
+    def _configure(self) -> None:
+        os.environ["WANDB_ASSETS_PROJECTS"] = ",".join(f"{ENTITY}/{p}" for p in self.mirrored)
+        prices = self.folder / "prices.yaml"
+        prices.write_text("".join(f"{model}: {usd}\n" for model, usd in self.prices.items()))
+        os.environ["WANDB_ASSETS_GPU_PRICES"] = str(prices)
+        if self.fallback is None:
+            os.environ.pop("WANDB_ASSETS_GPU_DEFAULT_PRICE", None)
+        else:
+            os.environ["WANDB_ASSETS_GPU_DEFAULT_PRICE"] = str(self.fallback)
+
+    def _publish(self, run: WorldRun) -> None:
+        self.server.upsert_runs([run.node()], entity=ENTITY, project=run.project)
+
+    @initialize(runs=st.lists(RUNS, min_size=3, max_size=6))
+    def an_organisation_mirrored_once(self, runs):
+        for run in runs:
+            self.start_a_run(run)
+        self.backfill()
+        self.read_curves()
+
+    @rule(run=RUNS)
+    def start_a_run(self, run):
+        project, user, model, gpus, days_ago, minute, hours, state, pattern = run
+        now = _now()
+        created = datetime.combine(now.date() - timedelta(days=days_ago), datetime.min.time())
+        created = min(created + timedelta(minutes=minute), now - timedelta(minutes=30))
+        ended = min(created + timedelta(hours=hours), now - timedelta(minutes=5)) if state != "running" else None
+        ended = ended.replace(microsecond=0) if ended else None  # W&B's times are whole seconds
+        utils = [[u if g % 2 == 0 else min(u * 10, 95.0) for g in range(gpus)] for u in pattern]  # some partly idle
+        world = WorldRun(f"r{len(self.runs)}", project, user, model, gpus, created, state, ended, ended or now, utils)
+        self.runs[world.run_id] = world
+        self._publish(world)
+
+    def _pick(self, data, *, alive: bool | None = None):
+        candidates = [
+            r for r in self.runs.values() if r.project is not None and (alive is None or (r.ended_at is None) == alive)
+        ]
+        return data.draw(st.sampled_from(candidates)) if candidates else None
+
+    @rule(data=st.data(), state=st.sampled_from(["finished", "failed", "crashed"]))
+    def end_a_run(self, data, state):
+        run = self._pick(data, alive=True)
+        if run is None:
+            return
+        run.state, run.ended_at = state, max(_now() - timedelta(minutes=1), run.created_at + timedelta(minutes=1))
+        run.heartbeat_at = run.ended_at
+        self._publish(run)
+
+    @rule(data=st.data())
+    def delete_a_run(self, data):
+        run = self._pick(data)
+        if run is None:
+            return
+        self.server.remove_runs([run.run_id], ENTITY, run.project)
+        run.project = None
+
+    @rule(data=st.data(), to=st.sampled_from(PROJECTS))
+    def move_a_run(self, data, to):
+        run = self._pick(data)
+        if run is None or run.project == to:
+            return
+        self.server.remove_runs([run.run_id], ENTITY, run.project)
+        run.project = to
+        self._publish(run)
+
+    @rule(mirrored=st.lists(st.sampled_from(PROJECTS), min_size=1, max_size=3, unique=True))
+    def change_the_mirror_set(self, mirrored):
+        self.mirrored = tuple(sorted(mirrored))
+        self._configure()
+
+    @rule(h100=st.sampled_from([2.5, 3.0]), fallback=st.sampled_from([None, 1.0]))
+    def change_the_prices(self, h100, fallback):
+        self.prices["H100-80GB"], self.fallback = h100, fallback
+        self._configure()
+
+    # -- the pipeline -------------------------------------------------------------------------------------------
+    @rule()
+    def backfill(self):
+        from wandb_assets.ticks import execute_backfill
+
+        now = _now()
+        for run in self.runs.values():  # alive runs heartbeat
+            if run.project is not None and run.ended_at is None:
+                run.heartbeat_at = now
+                self._publish(run)
+        result = execute_backfill(self.instance, self.today - timedelta(days=DAYS), self.today, progress_lines=False)
+        assert result.success
+        print("BACKFILL", len(self.runs), self.mirrored, [(r.run_id, r.project) for r in self.runs.values()])
+        for run in self.runs.values():
+            run.synced_project = run.project
+            if run.project in self.mirrored:
+                run.seen[run.project] = (run.state, run.ended_at, run.heartbeat_at)
+        self.synced = True
+        self.synced_mirrored = self.mirrored
+        self.priced = (dict(self.prices), self.fallback)
+
+    @precondition(lambda self: getattr(self, "synced", False))
+    @rule()
+    def read_curves(self):
+        from wandb_assets.ticks import execute_curves
+
+        assert execute_curves(self.instance).success
+        self.priced = (dict(self.prices), self.fallback)  # gpu_usage is rebuilt with the prices in force
+        for run in self.runs.values():
+            for project, (state, _, _) in run.seen.items():
+                copy_state = self._copy_state(run, project, state)
+                if project in self.synced_mirrored and copy_state in ENDED and project not in run.curves_final:
+                    run.curves_final[project] = run.project == project  # W&B answers for it there now
+
+    # -- what the warehouse must say ----------------------------------------------------------------------------
+    def _copy_state(self, run: WorldRun, project: str, seen_state: str) -> str:
+        """The state the warehouse's copy of ``run`` in ``project`` must have: as last seen while W&B holds it there
+        and the project is mirrored; ``moved`` once a mirrored project holds it where it was seen; else (deleted,
+        moved out of sight, or its project left the mirror set) ``vanished`` if it was alive, as it ended if not."""
+        now_at, mirrored = run.synced_project, self.synced_mirrored  # as of the last backfill
+        if now_at == project and project in mirrored:
+            return seen_state
+        if now_at is not None and now_at != project and now_at in mirrored and now_at in run.seen:
+            return "moved"
+        return "vanished" if seen_state == "running" else seen_state
+
+    def _copies(self) -> list[Copy]:
+        copies = []
+        for run in self.runs.values():
+            for project, (state, ended, heartbeat) in run.seen.items():
+                copy_state = self._copy_state(run, project, state)
+                copies.append(
+                    Copy(
+                        ENTITY,
+                        project,
+                        run.run_id,
+                        run.user,
+                        run.model,
+                        run.gpus,
+                        run.created_at,
+                        copy_state,
+                        ended,
+                        heartbeat,
+                        run.samples() if run.curves_final.get(project) else [],
+                    )
+                )
+        return copies
+
+    @invariant()
+    def every_number_reconciles(self):
+        if not getattr(self, "synced", False):
+            return
+        from wandb_assets.lib.checks import broken
+
+        con = duckdb.connect(str(self.path), read_only=True)
+        try:
+            build = json.loads(
+                con.execute("SELECT value FROM warehouse_meta WHERE key = 'gpu_usage_build'").fetchone()[0]
+            )
+            now = datetime.fromisoformat(build["now"])
+            stored = {
+                (day, e, p, u, t, m): (h, i, pi, c)
+                for day, e, p, u, t, m, h, i, pi, c in con.execute(
+                    "SELECT day, entity, project, username, team, gpu_model, sum(gpu_hours), sum(idle_gpu_hours), "
+                    "sum(partly_idle_gpu_hours), sum(cost_usd) FROM gpu_usage GROUP BY ALL"
+                ).fetchall()
+            }
+            problems = broken(con, _now())
+            held = con.execute(
+                "SELECT project, run_id, state, created_at, ended_at, heartbeat_at, anomalies FROM runs ORDER BY ALL"
+            ).fetchall()
+        finally:
+            con.close()
+        prices, fallback = self.priced  # what the last pipeline run priced with
+        model = gpu_usage(self._copies(), now, prices, TEAMS, IDLE_PCT, fallback)
+        expected = {
+            key: (row.gpu_hours, row.idle_gpu_hours, row.partly_idle_gpu_hours, row.cost_usd)
+            for key, row in model.items()
+            if row.gpu_hours > 0
+        }
+        assert sorted(stored) == sorted(expected)
+        for key, (hours, idle, partly, usd) in stored.items():
+            want = expected[key]
+            key = (key, f"warehouse: {held}", f"model: {[c for c in self._copies() if c.project == key[2]]}")
+            assert hours == pytest.approx(want[0], abs=1e-6), key
+            assert idle == pytest.approx(want[1], abs=1e-6), key
+            assert partly == pytest.approx(want[2], abs=1e-6), key
+            assert (usd is None) == (want[3] is None), key
+            if usd is not None:
+                assert usd == pytest.approx(want[3], abs=1e-5), key
+        assert problems == []
+        STATS["comparisons"] += 1
+        STATS["rows"] += len(stored)
+        STATS["idle_rows"] += sum(1 for v in stored.values() if v[1] > 0)
+        STATS["states"].update(c.state for c in self._copies())
+
+
+#: What the runs of the machine compared (the suite asserts it compared something; the soak prints it).
+STATS: dict = {"comparisons": 0, "rows": 0, "idle_rows": 0, "states": Counter()}
+
+
+def run_organisation(server, instance, warehouse: Path, folder: Path, examples: int, steps: int) -> None:
+    Organisation.context = {"server": server, "instance": instance, "warehouse": warehouse, "folder": folder}
+    run_state_machine_as_test(
+        Organisation,
+        settings=settings(
+            max_examples=examples,
+            stateful_step_count=steps,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            derandomize=os.environ.get("RECONCILE_SEED") is None,
+            database=None,
+            phases=[Phase.explicit, Phase.generate, *([Phase.shrink] if os.environ.get("RECONCILE_SHRINK") else [])],
+        ),
+    )
+
+
+def test_every_number_reconciles_with_the_reference_model(
+    wandb_server, warehouse_path, instance, tmp_path, monkeypatch
+):
+    server = wandb_server([])
+    monkeypatch.setenv("WANDB_ASSETS_TEAMS", str(tmp_path / "teams.yaml"))
+    (tmp_path / "teams.yaml").write_text("vision: [alice]\nllm: [bob]\n")
+    monkeypatch.setenv("WANDB_ASSETS_HISTORY_RUNS_PER_TICK", "1000")
+    monkeypatch.setenv("WANDB_ASSETS_IDLE_GPU_PCT", str(IDLE_PCT))
+    for name in ("WANDB_ASSETS_PROJECTS", "WANDB_ASSETS_GPU_PRICES", "WANDB_ASSETS_GPU_DEFAULT_PRICE"):
+        monkeypatch.delenv(name, raising=False)  # the machine sets them; monkeypatch restores them after
+        monkeypatch.setenv(name, "x")
+        monkeypatch.delenv(name)
+    run_organisation(server, instance, warehouse_path, tmp_path, examples=3, steps=8)
+    print(STATS)
+    assert STATS["comparisons"] > 0 and STATS["idle_rows"] > 0
+
+
+def test_the_reference_model_is_worked_by_hand():
+    """8 GPUs 23:30 -> 01:30 (2 h), 3 samples an hour apart, all idle: 0.5 + 1.5 idle GPU-hours on the two days,
+    times 8; a vanished run counts to its last heartbeat; a moved copy counts nothing; unpriced is None, never 0."""
+    start = datetime(2026, 6, 1, 23, 30)
+    samples = [(start + timedelta(hours=k), [0.0] * 8) for k in range(3)]
+    runs = [
+        Copy(ENTITY, "a", "r", "alice", "H100-80GB", 8, start, "finished", start + timedelta(hours=2), None, samples),
+        Copy(ENTITY, "b", "r", "alice", "H100-80GB", 8, start, "moved", start + timedelta(hours=2)),
+        Copy(ENTITY, "a", "v", "carol", None, 1, start, "vanished", None, start + timedelta(hours=1)),
+    ]
+    usage = gpu_usage(runs, datetime(2026, 6, 3), {"H100-80GB": 2.0}, TEAMS, IDLE_PCT)
+    day1, day2 = date(2026, 6, 1), date(2026, 6, 2)
+    got = {(k[0], k[2], k[4]): (u.gpu_hours, u.idle_gpu_hours, u.cost_usd) for k, u in usage.items()}
+    assert got == {
+        (day1, "a", "vision"): (4.0, 4.0, 8.0),
+        (day2, "a", "vision"): (12.0, 12.0, 24.0),
+        (day1, "a", "unassigned"): (0.5, 0.0, None),
+        (day2, "a", "unassigned"): (0.5, 0.0, None),
+    }
