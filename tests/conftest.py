@@ -33,6 +33,7 @@ SLOWEST_FIRST = (
     "test_browser.py",
     "test_ducklake.py",
     "test_postgres_instance.py",
+    "test_reconcile_model.py",
     "test_feed_e2e.py",
     "test_cli_and_definitions.py",
     "test_analytics.py",

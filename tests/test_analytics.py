@@ -57,6 +57,13 @@ def build_hand_made_warehouse(path: Path, duplicate: str | None = None) -> None:
                 "(epoch($ended_at::TIMESTAMP) - epoch($created_at::TIMESTAMP)) / 3600 AS duration_hours",
                 {**run, "now": NOW},
             )
+        # r1's stream: both GPUs busy at 22:00 and 00:00, both idle at 23:45 (to the next sample, 00:00) and at 01:30
+        # (to the run's end, 02:00): 2 x 0.25 = 0.5 idle GPU-hours on Oct 31, 2 x 0.5 = 1.0 on Nov 1
+        con.execute(
+            "INSERT INTO run_gpu_samples SELECT 'e', 'p', 'r1', t::TIMESTAMP, gpu, u, 50.0, 300.0 FROM (VALUES "
+            "('2026-10-31 22:00', 90.0), ('2026-10-31 23:45', 0.0), ('2026-11-01 00:00', 90.0), "
+            "('2026-11-01 01:30', 0.0)) s(t, u), (VALUES (0), (1)) g(gpu)"
+        )
         con.execute(
             "INSERT INTO run_curve_idle VALUES ('e', 'p', 'r1', DATE '2026-10-31', 5.0, 0.5, 0.0), "
             "('e', 'p', 'r1', DATE '2026-11-01', 5.0, 1.0, 0.0)"

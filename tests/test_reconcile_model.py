@@ -166,6 +166,7 @@ class Organisation(RuleBasedStateMachine):
 
     @rule(run=RUNS)
     def start_a_run(self, run):
+        STATS["steps"]["start_a_run"] += 1
         project, user, model, gpus, days_ago, minute, hours, state, pattern = run
         now = _now()
         created = datetime.combine(now.date() - timedelta(days=days_ago), datetime.min.time())
@@ -185,6 +186,7 @@ class Organisation(RuleBasedStateMachine):
 
     @rule(data=st.data(), state=st.sampled_from(["finished", "failed", "crashed"]))
     def end_a_run(self, data, state):
+        STATS["steps"]["end_a_run"] += 1
         run = self._pick(data, alive=True)
         if run is None:
             return
@@ -194,6 +196,7 @@ class Organisation(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def delete_a_run(self, data):
+        STATS["steps"]["delete_a_run"] += 1
         run = self._pick(data)
         if run is None:
             return
@@ -202,6 +205,7 @@ class Organisation(RuleBasedStateMachine):
 
     @rule(data=st.data(), to=st.sampled_from(PROJECTS))
     def move_a_run(self, data, to):
+        STATS["steps"]["move_a_run"] += 1
         run = self._pick(data)
         if run is None or run.project == to:
             return
@@ -211,17 +215,20 @@ class Organisation(RuleBasedStateMachine):
 
     @rule(mirrored=st.lists(st.sampled_from(PROJECTS), min_size=1, max_size=3, unique=True))
     def change_the_mirror_set(self, mirrored):
+        STATS["steps"]["change_the_mirror_set"] += 1
         self.mirrored = tuple(sorted(mirrored))
         self._configure()
 
     @rule(h100=st.sampled_from([2.5, 3.0]), fallback=st.sampled_from([None, 1.0]))
     def change_the_prices(self, h100, fallback):
+        STATS["steps"]["change_the_prices"] += 1
         self.prices["H100-80GB"], self.fallback = h100, fallback
         self._configure()
 
     # -- the pipeline -------------------------------------------------------------------------------------------
     @rule()
     def backfill(self):
+        STATS["steps"]["backfill"] += 1
         from wandb_assets.ticks import execute_backfill
 
         now = _now()
@@ -243,6 +250,7 @@ class Organisation(RuleBasedStateMachine):
     @precondition(lambda self: getattr(self, "synced", False))
     @rule()
     def read_curves(self):
+        STATS["steps"]["read_curves"] += 1
         from wandb_assets.ticks import execute_curves
 
         assert execute_curves(self.instance).success
@@ -337,7 +345,7 @@ class Organisation(RuleBasedStateMachine):
 
 
 #: What the runs of the machine compared (the suite asserts it compared something; the soak prints it).
-STATS: dict = {"comparisons": 0, "rows": 0, "idle_rows": 0, "states": Counter()}
+STATS: dict = {"comparisons": 0, "rows": 0, "idle_rows": 0, "states": Counter(), "steps": Counter()}
 
 
 def run_organisation(server, instance, warehouse: Path, folder: Path, examples: int, steps: int) -> None:
@@ -349,26 +357,32 @@ def run_organisation(server, instance, warehouse: Path, folder: Path, examples: 
             stateful_step_count=steps,
             deadline=None,
             suppress_health_check=list(HealthCheck),
-            derandomize=os.environ.get("RECONCILE_SEED") is None,
+            derandomize=os.environ.get("RECONCILE_RANDOM") is None,
             database=None,
             phases=[Phase.explicit, Phase.generate, *([Phase.shrink] if os.environ.get("RECONCILE_SHRINK") else [])],
         ),
     )
 
 
-def test_every_number_reconciles_with_the_reference_model(
-    wandb_server, warehouse_path, instance, tmp_path, monkeypatch
-):
-    server = wandb_server([])
+def _environment(monkeypatch, tmp_path: Path) -> None:
+    """The organisation's settings: teams, every due curve read in one run, the idle threshold; the variables the
+    machine sets itself are restored by monkeypatch afterwards."""
     monkeypatch.setenv("WANDB_ASSETS_TEAMS", str(tmp_path / "teams.yaml"))
     (tmp_path / "teams.yaml").write_text("vision: [alice]\nllm: [bob]\n")
     monkeypatch.setenv("WANDB_ASSETS_HISTORY_RUNS_PER_TICK", "1000")
     monkeypatch.setenv("WANDB_ASSETS_IDLE_GPU_PCT", str(IDLE_PCT))
     for name in ("WANDB_ASSETS_PROJECTS", "WANDB_ASSETS_GPU_PRICES", "WANDB_ASSETS_GPU_DEFAULT_PRICE"):
-        monkeypatch.delenv(name, raising=False)  # the machine sets them; monkeypatch restores them after
         monkeypatch.setenv(name, "x")
         monkeypatch.delenv(name)
-    run_organisation(server, instance, warehouse_path, tmp_path, examples=3, steps=8)
+
+
+def test_every_number_reconciles_with_the_reference_model(
+    wandb_server, warehouse_path, instance, tmp_path, monkeypatch
+):
+    server = wandb_server([])
+    _environment(monkeypatch, tmp_path)
+    examples, steps = int(os.environ.get("RECONCILE_EXAMPLES", 4)), int(os.environ.get("RECONCILE_STEPS", 12))
+    run_organisation(server, instance, warehouse_path, tmp_path, examples=examples, steps=steps)
     print(STATS)
     assert STATS["comparisons"] > 0 and STATS["idle_rows"] > 0
 
@@ -392,3 +406,65 @@ def test_the_reference_model_is_worked_by_hand():
         (day1, "a", "unassigned"): (0.5, 0.0, None),
         (day2, "a", "unassigned"): (0.5, 0.0, None),
     }
+
+
+def test_each_lifecycle_path_reconciles_with_the_reference_model(
+    wandb_server, warehouse_path, instance, tmp_path, monkeypatch
+):
+    """The paths the random histories may miss, in one history: a 30-day idle run, a run across midnight, a run moved
+    while finished and one while alive, an alive and an ended run deleted, a project leaving with a running run and
+    coming back, a price change and the fallback price; after each backfill and curves run every gpu_usage row equals
+    the model and check holds."""
+    server = wandb_server([])
+    _environment(monkeypatch, tmp_path)
+    Organisation.context = {"server": server, "instance": instance, "warehouse": warehouse_path, "folder": tmp_path}
+    org = Organisation()
+    idle = [0.0] * 12
+    org.start_a_run(("test-project", "alice", "H100-80GB", 8, 35, 0, 30 * 24, "finished", idle))  # r0: 30 days
+    org.start_a_run(("test-project", "bob", "A100-80GB", 2, 3, 23 * 60 + 30, 2, "failed", [0.0, 90.0, 0.0]))  # r1
+    org.start_a_run(("p2", "carol", "Mystery-X1", 1, 5, 600, 5, "finished", [2.0, 90.0]))  # r2: unpriced
+    org.start_a_run(("p2", "alice", "H100-80GB", 2, 4, 60, 1, "running", [0.0, 0.0]))  # r3: alive
+    org.start_a_run(("p3", "bob", "H100-80GB", 1, 2, 60, 1, "running", [0.0, 0.0]))  # r4: alive, p3 will leave
+    org.start_a_run(("p3", "bob", "A100-80GB", 4, 6, 60, 3, "crashed", [0.0, 2.0, 90.0]))  # r5
+    org.backfill()
+    org.every_number_reconciles()
+    org.read_curves()
+    org.every_number_reconciles()
+    data = _Picks(org)
+    data.move("r0", "p2")  # a finished run moved
+    data.move("r3", "test-project")  # an alive run moved
+    data.delete("r2")  # an ended run deleted: it keeps its hours
+    data.delete("r1")
+    org.change_the_mirror_set(["p2", "test-project"])  # p3 leaves with r4 running
+    org.backfill()
+    org.every_number_reconciles()
+    states = {(c.project, c.run_id): c.state for c in org._copies()}
+    assert states[("test-project", "r0")] == "moved" and states[("p2", "r0")] == "finished"
+    assert states[("p2", "r3")] == "moved" and states[("p3", "r4")] == "vanished"
+    org.read_curves()
+    org.every_number_reconciles()
+    org.change_the_prices(3.0, 1.0)
+    org.change_the_mirror_set(list(PROJECTS))  # p3 comes back: r4 is running again
+    org.backfill()
+    org.every_number_reconciles()
+    assert {(c.project, c.run_id): c.state for c in org._copies()}[("p3", "r4")] == "running"
+    org.read_curves()
+    org.every_number_reconciles()
+
+
+class _Picks:
+    """Moves and deletes of named runs (the machine's rules pick them at random)."""
+
+    def __init__(self, org: Organisation) -> None:
+        self.org = org
+
+    def move(self, run_id: str, to: str) -> None:
+        run = self.org.runs[run_id]
+        self.org.server.remove_runs([run_id], ENTITY, run.project)
+        run.project = to
+        self.org._publish(run)
+
+    def delete(self, run_id: str) -> None:
+        run = self.org.runs[run_id]
+        self.org.server.remove_runs([run_id], ENTITY, run.project)
+        run.project = None
