@@ -401,3 +401,33 @@ def test_b12_idle_and_failed_cents_follow_the_rows_cents_and_a_month_is_not_expo
         export_chargeback(con, date(2026, 10, 1), tmp_path)
     assert done.path.read_text() == first
     assert "100.00" in export_chargeback(con, date(2026, 10, 1), tmp_path, force=True).path.read_text()
+
+
+def test_a_project_out_of_the_mirror_set_keeps_its_alerts_open_unwatched_and_they_go_on_when_it_returns(memory_con):
+    """Open stalled_run alerts in e/a and e/b. An evaluation while only e/a is mirrored (a refresh with
+    WANDB_PROJECT=a) finds e/a's run healthy and nothing of e/b: e/a's alert resolves, e/b's stays open, marked
+    unwatched, with no page. Back in the mirror set with its run still stalled: the same alert goes on, no 'opened'."""
+    from wandb_assets.lib.alerts import Condition, reconcile
+
+    ensure_schema(memory_con)
+    t0 = datetime(2026, 11, 1, 12)
+
+    def stalled(project: str) -> Condition:
+        details = {"entity": "e", "project": project, "run_id": "r"}
+        return Condition("stalled_run", f"e/{project}:r", "warning", f"r of e/{project} stalled", details)
+
+    both = [{"entity": "e", "project": p, "error": None} for p in ("a", "b")]
+    record_projects(memory_con, both, t0)
+    opened = reconcile(memory_con, [stalled("a"), stalled("b")], {"stalled_run"}, t0, [])
+    assert [(t.event, t.condition.subject) for t in opened] == [("opened", "e/a:r"), ("opened", "e/b:r")]
+    record_projects(memory_con, [both[0]], t0 + timedelta(minutes=15))
+    narrowed = reconcile(memory_con, [], {"stalled_run"}, t0 + timedelta(minutes=15), [])
+    assert [(t.event, t.condition.subject) for t in narrowed] == [("resolved", "e/a:r")]
+    still = memory_con.execute(
+        "SELECT alert_key, details->>'unwatched' FROM alerts WHERE resolved_at IS NULL ORDER BY 1"
+    ).fetchall()
+    assert still == [("stalled_run:e/b:r", "true")]
+    record_projects(memory_con, both, t0 + timedelta(minutes=30))
+    back = reconcile(memory_con, [stalled("b")], {"stalled_run"}, t0 + timedelta(minutes=30), [])
+    assert back == []
+    assert memory_con.execute("SELECT count(*) FROM alerts WHERE alert_key = 'stalled_run:e/b:r'").fetchone() == (1,)

@@ -739,6 +739,17 @@ class Transition:
     condition: Condition
 
 
+def _unwatched_projects(con) -> set[tuple[str, str]]:
+    """``(entity, project)`` of the projects recorded but not mirrored now (``wandb_projects``): nobody watches them."""
+    exists = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'wandb_projects' "
+        "AND database_name = current_database()"
+    ).fetchone()[0]
+    if not exists:
+        return set()
+    return {(e, p) for e, p in con.execute("SELECT entity, project FROM wandb_projects WHERE NOT mirrored").fetchall()}
+
+
 @retry_on_conflict
 def reconcile(
     con, conditions: list[Condition], evaluated: set[str], now: datetime, channels: list[str]
@@ -746,7 +757,9 @@ def reconcile(
     """Open, touch and resolve alerts; queue one message per channel per transition. One transaction.
 
     ``evaluated`` says what this evaluation covered: rule names (every subject of the rule) or single
-    alert keys (``pipeline_failure:feed``). Only an open alert it covered and that no longer holds resolves.
+    alert keys (``pipeline_failure:feed``). Only an open alert it covered and that no longer holds resolves; an alert of
+    a project outside the mirror set now is unwatched, not healthy: it stays open (``details.unwatched``) and goes on
+    under the same key when the project returns.
     """
     con.execute(ALERT_SQL)
     transitions: list[Transition] = []
@@ -760,6 +773,7 @@ def reconcile(
             )
         }
         holding = {c.key: c for c in conditions}
+        unwatched = _unwatched_projects(con)
         for key, condition in holding.items():
             params = {
                 "key": key,
@@ -783,6 +797,18 @@ def reconcile(
                 transitions.append(Transition("opened", condition))
         for key, row in open_alerts.items():
             if key not in holding and (row["rule"] in evaluated or key in evaluated):
+                details = json.loads(row["details"]) if isinstance(row["details"], str) else row["details"]
+                if (
+                    row["rule"] != "project_unreachable"  # (a project no longer mirrored needs no reading)
+                    and (details or {}).get("entity") is not None
+                    and (details["entity"], details.get("project")) in unwatched
+                ):  # out of the mirror set: unwatched, not healthy; it goes on under its key when the project returns
+                    if not details.get("unwatched"):
+                        con.execute(
+                            "UPDATE alerts SET details = $details::JSON WHERE alert_key = $key AND resolved_at IS NULL",
+                            {"key": key, "details": json.dumps({**details, "unwatched": True}, default=str)},
+                        )
+                    continue
                 con.execute(
                     "UPDATE alerts SET resolved_at = $now WHERE alert_key = $key AND resolved_at IS NULL",
                     {"key": key, "now": now},
