@@ -18,13 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wandb_assets.lib import exports
+from wandb_assets.lib.derived import rebuild_gpu_hours, rebuild_gpu_usage, rebuild_success_rates
 from wandb_assets.lib.schema_docs import DBT_SOURCE_ASSETS
-from wandb_assets.lib.warehouse import (
-    ensure_schema,
-    rebuild_gpu_hours,
-    rebuild_gpu_usage,
-    rebuild_success_rates,
-)
+from wandb_assets.lib.warehouse import ensure_schema
 
 NOW = datetime(2026, 11, 10, 12, 0)
 PRICES = {"H100-80GB": 2.99, "A100-40GB": 1.29}

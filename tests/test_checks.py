@@ -10,14 +10,8 @@ import pytest
 
 from tests.fleet import fleet_row, load
 from wandb_assets.lib.checks import INVARIANTS, broken, check_warehouse
-from wandb_assets.lib.warehouse import (
-    GPU_SAMPLES_SQL,
-    ensure_schema,
-    load_runs_window,
-    rebuild_gpu_usage,
-    record_projects,
-    stage_rows,
-)
+from wandb_assets.lib.derived import rebuild_gpu_usage
+from wandb_assets.lib.warehouse import GPU_SAMPLES_SQL, ensure_schema, load_runs_window, record_projects, stage_rows
 
 NOW = datetime.now(UTC).replace(tzinfo=None)
 T = datetime(2026, 6, 1)

@@ -308,7 +308,7 @@ def test_changing_the_idle_threshold_judges_the_curves_idle_hours_again(wandb_se
     mixes the two thresholds."""
     import duckdb
 
-    from wandb_assets.lib.warehouse import rebuild_gpu_usage
+    from wandb_assets.lib.derived import rebuild_gpu_usage
 
     wandb_server([_two_gpus_partly_idle()])
     assert _backfill_and_curves(instance)

@@ -161,8 +161,8 @@ def test_gpu_usage_costs_by_day_user_team_and_model_hand_worked(memory_con):
     import yaml
 
     from tests.fleet import load
+    from wandb_assets.lib.derived import rebuild_gpu_usage
     from wandb_assets.lib.gpus import parse_prices, parse_teams
-    from wandb_assets.lib.warehouse import rebuild_gpu_usage
 
     prices = parse_prices(yaml.safe_load("NVIDIA H100 80GB HBM3: 3.0\nA100-SXM4-40GB: 1.5\n"), "prices")
     assert prices == {"H100-80GB": 3.0, "A100-40GB": 1.5}
@@ -181,7 +181,7 @@ def test_gpu_usage_costs_by_day_user_team_and_model_hand_worked(memory_con):
         ("2026-06-10", "b", "carol", "unassigned", "Apple M2 Max", 1, 5.0, None),
     ]
     # The same GPU-hours as the gpu_hours table (one rule).
-    from wandb_assets.lib.warehouse import rebuild_gpu_hours
+    from wandb_assets.lib.derived import rebuild_gpu_hours
 
     rebuild_gpu_hours(memory_con, datetime(2026, 6, 10, 12))
     assert memory_con.execute("SELECT sum(gpu_hours) FROM gpu_hours WHERE category = 'all'").fetchone()[0] == 47.0
@@ -410,7 +410,7 @@ def test_idle_gpu_hours_come_from_the_samples_taken_while_a_run_ran(memory_con):
     both idle: held until now, 0.75 h x 2 = 1.5.
     ``gap``: 1 GPU, samples at 09:00 (idle) and 12:00 (busy): the idle one holds an hour at most = 1.0."""
     from tests.fleet import fleet_row, load
-    from wandb_assets.lib.warehouse import rebuild_gpu_usage
+    from wandb_assets.lib.derived import rebuild_gpu_usage
 
     d = datetime
     load(
@@ -458,8 +458,9 @@ def test_an_offline_log_gives_its_idle_gpu_hours_from_its_own_stats_records(memo
     each held 600 s, so 0.5 idle GPU-hours on each day; GPU-hours 2 GPUs x 20 min = 0.6667 per day. The count
     and model come from the client's wandb-metadata.json beside the log; without it, from the stats records."""
     from tests.offline_logs import legacy_log_bytes
+    from wandb_assets.lib.derived import rebuild_gpu_usage
     from wandb_assets.lib.offline_runs import read_changed_logs
-    from wandb_assets.lib.warehouse import load_offline_runs, rebuild_gpu_usage, stage_rows
+    from wandb_assets.lib.warehouse import load_offline_runs, stage_rows
 
     start = 1_700_005_200  # 2023-11-14 23:40:00 UTC
     samples = [(0.0, 90.0), (2.0, 3.0), (50.0, 4.9), (1.0, 1.0)]
@@ -588,9 +589,10 @@ def test_idle_gpu_hours_never_exceed_gpu_hours_when_a_sample_sees_the_whole_node
     00:15 to 06:00 (5.75 h held): 8.625 idle GPU-hours of 12 GPU-hours (it was 34.5 of 12, 46 with all 8 idle)."""
     from datetime import datetime, timedelta
 
+    from wandb_assets.lib.derived import rebuild_gpu_usage
     from wandb_assets.lib.gauges import compute_gauges
     from wandb_assets.lib.gpus import idle_gpu_hours_by_day
-    from wandb_assets.lib.warehouse import GPU_SAMPLES_SQL, ensure_schema, rebuild_gpu_usage
+    from wandb_assets.lib.warehouse import GPU_SAMPLES_SQL, ensure_schema
 
     ensure_schema(memory_con)
     sample = [{"gpu_index": i, "utilisation": 0.0 if i < 6 else 90.0, "memory": 1.0} for i in range(8)]

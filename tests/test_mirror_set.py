@@ -7,8 +7,9 @@ Findings 6 and 13 of code-review-2026-11c, and issue 32's switch from ``WANDB_AS
 from datetime import date, datetime, timedelta
 
 from wandb_assets.lib.alerts import AlertThresholds, evaluate_rules
+from wandb_assets.lib.derived import rebuild_gpu_hours
 from wandb_assets.lib.gauges import compute_gauges, compute_project_gauges
-from wandb_assets.lib.warehouse import ensure_schema, rebuild_gpu_hours, record_projects, record_snapshot
+from wandb_assets.lib.warehouse import ensure_schema, record_projects, record_snapshot
 
 T0 = datetime(2026, 11, 1)
 IDLE = [{"gpu_index": i, "utilisation": 0.0, "memory": 0.0} for i in range(8)]

@@ -198,7 +198,8 @@ UNKEYED_ALERTS = "SELECT * EXCLUDE (alert_key, subject) FROM alerts ORDER BY ALL
 
 
 def test_a_warehouse_written_before_runs_had_a_project_is_migrated_in_place_and_loses_nothing(tmp_path):
-    from wandb_assets.lib.warehouse import ensure_schema, rebuild_success_rates
+    from wandb_assets.lib.derived import rebuild_success_rates
+    from wandb_assets.lib.warehouse import ensure_schema
 
     path = tmp_path / "w.duckdb"
     _old_warehouse(path)

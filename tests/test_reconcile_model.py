@@ -381,7 +381,7 @@ def test_every_number_reconciles_with_the_reference_model(
 ):
     server = wandb_server([])
     _environment(monkeypatch, tmp_path)
-    examples, steps = int(os.environ.get("RECONCILE_EXAMPLES", 4)), int(os.environ.get("RECONCILE_STEPS", 12))
+    examples, steps = int(os.environ.get("RECONCILE_EXAMPLES", 3)), int(os.environ.get("RECONCILE_STEPS", 10))
     run_organisation(server, instance, warehouse_path, tmp_path, examples=examples, steps=steps)
     print(STATS)
     assert STATS["comparisons"] > 0 and STATS["idle_rows"] > 0

@@ -11,12 +11,12 @@ import pytest
 from wandb_assets.lib.checks import broken
 from wandb_assets.lib.curves import CurvesFolder, read_curves
 from wandb_assets.lib.curves_warehouse import load_curves
+from wandb_assets.lib.derived import rebuild_gpu_usage
 from wandb_assets.lib.warehouse import (
     WHOLE_KEY,
     ensure_schema,
     load_runs_window,
     ndjson_lines,
-    rebuild_gpu_usage,
     record_projects,
     unfinished_runs_by_project,
 )

@@ -8,8 +8,8 @@ import pytest
 from tests.fleet import fleet_row, load
 from wandb_assets import warehouse
 from wandb_assets.lib.clock import configured_time
+from wandb_assets.lib.derived import rebuild_gpu_hours, rebuild_push_to_main_sps, rebuild_success_rates
 from wandb_assets.lib.errors import ConfigError
-from wandb_assets.lib.warehouse import rebuild_gpu_hours, rebuild_push_to_main_sps, rebuild_success_rates
 from wandb_assets.localwandb.server import iso_z
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import duckdb
 
+from wandb_assets.lib.derived import rebuild_gpu_hours, rebuild_gpu_usage
 from wandb_assets.lib.gauges import compute_gauges
 from wandb_assets.lib.warehouse import (
     ASKED_KEY,
@@ -18,8 +19,6 @@ from wandb_assets.lib.warehouse import (
     ensure_schema,
     load_runs_window,
     ndjson_lines,
-    rebuild_gpu_hours,
-    rebuild_gpu_usage,
     unfinished_runs_by_project,
 )
 

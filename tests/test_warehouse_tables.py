@@ -6,14 +6,8 @@ import duckdb
 import pytest
 
 from tests.fleet import fleet_row
-from wandb_assets.lib.warehouse import (
-    rebuild_gpu_hours,
-    rebuild_push_to_main_sps,
-    rebuild_success_rates,
-    refresh_days,
-    replace_runs_window,
-    unfinished_run_ids,
-)
+from wandb_assets.lib.derived import rebuild_gpu_hours, rebuild_push_to_main_sps, rebuild_success_rates
+from wandb_assets.lib.warehouse import refresh_days, replace_runs_window, unfinished_run_ids
 
 NOW = datetime(2026, 6, 4, 2, 0)
 ROWS = [

@@ -277,7 +277,7 @@ def chargeback(con, month: date | str | None = None):
 
 def top_idle_runs(con, limit: int = 10, now=None, idle_pct: float | None = None):
     """The runs that left the most GPU-hours idle (from ``gpu_samples``; ``WANDB_ASSETS_IDLE_GPU_PCT``)."""
-    from wandb_assets.lib.warehouse import TOP_IDLE_RUNS_SQL
+    from wandb_assets.lib.derived import TOP_IDLE_RUNS_SQL
     from wandb_assets.settings import load_settings
 
     at = now or con.execute("SELECT max(snapshot_at) FROM gpu_samples").fetchone()[0] or datetime(1970, 1, 1)
@@ -287,7 +287,7 @@ def top_idle_runs(con, limit: int = 10, now=None, idle_pct: float | None = None)
 
 def gpu_hours_by_source(con, now=None):
     """GPU-hours by where each run's GPU count came from (``gpu_count_source``): the share that is a guess."""
-    from wandb_assets.lib.warehouse import GPU_HOURS_BY_SOURCE_SQL
+    from wandb_assets.lib.derived import GPU_HOURS_BY_SOURCE_SQL
 
     at = now or con.execute("SELECT max(snapshot_at) FROM fleet_metrics").fetchone()[0] or datetime(1970, 1, 1)
     return con.execute(GPU_HOURS_BY_SOURCE_SQL, {"now": at}).df()

@@ -10,12 +10,13 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
+from wandb_assets.lib.derived import GPU_USAGE_BUILD_KEY, GPU_USAGE_SQL, daily_gpu_hours_sql
 from wandb_assets.lib.gauges import curve_idle_sql
 from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, usd_sql
 from wandb_assets.lib.normalize import MOVED
 from wandb_assets.lib.runs_lifecycle import LEFT_BEHIND_SQL
 from wandb_assets.lib.sql import ALIVE_SQL, BUSY_SQL, INPUTS_KEY, MIRRORED_NOW_SQL, meta_value, run_gpu_hours_sql
-from wandb_assets.lib.warehouse import GPU_USAGE_BUILD_KEY, GPU_USAGE_SQL, daily_gpu_hours_sql, has_table
+from wandb_assets.lib.warehouse import has_table
 
 #: Rules whose subject is one run (its id in ``details.run_id``).
 RUN_RULES = ("stalled_run", "long_running", "idle_gpus")

@@ -17,32 +17,25 @@ from pathlib import Path
 from typing import Any
 
 from wandb_assets.lib.alerts import ALERT_SQL, scope_unscoped_alerts
-from wandb_assets.lib.curves_warehouse import CURVE_IDLE_RUNS_SQL, CURVES_SCHEMA_SQL, rejudge_curve_idle
+from wandb_assets.lib.curves_warehouse import CURVES_SCHEMA_SQL
 from wandb_assets.lib.datadog_feed import LEDGER_SQL
 from wandb_assets.lib.gauges import (
     RUNS_AS_OF_SQL,
     compute_gauges,
     gauge_params,
-    held_samples_sql,
     project_metrics_sql,
 )
-from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, price_basis_sql, prices_param, usd_sql
-from wandb_assets.lib.idle import held_daily_sql
+from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT
 from wandb_assets.lib.lake import in_lake, retry_on_conflict
 from wandb_assets.lib.normalize import SPS_KEYS, VANISHED
 from wandb_assets.lib.runs_lifecycle import ASK_AGAIN_SQL, mark_moved, price_runs, settle, unmirror
 from wandb_assets.lib.sql import (
     ALIVE_SQL,
-    ENDED_SQL,
     FAILED_SQL,
-    INPUTS_KEY,
     NOW_UTC_SQL,
     busy_until_sql,
     inputs_changed,
     literal_path,
-    meta_value,
-    run_gpu_hours_sql,
-    set_meta,
     success_rate_sql,
     transaction,
 )
@@ -714,176 +707,6 @@ def replace_runs_window(con, rows: Iterable[dict[str, Any]], start: datetime, en
     finally:
         os.unlink(path)
     return written
-
-
-@retry_on_conflict
-def _replace_table(con, table: str, select_sql: str, params: dict | None = None) -> int:
-    """Replace a whole derived table with the result of ``select_sql`` in one transaction."""
-    with transaction(con):
-        con.execute(f"DELETE FROM {table}")
-        con.execute(f"INSERT INTO {table} BY NAME {select_sql}", params or {})
-    return con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-
-
-PUSH_TO_MAIN_SPS_SQL = f"""
-SELECT entity, project, run_id, name, ci_branch, ci_commit, ci_config, ci_timestamp, state, created_at, ended_at, url,
-       {", ".join(_SPS_COLUMNS)}, sps_steady
-FROM runs WHERE category = 'push_to_main'
-"""
-
-SUCCESS_RATES_SQL = f"""
-SELECT entity, project, ended_at::DATE AS day,
-       CASE WHEN GROUPING(category) = 1 THEN 'all' ELSE category END AS category,
-       count(*) FILTER (WHERE state = 'finished') AS completed,
-       count(*) FILTER (WHERE state IN ({FAILED_SQL})) AS failed,
-       count(*) FILTER (WHERE state NOT IN ('finished', {FAILED_SQL})) AS other_ended,
-       {success_rate_sql("completed", "failed")} AS success_rate_pct
-FROM runs
-WHERE state IN ({ENDED_SQL}) AND ended_at IS NOT NULL
-GROUP BY GROUPING SETS ((entity, project, ended_at::DATE), (entity, project, ended_at::DATE, category))
-"""
-
-
-def daily_gpu_hours_sql(columns: str) -> str:
-    """CTEs ``spans`` and ``daily``: each run's busy span (``busy_until_sql`` at ``$now``) cut at UTC midnights,
-    one row per run and day with ``day_start`` and ``gpu_hours`` (its GPUs times the hours of that day), carrying
-    the runs ``columns``. The one GPU-hours rule of the gpu_hours and gpu_usage tables."""
-    return f"""
-spans AS (
-    SELECT {columns}, gpu_count, created_at AS span_start, {busy_until_sql("$now::TIMESTAMP")} AS span_end
-    FROM runs WHERE created_at IS NOT NULL
-),
-daily AS (
-    SELECT *, gpu_count * (epoch(least(span_end, day_start + INTERVAL 1 DAY))
-                           - epoch(greatest(span_start, day_start))) / 3600.0 AS gpu_hours
-    FROM (
-        SELECT *,
-               -- range() excludes its end: a span ending exactly at midnight adds no 0-hour day after it
-               unnest(range(date_trunc('day', span_start), span_end, INTERVAL 1 DAY)) AS day_start
-        FROM spans WHERE span_end > span_start
-    )
-)"""
-
-
-GPU_HOURS_SQL = f"""
-WITH {daily_gpu_hours_sql("entity, project, category")}
-SELECT entity, project, day_start::DATE AS day,
-       CASE WHEN GROUPING(category) = 1 THEN 'all' ELSE category END AS category,
-       count(*) AS runs, sum(gpu_hours) AS gpu_hours
-FROM daily
-GROUP BY GROUPING SETS ((entity, project, day_start), (entity, project, day_start, category))
-"""
-
-#: CTEs ``sampled``, ``held``, ``idle``, ``partly_idle``: idle GPU-hours per run and UTC day up to ``$now``: for a
-#: run whose curves were read after it ended, from its whole sampled GPU stream, judged when they were loaded
-#: (``run_curve_idle``, ``lib.curves_warehouse``; ``partly_idle``: GPUs idle while another GPU of the run was busy);
-#: else from the samples
-#: ticks took while it ran (``gauges.held_samples_sql``), or for an offline run from its log
-#: (``runs.log_idle_gpu_hours``); a GPU below ``$idle_pct`` is idle. The one rule for gpu_usage and the notebooks.
-IDLE_GPU_HOURS_SQL = f"""{
-    held_samples_sql(
-        f"(SELECT * FROM runs WHERE (entity, project, run_id) NOT IN {CURVE_IDLE_RUNS_SQL})", "$now::TIMESTAMP"
-    )
-},
-partly_idle AS (
-    SELECT entity, project, run_id, day::TIMESTAMP AS day_start, partly_idle_gpu_hours
-    FROM run_curve_idle WHERE day::TIMESTAMP <= $now::TIMESTAMP
-),
-{held_daily_sql()},
-idle AS (
-    SELECT entity, project, run_id, day_start, sum(idle * hours) AS idle_gpu_hours
-    FROM held_daily GROUP BY ALL
-    UNION ALL  -- runs read whole after their end: from their own sampled stream, judged at their load
-    SELECT entity, project, run_id, day::TIMESTAMP AS day_start, idle_gpu_hours
-    FROM run_curve_idle WHERE day::TIMESTAMP <= $now::TIMESTAMP
-    UNION ALL  -- offline logs: idle GPU-hours per day from their stats records, judged when the log was read
-    SELECT entity, project, run_id, day_start, sum(idle_gpu_hours) FROM (
-        SELECT entity, project, run_id, u.day::TIMESTAMP AS day_start, u.idle_gpu_hours
-        FROM (SELECT entity, project, run_id, unnest(log_idle_gpu_hours) AS u FROM runs
-              WHERE log_idle_gpu_hours IS NOT NULL)
-        WHERE u.day::TIMESTAMP <= $now::TIMESTAMP
-    ) GROUP BY ALL
-)
-"""
-
-#: GPU-hours and dollars per UTC day, project, user, team, category and GPU model (``$prices``: JSON list of
-#: ``{model, usd}``; ``$teams``: JSON list of ``{user, team}``). A model without a price costs the fallback price
-#: (``price_basis`` fallback) or NULL, never 0.
-GPU_USAGE_SQL = f"""
-WITH {PRICES_CTE},
-teams AS (
-    SELECT unnest(from_json($teams::JSON, '[{{"user": "VARCHAR", "team": "VARCHAR"}}]'), recursive := true)
-),
-{IDLE_GPU_HOURS_SQL},
-{daily_gpu_hours_sql('entity, project, run_id, category, "user" AS username, gpu_model, state')}
-SELECT day_start::DATE AS day, d.entity, d.project, username, coalesce(t.team, 'unassigned') AS team, category,
-       gpu_model, count(*) AS runs, sum(gpu_hours) AS gpu_hours, sum(gpu_hours * {usd_sql()}) AS cost_usd,
-       coalesce(sum(i.idle_gpu_hours), 0) AS idle_gpu_hours, {price_basis_sql()} AS price_basis,
-       coalesce(sum(pi.partly_idle_gpu_hours), 0) AS partly_idle_gpu_hours,
-       coalesce(sum(i.idle_gpu_hours), 0) * {usd_sql()} AS idle_cost_usd,
-       coalesce(sum(gpu_hours) FILTER (WHERE state IN ({FAILED_SQL})), 0) AS failed_gpu_hours,
-       coalesce(sum(gpu_hours) FILTER (WHERE state IN ({FAILED_SQL})), 0) * {usd_sql()} AS failed_cost_usd
-FROM daily d LEFT JOIN prices p ON p.model = d.gpu_model LEFT JOIN teams t ON t.user = d.username
-LEFT JOIN idle i USING (entity, project, run_id, day_start)
-LEFT JOIN partly_idle pi USING (entity, project, run_id, day_start)
-GROUP BY day_start, d.entity, d.project, username, team, category, gpu_model, p.usd
-"""
-
-
-#: The runs that left the most GPU-hours idle (``$limit``), with who ran them, on what, and since when.
-TOP_IDLE_RUNS_SQL = f"""
-WITH {IDLE_GPU_HOURS_SQL}
-SELECT r.entity || '/' || r.project AS project, r.run_id, r.name, r."user", r.state, r.gpu_count, r.gpu_model,
-       round(sum(i.idle_gpu_hours), 2) AS idle_gpu_hours, r.url
-FROM idle i JOIN runs r USING (entity, project, run_id)
-GROUP BY ALL HAVING sum(i.idle_gpu_hours) > 0 ORDER BY idle_gpu_hours DESC, r.run_id LIMIT $limit
-"""
-
-#: GPU-hours by where each run's GPU count came from (config, metadata, system_metrics, default): how much is a guess.
-GPU_HOURS_BY_SOURCE_SQL = f"""
-SELECT coalesce(gpu_count_source, 'unknown') AS gpu_count_source, count(*) AS runs,
-       sum({run_gpu_hours_sql("$now::TIMESTAMP")}) AS gpu_hours
-FROM runs WHERE created_at IS NOT NULL AND {busy_until_sql("$now::TIMESTAMP")} > created_at
-GROUP BY 1 ORDER BY gpu_hours DESC
-"""
-
-
-@retry_on_conflict
-def rebuild_gpu_usage(
-    con, now: datetime, prices: dict[str, float], teams: dict[str, str], idle_pct: float = DEFAULT_IDLE_GPU_PCT
-) -> int:
-    """Rebuild ``gpu_usage`` at ``now`` (running runs count up to it) with these prices and teams; a sampled GPU
-    below ``idle_pct`` is idle. Records how it was built (``GPU_USAGE_BUILD_KEY``)."""
-    params = {
-        "now": now,
-        "idle_pct": idle_pct,
-        "prices": prices_param(prices.items()),
-        "teams": json.dumps([{"user": u, "team": t} for u, t in teams.items()]),
-    }
-    with transaction(con):
-        rejudge_curve_idle(con, idle_pct, now)
-        con.execute("DELETE FROM gpu_usage")
-        con.execute(f"INSERT INTO gpu_usage BY NAME {GPU_USAGE_SQL}", params)
-        built = {**params, "now": now.isoformat(sep=" "), "inputs": meta_value(con, INPUTS_KEY)}
-        set_meta(con, GPU_USAGE_BUILD_KEY, json.dumps(built))
-    return con.execute("SELECT count(*) FROM gpu_usage").fetchone()[0]
-
-
-#: ``warehouse_meta`` key: how ``gpu_usage`` was last built (its ``now``, prices, teams and idle threshold, and the
-#: inputs' token), so ``check`` can compute it again and compare.
-GPU_USAGE_BUILD_KEY = "gpu_usage_build"
-
-
-def rebuild_push_to_main_sps(con) -> int:
-    return _replace_table(con, "push_to_main_sps", PUSH_TO_MAIN_SPS_SQL)
-
-
-def rebuild_success_rates(con) -> int:
-    return _replace_table(con, "success_rates", SUCCESS_RATES_SQL)
-
-
-def rebuild_gpu_hours(con, now: datetime) -> int:
-    return _replace_table(con, "gpu_hours", GPU_HOURS_SQL, {"now": now})
 
 
 #: The projects after one fetch's report (``$report``: JSON list of ``{entity, project, error, unchanged}``,
