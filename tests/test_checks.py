@@ -49,6 +49,8 @@ BREAKS = {
     "gpu_usage_reconciles": "UPDATE gpu_usage SET gpu_hours = gpu_hours + 0.01 WHERE project = 'p'",
     "one_project_per_run": "INSERT INTO runs SELECT * REPLACE ('p2' AS project, ['vanished'] AS anomalies) "
     "FROM runs WHERE run_id = 'done'" + STALE,
+    "no_run_left_unmirrored": "UPDATE runs SET state = 'vanished', anomalies = ['unmirrored'], "
+    "ingested_at = TIMESTAMP '2026-05-01' WHERE run_id = 'live'" + STALE,
     "curves_once": "INSERT INTO run_history VALUES ('e', 'p', 'done', 'overview/sps', 1, NULL, 1.0), "
     "('e', 'p', 'done', 'overview/sps', 1, NULL, 1.0), ('e', 'p', 'done', 'overview/sps', 2, NULL, 1.0)",
 }
@@ -87,14 +89,14 @@ def test_the_command_exits_0_when_all_hold_1_naming_what_breaks_and_2_without_a_
 
     ok = check()
     assert ok.returncode == 0, ok.stderr
-    assert ok.stdout.splitlines()[-1] == f"9 of 9 invariants hold over 2 runs of {path}."
+    assert ok.stdout.splitlines()[-1] == f"10 of 10 invariants hold over 2 runs of {path}."
     con = duckdb.connect(str(path))
     con.execute(BREAKS["cost_is_hours_times_price"])
     con.close()
     bad = check()
     assert bad.returncode == 1
     assert "FAILED cost_is_hours_times_price: 1 row(s) break" in bad.stdout
-    assert bad.stdout.splitlines()[-1].startswith("8 of 9 invariants hold")
+    assert bad.stdout.splitlines()[-1].startswith("9 of 10 invariants hold")
     path.unlink()
     gone = check()
     assert (gone.returncode, gone.stdout) == (2, "")

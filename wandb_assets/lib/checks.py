@@ -13,8 +13,8 @@ from datetime import datetime
 from wandb_assets.lib.derived import GPU_USAGE_BUILD_KEY, GPU_USAGE_SQL, daily_gpu_hours_sql
 from wandb_assets.lib.gauges import curve_idle_sql
 from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, usd_sql
-from wandb_assets.lib.normalize import MOVED
-from wandb_assets.lib.runs_lifecycle import LEFT_BEHIND_SQL
+from wandb_assets.lib.normalize import MOVED, VANISHED
+from wandb_assets.lib.runs_lifecycle import LEFT_BEHIND_SQL, UNMIRRORED
 from wandb_assets.lib.sql import ALIVE_SQL, BUSY_SQL, INPUTS_KEY, MIRRORED_NOW_SQL, meta_value, run_gpu_hours_sql
 from wandb_assets.lib.warehouse import has_table
 
@@ -140,6 +140,16 @@ WHERE abs(coalesce(s.idle_gpu_hours, 0) - coalesce(c.idle_gpu_hours, 0)) > 1e-6"
 FROM runs JOIN runs o ON o.entity = runs.entity AND o.run_id = runs.run_id AND o.created_at = runs.created_at
  AND o.project <> runs.project
 WHERE runs.state <> '{MOVED}' AND ({LEFT_BEHIND_SQL}) AND NOT ({LEFT_BEHIND_SQL.replace("runs.", "o.")})""",
+        ("runs", "wandb_projects"),
+    ),
+    Invariant(
+        "no_run_left_unmirrored",
+        "a run marked only because its project left the mirror set is asked for again once the project is back (the "
+        "project's next fetch restores it, or marks it vanished)",
+        f"""SELECT r.entity, r.project, r.run_id, r.ingested_at, w.last_fetched_at FROM runs r
+JOIN wandb_projects w ON w.entity = r.entity AND w.project = r.project
+WHERE w.mirrored AND r.state = '{VANISHED}' AND list_contains(coalesce(r.anomalies, []), '{UNMIRRORED}')
+  AND NOT list_contains(r.anomalies, '{VANISHED}') AND w.last_fetched_at > r.ingested_at""",
         ("runs", "wandb_projects"),
     ),
     Invariant(
