@@ -431,3 +431,24 @@ def test_a_project_out_of_the_mirror_set_keeps_its_alerts_open_unwatched_and_the
     back = reconcile(memory_con, [stalled("b")], {"stalled_run"}, t0 + timedelta(minutes=30), [])
     assert back == []
     assert memory_con.execute("SELECT count(*) FROM alerts WHERE alert_key = 'stalled_run:e/b:r'").fetchone() == (1,)
+
+
+def test_an_offline_run_read_with_its_curves_counts_its_gpu_hours_and_idle_hours_once(memory_con):
+    """An offline run (1 GPU, 10:00-12:00) whose log gave both its idle hours per day (log_idle_gpu_hours: 2.0) and
+    its curves (run_curve_idle: 2.0, from the same stream): 2 GPU-hours, 2 idle. (a12c3e6 joined both sources:
+    4 GPU-hours and 4 idle hours in gpu_usage.)"""
+    from wandb_assets.lib.derived import rebuild_gpu_usage
+
+    ensure_schema(memory_con)
+    memory_con.execute(
+        "INSERT INTO runs (entity, project, run_id, state, created_at, heartbeat_at, ended_at, gpu_count, source, "
+        "log_idle_gpu_hours, anomalies) VALUES ('e', 'p', 'o', 'finished', '2026-06-01 10:00', '2026-06-01 12:00', "
+        "'2026-06-01 12:00', 1, 'offline', [{'day': DATE '2026-06-01', 'idle_gpu_hours': 2.0}], [])"
+    )
+    memory_con.execute(
+        "INSERT INTO run_gpu_samples VALUES ('e', 'p', 'o', '2026-06-01 10:00', 0, 0, 0, 0), "
+        "('e', 'p', 'o', '2026-06-01 11:00', 0, 0, 0, 0), ('e', 'p', 'o', '2026-06-01 12:00', 0, 0, 0, 0)"
+    )
+    memory_con.execute("INSERT INTO run_curve_idle VALUES ('e', 'p', 'o', '2026-06-01', 5, 2.0, 0)")
+    rebuild_gpu_usage(memory_con, datetime(2026, 6, 2), {}, {})
+    assert memory_con.execute("SELECT gpu_hours, idle_gpu_hours FROM gpu_usage").fetchall() == [(2.0, 2.0)]

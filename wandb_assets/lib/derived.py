@@ -110,11 +110,11 @@ idle AS (
     UNION ALL  -- runs read whole after their end: from their own sampled stream, judged at their load
     SELECT entity, project, run_id, day::TIMESTAMP AS day_start, idle_gpu_hours
     FROM run_curve_idle WHERE day::TIMESTAMP <= $now::TIMESTAMP
-    UNION ALL  -- offline logs: idle GPU-hours per day from their stats records, judged when the log was read
-    SELECT entity, project, run_id, day_start, sum(idle_gpu_hours) FROM (
-        SELECT entity, project, run_id, u.day::TIMESTAMP AS day_start, u.idle_gpu_hours
+    UNION ALL  -- offline logs read without their curves: idle GPU-hours per day from their stats records, judged
+    SELECT entity, project, run_id, day_start, sum(idle_gpu_hours) FROM (  -- when the log was read (with its
+        SELECT entity, project, run_id, u.day::TIMESTAMP AS day_start, u.idle_gpu_hours  -- curves: run_curve_idle)
         FROM (SELECT entity, project, run_id, unnest(log_idle_gpu_hours) AS u FROM runs
-              WHERE log_idle_gpu_hours IS NOT NULL)
+              WHERE log_idle_gpu_hours IS NOT NULL AND (entity, project, run_id) NOT IN {CURVE_IDLE_RUNS_SQL})
         WHERE u.day::TIMESTAMP <= $now::TIMESTAMP
     ) GROUP BY ALL
 )
