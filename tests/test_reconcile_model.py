@@ -245,6 +245,10 @@ class Organisation(RuleBasedStateMachine):
                 run.seen[run.project] = (run.state, run.ended_at, run.heartbeat_at)
         self.synced = True
         self.synced_mirrored = self.mirrored
+        for run in self.runs.values():  # a copy moved away loses its curves: moved back, they are read again
+            for project, (state, _, _) in run.seen.items():
+                if self._copy_state(run, project, state) == "moved":
+                    run.curves_final.pop(project, None)
         self.priced = (dict(self.prices), self.fallback)
 
     @precondition(lambda self: getattr(self, "synced", False))
@@ -450,6 +454,12 @@ def test_each_lifecycle_path_reconciles_with_the_reference_model(
     assert {(c.project, c.run_id): c.state for c in org._copies()}[("p3", "r4")] == "running"
     org.read_curves()
     org.every_number_reconciles()
+    data.move("r0", "test-project")  # moved back where its curves were first read: read again, its idle counts again
+    org.backfill()
+    org.every_number_reconciles()
+    org.read_curves()
+    org.every_number_reconciles()
+    assert org.runs["r0"].curves_final == {"test-project": True}  # (the p2 copy is moved: its curves went)
 
 
 class _Picks:

@@ -83,7 +83,8 @@ LEFT_BEHIND_SQL = (
 def mark_moved(con) -> int:
     """A copy left behind (``LEFT_BEHIND_SQL``) of a run whose id and creation time another project of its entity
     holds (and answers for: not left behind there) is ``moved``: it occupies no GPU here and costs nothing here
-    (re-priced: 0 GPU-hours), and its curves' idle hours go (the other copy's count). Returns the copies marked."""
+    (re-priced: 0 GPU-hours), and its curves go with their idle hours (the other copy's count; moved back, it is
+    read again). Returns the copies marked."""
     moved = f"""state <> '{MOVED}' AND ({LEFT_BEHIND_SQL}) AND EXISTS (
         SELECT 1 FROM runs o WHERE o.entity = runs.entity AND o.run_id = runs.run_id AND o.project <> runs.project
         AND o.created_at = runs.created_at AND NOT ({LEFT_BEHIND_SQL.replace("runs.", "o.")}))"""
@@ -91,11 +92,15 @@ def mark_moved(con) -> int:
     count = con.execute("SELECT count(*) FROM moved_runs").fetchone()[0]
     if count:
         keys = "(entity, project, run_id) IN (SELECT entity, project, run_id FROM moved_runs)"
-        con.execute(f"UPDATE runs SET state = '{MOVED}', anomalies = list_append(anomalies, '{MOVED}') WHERE {keys}")
+        con.execute(
+            f"UPDATE runs SET state = '{MOVED}', anomalies = list_append(anomalies, '{MOVED}'), curves_status = NULL, "
+            f"curves_read_at = NULL, curves_final = NULL, sps_steady = NULL WHERE {keys}"
+        )
         prices = last_prices(con)
         if prices is not None:
             con.execute(price_sql("runs", keys), {"prices": prices})
-        con.execute(f"DELETE FROM run_curve_idle WHERE {keys}")
+        for table in ("run_curve_idle", "run_history", "run_gpu_samples"):  # its curves are the other copy's now
+            con.execute(f"DELETE FROM {table} WHERE {keys}")
     con.execute("DROP TABLE moved_runs")
     return count
 
