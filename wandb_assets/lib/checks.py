@@ -13,8 +13,8 @@ from datetime import datetime
 from wandb_assets.lib.derived import GPU_USAGE_BUILD_KEY, GPU_USAGE_SQL, daily_gpu_hours_sql
 from wandb_assets.lib.gauges import curve_idle_sql
 from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, usd_sql
-from wandb_assets.lib.normalize import MOVED, VANISHED
-from wandb_assets.lib.runs_lifecycle import LEFT_BEHIND_SQL, UNMIRRORED
+from wandb_assets.lib.normalize import VANISHED
+from wandb_assets.lib.runs_lifecycle import MOVED_COPY_SQL, UNMIRRORED
 from wandb_assets.lib.sql import ALIVE_SQL, BUSY_SQL, INPUTS_KEY, MIRRORED_NOW_SQL, meta_value, run_gpu_hours_sql
 from wandb_assets.lib.warehouse import has_table
 
@@ -136,10 +136,7 @@ WHERE abs(coalesce(s.idle_gpu_hours, 0) - coalesce(c.idle_gpu_hours, 0)) > 1e-6"
         "one_project_per_run",
         "a run W&B returns from one project is not counted again as a copy left behind in another, vanished or of a "
         "project no longer mirrored (a moved run's old copy is 'moved': same entity, run id and creation time)",
-        f"""SELECT runs.entity, runs.run_id, runs.created_at, runs.project AS left_in, o.project AS returned_from
-FROM runs JOIN runs o ON o.entity = runs.entity AND o.run_id = runs.run_id AND o.created_at = runs.created_at
- AND o.project <> runs.project
-WHERE runs.state <> '{MOVED}' AND ({LEFT_BEHIND_SQL}) AND NOT ({LEFT_BEHIND_SQL.replace("runs.", "o.")})""",
+        f"""SELECT entity, run_id, created_at, project AS left_in FROM runs WHERE {MOVED_COPY_SQL}""",
         ("runs", "wandb_projects"),
     ),
     Invariant(

@@ -11,7 +11,15 @@ import duckdb
 
 from wandb_assets.lib.curves import FAILED, GPU_FILE, HISTORY_FILE, NONE, NULL_MARK, READ, READS_FILE
 from wandb_assets.lib.gauges import curve_idle_sql
-from wandb_assets.lib.sql import BUSY_SQL, ENDED_SQL, MIRRORED_RUNS_SQL, inputs_changed, literal_path, transaction
+from wandb_assets.lib.sql import (
+    BUSY_SQL,
+    ENDED_SQL,
+    MIRRORED_RUNS_SQL,
+    inputs_changed,
+    literal_path,
+    set_meta,
+    transaction,
+)
 
 CURVES_SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS run_history (
@@ -137,8 +145,7 @@ def _restate_steady(con, sps_metric: str) -> int:
     if restated:
         con.execute(_steady_sps("run_history"), {"sps_metric": sps_metric})
     con.execute("DROP TABLE curve_reads")
-    con.execute("DELETE FROM warehouse_meta WHERE key = $k", {"k": STEADY_METRIC_KEY})
-    con.execute("INSERT INTO warehouse_meta VALUES ($k, $v)", {"k": STEADY_METRIC_KEY, "v": sps_metric})
+    set_meta(con, STEADY_METRIC_KEY, sps_metric)
     return restated
 
 

@@ -1,7 +1,8 @@
 """The one lifecycle of a run the warehouse holds, after W&B stops returning it where it was: vanished (deleted, or
 not returned when asked for by id), unmirrored (its project left the mirror set), moved (W&B returns it from another
-project of its entity), and the pricing each change needs. Every path goes through ``settle``: mark, then re-price
-the runs marked, then find the moves. No Dagster here; each function runs inside its caller's transaction.
+project of its entity), and the pricing each change needs. Vanished and unmirrored runs go through ``settle`` (mark,
+then re-price the runs marked); a load or a mirror-set change then finds the moves (``mark_moved``). No Dagster here;
+each function runs inside its caller's transaction.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Iterable
 
 from wandb_assets.lib.gpus import PRICES_CTE, prices_param, usd_sql
 from wandb_assets.lib.normalize import MOVED, VANISHED
-from wandb_assets.lib.sql import ALIVE_SQL, MIRRORED_NOW_SQL, run_gpu_hours_sql
+from wandb_assets.lib.sql import ALIVE_SQL, MIRRORED_NOW_SQL, meta_value, run_gpu_hours_sql, set_meta
 
 #: The anomaly of a run marked because its project left the mirror set (not because W&B lost it).
 UNMIRRORED = "unmirrored"
@@ -34,10 +35,13 @@ UPDATE {table} SET cost_usd = {run_gpu_hours_sql("ingested_at")}
     * {usd_sql(f"(SELECT usd FROM prices WHERE prices.model = {table}.gpu_model)")} WHERE {where}"""
 
 
+#: ``warehouse_meta`` key: the prices the warehouse last priced its runs with.
+PRICES_KEY = "gpu_prices"
+
+
 def last_prices(con) -> str | None:
     """The prices the warehouse last priced its runs with (``warehouse_meta``), or None."""
-    row = con.execute("SELECT value FROM warehouse_meta WHERE key = 'gpu_prices'").fetchone()
-    return row[0] if row else None
+    return meta_value(con, PRICES_KEY)
 
 
 def price_runs(con, prices: Iterable[tuple[str, float]] | None) -> None:
@@ -49,8 +53,7 @@ def price_runs(con, prices: Iterable[tuple[str, float]] | None) -> None:
     con.execute(price_sql("incoming_runs"), {"prices": param})
     if last_prices(con) != param:
         con.execute(price_sql("runs"), {"prices": param})
-        con.execute("DELETE FROM warehouse_meta WHERE key = 'gpu_prices'")
-        con.execute("INSERT INTO warehouse_meta VALUES ('gpu_prices', $p)", {"p": param})
+        set_meta(con, PRICES_KEY, param)
 
 
 def settle(con, anomaly: str = VANISHED) -> int:
@@ -80,15 +83,21 @@ LEFT_BEHIND_SQL = (
 )
 
 
+#: A row of ``runs`` that is a moved run's old copy not yet marked: left behind, while another project of its entity
+#: holds (and answers for) the same run id and creation time. ``check``'s one_project_per_run lists these.
+MOVED_COPY_SQL = f"""runs.state <> '{MOVED}' AND ({LEFT_BEHIND_SQL}) AND EXISTS (
+    SELECT 1 FROM runs o WHERE o.entity = runs.entity AND o.run_id = runs.run_id AND o.project <> runs.project
+    AND o.created_at = runs.created_at AND NOT ({LEFT_BEHIND_SQL.replace("runs.", "o.")}))"""
+
+
 def mark_moved(con) -> int:
     """A copy left behind (``LEFT_BEHIND_SQL``) of a run whose id and creation time another project of its entity
     holds (and answers for: not left behind there) is ``moved``: it occupies no GPU here and costs nothing here
     (re-priced: 0 GPU-hours), and its curves go with their idle hours (the other copy's count; moved back, it is
     read again). Returns the copies marked."""
-    moved = f"""state <> '{MOVED}' AND ({LEFT_BEHIND_SQL}) AND EXISTS (
-        SELECT 1 FROM runs o WHERE o.entity = runs.entity AND o.run_id = runs.run_id AND o.project <> runs.project
-        AND o.created_at = runs.created_at AND NOT ({LEFT_BEHIND_SQL.replace("runs.", "o.")}))"""
-    con.execute(f"CREATE OR REPLACE TEMP TABLE moved_runs AS SELECT entity, project, run_id FROM runs WHERE {moved}")
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE moved_runs AS SELECT entity, project, run_id FROM runs WHERE {MOVED_COPY_SQL}"
+    )
     count = con.execute("SELECT count(*) FROM moved_runs").fetchone()[0]
     if count:
         keys = "(entity, project, run_id) IN (SELECT entity, project, run_id FROM moved_runs)"
