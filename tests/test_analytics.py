@@ -210,6 +210,51 @@ def _routed(route, elsewhere: list[str], port: int):
     return route.abort()
 
 
+def test_check_compares_the_money_marts_and_the_chargeback_with_gpu_usage(built, warehouse_path, tmp_path):
+    """marts_reconcile holds on the built warehouse (Nov: $19.70 in gpu_usage, the mart and the file); a cent added to
+    one mart row, or to a team's spend, is named with its month; a gpu_usage built again since the marts is not
+    compared with them (they are made again after it)."""
+    import shutil
+
+    from wandb_assets.lib.checks import broken, check_warehouse
+
+    def marts(path: Path, change: str | None = None) -> list[tuple]:
+        copy = tmp_path / f"copy-{len(list(tmp_path.glob('copy-*')))}.duckdb"
+        shutil.copy(path, copy)
+        con = duckdb.connect(str(copy))
+        try:
+            if change:
+                con.execute(change)
+            found = {i.name: (n, rows) for i, n, rows in check_warehouse(con, NOW, 5.0)}
+            assert [line for line in broken(con, NOW, 5.0) if not line.startswith("marts_reconcile")] == []
+            return found["marts_reconcile"][1]
+        finally:
+            con.close()
+
+    con = duckdb.connect(str(warehouse_path), read_only=True)
+    try:
+        build = con.execute("SELECT value FROM warehouse_meta WHERE key = 'gpu_usage_build'").fetchone()[0]
+        assert con.execute("SELECT gpu_usage_build FROM analytics.marts_build").fetchall() == [(build,)]
+        assert con.execute(
+            f"SELECT month, sum(cost_usd)::DOUBLE FROM ({exports.chargeback_sql('true')}) GROUP BY 1 ORDER BY 1"
+        ).fetchall() == [("2026-10", 11.96), ("2026-11", 19.70)]
+    finally:
+        con.close()
+    assert marts(warehouse_path) == []
+    one_row = "UPDATE analytics.team_gpu_cost_monthly SET cost_usd = cost_usd + 0.01 WHERE gpu_model = 'A100-40GB'"
+    assert sorted(marts(warehouse_path, one_row), key=str) == [  # the file is made from the mart: a cent off too
+        ("chargeback file", date(2026, 11, 1), 19.7, 19.71, 0.0, None),
+        ("team_gpu_cost_monthly", date(2026, 11, 1), 19.7, 19.71, 14.0, 14.0),
+    ]
+    spend = "UPDATE analytics.team_budget_vs_spend SET spend_usd = spend_usd + 0.01 WHERE month = DATE '2026-10-01'"
+    assert marts(warehouse_path, spend) == [("team_budget_vs_spend", date(2026, 10, 1), 11.96, 11.97, None, None)]
+    hours = "UPDATE analytics.team_gpu_cost_monthly SET idle_gpu_hours = 0 WHERE month = DATE '2026-10-01'"
+    assert [r[:2] for r in marts(warehouse_path, hours)] == [("team_gpu_cost_monthly", date(2026, 10, 1))]
+    # gpu_usage built again after the marts: they wait for the next analytics run, nothing to compare
+    rebuilt = 'UPDATE analytics.marts_build SET gpu_usage_build = \'{"now": "an earlier build"}\''
+    assert marts(warehouse_path, f"{rebuilt}; {one_row}") == []
+
+
 @pytest.mark.breaks_invariants  # a duplicate run is the point
 def test_a_duplicate_run_fails_the_source_test_as_a_failed_asset_check_and_pages(warehouse_path, instance):
     from wandb_assets.ticks import execute_analytics, settle_pipeline_alert

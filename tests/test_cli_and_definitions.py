@@ -78,6 +78,7 @@ def test_definitions_contents():
         "run_efficiency",
         "fleet_health_daily",
         "team_budget_vs_spend",
+        "marts_build",
     }
     curves = defs.get_schedule_def("curves_between_ticks")  # between the ticks, never on their path
     assert (curves.cron_schedule, curves.default_status.value, curves.job_name) == (

@@ -377,12 +377,12 @@ def test_loading_a_day_that_was_never_fetched_says_what_to_do(wandb_server, ware
 
 
 def test_cli_backfill_draws_a_progress_bar_on_a_terminal(wandb_server, dagster_home, capsys, monkeypatch):
-    import wandb_assets.cli as cli_module
+    import wandb_assets.commands.runs as runs_commands
     import wandb_assets.defs.wandb_runs.assets as runs_module
     from tests.conftest import cli
 
     wandb_server(fleet(days=3, per_day=4))
-    monkeypatch.setattr(cli_module, "_is_terminal", lambda stream: True)
+    monkeypatch.setattr(runs_commands, "is_terminal", lambda stream: True)
     monkeypatch.setattr(runs_module, "PROGRESS_LOG_EVERY_S", 0.0)
     code, _, err = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-03")
     assert code == 0, err

@@ -367,7 +367,7 @@ def test_the_documented_export_keeps_the_alt_text_and_writes_outside_the_reposit
 def test_the_chargeback_of_the_demo_fleet_equals_gpu_usage_and_the_demo_prints_it(built_warehouse, capsys):
     """The synthetic fleet the demo serves, built as the demo builds it (dbt marts included): every month's chargeback
     file adds up to gpu_usage to the cent, and the demo's closing lines show this month's spend by team."""
-    from wandb_assets.cli import _print_chargeback
+    from wandb_assets.commands.demo import print_chargeback
     from wandb_assets.lib import exports
 
     con = open_snapshot(built_warehouse)
@@ -384,7 +384,7 @@ def test_the_chargeback_of_the_demo_fleet_equals_gpu_usage_and_the_demo_prints_i
     finally:
         con.close()
     capsys.readouterr()
-    _print_chargeback(months[-1])
+    print_chargeback(months[-1])
     out = capsys.readouterr().out
     assert f"Chargeback {months[-1]:%Y-%m} so far, by team (the analysts' dbt marts" in out
     assert {line.split()[0] for line in out.splitlines()[2:] if line.strip()} >= teams

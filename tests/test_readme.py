@@ -50,7 +50,7 @@ def test_every_alert_threshold_is_a_documented_variable():
 
 def test_the_notebooks_readme_opens_the_warehouse_the_demo_writes():
     """Issue 33: notebooks/README.md pointed at data/demo.duckdb; the demo writes data/demo/demo.duckdb."""
-    from wandb_assets.cli import DEMO_DIR
+    from wandb_assets.commands.demo import DEMO_DIR
 
     text = (Path(__file__).resolve().parent.parent / "notebooks" / "README.md").read_text()
     assert f"WANDB_ASSETS_DUCKDB={DEMO_DIR}/demo.duckdb uv run jupyter lab notebooks/" in text

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from wandb_assets.lib.derived import GPU_USAGE_BUILD_KEY, GPU_USAGE_SQL, daily_gpu_hours_sql
+from wandb_assets.lib.exports import CHARGEBACK_MART, chargeback_sql
 from wandb_assets.lib.gauges import curve_idle_sql
 from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, usd_sql
 from wandb_assets.lib.normalize import VANISHED
@@ -150,6 +151,60 @@ WHERE w.mirrored AND r.state = '{VANISHED}' AND list_contains(coalesce(r.anomali
         ("runs", "wandb_projects"),
     ),
     Invariant(
+        "marts_reconcile",
+        "every month of the money marts (team_gpu_cost_monthly, team_budget_vs_spend) and of the chargeback file "
+        "equals gpu_usage's month (GPU-hours to 1e-6, dollars to the cent; the file's rows in cents add up to the "
+        "month rounded to the cent, idle and failed cents within each row's), while gpu_usage is the build they were "
+        "made from",
+        f"""WITH usage AS (
+    SELECT date_trunc('month', day)::DATE AS month, sum(gpu_hours) AS gpu_hours, sum(cost_usd) AS usd,
+           sum(idle_gpu_hours) AS idle, sum(idle_cost_usd) AS idle_usd, sum(failed_gpu_hours) AS failed,
+           sum(failed_cost_usd) AS failed_usd
+    FROM gpu_usage GROUP BY 1
+),
+mart AS (
+    SELECT month, sum(gpu_hours) AS gpu_hours, sum(cost_usd) AS usd, sum(idle_gpu_hours) AS idle,
+           sum(idle_cost_usd) AS idle_usd, sum(failed_gpu_hours) AS failed, sum(failed_cost_usd) AS failed_usd
+    FROM {CHARGEBACK_MART} GROUP BY 1
+),
+spend AS (SELECT month, sum(spend_usd) AS usd FROM analytics.team_budget_vs_spend GROUP BY 1),
+file AS (
+    SELECT month, sum(cost_usd) AS usd, count(*) FILTER (WHERE idle_cost_usd > cost_usd OR failed_cost_usd > cost_usd
+           OR idle_gpu_hours > gpu_hours + 0.01 OR failed_gpu_hours > gpu_hours + 0.01) AS rows_over
+    FROM ({chargeback_sql("true")}) GROUP BY 1
+),
+compared AS (
+    SELECT 'team_gpu_cost_monthly' AS mart, coalesce(u.month, m.month) AS month, round(u.usd, 2) AS gpu_usage_usd,
+           round(m.usd, 2) AS mart_usd, round(u.gpu_hours, 3) AS gpu_usage_gpu_hours,
+           round(m.gpu_hours, 3) AS mart_gpu_hours
+    FROM usage u FULL OUTER JOIN mart m USING (month)
+    WHERE u.month IS NULL OR m.month IS NULL OR abs(u.gpu_hours - m.gpu_hours) > 1e-6
+       OR abs(coalesce(u.idle, 0) - coalesce(m.idle, 0)) > 1e-6
+       OR abs(coalesce(u.failed, 0) - coalesce(m.failed, 0)) > 1e-6
+       OR (u.usd IS NULL) <> (m.usd IS NULL) OR abs(coalesce(u.usd, 0) - coalesce(m.usd, 0)) >= 0.005
+       OR abs(coalesce(u.idle_usd, 0) - coalesce(m.idle_usd, 0)) >= 0.005
+       OR abs(coalesce(u.failed_usd, 0) - coalesce(m.failed_usd, 0)) >= 0.005
+    UNION ALL
+    SELECT 'team_budget_vs_spend', coalesce(u.month, s.month), round(u.usd, 2), round(s.usd, 2), NULL, NULL
+    FROM usage u FULL OUTER JOIN spend s USING (month)
+    WHERE (u.usd IS NULL) <> (s.usd IS NULL) OR abs(coalesce(u.usd, 0) - coalesce(s.usd, 0)) >= 0.005
+    UNION ALL
+    SELECT 'chargeback file', u.month, round(u.usd, 2), f.usd, f.rows_over, NULL
+    FROM usage u JOIN file f ON strftime(u.month, '%Y-%m') = f.month
+    WHERE f.usd IS DISTINCT FROM round(u.usd, 2)::DECIMAL(18, 2) OR f.rows_over > 0
+)
+SELECT * FROM compared
+WHERE (SELECT value FROM warehouse_meta WHERE key = '{GPU_USAGE_BUILD_KEY}')
+      = (SELECT any_value(gpu_usage_build) FROM analytics.marts_build)""",
+        (
+            "gpu_usage",
+            "warehouse_meta",
+            "analytics.marts_build",
+            "analytics.team_gpu_cost_monthly",
+            "analytics.team_budget_vs_spend",
+        ),
+    ),
+    Invariant(
         "curves_once",
         "each point of a run's curves stored once (a re-read replaces them)",
         """SELECT entity, project, run_id, 'history' AS curve, metric AS series, step::VARCHAR AS at, count(*) AS copies
@@ -182,7 +237,9 @@ def check_warehouse(
                 found.append((invariant, 0, []))
                 continue
         unpriced = "$prices" in invariant.violations_sql and given["prices"] is None  # never priced: no cost
-        if unpriced or not all(has_table(con, table) for table in invariant.tables):  # nothing to hold yet
+        if unpriced or not all(
+            has_table(con, *reversed(table.split(".")[-2:])) for table in invariant.tables
+        ):  # nothing to hold yet
             found.append((invariant, 0, []))
             continue
         used = {name: value for name, value in given.items() if f"${name}" in invariant.violations_sql}

@@ -42,21 +42,24 @@ CHARGEBACK_COLUMNS: dict[str, str] = {
 
 
 def _cents(column: str) -> str:
-    """``column`` (dollars) of one month's rows in whole cents by largest remainders: each row's cents rounded down,
+    """``column`` (dollars) of each month's rows in whole cents by largest remainders: each row's cents rounded down,
     then the cents the month's rounded total still lacks go one each to the rows with the largest remainders (ties by
     the row's key), so the rows add up to the month's total to the cent. NULL stays NULL."""
-    lacking = f"round(sum({column}) OVER () * 100) - sum(floor({column} * 100)) OVER ()"
+    month = "OVER (PARTITION BY month)"
+    lacking = f"round(sum({column}) {month} * 100) - sum(floor({column} * 100)) {month}"
     rank = (
-        f"row_number() OVER (ORDER BY {column} * 100 - floor({column} * 100) DESC NULLS LAST, "
+        f"row_number() OVER (PARTITION BY month ORDER BY {column} * 100 - floor({column} * 100) DESC NULLS LAST, "
         "team, entity, project, gpu_model)"
     )
     return f"floor({column} * 100) + CASE WHEN {rank} <= {lacking} THEN 1 ELSE 0 END"
 
 
-#: One month of the chargeback mart (``$month``: its first day), every dollar column in whole cents by the same
-#: largest-remainder rule (``_cents``); a row's idle and failed cents are capped at its cents (parts of its dollars).
-CHARGEBACK_SQL = f"""
-WITH m AS (SELECT * FROM {CHARGEBACK_MART} WHERE month = $month),
+def chargeback_sql(where: str = "month = $month") -> str:
+    """The chargeback's rows of the months ``where`` selects (default one month, ``$month``: its first day), every
+    dollar column in whole cents by the same largest-remainder rule (``_cents``) within each month; a row's idle and
+    failed cents are capped at its cents (parts of its dollars)."""
+    return f"""
+WITH m AS (SELECT * FROM {CHARGEBACK_MART} WHERE {where}),
 cents AS (
     SELECT *, {_cents("cost_usd")} AS cost_cents, {_cents("idle_cost_usd")} AS idle_cents,
            {_cents("failed_cost_usd")} AS failed_cents
@@ -69,8 +72,12 @@ SELECT strftime(month, '%Y-%m') AS month, team, entity, project, gpu_model, user
        round(failed_gpu_hours, 2) AS failed_gpu_hours,
        (least(failed_cents, cost_cents) / 100)::DECIMAL(18, 2) AS failed_cost_usd
 FROM cents
-ORDER BY team, entity, project, gpu_model NULLS LAST
+ORDER BY month, team, entity, project, gpu_model NULLS LAST
 """
+
+
+#: One month of the chargeback mart (``$month``), the file ``export chargeback`` writes.
+CHARGEBACK_SQL = chargeback_sql()
 
 #: Every column of the runs created from ``$since`` (UTC), as stored.
 RUNS_SQL = "SELECT * FROM runs WHERE created_at >= $since::TIMESTAMP"

@@ -379,8 +379,11 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
     ),
     "warehouse_meta": (
         "table",
-        "Bookkeeping: the schema version the comments and views were made for.",
-        {"key": "setting name", "value": "setting value"},
+        "Bookkeeping, one value per key: the schema version the comments and views were made for, the GPU prices "
+        "runs.cost_usd was priced with (gpu_prices), the build of gpu_usage (gpu_usage_build: its time, prices, teams "
+        "and idle threshold, JSON), a token renewed by every write to what the derived tables are computed from "
+        "(inputs_version), the steady-SPS metric the curves were read with.",
+        {"key": "what the value is", "value": "the value (text; JSON for a build record)"},
     ),
     "main_sps_by_config": (
         "view",
@@ -465,6 +468,7 @@ DBT_SOURCE_ASSETS: dict[str, str] = {
     "wandb_projects": "wandb_projects",
     "alerts": "fleet_alerts",
     "sps_change_points": "fleet_alerts",
+    "warehouse_meta": "gpu_usage",  # the marts record which gpu_usage build they were made from (marts_build)
 }
 
 #: The source tests: a run is (entity, project, run_id) and has each; its state and category are one of these.

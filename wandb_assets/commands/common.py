@@ -1,0 +1,160 @@
+"""What every command shares: the Dagster instance CLI runs are recorded in, the checks made before any run
+starts (``preflight``: settings, key, projects, writable paths), a run's exit status, reading the warehouse.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+import warnings
+from datetime import date
+from pathlib import Path
+
+
+def quiet_clients() -> None:
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("WANDB_SILENT", "true")
+    os.environ.setdefault("WANDB_DIR", os.path.join(tempfile.gettempdir(), "wandb-assets-wandb"))
+    os.makedirs(os.environ["WANDB_DIR"], exist_ok=True)
+
+
+def dagster_instance():
+    """The persistent Dagster instance CLI runs are recorded in; ``ConfigError`` when there is none."""
+    from dagster import DagsterInstance
+
+    from wandb_assets.settings import ConfigError
+
+    if not os.environ.get("DAGSTER_HOME"):
+        if not Path("dagster.yaml").exists():
+            raise ConfigError(
+                "DAGSTER_HOME is not set and there is no dagster.yaml here: set DAGSTER_HOME to the folder holding "
+                "the instance's dagster.yaml (the repository root, or a folder holding a copy of "
+                "deploy/postgres/dagster.yaml for PostgreSQL), or run from the "
+                "repository root."
+            )
+        os.environ["DAGSTER_HOME"] = str(Path.cwd())
+    return DagsterInstance.get()
+
+
+def check_writable(path, variable: str, folder: bool = False) -> None:
+    """The run can write ``path`` (the warehouse file; with ``folder``, a folder it writes into): its folder is made
+    (the run would make it anyway) and a file is made and removed in it, so a read-only mount, ``/proc`` or a full
+    disk is found now, whoever runs it (``os.access`` says yes to root everywhere). A ``ConfigError`` naming
+    ``variable`` otherwise (found only after the fetch, it cost minutes and a page of traces). A DuckLake is no
+    path: its attach says."""
+    from wandb_assets.lib.lake import is_lake
+    from wandb_assets.settings import ConfigError
+
+    if is_lake(path) or not isinstance(path, (str, os.PathLike)):
+        return
+    target = Path(path).absolute()
+    if target.exists() and target.is_dir() != folder:
+        wanted, found = ("folder", "file") if folder else ("file", "folder")
+        raise ConfigError(f"{variable} names {path}, which is a {found}: name a {wanted}.")
+    home = target if folder else target.parent
+    existing = next(p for p in (home, *home.parents) if p.exists())
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=home, prefix=".wandb-assets-write-check-"):
+            pass
+        if target.is_file() and not os.access(target, os.W_OK):
+            existing = target
+            raise PermissionError
+    except OSError:
+        raise ConfigError(
+            f"{variable} names {path}, but {existing} cannot be written: point it at a writable place."
+        ) from None
+
+
+def preflight(only: list[str] | None = None) -> None:
+    """Check the configuration before any run starts: settings, the key (rejected?), the entity and project
+    (exist?), and that ``only`` (``--project``) names mirrored projects. Raises ``ConfigError``; a run that then
+    fails is a real failure (exit 1, alert)."""
+    from wandb_assets.defs.wandb_runs.resources import wandb_resource
+    from wandb_assets.lib.clock import utc_now
+    from wandb_assets.lib.fetch import created_between
+    from wandb_assets.settings import ConfigError, pipeline_settings
+
+    pipeline = pipeline_settings()
+    check_writable(pipeline.warehouse, "WANDB_ASSETS_DUCKDB")
+    check_writable(pipeline.staging_dir, "WANDB_ASSETS_STAGING_DIR", folder=True)
+    if pipeline.projects is not None:  # several projects: the key checked by listing; a missing one is skipped
+        projects, failures, _ = wandb_resource().mirrored_projects(pipeline)
+        if not projects:
+            why = "; ".join(failures.values()) or "the entities list none of them"
+            raise ConfigError(f"WANDB_ASSETS_PROJECTS names no project W&B has now: {why}.")
+    else:
+        now = utc_now()
+        for _ in wandb_resource().fetch_run_pages(created_between(now, now), pipeline):  # one empty page
+            pass
+        if not only:
+            return
+        entity, project, _ = wandb_resource().project_path(pipeline)
+        projects = [f"{entity}/{project}"]
+    unknown = [name for name in only or [] if name not in projects]
+    if unknown:
+        raise ConfigError(f"--project {unknown[0]} is not a mirrored project (mirrored now: {', '.join(projects)}).")
+
+
+def parse_day(text: str, option: str) -> date:
+    from wandb_assets.settings import ConfigError
+
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"{option} must be a day like 2026-06-01 (got {text!r}).") from None
+
+
+def exit_status(result, what: str) -> int:
+    from wandb_assets.ticks import failure_message
+
+    if result.success:
+        return 0
+    print(f"error: {what} failed in {failure_message(result)}", file=sys.stderr)
+    return 1
+
+
+def run_metadata(result, node: str) -> dict:
+    """The metadata values of ``node``'s materialization in ``result``."""
+    return {k: v.value for k, v in result.asset_materializations_for_node(node)[0].metadata.items()}
+
+
+def warehouse_rows(sql: str) -> list[tuple]:
+    """One query on the warehouse through a short read-only connection; no rows while there is no warehouse."""
+    from wandb_assets.warehouse import reading
+
+    with reading() as con:
+        return con.execute(sql).fetchall() if con else []
+
+
+def snapshot_or_exit(location: str | None):
+    """The warehouse snapshot (read-only; the tick's writer is never blocked), or None after saying why."""
+    from wandb_assets.warehouse import open_snapshot
+
+    try:
+        return open_snapshot(location)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def is_terminal(stream) -> bool:
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+class ProgressBar:
+    """Draws a fetch's progress on one terminal line (redrawn at most every 0.2 s), then ends the line."""
+
+    def __init__(self, stream, every_s: float = 0.2) -> None:
+        self.stream, self.every_s, self._last = stream, every_s, 0.0
+
+    def __call__(self, progress, finished: bool) -> None:
+
+        now = time.monotonic()
+        if not finished and now - self._last < self.every_s:
+            return
+        self._last = now
+        self.stream.write("\r\033[K" + progress.bar() + ("\n" if finished else ""))
+        self.stream.flush()

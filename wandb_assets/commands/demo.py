@@ -1,0 +1,217 @@
+"""``demo``: a synthetic fleet on the local W&B server, backfilled into the demo's own folder, one tick, the
+gauges, costs and chargeback printed (and ``--ui``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+from wandb_assets.commands.common import dagster_instance, exit_status, run_metadata
+from wandb_assets.commands.reading import print_costs
+from wandb_assets.commands.runs import run_one_tick
+from wandb_assets.commands.servers import dagster_dev
+
+DEMO_ENTITY, DEMO_PROJECT = "demo-team", "fleet-demo"
+
+
+#: The demo's other projects (a quarter of the main fleet's runs each, other seeds, no incidents): three projects
+#: in two entities, mirrored as ``demo-team/*`` and one named project.
+DEMO_OTHER_PROJECTS = (("demo-team", "vision", 11), ("research-lab", "llm-pretrain", 12))
+
+
+DEMO_PROJECTS = f"{DEMO_ENTITY}/*,research-lab/llm-pretrain"
+
+
+DEMO_KEY = "local-" + "d" * 40
+
+
+#: The demo's own folder: its warehouse, staging files and Dagster instance, nothing else.
+DEMO_DIR = "data/demo"
+
+
+#: What the demo keeps of the environment it starts in: nothing that names a warehouse, an instance, a W&B
+#: project, a secret or a channel (an operator's shell holds the real ones).
+DEMO_DROPPED_PREFIXES = ("WANDB_", "DD_", "DAGSTER_", "AWS_", "PG")
+
+
+#: The demo's W&B server port: fixed, so the run URLs stored in the warehouse stay valid from one demo to the next.
+DEMO_WANDB_PORT = 8765
+
+
+def _replay_history(now: datetime, hours: int) -> int:
+    """Hourly snapshots over the ``hours`` before the current hour, as the runs looked then: a new warehouse
+    otherwise has one snapshot and every chart of the gauges over time is a dot."""
+    from wandb_assets.lib.warehouse import replay_snapshots
+    from wandb_assets.settings import alert_thresholds, pipeline_settings
+    from wandb_assets.warehouse import connect
+
+    last_hour = now.replace(minute=0, second=0)
+    moments = [last_hour - timedelta(hours=k) for k in range(hours, 0, -1)]
+    th = alert_thresholds()
+    con = connect(pipeline_settings().warehouse, read_only=False)
+    try:
+        return replay_snapshots(con, moments, now, th.gpu_prices, th.idle_gpu_pct)
+    finally:
+        con.close()
+
+
+def _demo_environment(folder: Path, warehouse: str | None) -> str:
+    """Make this process's environment the demo's own: every variable that could point at something real (a
+    warehouse, a staging folder, a Dagster instance, Datadog, Slack, a secret, a lake's credentials) is removed,
+    and the warehouse, staging folder and instance are set inside ``folder``. Only an explicit ``--warehouse``
+    points elsewhere (then the lake's credentials in the environment are kept). Returns the warehouse."""
+    import yaml
+
+    from wandb_assets.lib.lake import is_lake
+
+    keep_lake = warehouse is not None and is_lake(warehouse)
+    for name in list(os.environ):
+        if name.startswith(DEMO_DROPPED_PREFIXES) and name not in ("WANDB_SILENT",):
+            if keep_lake and (name.startswith(("AWS_", "PG")) or name == "WANDB_ASSETS_DUCKLAKE_DATA_PATH"):
+                continue
+            del os.environ[name]
+    folder = folder.resolve()
+    home = folder / "dagster"
+    home.mkdir(parents=True, exist_ok=True)
+    template = Path(__file__).resolve().parents[2] / "dagster.yaml"
+    instance = yaml.safe_load(template.read_text()) if template.exists() else {"telemetry": {"enabled": False}}
+    storage = instance.setdefault("storage", {"sqlite": {}})
+    (storage["custom"]["config"] if "custom" in storage else storage["sqlite"])["base_dir"] = str(home / "storage")
+    for key in ("local_artifact_storage", "compute_logs"):
+        if key in instance:
+            instance[key]["config"]["base_dir"] = str(home / key)
+    instance.setdefault("concurrency", {"pools": {"default_limit": 1}})
+    (home / "dagster.yaml").write_text(yaml.safe_dump(instance, sort_keys=False))
+    warehouse = warehouse or str(folder / "demo.duckdb")
+    teams = folder / "teams.yaml"  # the synthetic fleet's users in teams, for gpu_usage's dollars by team
+    teams.write_text("research: [alice, bob]\napplied: [carol, dan, erin]\nci: [ci-bot]\n")
+    os.environ.update(
+        DAGSTER_HOME=str(home),
+        WANDB_ASSETS_DUCKDB=warehouse,
+        WANDB_ASSETS_STAGING_DIR=str(folder / "staging"),
+        WANDB_ASSETS_TEAMS=str(teams),
+    )
+    return warehouse
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from wandb_assets.lib.lake import is_lake
+    from wandb_assets.localwandb import LocalWandbServer
+    from wandb_assets.localwandb.synthetic import add_curves, generate_fleet
+    from wandb_assets.settings import pipeline_settings
+
+    warehouse = _demo_environment(Path(args.dir), args.warehouse)
+    if args.no_analytics:  # the CLI's tick and, with --ui, the analytics sensor alike
+        os.environ["WANDB_ASSETS_ANALYTICS"] = "false"
+    now = datetime.now(UTC).replace(tzinfo=None, microsecond=0)
+    nodes = generate_fleet(now, days=args.days, runs_per_day=args.runs_per_day)
+    add_curves(nodes, now)
+    try:  # a fixed port: the run links stored in the warehouse (and in the alerts) stay the same every demo
+        server = LocalWandbServer(nodes, entity=DEMO_ENTITY, project=DEMO_PROJECT, port=args.wandb_port).start()
+    except OSError:
+        server = LocalWandbServer(nodes, entity=DEMO_ENTITY, project=DEMO_PROJECT).start()
+        print(f"Port {args.wandb_port} is taken: the demo's W&B server uses {server.url} instead.")
+    served = len(nodes)
+    for entity, project, seed in DEMO_OTHER_PROJECTS:
+        other = generate_fleet(
+            now, days=args.days, runs_per_day=max(args.runs_per_day // 4, 1), seed=seed, incidents=False
+        )
+        add_curves(other, now, seed=seed)
+        server.add_project(entity, project, other)
+        served += len(other)
+    first = (now - timedelta(days=args.days)).date()
+    os.environ.update(
+        WANDB_BASE_URL=server.url,
+        WANDB_API_KEY=DEMO_KEY,
+        WANDB_ENTITY=DEMO_ENTITY,
+        WANDB_PROJECT=DEMO_PROJECT,
+        WANDB_ASSETS_PROJECTS=DEMO_PROJECTS,
+        WANDB_ASSETS_START_DATE=first.isoformat(),
+    )
+    names = [f"{DEMO_ENTITY}/{DEMO_PROJECT}", *(f"{e}/{p}" for e, p, _ in DEMO_OTHER_PROJECTS)]
+    print(
+        f"Serving a synthetic fleet of {served:,} runs over {args.days} days at {server.url} in "
+        f"{len(names)} projects ({', '.join(names)}), mirrored as WANDB_ASSETS_PROJECTS={DEMO_PROJECTS}"
+    )
+    from wandb_assets.ticks import execute_backfill
+
+    print(f"Backfilling {first}..{now.date()} in one run ...", flush=True)
+    code = exit_status(execute_backfill(dagster_instance(), first, now.date()), "backfill")
+    if code == 0 and pipeline_settings().fetch_history:
+        code = _demo_curves()
+    if code == 0 and args.history_hours > 0:
+        replayed = _replay_history(now, args.history_hours)
+        print(f"Replayed {replayed} hourly fleet snapshots (the last {args.history_hours} h) for the charts.")
+    if code == 0:
+        print("Running one tick (refresh, then the Datadog feed and the alerts) ...", flush=True)
+        code = run_one_tick(now.date())
+    if code:
+        return code
+    print_costs("team", args.days)
+    if pipeline_settings().analytics:
+        shown = os.path.relpath(warehouse)
+        shown = warehouse if shown.startswith("..") else shown
+        print_chargeback(now.date().replace(day=1), None if is_lake(warehouse) else shown)
+    print(f"\nWarehouse: {pipeline_settings().warehouse if is_lake(warehouse) else Path(warehouse).resolve()}")
+    if args.ui:
+        print(f"Run links (the runs table, the alerts) open on the demo's W&B server {server.url} while this runs.")
+        return dagster_dev(args.port, args.verbose, in_home=True)
+    server.stop()
+    print(
+        "Browse the same data in the Dagster UI: uv run wandb-assets demo --ui  (then http://127.0.0.1:3000); "
+        f"the run links open on {server.url} while it runs."
+    )
+    return 0
+
+
+#: This month's spend per team against its budget, from the analysts' marts (what `export chargeback` writes in full).
+CHARGEBACK_BY_TEAM_SQL = """
+SELECT c.team, sum(c.gpu_hours), sum(c.cost_usd), sum(c.idle_cost_usd), sum(c.failed_cost_usd),
+       any_value(b.budget_usd), any_value(b.pct_of_budget)
+FROM analytics.team_gpu_cost_monthly c LEFT JOIN analytics.team_budget_vs_spend b USING (month, team)
+WHERE c.month = $month GROUP BY c.team ORDER BY sum(c.cost_usd) DESC NULLS LAST, c.team
+"""
+
+
+def print_chargeback(month: date, warehouse: str | None = None) -> None:
+    """This month's spend by team; ``warehouse``: named in the export hint (the demo's is not the default)."""
+    where = f" --warehouse {warehouse}" if warehouse else ""
+    from wandb_assets.lib.exports import has_chargeback
+    from wandb_assets.warehouse import reading
+
+    def usd(value) -> str:
+        return "-" if value is None else f"${value:,.0f}"
+
+    with reading() as con:
+        if con is None or not has_chargeback(con):
+            return
+        rows = con.execute(CHARGEBACK_BY_TEAM_SQL, {"month": month}).fetchall()
+    print(
+        f"\nChargeback {month:%Y-%m} so far, by team (the analysts' dbt marts; full file: "
+        f"uv run wandb-assets export chargeback --month {month:%Y-%m}{where}):"
+    )
+    print(f"  {'team':<12} {'GPU-hours':>10} {'cost':>10} {'idle':>8} {'failed':>8} {'budget':>10} {'used':>6}")
+    for team, hours, cost, idle, failed, budget, pct in rows:
+        used = "-" if pct is None else f"{pct:.0f}%"
+        print(
+            f"  {team:<12} {hours:>10,.1f} {usd(cost):>10} {usd(idle):>8} {usd(failed):>8} {usd(budget):>10} {used:>6}"
+        )
+
+
+def _demo_curves() -> int:
+    """One run of the curves job, as its schedule does between the ticks: the newest ended runs' curves."""
+    from wandb_assets.ticks import execute_curves
+
+    print("Reading the newest runs' curves (the curves job, between the ticks) ...", flush=True)
+    result = execute_curves(dagster_instance())
+    code = exit_status(result, "curves")
+    if code == 0:
+        meta = run_metadata(result, "staged_curves")
+        print(
+            f"Read the curves of {meta['runs_due']:,} runs in {meta['requests']} requests {meta.get('by_status', {})}; "
+            f"{meta['more_due']:,} older ones wait for the next runs."
+        )
+    return code

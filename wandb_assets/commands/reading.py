@@ -1,0 +1,240 @@
+"""Commands that read the warehouse and start no Dagster run: ``costs``, ``alerts``, ``check``, ``export``,
+``compare``, ``regressions``, ``fetch-warehouse``, and the gauges, projects and alerts a tick prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from wandb_assets.commands.common import check_writable, parse_day, snapshot_or_exit, warehouse_rows
+
+
+def print_gauges() -> None:
+    from wandb_assets.lib.gauges import GAUGE_NAMES, format_gauge, gauge_unit
+
+    rows = warehouse_rows(
+        "SELECT snapshot_at, metric, value FROM fleet_metrics "
+        "WHERE snapshot_at = (SELECT max(snapshot_at) FROM fleet_metrics)"
+    )
+    if not rows:
+        print("No fleet snapshot yet.")
+        return
+    values = {metric: value for _, metric, value in rows}
+    print(f"Fleet gauges at {rows[0][0]:%Y-%m-%d %H:%M:%S} UTC (window: the 24 hours before)")
+    width = max(map(len, GAUGE_NAMES))
+    for name in GAUGE_NAMES:
+        print(f"  {name:<{width}}  {format_gauge(name, values.get(name)):>12}  {gauge_unit(name)}")
+
+
+def print_projects() -> None:
+    """Per project: runs in the warehouse, active now, failed in 24 h, GPU-hours in 24 h; then the fleet line.
+    Only when several projects are mirrored (one project's line would repeat the fleet's gauges)."""
+    from wandb_assets.lib.warehouse import PROJECT_SUMMARY_SQL
+
+    rows = warehouse_rows(PROJECT_SUMMARY_SQL)
+    if len(rows) < 2:
+        return
+    header = ("project", "runs, all time", "active", "failed 24 h", "GPU-hours 24 h")
+    fleet = (
+        f"fleet ({len(rows)} projects)",
+        sum(r[1] for r in rows),
+        sum(r[2] or 0 for r in rows),
+        sum(r[3] or 0 for r in rows),
+        round(sum(r[4] or 0 for r in rows), 2),
+    )
+    width = max(len(header[0]), *(len(r[0]) for r in rows), len(fleet[0]))
+    print("\nPer project (runs in the warehouse, active now, and the gauges' 24 hours):")
+    print(f"  {header[0]:<{width}}  {header[1]:>14}  {header[2]:>7}  {header[3]:>11}  {header[4]:>14}")
+    for project, runs, active, failed, gpu_hours in [*rows, fleet]:
+        print(f"  {project:<{width}}  {runs:>14,}  {active or 0:>7,}  {failed or 0:>11,}  {gpu_hours or 0:>14,.2f}")
+
+
+#: The open alerts, most severe and oldest first.
+OPEN_ALERTS_SQL = """
+SELECT severity, rule, subject, opened_at, message FROM alerts WHERE resolved_at IS NULL
+ORDER BY severity = 'critical' DESC, opened_at, alert_key
+"""
+
+
+def format_alerts(rows: list[tuple]) -> str:
+    lines = [f"Open alerts: {len(rows)}"]
+    for severity, rule, subject, opened_at, message in rows:
+        lines.append(f"  [{severity}] {rule} ({subject}), open since {opened_at:%Y-%m-%d %H:%M} UTC: {message}")
+    return "\n".join(lines)
+
+
+def print_alerts() -> None:
+    print("\n" + format_alerts(warehouse_rows(OPEN_ALERTS_SQL)))
+
+
+def print_costs(by: str = "team", days: int = 30) -> None:
+    from wandb_assets.lib.costs import cost_summary, format_costs
+    from wandb_assets.warehouse import reading
+
+    with reading() as con:
+        if con is not None:
+            print("\n" + format_costs(cost_summary(con, by, datetime.now(UTC).date(), days)))
+
+
+def cmd_costs(args: argparse.Namespace) -> int:
+    """GPU-hours and dollars by team, project, user or model over the last days, with what the dollars leave out."""
+    from wandb_assets.lib.costs import cost_summary, format_costs
+    from wandb_assets.lib.gpus import unknown_price_key_warning
+    from wandb_assets.settings import ConfigError, pipeline_settings
+
+    if args.days < 1:
+        raise ConfigError(f"--days must be 1 or more (got {args.days}).")
+    for key in pipeline_settings().unknown_price_keys:
+        print(f"warning: {unknown_price_key_warning(key)}.")
+    con = snapshot_or_exit(args.warehouse)
+    if con is None:
+        return 2
+    try:
+        print(format_costs(cost_summary(con, args.by, datetime.now(UTC).date(), args.days)))
+    finally:
+        con.close()
+    return 0
+
+
+def cmd_alerts(args: argparse.Namespace) -> int:
+    """The open alerts, with their links, from the warehouse snapshot."""
+    con = snapshot_or_exit(args.warehouse)
+    if con is None:
+        return 2
+    try:
+        print(format_alerts(con.execute(OPEN_ALERTS_SQL).fetchall()))
+    finally:
+        con.close()
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from wandb_assets.lib import exports
+    from wandb_assets.settings import ConfigError
+
+    try:
+        if args.what == "chargeback":
+            month = exports.parse_month(args.month)
+        else:
+            since = parse_day(args.since, "--since")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    fmt = args.format or ("csv" if args.what == "chargeback" else "parquet")  # argparse checked --format
+    out = Path(args.out)
+    check_writable(out, "--out", folder=True)
+    con = snapshot_or_exit(args.warehouse)  # a file's snapshot (never blocking the tick's writer), or the lake
+    if con is None:
+        return 2
+    try:
+        if args.what == "runs":
+            done = exports.export_runs(con, since, out, fmt)
+            print(f"Wrote {done.rows:,} runs created since {since} to {done.path}")
+            return 0
+        if not exports.has_chargeback(con):
+            raise ConfigError(
+                "The analysts' marts are not built in this warehouse yet: run `uv run wandb-assets analytics` "
+                "(the analytics job runs after every feed and backfill while WANDB_ASSETS_ANALYTICS is true)."
+            )
+        try:
+            done = exports.export_chargeback(con, month, out, fmt, force=args.force)
+        except FileExistsError as exc:
+            raise ConfigError(str(exc)) from None
+        cents, usage, gpu_hours = exports.chargeback_totals(con, month)
+    finally:
+        con.close()
+    total = "no priced GPU-hours" if cents is None else f"${cents:,.2f}"
+    print(
+        f"Wrote the chargeback of {month:%Y-%m} to {done.path}: {done.rows} rows, {gpu_hours:,.1f} GPU-hours, {total}"
+        + ("" if cents == usage else f" (gpu_usage says ${usage or 0:,.2f}: rebuild the marts)")
+    )
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from wandb_assets.compare import UnknownRunsError, compare_runs
+
+    con = snapshot_or_exit(args.warehouse)
+    if con is None:
+        return 2
+    try:
+        print(compare_runs(con, args.run_ids).to_text())
+    except UnknownRunsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_regressions(args: argparse.Namespace) -> int:
+    """Backtest: the change points the SPS-regression detector finds in the warehouse snapshot's history."""
+    from wandb_assets.warehouse import change_points
+
+    since = parse_day(args.since, "--since") if args.since else None
+    con = snapshot_or_exit(args.warehouse)
+    if con is None:
+        return 2
+    found = change_points(con, config=args.config, since=since)
+    if found.empty:
+        print("No SPS regression found on main" + (f" for {args.config}" if args.config else "") + ".")
+        return 0
+    for row in found.itertuples():
+        status = f"recovered at {row.recovered_commit}" if row.recovered_commit else "still slow"
+        print(
+            f"{row.ci_config}: {row.change_pct:+.1f}% ({row.before:,.1f} -> {row.after:,.1f}) from "
+            f"{row.last_good_commit} to {row.first_slow_commit} ({row.first_slow_created_at:%Y-%m-%d %H:%M} UTC), "
+            f"paged at {row.detected_commit} after {row.confirming_runs} slow run(s); {status}"
+        )
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """The warehouse's invariants (``lib.checks``): exit 0 when all hold, 1 naming each that does not."""
+    from datetime import UTC, datetime
+
+    from wandb_assets.lib.checks import check_warehouse
+    from wandb_assets.settings import alert_thresholds, pipeline_settings
+    from wandb_assets.warehouse import reading
+
+    location = args.warehouse or pipeline_settings().warehouse
+    with reading(location) as con:
+        if con is None:
+            print(f"error: no warehouse at {location}: run a backfill first (or `wandb-assets demo`).", file=sys.stderr)
+            return 2
+        now = datetime.now(UTC).replace(tzinfo=None)
+        results = check_warehouse(con, now, alert_thresholds().idle_gpu_pct)
+        runs = con.execute("SELECT count(*) FROM runs").fetchone()[0] if results else 0
+    failed = 0
+    for invariant, count, sample in results:
+        if count:
+            failed += 1
+            print(f"FAILED {invariant.name}: {count} row(s) break '{invariant.promise}', e.g. {sample}")
+        else:
+            print(f"ok     {invariant.name}: {invariant.promise}")
+    print(f"{len(results) - failed} of {len(results)} invariants hold over {runs:,} runs of {location}.")
+    return 1 if failed else 0
+
+
+def cmd_fetch_warehouse(args: argparse.Namespace) -> int:
+    from wandb_assets.defs.report.assets import report_target
+    from wandb_assets.defs.wandb_runs.resources import wandb_resource
+    from wandb_assets.lib.fetch import default_entity, get_api
+    from wandb_assets.settings import ConfigError, load_settings, pipeline_settings
+
+    target = report_target(load_settings())
+    if target is None:
+        raise ConfigError("WANDB_ASSETS_REPORT_PROJECT is not set: name the W&B project the report publishes to.")
+    settings = {"project": target[0], "entity": target[1]}
+    api = get_api(wandb_resource().wandb_settings(), pipeline_settings())
+    name = f"{settings['entity'] or default_entity(api)}/{settings['project']}/fleet-warehouse:{args.version}"
+    try:
+        artifact = api.artifact(name, type="warehouse")
+        folder = artifact.download(root=args.dest)
+    except Exception as exc:  # noqa: BLE001 - the client raises many types; say which artifact was missing
+        print(f"error: could not fetch {name}: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
+        return 1
+    path = Path(folder).resolve() / "warehouse.duckdb"
+    print(f"Downloaded {name} (snapshot {artifact.metadata.get('snapshot_at', '?')}) to {path}")
+    print(f"Open it with: from wandb_assets import warehouse; con = warehouse.open_snapshot('{path}', exact=True)")
+    return 0

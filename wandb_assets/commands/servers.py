@@ -1,0 +1,99 @@
+"""Commands that serve on loopback until interrupted: ``ui`` (``dagster dev``) and ``docs`` (the dbt docs)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+#: Starts of warning messages `wandb-assets ui` hides (PYTHONWARNINGS matches a message's beginning).
+QUIET_WARNINGS = ("Function `dev_command` is superseded",)
+
+
+def dagster_dev(port: int = 3000, verbose: bool = False, in_home: bool = False) -> int:
+    """``dagster dev`` on this repository's workspace. Quiet by default: the daemon's and webserver's INFO
+    lines (a "sensor skipped" line every 30 s) are hidden; runs print their own INFO lines and warnings (the
+    instance's ``python_logs.python_log_level``)."""
+    os.environ.setdefault("DAGSTER_HOME", str(Path.cwd()))
+    workspace = Path(__file__).resolve().parents[2] / "workspace.yaml"
+    # Inherited by the daemon, the code server and every run worker: two notices nobody can act on (dagster-aws
+    # is pinned with dagster; `dg dev` would only wrap this same command in `uv run`).
+    os.environ["PYTHONWARNINGS"] = ",".join(
+        filter(None, [os.environ.get("PYTHONWARNINGS"), *(f"ignore:{text}" for text in QUIET_WARNINGS)])
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "dagster",
+        "dev",
+        "-w",
+        str(workspace),
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "--log-level",
+        "info" if verbose else "warning",
+    ]
+    print(f"Dagster UI: http://127.0.0.1:{port} (Ctrl-C to stop)", flush=True)
+    # in_home (the demo, whose instance is its own): run from DAGSTER_HOME, else `dagster dev` warns that the
+    # repository's dagster.yaml "will not be used", which reads as "your configuration is ignored"
+    cwd = os.environ["DAGSTER_HOME"] if in_home else None
+    # stderr through a filter that drops grpc's spurious poller traceback (lib/terminal.py); stdout is untouched
+    dev = subprocess.Popen(command, cwd=cwd, stderr=subprocess.PIPE)
+    try:
+        _pass_through(dev.stderr)
+        return dev.wait()
+    except KeyboardInterrupt:  # `dagster dev` had the same Ctrl-C: let it print its shutdown
+        try:
+            _pass_through(dev.stderr)
+            dev.wait()
+        except KeyboardInterrupt:
+            pass
+        return 0
+
+
+def _pass_through(stream) -> None:
+    from wandb_assets.lib.terminal import drop_known_noise
+
+    for line in drop_known_noise(iter(stream.readline, b"")):
+        sys.stderr.buffer.write(line)
+        sys.stderr.buffer.flush()
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    return dagster_dev(args.port, args.verbose)
+
+
+def cmd_docs(args: argparse.Namespace) -> int:
+    """Serve the analysts' dbt docs (one static page) on loopback until interrupted."""
+    import functools
+    import http.server
+
+    from wandb_assets.defs.analytics.project import DOCS_SITE
+    from wandb_assets.settings import ConfigError
+
+    if not DOCS_SITE.exists():
+        raise ConfigError(
+            f"No dbt docs at {DOCS_SITE} yet: each analytics run writes them (`uv run wandb-assets analytics`)."
+        )
+    if args.write:
+        target = Path(args.write) / "index.html"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(DOCS_SITE.read_bytes())
+        print(f"Wrote the dbt docs site to {target}")
+        return 0
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(DOCS_SITE.parent))
+    handler.log_message = lambda *a, **k: None  # type: ignore[attr-defined]
+    with http.server.ThreadingHTTPServer(("127.0.0.1", args.port), handler) as server:
+        print(
+            f"The analysts' dbt docs (tables, models, columns, lineage): http://127.0.0.1:{server.server_port}/",
+            flush=True,
+        )
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+    return 0
