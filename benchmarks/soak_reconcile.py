@@ -1,6 +1,7 @@
 """The reconciliation soak (issue 42): the suite's organisation state machine (``tests/test_reconcile_model.py``) with
-random histories, example after example, for ``--minutes``: every gpu_usage row must equal the reference model and
-``check`` must hold after every backfill and curves run. Run it before each release:
+random histories, example after example, for ``--minutes``: every gpu_usage row, the GPU gauges of each tick (stored
+and as the loopback Datadog received them) and each build of the marts and the chargeback must equal the reference
+model, and ``check`` must hold after every step. Run it before each release:
 
     uv run python benchmarks/soak_reconcile.py --minutes 30
 
@@ -42,6 +43,7 @@ def main() -> int:
         env = {
             **os.environ,
             "RECONCILE_RANDOM": "1",
+            "RECONCILE_DBT": "1",  # the analysts' marts and chargeback compared too
             "RECONCILE_SHRINK": "1",
             "RECONCILE_EXAMPLES": str(args.examples),
             "RECONCILE_STEPS": str(args.steps),

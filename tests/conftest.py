@@ -199,6 +199,17 @@ def stop_process_group(process: subprocess.Popen, timeout: float = 60) -> None:
     process.wait(timeout=30)
 
 
+@pytest.fixture
+def datadog_capture(monkeypatch):
+    """A loopback Datadog (``WANDB_ASSETS_DATADOG_URL``) that records every request the feed sends."""
+    from tests.capture import CaptureServer
+
+    server = CaptureServer()
+    monkeypatch.setenv("WANDB_ASSETS_DATADOG_URL", server.url)
+    yield server
+    server.stop()
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -113,16 +113,17 @@ def test_the_marts_hold_the_hand_worked_values_and_the_docs_show_them(
     from tests.conftest import cli
 
     evaluations = [e.event_specific_data for e in built.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
-    assert len(evaluations) == 33 and all(e.passed for e in evaluations)
+    assert len(evaluations) == 35 and all(e.passed for e in evaluations)
     con = duckdb.connect(str(warehouse_path), read_only=True)
     try:
         cost = rows(con, "SELECT * EXCLUDE (last_day) FROM analytics.team_gpu_cost_monthly ORDER BY ALL NULLS LAST")
-        # month, team, entity, project, model, users, GPU-h, $, unpriced GPU-h, idle GPU-h, idle $, failed GPU-h, $
+        # month, team, entity, project, model, price basis, users, GPU-h, $, unpriced GPU-h, idle GPU-h, idle $,
+        # failed GPU-h, $
         assert cost == [
-            (date(2026, 10, 1), "research", "e", "p", "H100-80GB", 1, 4.0, 11.96, 0.0, 0.5, 1.495, 0.0, 0.0),
-            (date(2026, 11, 1), "research", "e", "p", "A100-40GB", 1, 6.0, 7.74, 0.0, 0.0, 0.0, 6.0, 7.74),
-            (date(2026, 11, 1), "research", "e", "p", "H100-80GB", 1, 4.0, 11.96, 0.0, 1.0, 2.99, 0.0, 0.0),
-            (date(2026, 11, 1), "unassigned", "e", "p", None, 1, 4.0, None, 4.0, 0.0, None, 0.0, None),
+            (date(2026, 10, 1), "research", "e", "p", "H100-80GB", "list", 1, 4.0, 11.96, 0.0, 0.5, 1.495, 0.0, 0.0),
+            (date(2026, 11, 1), "research", "e", "p", "A100-40GB", "list", 1, 6.0, 7.74, 0.0, 0.0, 0.0, 6.0, 7.74),
+            (date(2026, 11, 1), "research", "e", "p", "H100-80GB", "list", 1, 4.0, 11.96, 0.0, 1.0, 2.99, 0.0, 0.0),
+            (date(2026, 11, 1), "unassigned", "e", "p", None, "unpriced", 1, 4.0, None, 4.0, 0.0, None, 0.0, None),
         ]
         # the budget in force: research's 2026-11 row from November, its 2026-01 row before; none for unassigned
         assert rows(
@@ -158,10 +159,32 @@ def test_the_marts_hold_the_hand_worked_values_and_the_docs_show_them(
         written = list(csv.reader(f))
     assert written == [
         list(exports.CHARGEBACK_COLUMNS),
-        ["2026-11", "research", "e", "p", "A100-40GB", "1", "6.0", "7.74", "0.0", "0.0", "0.00", "6.0", "7.74"],
-        ["2026-11", "research", "e", "p", "H100-80GB", "1", "4.0", "11.96", "0.0", "1.0", "2.99", "0.0", "0.00"],
-        ["2026-11", "unassigned", "e", "p", "", "1", "4.0", "", "4.0", "0.0", "", "0.0", ""],
+        ["2026-11", "research", "e", "p", "A100-40GB", "list", "1", "6.0", "7.74", "0.0", "0.0", "0.00", "6.0", "7.74"],
+        [
+            "2026-11",
+            "research",
+            "e",
+            "p",
+            "H100-80GB",
+            "list",
+            "1",
+            "4.0",
+            "11.96",
+            "0.0",
+            "1.0",
+            "2.99",
+            "0.0",
+            "0.00",
+        ],
+        ["2026-11", "unassigned", "e", "p", "", "unpriced", "1", "4.0", "", "4.0", "0.0", "", "0.0", ""],
     ]
+    # a month the warehouse holds nothing of: the (empty) file, and what the warehouse covers
+    code, out, err = cli(capsys, "export", "chargeback", "--month", "2026-09", "--out", str(tmp_path))
+    assert (code, err) == (0, ""), err
+    assert out.splitlines()[-1] == (
+        "note: the warehouse holds no GPU usage in 2026-09: its data runs from 2026-10-31 to 2026-11-03 (UTC days); "
+        "backfill the month to charge it (uv run wandb-assets backfill --start YYYY-MM-DD)."
+    )
     code, out, _ = cli(capsys, "export", "runs", "--since", "2026-11-01", "--out", str(tmp_path), "--format", "csv")
     assert code == 0 and "Wrote 2 runs created since 2026-11-01" in out
     code, _, err = cli(capsys, "export", "chargeback", "--month", "2026-11-01", "--out", str(tmp_path))
@@ -310,8 +333,9 @@ def test_the_chargeback_cents_add_up_to_the_months_total_to_the_cent(costs):
         con.execute("CREATE SCHEMA analytics")
         con.execute(
             "CREATE TABLE analytics.team_gpu_cost_monthly (month DATE, team VARCHAR, entity VARCHAR, project VARCHAR, "
-            "gpu_model VARCHAR, users BIGINT, gpu_hours DOUBLE, cost_usd DOUBLE, unpriced_gpu_hours DOUBLE, "
-            "idle_gpu_hours DOUBLE, idle_cost_usd DOUBLE, failed_gpu_hours DOUBLE, failed_cost_usd DOUBLE)"
+            "gpu_model VARCHAR, price_basis VARCHAR, users BIGINT, gpu_hours DOUBLE, cost_usd DOUBLE, "
+            "unpriced_gpu_hours DOUBLE, idle_gpu_hours DOUBLE, idle_cost_usd DOUBLE, failed_gpu_hours DOUBLE, "
+            "failed_cost_usd DOUBLE)"
         )
         con.executemany(
             "INSERT INTO analytics.team_gpu_cost_monthly (month, team, entity, project, cost_usd) "

@@ -237,14 +237,19 @@ def _backfill_a_range_and_read_a_gauge(demo_ui, other_backfill: str, page) -> No
     row = page.get_by_role("row", name=re.compile(r"^active \S+ runs$"))
     row.wait_for(timeout=60_000)
     value_cell = row.locator("td").last
-    value_cell.scroll_into_view_if_needed()
-    box = value_cell.bounding_box()
-    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= WIDTH, box
-    on_top = page.evaluate(
-        "([x, y]) => document.elementFromPoint(x, y)?.closest('td')?.innerText",
-        [box["x"] + box["width"] / 2, box["y"] + box["height"] / 2],
-    )
     shown = value_cell.inner_text().strip()
+    deadline = time.monotonic() + 15
+    while True:  # the page lays its tables out again while they load: judge the settled layout, not a frame of it
+        value_cell.scroll_into_view_if_needed()
+        box = value_cell.bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= WIDTH, box
+        on_top = page.evaluate(
+            "([x, y]) => document.elementFromPoint(x, y)?.closest('td')?.innerText",
+            [box["x"] + box["width"] / 2, box["y"] + box["height"] / 2],
+        )
+        if (on_top is not None and on_top.strip() == shown) or time.monotonic() > deadline:
+            break
+        page.wait_for_timeout(500)
     assert on_top is not None and on_top.strip() == shown
     assert _tables_fit(page) == ["gauge"] * 5 + ["project", "project"]
     snapshot_row = page.locator("tr").filter(has=page.get_by_text("snapshot_at_utc", exact=True)).first

@@ -53,7 +53,8 @@ BREAKS = {
     "ingested_at = TIMESTAMP '2026-05-01' WHERE run_id = 'live'" + STALE,
     # the money marts as dbt builds them from gpu_usage (the model's SQL), with an idle GPU-hour too many in June
     "marts_reconcile": "CREATE SCHEMA analytics; CREATE TABLE analytics.team_gpu_cost_monthly AS "
-    "SELECT date_trunc('month', day)::DATE AS month, team, entity, project, gpu_model, sum(gpu_hours) AS gpu_hours, "
+    "SELECT date_trunc('month', day)::DATE AS month, team, entity, project, gpu_model, "
+    "coalesce(price_basis, 'unpriced') AS price_basis, sum(gpu_hours) AS gpu_hours, "
     "sum(cost_usd) AS cost_usd, 0.0 AS unpriced_gpu_hours, sum(idle_gpu_hours) + 1 AS idle_gpu_hours, "
     "sum(idle_cost_usd) AS idle_cost_usd, sum(failed_gpu_hours) AS failed_gpu_hours, "
     "sum(failed_cost_usd) AS failed_cost_usd, 1 AS users FROM gpu_usage GROUP BY ALL; "

@@ -81,7 +81,7 @@ def _costs_cli(warehouse_path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_costs_state_the_unpriced_share_and_a_fallback_price_prices_the_rest_labelled_as_such(
-    priced_fleet, warehouse_path, monkeypatch, instance
+    priced_fleet, warehouse_path, monkeypatch, instance, tmp_path
 ):
     from wandb_assets.warehouse import query_read_only
 
@@ -154,6 +154,18 @@ def test_costs_state_the_unpriced_share_and_a_fallback_price_prices_the_rest_lab
         ["----------", "---------", "------", "------", "--------------", "--------------", "----------"],
         ["total", "15.0", "$30.50", "100%", "7.0", "0.0", "0.0"],
     ]
+    assert "note:" not in done.stdout  # built with the settings in force
+
+    # the teams file and the fallback price changed since the last build: the figures say they are the build's
+    (tmp_path / "teams.yaml").write_text("vision: [alice, carol]\napplied: [bob]\n")
+    monkeypatch.setenv("WANDB_ASSETS_GPU_DEFAULT_PRICE", "2.0")
+    done = _costs_cli(warehouse_path, "--by", "team")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].startswith("note: these figures are as of the last refresh (")
+    assert done.stdout.splitlines()[-1].endswith(
+        " UTC), built with other teams and prices than the settings now: run `uv run wandb-assets refresh` to apply "
+        "them."
+    )
 
 
 def test_costs_by_each_grouping_over_the_days_asked(priced_fleet, warehouse_path):

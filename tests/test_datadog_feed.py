@@ -5,7 +5,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests.capture import CaptureServer
 from tests.fleet import load
 from tests.test_gauges import EXPECTED, FLEET, T
 from wandb_assets.defs.feed.resources import DatadogResource
@@ -26,11 +25,8 @@ T15, T30 = T + timedelta(minutes=15), T + timedelta(minutes=30)
 
 
 @pytest.fixture
-def capture(monkeypatch):
-    server = CaptureServer()
-    monkeypatch.setenv("WANDB_ASSETS_DATADOG_URL", server.url)
-    yield server
-    server.stop()
+def capture(datadog_capture):
+    return datadog_capture
 
 
 @pytest.fixture
@@ -74,9 +70,10 @@ def test_exact_payload(con, capture):
     ]
     assert sorted(request["body"]["series"], key=lambda s: s["metric"]) == expected
     skipped = set(EXPECTED) - {s["metric"] for s in request["body"]["series"]}
-    assert skipped == {  # the two gauges that are NULL in this fleet (see tests/test_gauges.py) are not sent
+    assert skipped == {  # the three gauges that are NULL in this fleet (see tests/test_gauges.py) are not sent
         "wandb.push_to_main.overview.epoch_steps_per_second",
         "wandb.push_to_main.timing_per_epoch.sps",
+        "wandb.gpu.cost_usd_24h",  # nothing priced: NULL, never a 0 that reads as free
     }
     assert ledger(con) == [(T, "delivered", 1)]
 
@@ -130,7 +127,7 @@ def test_dry_run_records_and_logs_without_sending(con, capture):
     assert ledger(con) == [(T, "dry_run", 0), (T15, "dry_run", 0)]
     # one short line per snapshot, the tags intact for the second one too (they were once split into letters)
     assert lines == [
-        f"Datadog dry run (no DD_API_KEY configured): would send 22 gauges for {t} with tags "
+        f"Datadog dry run (no DD_API_KEY configured): would send 21 gauges for {t} with tags "
         "source:wandb-assets,entity:team-x,project:proj-y,env:prod"
         for t in ("2026-06-10T12:00:00Z", "2026-06-10T12:15:00Z")
     ]

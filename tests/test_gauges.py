@@ -84,7 +84,7 @@ EXPECTED = {
     "wandb.sweep.success_rate_pct": 100.0,  # 1 / (1 + 0)
     # No prices given and no system samples: nothing idle, every GPU-hour unpriced (tests/test_gpus.py prices some).
     "wandb.gpu.idle_gpus": 0,
-    "wandb.gpu.cost_usd_24h": 0,
+    "wandb.gpu.cost_usd_24h": None,  # 140 GPU-hours and none priced: NULL, never 0 (the warehouse's rule)
     "wandb.gpu.unpriced_gpu_hours_24h": 140,
     "wandb.gpu.idle_gpu_hours_24h": 0,
 }
@@ -148,7 +148,7 @@ def test_record_snapshot_appends_a_time_series_and_replaces_same_instant(con):
     rows = con.execute("SELECT snapshot_at, count(*) FROM fleet_metrics GROUP BY 1 ORDER BY 1").fetchall()
     assert rows == [(T, 24), (datetime(2026, 6, 10, 12, 15), 24)]
     nulls = con.execute("SELECT count(*) FROM fleet_metrics WHERE value IS NULL AND snapshot_at = $t", {"t": T})
-    assert nulls.fetchone()[0] == 2  # epoch_steps_per_second and timing_per_epoch.sps
+    assert nulls.fetchone()[0] == 3  # epoch_steps_per_second, timing_per_epoch.sps, cost_usd_24h (nothing priced)
 
 
 def test_gauges_are_shown_rounded_with_their_unit():

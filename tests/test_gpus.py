@@ -565,7 +565,7 @@ def test_the_gpu_gauges_hand_worked(memory_con):
         gauges["wandb.gpu.idle_gpus"],
         gauges["wandb.gpu.idle_gpu_hours_24h"],
         gauges["wandb.gpu.cost_usd_24h"],
-    ) == (0, 0.5 * 2 + 0.5 * 1, 0)
+    ) == (0, 0.5 * 2 + 0.5 * 1, None)  # 105 GPU-hours, none priced: NULL, never 0
 
 
 def test_the_w_and_b_key_goes_only_to_the_w_and_b_host_never_to_a_signed_storage_url():

@@ -476,6 +476,27 @@ def test_the_cli_mirrors_named_projects_without_wandb_project_and_refuses_a_sele
         ("test-team", "test-project", "r0"),
         ("test-team", "test-project", "r1"),
     ]
+    held = query_read_only(warehouse_path, "SELECT * FROM runs ORDER BY ALL")
+    # a mistyped entity beside real ones (issue 43): it would drop lab's projects; exit 2 before anything changes
+    monkeypatch.setenv("WANDB_ASSETS_PROJECTS", "lba/*,test-team/test-project")
+    code, out, err = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-01")
+    assert (code, out) == (2, "")
+    assert err == (
+        "error: WANDB_ASSETS_PROJECTS names lba/*, but W&B lists no project of 'lba' for this key: check the "
+        "entity's name in WANDB_ASSETS_PROJECTS.\n"
+    )
+    assert query_read_only(warehouse_path, "SELECT * FROM runs ORDER BY ALL") == held
+    # a set that drops a project is said before the change; its runs are kept
+    monkeypatch.setenv("WANDB_ASSETS_PROJECTS", "test-team/test-project")
+    code, _, err = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-01")
+    assert code == 0, err
+    assert err.startswith(
+        "warning: 1 project(s) mirrored now leave the mirror set with this WANDB_ASSETS_PROJECTS: lab/rl. Their runs "
+        "are kept"
+    )
+    assert query_read_only(warehouse_path, "SELECT project, run_id, state FROM runs WHERE entity = 'lab'") == [
+        ("rl", "r0", "finished")
+    ]
 
 
 # --------------------------------------------------------------------------- the gauges per project and in total

@@ -31,7 +31,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from tests.reference.model import ENDED, Copy, gpu_usage
+from tests.reference.model import ENDED, Copy, gpu_gauges_24h, gpu_usage, monthly_chargeback
 
 ENTITY = "test-team"
 PROJECTS = ("test-project", "p2", "p3")
@@ -265,6 +265,102 @@ class Organisation(RuleBasedStateMachine):
                 if project in self.synced_mirrored and copy_state in ENDED and project not in run.curves_final:
                     run.curves_final[project] = run.project == project  # W&B answers for it there now
 
+    @precondition(lambda self: getattr(self, "synced", False))
+    @rule()
+    def tick(self):
+        """A backfill, then a whole tick (refresh, snapshot, the Datadog feed): the tick's refresh reads what the
+        backfill just read (W&B did not change in between), so the model of the warehouse stays as it is; the
+        snapshot's GPU gauges, as the loopback Datadog received them and as fleet_metrics holds them, equal the
+        model's 24 hours before the snapshot."""
+        STATS["steps"]["tick"] += 1
+        from wandb_assets.ticks import run_tick
+
+        self.backfill()
+        results = run_tick(self.instance, _now().date())
+        assert all(result.success for result in results)
+        self.gauges_reconcile()
+
+    @precondition(lambda self: getattr(self, "synced", False) and os.environ.get("RECONCILE_DBT"))
+    @rule()
+    def build_the_marts(self):
+        """The analysts' dbt project (the soak sets RECONCILE_DBT; the suite builds it once, in the lifecycle test)."""
+        STATS["steps"]["build_the_marts"] += 1
+        self.analytics_reconcile()
+
+    def gauges_reconcile(self) -> None:
+        con = duckdb.connect(str(self.path), read_only=True)
+        try:
+            at, stored = con.execute(
+                "SELECT snapshot_at, map_from_entries(list((metric, value))) FROM fleet_metrics "
+                "WHERE snapshot_at = (SELECT max(snapshot_at) FROM fleet_metrics) GROUP BY 1"
+            ).fetchone()
+        finally:
+            con.close()
+        timestamp = int((at - datetime(1970, 1, 1)).total_seconds())
+        sent = {
+            series["metric"]: point["value"]
+            for body in self.context["datadog"].bodies("/api/v2/series")
+            for series in body["series"]
+            if "scope:project" not in series["tags"]
+            for point in series["points"]
+            if point["timestamp"] == timestamp
+        }
+        prices, fallback = self.priced
+        mirrored = [c for c in self._copies() if c.project in self.synced_mirrored]
+        expected = gpu_gauges_24h(mirrored, at, prices, fallback)
+        for name, want in expected.items():
+            for where, got in (("fleet_metrics", stored[name]), ("Datadog", sent.get(name))):
+                context = (name, where, at, f"model copies: {mirrored}")
+                assert (got is None) == (want is None), context
+                if want is not None:
+                    assert got == pytest.approx(want, abs=1e-6), context
+        STATS["gauge_comparisons"] += 1
+
+    def analytics_reconcile(self) -> None:
+        """The analysts' dbt project built now: every month's chargeback (the mart, and the file it writes) equals
+        the model's month (GPU-hours to 1e-6, dollars to the cent), and check holds (marts_reconcile included)."""
+        from wandb_assets.lib.exports import chargeback_sql
+        from wandb_assets.ticks import execute_analytics
+
+        assert execute_analytics(self.instance).success
+        con = duckdb.connect(str(self.path), read_only=True)
+        try:
+            build = json.loads(
+                con.execute("SELECT value FROM warehouse_meta WHERE key = 'gpu_usage_build'").fetchone()[0]
+            )
+            mart = {
+                (month.strftime("%Y-%m"), team, entity, project, model): (hours, usd)
+                for month, team, entity, project, model, hours, usd in con.execute(
+                    "SELECT month, team, entity, project, gpu_model, gpu_hours, cost_usd "
+                    "FROM analytics.team_gpu_cost_monthly"
+                ).fetchall()
+            }
+            file = dict(
+                con.execute(
+                    f"SELECT month, sum(cost_usd)::DOUBLE FROM ({chargeback_sql('true')}) GROUP BY 1"
+                ).fetchall()
+            )
+        finally:
+            con.close()
+        prices, fallback = self.priced
+        usage = gpu_usage(self._copies(), datetime.fromisoformat(build["now"]), prices, TEAMS, IDLE_PCT, fallback)
+        model = {key: value for key, value in monthly_chargeback(usage).items() if value[0] > 0}
+        assert sorted(mart) == sorted(model)
+        for key, (hours, usd) in mart.items():
+            assert hours == pytest.approx(model[key][0], abs=1e-6), key
+            assert (usd is None) == (model[key][1] is None), key
+            if usd is not None:
+                assert abs(usd - model[key][1]) < 0.005, key
+        months: dict[str, float | None] = {}
+        for (month, *_), (_, usd) in model.items():
+            months[month] = None if usd is None and months.get(month) is None else (months.get(month) or 0) + (usd or 0)
+        assert sorted(file) == sorted(months)
+        for month, usd in file.items():
+            assert (usd is None) == (months[month] is None), month
+            if usd is not None:
+                assert usd == pytest.approx(round(months[month], 2), abs=1e-9), month
+        STATS["chargeback_comparisons"] += 1
+
     # -- what the warehouse must say ----------------------------------------------------------------------------
     def _copy_state(self, run: WorldRun, project: str, seen_state: str) -> str:
         """The state the warehouse's copy of ``run`` in ``project`` must have: as last seen while W&B holds it there
@@ -349,11 +445,19 @@ class Organisation(RuleBasedStateMachine):
 
 
 #: What the runs of the machine compared (the suite asserts it compared something; the soak prints it).
-STATS: dict = {"comparisons": 0, "rows": 0, "idle_rows": 0, "states": Counter(), "steps": Counter()}
+STATS: dict = {
+    "comparisons": 0,
+    "gauge_comparisons": 0,
+    "chargeback_comparisons": 0,
+    "rows": 0,
+    "idle_rows": 0,
+    "states": Counter(),
+    "steps": Counter(),
+}
 
 
-def run_organisation(server, instance, warehouse: Path, folder: Path, examples: int, steps: int) -> None:
-    Organisation.context = {"server": server, "instance": instance, "warehouse": warehouse, "folder": folder}
+def run_organisation(context: dict, examples: int, steps: int) -> None:
+    Organisation.context = context
     run_state_machine_as_test(
         Organisation,
         settings=settings(
@@ -369,24 +473,27 @@ def run_organisation(server, instance, warehouse: Path, folder: Path, examples: 
 
 
 def _environment(monkeypatch, tmp_path: Path) -> None:
-    """The organisation's settings: teams, every due curve read in one run, the idle threshold; the variables the
-    machine sets itself are restored by monkeypatch afterwards."""
+    """The organisation's settings: teams, every due curve read in one run, the idle threshold, a Datadog key; the
+    variables the machine sets itself are restored by monkeypatch afterwards."""
     monkeypatch.setenv("WANDB_ASSETS_TEAMS", str(tmp_path / "teams.yaml"))
     (tmp_path / "teams.yaml").write_text("vision: [alice]\nllm: [bob]\n")
     monkeypatch.setenv("WANDB_ASSETS_HISTORY_RUNS_PER_TICK", "1000")
     monkeypatch.setenv("WANDB_ASSETS_IDLE_GPU_PCT", str(IDLE_PCT))
+    monkeypatch.setenv("WANDB_ASSETS_ANALYTICS", "false")  # the marts are built where a test says (dbt: ~30 s)
+    monkeypatch.setenv("DD_API_KEY", "ddkey" + "7" * 27)
     for name in ("WANDB_ASSETS_PROJECTS", "WANDB_ASSETS_GPU_PRICES", "WANDB_ASSETS_GPU_DEFAULT_PRICE"):
         monkeypatch.setenv(name, "x")
         monkeypatch.delenv(name)
 
 
 def test_every_number_reconciles_with_the_reference_model(
-    wandb_server, warehouse_path, instance, tmp_path, monkeypatch
+    wandb_server, warehouse_path, instance, tmp_path, monkeypatch, datadog_capture
 ):
     server = wandb_server([])
     _environment(monkeypatch, tmp_path)
     examples, steps = int(os.environ.get("RECONCILE_EXAMPLES", 3)), int(os.environ.get("RECONCILE_STEPS", 10))
-    run_organisation(server, instance, warehouse_path, tmp_path, examples=examples, steps=steps)
+    context = {"server": server, "instance": instance, "warehouse": warehouse_path, "folder": tmp_path}
+    run_organisation({**context, "datadog": datadog_capture}, examples=examples, steps=steps)
     print(STATS)
     assert STATS["comparisons"] > 0 and STATS["idle_rows"] > 0
 
@@ -413,7 +520,7 @@ def test_the_reference_model_is_worked_by_hand():
 
 
 def test_each_lifecycle_path_reconciles_with_the_reference_model(
-    wandb_server, warehouse_path, instance, tmp_path, monkeypatch
+    wandb_server, warehouse_path, instance, tmp_path, monkeypatch, datadog_capture
 ):
     """The paths the random histories may miss, in one history: a 30-day idle run, a run across midnight, a run moved
     while finished and one while alive, an alive and an ended run deleted, a project leaving with a running run and
@@ -421,7 +528,13 @@ def test_each_lifecycle_path_reconciles_with_the_reference_model(
     the model and check holds."""
     server = wandb_server([])
     _environment(monkeypatch, tmp_path)
-    Organisation.context = {"server": server, "instance": instance, "warehouse": warehouse_path, "folder": tmp_path}
+    Organisation.context = {
+        "server": server,
+        "instance": instance,
+        "warehouse": warehouse_path,
+        "folder": tmp_path,
+        "datadog": datadog_capture,
+    }
     org = Organisation()
     idle = [0.0] * 12
     org.start_a_run(("test-project", "alice", "H100-80GB", 8, 35, 0, 30 * 24, "finished", idle))  # r0: 30 days
@@ -447,6 +560,8 @@ def test_each_lifecycle_path_reconciles_with_the_reference_model(
     assert states[("p2", "r3")] == "moved" and states[("p3", "r4")] == "vanished"
     org.read_curves()
     org.every_number_reconciles()
+    org.tick()  # the gauges of p2 and test-project (p3 left: r4 counts nowhere)
+    org.every_number_reconciles()
     org.change_the_prices(3.0, 1.0)
     org.change_the_mirror_set(list(PROJECTS))  # p3 comes back: r4 is running again
     org.backfill()
@@ -460,6 +575,10 @@ def test_each_lifecycle_path_reconciles_with_the_reference_model(
     org.read_curves()
     org.every_number_reconciles()
     assert org.runs["r0"].curves_final == {"test-project": True}  # (the p2 copy is moved: its curves went)
+    org.tick()
+    org.every_number_reconciles()
+    org.analytics_reconcile()  # the marts and the chargeback file of every month, and check with marts_reconcile
+    assert STATS["gauge_comparisons"] >= 2 and STATS["chargeback_comparisons"] >= 1
 
 
 class _Picks:

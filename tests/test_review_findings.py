@@ -381,20 +381,21 @@ def test_b12_idle_and_failed_cents_follow_the_rows_cents_and_a_month_is_not_expo
     con.execute("CREATE SCHEMA analytics")
     con.execute(
         "CREATE TABLE analytics.team_gpu_cost_monthly (month DATE, team VARCHAR, entity VARCHAR, project VARCHAR, "
-        "gpu_model VARCHAR, users BIGINT, gpu_hours DOUBLE, cost_usd DOUBLE, unpriced_gpu_hours DOUBLE, "
-        "idle_gpu_hours DOUBLE, idle_cost_usd DOUBLE, failed_gpu_hours DOUBLE, failed_cost_usd DOUBLE, last_day DATE)"
+        "gpu_model VARCHAR, price_basis VARCHAR, users BIGINT, gpu_hours DOUBLE, cost_usd DOUBLE, "
+        "unpriced_gpu_hours DOUBLE, idle_gpu_hours DOUBLE, idle_cost_usd DOUBLE, failed_gpu_hours DOUBLE, "
+        "failed_cost_usd DOUBLE, last_day DATE)"
     )
     for model in ("A-model", "B-model"):
         con.execute(
-            "INSERT INTO analytics.team_gpu_cost_monthly VALUES ('2026-10-01', 'research', 'e', 'p', $m, 1, 0.002, "
-            "0.006, 0, 0.002, 0.006, 0.002, 0.006, '2026-10-31')",
+            "INSERT INTO analytics.team_gpu_cost_monthly VALUES ('2026-10-01', 'research', 'e', 'p', $m, 'list', 1, "
+            "0.002, 0.006, 0, 0.002, 0.006, 0.002, 0.006, '2026-10-31')",
             {"m": model},
         )
     done = export_chargeback(con, date(2026, 10, 1), tmp_path)
     lines = done.path.read_text().splitlines()
     assert [line.split(",")[4:] for line in lines[1:]] == [
-        ["A-model", "1", "0.0", "0.01", "0.0", "0.0", "0.01", "0.0", "0.01"],
-        ["B-model", "1", "0.0", "0.00", "0.0", "0.0", "0.00", "0.0", "0.00"],
+        ["A-model", "list", "1", "0.0", "0.01", "0.0", "0.0", "0.01", "0.0", "0.01"],
+        ["B-model", "list", "1", "0.0", "0.00", "0.0", "0.0", "0.00", "0.0", "0.00"],
     ]
     first = done.path.read_text()
     con.execute("UPDATE analytics.team_gpu_cost_monthly SET cost_usd = 100.0")

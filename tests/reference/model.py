@@ -155,3 +155,35 @@ def monthly_chargeback(usage: dict[tuple, Usage]) -> dict[tuple, tuple[float, fl
         if row.cost_usd is not None:
             months[key][1] = (months[key][1] or 0.0) + row.cost_usd
     return {key: (hours, usd) for key, (hours, usd) in months.items()}
+
+
+def gpu_gauges_24h(
+    runs: list[Copy], at: datetime, prices: dict[str, float], fallback: float | None = None
+) -> dict[str, float | None]:
+    """The GPU gauges of a snapshot taken ``at`` (the 24 hours before it) over ``runs``, the copies of the projects
+    mirrored then: GPU-hours in the window, their dollars (None when GPU-hours in it have no price and none has one;
+    0 with no GPU-hours), the unpriced GPU-hours, and the idle GPU-hours of the ticks' own samples (``Copy.samples`` are
+    a run's curves, which the gauges do not read: a run the ticks saw no system sample of counts no idle time)."""
+    start = at - timedelta(hours=24)
+    hours = priced = unpriced = usd = 0.0
+    for run in runs:
+        span = busy_span(run, at)
+        if span is None:
+            continue
+        inside = (min(span[1], at) - max(span[0], start)).total_seconds() / 3600.0
+        if inside <= 0:
+            continue
+        gpu_hours = run.gpu_count * inside
+        hours += gpu_hours
+        price = usd_per_gpu_hour(run.gpu_model, prices, fallback)
+        if price is None:
+            unpriced += gpu_hours
+        else:
+            priced += gpu_hours
+            usd += gpu_hours * price
+    return {
+        "wandb.training.total_gpu_hours_24h": hours,
+        "wandb.gpu.cost_usd_24h": usd if priced else (None if unpriced else 0.0),
+        "wandb.gpu.unpriced_gpu_hours_24h": unpriced,
+        "wandb.gpu.idle_gpu_hours_24h": 0.0,
+    }

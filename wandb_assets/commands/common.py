@@ -75,16 +75,23 @@ def preflight(only: list[str] | None = None) -> None:
     from wandb_assets.defs.wandb_runs.resources import wandb_resource
     from wandb_assets.lib.clock import utc_now
     from wandb_assets.lib.fetch import created_between
+    from wandb_assets.lib.projects import NO_PROJECT_LISTED
     from wandb_assets.settings import ConfigError, pipeline_settings
 
     pipeline = pipeline_settings()
     check_writable(pipeline.warehouse, "WANDB_ASSETS_DUCKDB")
     check_writable(pipeline.staging_dir, "WANDB_ASSETS_STAGING_DIR", folder=True)
-    if pipeline.projects is not None:  # several projects: the key checked by listing; a missing one is skipped
+    if pipeline.projects is not None:  # several projects: the key checked by listing
         projects, failures, _ = wandb_resource().mirrored_projects(pipeline)
         if not projects:
             why = "; ".join(failures.values()) or "the entities list none of them"
             raise ConfigError(f"WANDB_ASSETS_PROJECTS names no project W&B has now: {why}.")
+        # an entity that lists no project is a mistake even beside others (a typo would drop the real entity's
+        # projects); a listing that failed for another reason (W&B down) is the run's to retry, not a setting's
+        empty = [pattern for pattern, why in failures.items() if NO_PROJECT_LISTED in why]
+        if empty:
+            raise ConfigError(f"WANDB_ASSETS_PROJECTS names {empty[0]}, but {failures[empty[0]]}.")
+        warn_of_projects_leaving(pipeline.warehouse, projects)
     else:
         now = utc_now()
         for _ in wandb_resource().fetch_run_pages(created_between(now, now), pipeline):  # one empty page
@@ -96,6 +103,34 @@ def preflight(only: list[str] | None = None) -> None:
     unknown = [name for name in only or [] if name not in projects]
     if unknown:
         raise ConfigError(f"--project {unknown[0]} is not a mirrored project (mirrored now: {', '.join(projects)}).")
+
+
+def warn_of_projects_leaving(location, projects: list[str]) -> None:
+    """Say, before anything changes, which projects the warehouse mirrors now that this configuration drops (one
+    line on stderr): their runs are kept, unwatched, and come back when the projects are named again."""
+    from wandb_assets.warehouse import reading
+
+    with reading(location) as con:
+        if con is None:
+            return
+        try:
+            held = [
+                f"{entity}/{project}"
+                for entity, project in con.execute(
+                    "SELECT entity, project FROM wandb_projects WHERE mirrored AND project <> '*' ORDER BY ALL"
+                ).fetchall()
+            ]
+        except Exception:  # noqa: BLE001 - a warehouse without the table yet: nothing mirrored to leave
+            return
+    leaving = [name for name in held if name not in projects]
+    if leaving:
+        shown = ", ".join(leaving[:5]) + (f" and {len(leaving) - 5} more" if len(leaving) > 5 else "")
+        print(
+            f"warning: {len(leaving)} project(s) mirrored now leave the mirror set with this WANDB_ASSETS_PROJECTS: "
+            f"{shown}. Their runs are kept (alive ones counted to their last heartbeat, their alerts kept open "
+            "marked unwatched) and are read again when the projects are named again.",
+            file=sys.stderr,
+        )
 
 
 def parse_day(text: str, option: str) -> date:

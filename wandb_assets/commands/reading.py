@@ -82,20 +82,28 @@ def print_costs(by: str = "team", days: int = 30) -> None:
 def cmd_costs(args: argparse.Namespace) -> int:
     """GPU-hours and dollars by team, project, user or model over the last days, with what the dollars leave out."""
     from wandb_assets.lib.costs import cost_summary, format_costs
+    from wandb_assets.lib.derived import settings_since_build
     from wandb_assets.lib.gpus import unknown_price_key_warning
-    from wandb_assets.settings import ConfigError, pipeline_settings
+    from wandb_assets.settings import ConfigError, alert_thresholds, pipeline_settings
 
     if args.days < 1:
         raise ConfigError(f"--days must be 1 or more (got {args.days}).")
     for key in pipeline_settings().unknown_price_keys:
         print(f"warning: {unknown_price_key_warning(key)}.")
+    pipeline = pipeline_settings()
     con = snapshot_or_exit(args.warehouse)
     if con is None:
         return 2
     try:
         print(format_costs(cost_summary(con, args.by, datetime.now(UTC).date(), args.days)))
+        built, differ = settings_since_build(con, pipeline.gpu_prices, pipeline.teams, alert_thresholds().idle_gpu_pct)
     finally:
         con.close()
+    if differ:  # the figures are the last build's: say so rather than mix today's settings with them
+        print(
+            f"note: these figures are as of the last refresh ({built:%Y-%m-%d %H:%M} UTC), built with other "
+            f"{' and '.join(differ)} than the settings now: run `uv run wandb-assets refresh` to apply them."
+        )
     return 0
 
 
@@ -143,6 +151,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         except FileExistsError as exc:
             raise ConfigError(str(exc)) from None
         cents, usage, gpu_hours = exports.chargeback_totals(con, month)
+        first, last = con.execute("SELECT min(day), max(day) FROM gpu_usage").fetchone()
     finally:
         con.close()
     total = "no priced GPU-hours" if cents is None else f"${cents:,.2f}"
@@ -150,6 +159,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         f"Wrote the chargeback of {month:%Y-%m} to {done.path}: {done.rows} rows, {gpu_hours:,.1f} GPU-hours, {total}"
         + ("" if cents == usage else f" (gpu_usage says ${usage or 0:,.2f}: rebuild the marts)")
     )
+    if not done.rows:  # an empty file reads as "nothing was used": say what the warehouse covers
+        covers = f"from {first} to {last}" if first else "no GPU usage yet"
+        print(
+            f"note: the warehouse holds no GPU usage in {month:%Y-%m}: its data runs {covers} (UTC days); backfill "
+            "the month to charge it (uv run wandb-assets backfill --start YYYY-MM-DD)."
+        )
     return 0
 
 

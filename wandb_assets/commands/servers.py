@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 #: Starts of warning messages `wandb-assets ui` hides (PYTHONWARNINGS matches a message's beginning).
@@ -41,18 +43,43 @@ def dagster_dev(port: int = 3000, verbose: bool = False, in_home: bool = False) 
     # in_home (the demo, whose instance is its own): run from DAGSTER_HOME, else `dagster dev` warns that the
     # repository's dagster.yaml "will not be used", which reads as "your configuration is ignored"
     cwd = os.environ["DAGSTER_HOME"] if in_home else None
-    # stderr through a filter that drops grpc's spurious poller traceback (lib/terminal.py); stdout is untouched
-    dev = subprocess.Popen(command, cwd=cwd, stderr=subprocess.PIPE)
+    # stderr through a filter that drops grpc's spurious poller traceback (lib/terminal.py); stdout is untouched.
+    # Its own process group: Ctrl-C and a service manager's SIGTERM reach `dagster dev`, its webserver, daemon and
+    # code servers through us, and whatever of them is left STOP_WITHIN_S later is killed (nothing outlives `ui`).
+    dev = subprocess.Popen(command, cwd=cwd, stderr=subprocess.PIPE, start_new_session=True)
+    stopping: list[int] = []
+    deadline = threading.Timer(STOP_WITHIN_S, _signal_group, (dev.pid, signal.SIGKILL))
+    deadline.daemon = True
+
+    def stop(signum, _frame) -> None:
+        stopping.append(signum)
+        _signal_group(dev.pid, signum)
+        if len(stopping) == 1:
+            deadline.start()
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        _pass_through(dev.stderr)
-        return dev.wait()
-    except KeyboardInterrupt:  # `dagster dev` had the same Ctrl-C: let it print its shutdown
-        try:
-            _pass_through(dev.stderr)
-            dev.wait()
-        except KeyboardInterrupt:
-            pass
-        return 0
+        _pass_through(dev.stderr)  # until `dagster dev` closes its stderr: it exited
+        code = dev.wait()
+    finally:
+        deadline.cancel()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _signal_group(dev.pid, signal.SIGKILL)  # what of the group is left (a code server mid-start)
+    if not stopping:
+        return code
+    return 0 if stopping[0] == signal.SIGINT else 128 + stopping[0]  # Ctrl-C: stopped as asked
+
+
+#: How long `ui` gives `dagster dev` and its servers to stop after Ctrl-C or SIGTERM before killing what is left.
+STOP_WITHIN_S = 8.0
+
+
+def _signal_group(group: int, signum: int) -> None:
+    try:
+        os.killpg(group, signum)
+    except (ProcessLookupError, PermissionError):  # the group is gone already
+        pass
 
 
 def _pass_through(stream) -> None:

@@ -26,6 +26,7 @@ from wandb_assets.lib.sql import (
     success_rate_sql,
     transaction,
 )
+from wandb_assets.lib.warehouse import has_table
 
 _SPS_COLUMNS = list(SPS_KEYS.values())
 
@@ -186,6 +187,28 @@ def rebuild_gpu_usage(
 #: ``warehouse_meta`` key: how ``gpu_usage`` was last built (its ``now``, prices, teams and idle threshold, and the
 #: inputs' token), so ``check`` can compute it again and compare.
 GPU_USAGE_BUILD_KEY = "gpu_usage_build"
+
+
+def settings_since_build(
+    con, prices: dict[str, float], teams: dict[str, str], idle_pct: float
+) -> tuple[datetime | None, list[str]]:
+    """When ``gpu_usage`` was last built, and which of the settings it was built with differ from these (``teams``,
+    ``prices``, ``idle threshold``): figures read from it are as of that build until the next refresh."""
+    text = meta_value(con, GPU_USAGE_BUILD_KEY) if has_table(con, "warehouse_meta") else None
+    if text is None:
+        return None, []
+    build = json.loads(text)
+    teams_now = sorted((u, t) for u, t in teams.items())
+    differ = [
+        name
+        for name, was, now in (
+            ("teams", sorted((r["user"], r["team"]) for r in json.loads(build["teams"])), teams_now),
+            ("prices", sorted((r["model"], r["usd"]) for r in json.loads(build["prices"])), sorted(prices.items())),
+            ("idle threshold", build["idle_pct"], idle_pct),
+        )
+        if was != now
+    ]
+    return datetime.fromisoformat(build["now"]), differ
 
 
 def rebuild_push_to_main_sps(con) -> int:

@@ -27,6 +27,8 @@ CHARGEBACK_COLUMNS: dict[str, str] = {
     "entity": "W&B entity",
     "project": "W&B project",
     "gpu_model": "canonical GPU model; empty when no source names it",
+    "price_basis": "where cost_usd's price came from: list (the model's price in WANDB_ASSETS_GPU_PRICES), fallback "
+    "(WANDB_ASSETS_GPU_DEFAULT_PRICE, an estimate) or unpriced (no price: cost_usd empty)",
     "users": "distinct W&B users whose runs used these GPUs that month",
     "gpu_hours": "GPU-hours, 2 decimals",
     "cost_usd": "USD, in cents; the rows add up to gpu_usage's month total rounded to the cent (largest remainders "
@@ -49,7 +51,7 @@ def _cents(column: str) -> str:
     lacking = f"round(sum({column}) {month} * 100) - sum(floor({column} * 100)) {month}"
     rank = (
         f"row_number() OVER (PARTITION BY month ORDER BY {column} * 100 - floor({column} * 100) DESC NULLS LAST, "
-        "team, entity, project, gpu_model)"
+        "team, entity, project, gpu_model, price_basis)"
     )
     return f"floor({column} * 100) + CASE WHEN {rank} <= {lacking} THEN 1 ELSE 0 END"
 
@@ -65,14 +67,14 @@ cents AS (
            {_cents("failed_cost_usd")} AS failed_cents
     FROM m
 )
-SELECT strftime(month, '%Y-%m') AS month, team, entity, project, gpu_model, users,
+SELECT strftime(month, '%Y-%m') AS month, team, entity, project, gpu_model, price_basis, users,
        round(gpu_hours, 2) AS gpu_hours, (cost_cents / 100)::DECIMAL(18, 2) AS cost_usd,
        round(unpriced_gpu_hours, 2) AS unpriced_gpu_hours, round(idle_gpu_hours, 2) AS idle_gpu_hours,
        (least(idle_cents, cost_cents) / 100)::DECIMAL(18, 2) AS idle_cost_usd,
        round(failed_gpu_hours, 2) AS failed_gpu_hours,
        (least(failed_cents, cost_cents) / 100)::DECIMAL(18, 2) AS failed_cost_usd
 FROM cents
-ORDER BY month, team, entity, project, gpu_model NULLS LAST
+ORDER BY month, team, entity, project, gpu_model NULLS LAST, price_basis
 """
 
 

@@ -141,8 +141,11 @@ GAUGES: tuple[Gauge, ...] = (
     Gauge(
         "wandb.gpu.cost_usd_24h",
         "USD of the GPU-hours in W of runs whose model has a price (WANDB_ASSETS_GPU_PRICES): GPU-hours x USD per "
-        "GPU-hour; the rest is wandb.gpu.unpriced_gpu_hours_24h",
-        "coalesce(sum(gpu_hours_in_w * usd_per_gpu_hour), 0)",
+        "GPU-hour; the rest is wandb.gpu.unpriced_gpu_hours_24h. NULL (never 0) when GPU-hours in W have no price "
+        "and none has one; 0 when there are no GPU-hours in W",
+        "CASE WHEN count(*) FILTER (WHERE gpu_hours_in_w > 0 AND usd_per_gpu_hour IS NOT NULL) > 0 "
+        "THEN sum(gpu_hours_in_w * usd_per_gpu_hour) FILTER (WHERE gpu_hours_in_w > 0) "
+        "WHEN count(*) FILTER (WHERE gpu_hours_in_w > 0) > 0 THEN NULL ELSE 0 END",
     ),
     Gauge(
         "wandb.gpu.unpriced_gpu_hours_24h",

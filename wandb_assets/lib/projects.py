@@ -16,6 +16,9 @@ from wandb_assets.lib.errors import ConfigError
 
 #: Every project of the entity (re-listed on every tick).
 WILDCARD = "*"
+#: How a listing of an entity that holds no project for the key begins (a mistyped or unknown entity): a setting's
+#: mistake, refused before a CLI run starts, never a project that left.
+NO_PROJECT_LISTED = "W&B lists no project of"
 #: What W&B refuses in entity and project names (and what would make ``entity/project`` ambiguous).
 _FORBIDDEN = re.compile(r"[/\\#?%:,\s]")
 

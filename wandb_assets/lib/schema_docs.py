@@ -157,8 +157,9 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "price (WANDB_ASSETS_GPU_DEFAULT_PRICE); NULL when neither prices it (never 0)",
             "idle_gpu_hours": "of those, GPU-hours idle (below WANDB_ASSETS_IDLE_GPU_PCT): for a run whose curves were "
             "read after it ended, from its whole sampled GPU stream (run_curve_idle); else in the samples taken "
-            "while it ran (gpu_samples); each sample holds until the run's next one, its end or now, an hour at "
-            "most; for offline runs from their logs (runs.log_idle_gpu_hours); 0 without samples",
+            "while it ran (gpu_samples); each sample holds until the run's next one, its end or now, at most the "
+            "longer of an hour and twice the stream's sampling interval (docs/gpu-accounting.md); for offline runs "
+            "from their logs; 0 without samples",
             "price_basis": "where cost_usd's price came from: list (the model's own price), fallback "
             "(WANDB_ASSETS_GPU_DEFAULT_PRICE) or NULL (no price)",
             "partly_idle_gpu_hours": "of idle_gpu_hours, those of GPUs idle while another GPU of the same run was "

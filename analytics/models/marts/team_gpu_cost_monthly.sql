@@ -7,6 +7,7 @@ select
     entity,
     project,
     gpu_model,
+    coalesce(price_basis, 'unpriced') as price_basis,
     count(distinct username) as users,
     sum(gpu_hours) as gpu_hours,
     sum(cost_usd) as cost_usd,

@@ -24,6 +24,7 @@ from wandb_assets.lib.fetch import (
     read_metadata_file,
 )
 from wandb_assets.lib.progress import FetchProgress
+from wandb_assets.lib.projects import NO_PROJECT_LISTED
 from wandb_assets.settings import (
     ConfigError,
     PipelineSettings,
@@ -216,7 +217,7 @@ class WandbResource(ConfigurableResource):
                 continue
             if not listed[whole]:  # a mistyped entity lists nothing: said, alerted, never silent
                 failures[f"{whole}/*"] = (
-                    f"W&B lists no project of {whole!r} for this key: check the entity's name in WANDB_ASSETS_PROJECTS"
+                    f"{NO_PROJECT_LISTED} {whole!r} for this key: check the entity's name in WANDB_ASSETS_PROJECTS"
                 )
         return [str(ref) for ref in pipeline.projects.resolve(listed)], failures, url
 
