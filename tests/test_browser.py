@@ -21,6 +21,9 @@ from tests.conftest import REPO, free_port, require_chromium, stop_process_group
 from wandb_assets.defs.fleet.jobs import RANGE_END_TAG, RANGE_START_TAG
 from wandb_assets.warehouse import open_snapshot
 
+#: Chromium on the Dagster UI and the demo: the slow tier (`uv run pytest -m slow`, CI runs it).
+pytestmark = pytest.mark.slow
+
 ARTIFACTS = REPO / "test-artifacts" / "browser"
 WIDTH = 1440
 

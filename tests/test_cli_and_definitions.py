@@ -469,3 +469,45 @@ def test_every_subcommand_says_what_it_does_and_every_argument_has_help():
         assert parser.description and len(parser.description) > 40, name
         bare = [a.dest for a in parser._actions if a.help is None and not isinstance(a, argparse._HelpAction)]
         assert bare == [], (name, bare)
+
+
+def test_ctrl_c_during_a_backfill_is_one_line_exit_130_a_canceled_run_and_no_page(
+    wandb_server, dagster_home, warehouse_path
+):
+    """Ctrl-C at a terminal (SIGINT to the whole foreground group) mid-fetch: one line, exit 130, the run recorded as
+    CANCELED (which the pipeline_failure sensors pass over), no alert; the same command again completes."""
+    import signal
+    import time
+
+    from dagster import DagsterInstance, DagsterRunStatus
+
+    server = wandb_server(dataset())
+    command = [sys.executable, "-m", "wandb_assets.cli", "backfill", "--start", "2026-06-01", "--end", "2026-06-03"]
+    server.faults.latency_s = 1.0  # every request a second: the fetch is under way when the operator stops it
+    child = subprocess.Popen(
+        command, cwd=dagster_home, env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        with DagsterInstance.get() as instance:
+            while not instance.get_runs() and time.monotonic() < deadline:
+                time.sleep(0.5)
+        time.sleep(2)
+        os.killpg(child.pid, signal.SIGINT)
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+    assert child.returncode == 130, err[-3000:]
+    assert err.strip().splitlines()[-1] == "interrupted; run the same command to resume"
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    with DagsterInstance.get() as instance:
+        assert [(r.job_name, r.status) for r in instance.get_runs()] == [("backfill", DagsterRunStatus.CANCELED)]
+    server.faults.latency_s = 0.0
+    again = subprocess.run(
+        command, cwd=dagster_home, env=os.environ.copy(), capture_output=True, text=True, timeout=300
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert alert_runs() == 0  # neither the cancel nor the good run after it paged
+    assert query_read_only(str(warehouse_path), "SELECT count(*) FROM runs")[0][0] > 0

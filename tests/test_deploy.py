@@ -154,6 +154,7 @@ def test_every_variable_the_values_set_is_one_the_code_reads():
     assert set(env) - set(ENV_VARS) == set()
 
 
+@pytest.mark.slow
 def test_the_image_runs_with_the_charts_args_alone(tmp_path, dagster_home, monkeypatch):
     """The code server: the Dockerfile's ENTRYPOINT followed by the chart's container args (loopback instead of
     0.0.0.0, a free port), answering the chart's readiness probe. A run pod: the K8sRunLauncher's args

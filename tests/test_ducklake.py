@@ -144,6 +144,7 @@ def _drive(env: dict[str, str], *snapshots: str, first: str = FIRST) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_backfill_and_ticks_on_the_lake_give_what_file_mode_gives(lake_env, tmp_path, fleet, s3_endpoint):
     file_env = _env(tmp_path / "file", fleet, WANDB_ASSETS_DUCKDB=str(tmp_path / "file" / "w.duckdb"))
     file_mode = _drive(file_env, *TICKS)  # the dbt project on a file: test_analytics
@@ -233,6 +234,7 @@ con.close()
 """
 
 
+@pytest.mark.slow
 def test_a_reader_holding_the_lake_open_across_a_tick_blocks_nothing(folder_lake_env, tmp_path):
     lake_env = folder_lake_env
     _drive(lake_env, TICKS[0], first=LAST)  # a lake with one snapshot (one day backfilled is enough here)
@@ -254,6 +256,7 @@ def test_a_reader_holding_the_lake_open_across_a_tick_blocks_nothing(folder_lake
         reader.kill()
 
 
+@pytest.mark.slow
 def test_a_second_writer_waits_for_the_warehouse_pool(folder_lake_env, tmp_path, postgres):
     """A refresh against the PostgreSQL instance, while another run holds the one `warehouse` slot: it fetches
     (outside the pool) but does not write until the slot is free, then completes."""
@@ -509,6 +512,7 @@ def test_a_warehouse_file_from_a_newer_duckdb_fails_with_one_sentence(tmp_path, 
         open_snapshot(path, exact=True)
 
 
+@pytest.mark.slow
 def test_daily_maintenance_merges_the_lakes_files_expires_its_snapshots_and_keeps_every_row(
     folder_lake_env, monkeypatch
 ):

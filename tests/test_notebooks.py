@@ -145,6 +145,7 @@ def alt_texts(notebook: nbformat.NotebookNode) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_headless_and_draws_its_charts(path, notebook_warehouse, tmp_path, chromium):
     """Executed against the synthetic warehouse, exported to HTML and opened in Chromium: every chart is an image
@@ -271,6 +272,7 @@ def test_open_snapshot_without_one_says_what_to_do(tmp_path):
         open_snapshot(tmp_path / "none.duckdb")
 
 
+@pytest.mark.slow
 def test_helpers_answer_the_common_questions(notebook_warehouse):
     """Expectations from how the synthetic fleet is made (8 days, 60 runs a day, seed 7), not from the tables."""
     from wandb_assets import warehouse
@@ -305,6 +307,7 @@ def test_helpers_answer_the_common_questions(notebook_warehouse):
     assert "stalled0001" in set(alive.run_id)
 
 
+@pytest.mark.slow
 def test_cli_regressions_backtest(notebook_warehouse, capsys):
     from tests.conftest import cli
 
@@ -338,6 +341,7 @@ def test_partial_days_are_a_late_first_day_and_the_day_of_the_latest_snapshot(me
     assert partial_days(memory_con) == {date(2026, 6, 11): "data starts 06:00 UTC, until 08:15 UTC"}
 
 
+@pytest.mark.slow
 def test_the_documented_export_keeps_the_alt_text_and_writes_outside_the_repository(notebook_warehouse, tmp_path):
     """docs/analysts.md's own nbconvert command, as a user runs it (the demo's path replaced by the test
     warehouse): the HTML has every chart with its alt text, and lands under TMPDIR, not in the repository."""

@@ -57,6 +57,7 @@ def _pg_query(postgres: dict, sql: str) -> list[tuple]:
         con.close()
 
 
+@pytest.mark.slow
 def test_cli_backfill_tick_and_failure_alert_are_recorded_in_postgres(
     postgres, pg_home, wandb_server, warehouse_path, capsys
 ):
@@ -92,6 +93,7 @@ def test_cli_backfill_tick_and_failure_alert_are_recorded_in_postgres(
     assert PASSWORD not in out + err
 
 
+@pytest.mark.slow
 def test_the_daemon_keeps_sensor_ticks_and_cursors_in_postgres(postgres, pg_home, wandb_server, capsys):
     """A real ``dagster-daemon`` against the PostgreSQL instance: the run-failure sensor sees a failed CLI run
     and its ticks and cursor are stored in PostgreSQL."""
@@ -136,6 +138,7 @@ def test_the_daemon_keeps_sensor_ticks_and_cursors_in_postgres(postgres, pg_home
         stop_process_group(daemon)
 
 
+@pytest.mark.slow
 def test_the_images_code_server_serves_the_definitions_to_the_deploy_workspace(postgres, pg_home):
     """The image's command line (no ENTRYPOINT; its CMD, what `docker run IMAGE` serves), run here without Docker
     on a loopback port, serves the code location that deploy/workspace.yaml (host and port pointed at it) loads
@@ -303,6 +306,7 @@ def test_the_image_builds_and_its_code_server_serves_the_workspace(postgres, pg_
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
 
 
+@pytest.mark.slow
 def test_the_ui_on_the_postgres_instance_shows_the_cli_runs(postgres, pg_home, wandb_server, capsys):
     """`wandb-assets ui` with DAGSTER_HOME on the PostgreSQL instance (started from another folder): its GraphQL
     API lists the backfill the CLI just ran, read from PostgreSQL."""

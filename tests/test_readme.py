@@ -30,7 +30,8 @@ def test_quickstart_is_two_commands_and_ci_runs_the_test_one():
     commands = [line.split("#")[0].strip() for line in block.strip().splitlines()]
     assert commands == ["uv run wandb-assets demo", "uv run pytest"]
     ci = (Path(__file__).resolve().parent.parent / ".ci" / "run").read_text()
-    assert "\nuv run pytest\n" in ci
+    assert '\n  uv run pytest "$@"\n' in ci and "\nrun_tier\nrun_tier -m slow\n" in ci  # both tiers
+    assert "uv run pytest -m slow" in README
 
 
 def test_every_alert_threshold_is_a_documented_variable():

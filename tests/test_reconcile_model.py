@@ -486,6 +486,7 @@ def _environment(monkeypatch, tmp_path: Path) -> None:
         monkeypatch.delenv(name)
 
 
+@pytest.mark.slow
 def test_every_number_reconciles_with_the_reference_model(
     wandb_server, warehouse_path, instance, tmp_path, monkeypatch, datadog_capture
 ):

@@ -269,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the operator's choice, not a failure: the run is canceled, nothing pages
+        print("interrupted; run the same command to resume", file=sys.stderr)
+        return 130
 
 
 def run() -> int:

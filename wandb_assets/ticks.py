@@ -9,10 +9,16 @@ imports it back.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
+import os
+import signal
+import sys
+import threading
 from datetime import date
 
-from dagster import DagsterInstance, ExecuteInProcessResult
+from dagster import DagsterInstance, DagsterRunStatus, ExecuteInProcessResult, RunsFilter
+from dagster._core.errors import DagsterExecutionInterruptedError
 
 from wandb_assets.definitions import defs
 from wandb_assets.defs.analytics.jobs import ANALYTICS_JOB
@@ -42,11 +48,84 @@ log = logging.getLogger("wandb_assets")
 CONSOLE_LOGS = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
 
+#: The tag naming the process that runs a job in process: an operator's Ctrl-C cancels that process's runs alone.
+PROCESS_TAG = "wandb-assets/pid"
+
+
+class Interrupted(KeyboardInterrupt):
+    """The operator stopped the command (Ctrl-C): its run is canceled, not failed, so nothing pages."""
+
+
 def _execute(instance: DagsterInstance, job_name: str, run_config: dict | None = None, tags: dict | None = None):
+    """``job_name`` in this process. In the main thread the run executes on a thread of its own, so Ctrl-C reaches
+    our handler rather than Dagster's (which fails the step, and a failed run pages): it marks the run canceling and
+    interrupts it, Dagster records it CANCELED (the pipeline_failure sensors pass over cancels), and ``Interrupted``
+    is raised. Elsewhere (a sensor's thread) the job simply runs."""
+    job = defs.resolve_job_def(job_name)
     config = {**CONSOLE_LOGS, **(run_config or {})}
-    return defs.resolve_job_def(job_name).execute_in_process(
-        instance=instance, run_config=config, tags=tags, raise_on_error=False
-    )
+    run_tags = {**(tags or {}), PROCESS_TAG: str(os.getpid())}
+    outcome: dict = {}
+
+    def execute() -> None:
+        if threading.current_thread() is not threading.main_thread():
+            # Ctrl-C reaches the main thread alone, and the processes the run starts (Dagster's log watchers, the
+            # fetch's workers) inherit it blocked: the terminal's SIGINT to the whole group stops none of them
+            # mid-write (they end with us)
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            outcome["result"] = job.execute_in_process(
+                instance=instance, run_config=config, tags=run_tags, raise_on_error=False
+            )
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            outcome["error"] = exc
+
+    if threading.current_thread() is not threading.main_thread():
+        execute()
+    else:
+        worker = threading.Thread(target=execute, name=f"run-{job_name}", daemon=True)
+        interrupted: list[bool] = []
+
+        def cancel(signum, frame) -> None:
+            if interrupted:  # one Ctrl-C cancels; more while the run winds down change nothing
+                return
+            interrupted.append(True)
+            mine = RunsFilter(statuses=[DagsterRunStatus.STARTED], tags={PROCESS_TAG: str(os.getpid())})
+            for run in instance.get_runs(filters=mine):
+                instance.report_run_canceling(run, message="Interrupted by the operator (Ctrl-C).")
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(worker.ident), ctypes.py_object(DagsterExecutionInterruptedError)
+            )
+
+        previous, terminal = signal.signal(signal.SIGINT, cancel), sys.stderr
+        sys.stderr = _QuietAfter(terminal, interrupted)  # the run's own lines of its cancel stay in its event log
+        try:
+            worker.start()
+            while worker.is_alive():
+                worker.join(0.2)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            sys.stderr = terminal
+        if interrupted:
+            raise Interrupted
+    if "error" in outcome:
+        if isinstance(outcome["error"], (KeyboardInterrupt, DagsterExecutionInterruptedError)):
+            raise Interrupted from None
+        raise outcome["error"]
+    return outcome["result"]
+
+
+class _QuietAfter:
+    """``stream``, silent once ``flag`` holds anything: what a canceled run logs goes to its event log (the UI), not
+    to the operator's terminal, which gets one line."""
+
+    def __init__(self, stream, flag: list) -> None:
+        self._stream, self._flag = stream, flag
+
+    def write(self, text: str) -> int:
+        return len(text) if self._flag else self._stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 def failure_message(result: ExecuteInProcessResult) -> str:

@@ -157,4 +157,7 @@ def _serve() -> None:
 
 
 if __name__ == "__main__":
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (it cancels, then closes us)
     _serve()
