@@ -49,6 +49,15 @@ SLOWEST_FIRST = (
 )
 
 
+def pytest_configure(config):
+    """The environment's bytecode compiled once before the workers start (``wandb_assets.bytecode``), as the first
+    command would: every worker and child process then loads dagster from it."""
+    if not hasattr(config, "workerinput"):
+        from wandb_assets.bytecode import ensure_compiled
+
+        ensure_compiled(print)
+
+
 def pytest_collection_modifyitems(items):
     def rank(item) -> int:
         name = item.path.name
