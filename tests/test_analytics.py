@@ -189,6 +189,14 @@ def test_the_marts_hold_the_hand_worked_values_and_the_docs_show_them(
     assert code == 0 and "Wrote 2 runs created since 2026-11-01" in out
     code, _, err = cli(capsys, "export", "chargeback", "--month", "2026-11-01", "--out", str(tmp_path))
     assert (code, err.strip()) == (2, "error: --month must be a month as YYYY-MM, e.g. 2026-10 (got '2026-11-01').")
+    # dbt itself from the CLI: a model built there is in the docs page at once (issue 43), not after the next run
+    from wandb_assets.defs.analytics.project import DOCS_SITE
+
+    before = DOCS_SITE.stat().st_mtime_ns
+    code, out, err = cli(capsys, "dbt", "--", "run", "-s", "marts_build")
+    assert code == 0, out + err
+    assert out.splitlines()[-1] == f"The docs page shows them: {DOCS_SITE} (uv run wandb-assets docs)"
+    assert DOCS_SITE.stat().st_mtime_ns > before and "marts_build" in DOCS_SITE.read_text()
     check_docs_page(chromium, tmp_path)
 
 
@@ -476,3 +484,24 @@ def test_the_docs_page_is_made_again_when_missing_stale_or_an_hour_old(tmp_path)
     assert docs_due(site, manifest, now=1_000_050 + DOCS_MAX_AGE_S + 1)  # an hour old
     os.utime(manifest, (1_000_060, 1_000_060))
     assert docs_due(site, manifest, now=1_000_100)  # the project changed after the page was made
+
+
+def test_refresh_says_what_it_does_and_keeps_the_dbt_builds_warnings_out_of_the_terminal(
+    wandb_server, dagster_home, warehouse_path, capsys, monkeypatch
+):
+    """A refresh that builds the analysts' models says so before the minute it takes, and dagster-dbt's notes on
+    the sources' tests (six WARNING blocks every build) stay in the run's log unless --verbose."""
+    from tests.conftest import cli
+    from tests.test_pipeline_e2e import dataset
+
+    wandb_server(dataset())
+    monkeypatch.setenv("WANDB_ASSETS_ANALYTICS", "true")
+    code, _, err = cli(capsys, "refresh", "--quiet")
+    assert code == 0, err
+    said = [line for line in err.splitlines() if line.endswith(" ...")]
+    assert said == [
+        "Refreshing: reading the recent days from W&B, rebuilding the tables, snapshotting the gauges ...",
+        "Feeding Datadog and judging the alerts ...",
+        "Building the analysts' dbt models, their tests and docs (WANDB_ASSETS_ANALYTICS; a minute or two) ...",
+    ]
+    assert "AssetObservation" not in err and " - WARNING - analytics - " not in err, err[-3000:]

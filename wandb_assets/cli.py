@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
         "open alerts. Exit 2 for a configuration mistake (nothing ran), 1 when the run failed.",
     )
     refresh.add_argument("--quiet", action="store_true", help="do not print the gauges")
+    refresh.add_argument(
+        "--verbose", action="store_true", help="also print the dbt build's warnings (kept in its run's log otherwise)"
+    )
     refresh.set_defaults(func=cmd_refresh)
     curves = sub.add_parser(
         "curves",

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from datetime import date
 
 from dagster import DagsterInstance, DagsterRunStatus, ExecuteInProcessResult, RunsFilter
@@ -44,8 +45,8 @@ from wandb_assets.settings import pipeline_settings
 
 log = logging.getLogger("wandb_assets")
 
-#: CLI runs log INFO and up to the console (step events are DEBUG); everything still goes to the event log.
-CONSOLE_LOGS = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+#: CLI runs log INFO and up to the console (step events are DEBUG; ``console_level`` of ``_execute``); everything
+#: still goes to the event log.
 
 
 #: The tag naming the process that runs a job in process: an operator's Ctrl-C cancels that process's runs alone.
@@ -56,13 +57,19 @@ class Interrupted(KeyboardInterrupt):
     """The operator stopped the command (Ctrl-C): its run is canceled, not failed, so nothing pages."""
 
 
-def _execute(instance: DagsterInstance, job_name: str, run_config: dict | None = None, tags: dict | None = None):
+def _execute(
+    instance: DagsterInstance,
+    job_name: str,
+    run_config: dict | None = None,
+    tags: dict | None = None,
+    console_level: str = "INFO",
+):
     """``job_name`` in this process. In the main thread the run executes on a thread of its own, so Ctrl-C reaches
     our handler rather than Dagster's (which fails the step, and a failed run pages): it marks the run canceling and
     interrupts it, Dagster records it CANCELED (the pipeline_failure sensors pass over cancels), and ``Interrupted``
     is raised. Elsewhere (a sensor's thread) the job simply runs."""
     job = defs.resolve_job_def(job_name)
-    config = {**CONSOLE_LOGS, **(run_config or {})}
+    config = {"loggers": {"console": {"config": {"log_level": console_level}}}, **(run_config or {})}
     run_tags = {**(tags or {}), PROCESS_TAG: str(os.getpid())}
     outcome: dict = {}
 
@@ -176,12 +183,14 @@ def execute_curves(instance: DagsterInstance) -> ExecuteInProcessResult:
     return _execute(instance, CURVES_JOB)
 
 
-def execute_analytics(instance: DagsterInstance, docs: bool = True) -> ExecuteInProcessResult:
+def execute_analytics(instance: DagsterInstance, docs: bool = True, verbose: bool = True) -> ExecuteInProcessResult:
     """The ``analytics`` job in this process: ``dbt build`` of the analysts' project, then the snapshot. dbt's own
-    log lines go to ``DBT_CONSOLE_LOG`` (each model and test is an event of the run anyway), not this console."""
+    log lines go to ``DBT_CONSOLE_LOG`` (each model and test is an event of the run anyway), not this console; without
+    ``verbose`` the run's warnings too (dagster-dbt's notes on the sources' tests, every build), errors alone."""
     DBT_CONSOLE_LOG.parent.mkdir(parents=True, exist_ok=True)
+    config = {"ops": {"analytics_models": {"config": {"docs": docs}}}}
     with open(DBT_CONSOLE_LOG, "w") as log_file, contextlib.redirect_stdout(log_file):
-        return _execute(instance, ANALYTICS_JOB, {"ops": {"analytics_models": {"config": {"docs": docs}}}})
+        return _execute(instance, ANALYTICS_JOB, config, console_level="INFO" if verbose else "ERROR")
 
 
 def execute_offline(instance: DagsterInstance, paths: list[str], now: str = "") -> ExecuteInProcessResult:
@@ -202,18 +211,28 @@ def execute_report(instance: DagsterInstance, force_artifact: bool = True) -> Ex
 
 
 def run_tick(
-    instance: DagsterInstance, today: date, snapshot_at: str = "", now: str = ""
+    instance: DagsterInstance,
+    today: date,
+    snapshot_at: str = "",
+    now: str = "",
+    say: Callable[[str], None] | None = None,
+    verbose: bool = True,
 ) -> list[ExecuteInProcessResult]:
     """Refresh, feed, then (``WANDB_ASSETS_ANALYTICS``) the analysts' dbt models, as the schedule and sensors do;
-    returns the results of the runs made (the last one failed if any did)."""
+    returns the results of the runs made (the last one failed if any did). ``say`` is told what starts, in words;
+    without ``verbose`` the dbt build's warnings stay in its run's log."""
+    say = say or (lambda sentence: None)
+    say("Refreshing: reading the recent days from W&B, rebuilding the tables, snapshotting the gauges ...")
     refresh = execute_refresh(instance, today, snapshot_at=snapshot_at)
     settle_pipeline_alert(instance, refresh)
     if not refresh.success:
         return [refresh]
+    say("Feeding Datadog and judging the alerts ...")
     feed = execute_feed(instance, now=now)
     settle_pipeline_alert(instance, feed)
     if not feed.success or not pipeline_settings().analytics:
         return [refresh, feed]
-    analytics = execute_analytics(instance)
+    say("Building the analysts' dbt models, their tests and docs (WANDB_ASSETS_ANALYTICS; a minute or two) ...")
+    analytics = execute_analytics(instance, verbose=verbose)
     settle_pipeline_alert(instance, analytics)
     return [refresh, feed, analytics]

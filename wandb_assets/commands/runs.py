@@ -24,12 +24,15 @@ from wandb_assets.commands.common import (
 from wandb_assets.commands.reading import print_alerts, print_gauges, print_projects
 
 
-def run_one_tick(today: date, quiet: bool = False) -> int:
+def run_one_tick(today: date, quiet: bool = False, verbose: bool = False) -> int:
     instance = dagster_instance()
     preflight()
     from wandb_assets.ticks import run_tick
 
-    results = run_tick(instance, today)
+    def say(sentence: str) -> None:
+        print(sentence, file=sys.stderr, flush=True)
+
+    results = run_tick(instance, today, say=say, verbose=verbose)
     code = exit_status(results[-1], results[-1].job_def.name)
     if code == 0 and not quiet:
         print_gauges()
@@ -39,7 +42,7 @@ def run_one_tick(today: date, quiet: bool = False) -> int:
 
 
 def cmd_refresh(args: argparse.Namespace) -> int:
-    return run_one_tick(datetime.now(UTC).date(), args.quiet)
+    return run_one_tick(datetime.now(UTC).date(), args.quiet, args.verbose)
 
 
 def cmd_curves(args: argparse.Namespace) -> int:
@@ -92,13 +95,31 @@ def cmd_analytics(args: argparse.Namespace) -> int:
 
 
 def cmd_dbt(args: argparse.Namespace) -> int:
-    """dbt itself, in the analysts' project, pointed at this deployment's warehouse (what the analytics job sets)."""
-    from wandb_assets.defs.analytics.assets import dbt_environment
+    """dbt itself, in the analysts' project, pointed at this deployment's warehouse (what the analytics job sets);
+    after a command that builds models, the docs page is made again so `wandb-assets docs` shows them."""
+    from wandb_assets.defs.analytics.assets import dbt_environment, publish_docs
     from wandb_assets.defs.analytics.project import ANALYTICS_DIR, analytics_cli
 
     dbt_args = args.dbt_args[1:] if args.dbt_args[:1] == ["--"] else args.dbt_args
     env = {**os.environ, **dbt_environment()}
-    return subprocess.run([analytics_cli().dbt_executable, *dbt_args], cwd=ANALYTICS_DIR, env=env).returncode
+    executable = analytics_cli().dbt_executable
+    code = subprocess.run([executable, *dbt_args], cwd=ANALYTICS_DIR, env=env).returncode
+    if code or not set(dbt_args) & BUILDING_DBT_COMMANDS:
+        return code
+    print("Making the dbt docs page again (the models as built now) ...", flush=True)
+    docs = subprocess.run(
+        [executable, "docs", "generate", "--static"], cwd=ANALYTICS_DIR, env=env, capture_output=True, text=True
+    )
+    if docs.returncode:
+        print(f"warning: dbt docs generate failed; the docs page is as before:\n{docs.stdout[-2000:]}", file=sys.stderr)
+        return 0
+    site = publish_docs(ANALYTICS_DIR / "target" / "static_index.html")
+    print(f"The docs page shows them: {site} (uv run wandb-assets docs)")
+    return 0
+
+
+#: dbt commands after which the docs page is made again (a model built or changed).
+BUILDING_DBT_COMMANDS = {"build", "run", "seed", "snapshot"}
 
 
 def cmd_ingest_offline(args: argparse.Namespace) -> int:
