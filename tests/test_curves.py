@@ -439,3 +439,33 @@ def test_a_changed_sps_metric_restates_every_runs_steady_sps_at_the_next_load():
     assert load_curves(con, [], "overview/sps", 5.0, NOW)["steady_restated"] == 0
     assert load_curves(con, [], "charts/SPS", 5.0, NOW)["steady_restated"] == 1
     assert (steady_metric(con), con.execute("SELECT sps_steady FROM runs").fetchone()) == ("charts/SPS", (105.5,))
+
+
+def test_an_sps_metric_no_curve_holds_is_named_with_the_key_the_runs_log(tmp_path, capsys):
+    """The organisation logs overview/steps_per_second, WANDB_ASSETS_SPS_METRIC says overview/sps: steady SPS is
+    empty for every run; the curves job's log and `check` say which key to set (issue 43)."""
+    import duckdb
+
+    from tests.conftest import cli
+    from wandb_assets.lib.curves_warehouse import sps_metric_advice
+    from wandb_assets.lib.warehouse import ensure_schema
+
+    path = tmp_path / "w.duckdb"
+    con = duckdb.connect(str(path))
+    ensure_schema(con)
+    assert sps_metric_advice(con, "overview/sps") is None  # no curves yet: nothing to say
+    con.execute(
+        "INSERT INTO run_history VALUES ('e', 'p', 'a', 'overview/steps_per_second', 1, NULL, 9), "
+        "('e', 'p', 'a', 'overview/steps_per_second', 2, NULL, 9), ('e', 'p', 'b', 'overview/steps_per_second', 1, "
+        "NULL, 9), ('e', 'p', 'c', 'timing_cumulative/sps', 1, NULL, 9)"
+    )
+    advice = (
+        "No run's curves hold WANDB_ASSETS_SPS_METRIC='overview/sps', so steady SPS is empty; 2 run(s)' curves hold "
+        "'overview/steps_per_second': set WANDB_ASSETS_SPS_METRIC=overview/steps_per_second (the sps_regression alert "
+        "then watches it too)."
+    )
+    assert sps_metric_advice(con, "overview/sps") == advice
+    assert sps_metric_advice(con, "timing_cumulative/sps") is None  # one run logs it: the setting is in use
+    con.close()
+    code, out, _ = cli(capsys, "check", "--warehouse", str(path))
+    assert code == 0 and out.splitlines()[-1] == f"note: {advice}"

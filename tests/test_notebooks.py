@@ -392,3 +392,31 @@ def test_the_chargeback_of_the_demo_fleet_equals_gpu_usage_and_the_demo_prints_i
     out = capsys.readouterr().out
     assert f"Chargeback {months[-1]:%Y-%m} so far, by team (the analysts' dbt marts" in out
     assert {line.split()[0] for line in out.splitlines()[2:] if line.strip()} >= teams
+
+
+def test_training_curves_runs_on_a_warehouse_without_curves_and_says_what_fills_them(
+    wandb_server, warehouse_path, instance, tmp_path
+):
+    """After a tick and before the curves job (issue 43: `TypeError: 'NoneType' object is not subscriptable`):
+    the notebook runs through, and each of its three charts says in itself and in its alt text what is missing and
+    which command fills it."""
+    from datetime import date
+
+    from tests.test_pipeline_e2e import dataset
+    from wandb_assets.ticks import run_tick
+
+    wandb_server(dataset())
+    assert all(r.success for r in run_tick(instance, date(2026, 6, 2)))
+    executed = execute(REPO / "notebooks" / "training_curves.ipynb", warehouse_path, tmp_path / "out.ipynb")
+    errors = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert errors == []
+    not_read = (
+        "No run's curves are read yet: the curves job reads each ended run's once between the ticks; "
+        "`uv run wandb-assets curves` reads them all now (WANDB_ASSETS_FETCH_HISTORY must be true)."
+    )
+    assert alt_texts(executed) == [
+        not_read,
+        not_read,
+        "No GPU stream is stored yet: the curves job reads each ended run's GPU stream with its curves "
+        "(`uv run wandb-assets curves`).",
+    ]

@@ -8,6 +8,7 @@ Nothing here imports Dagster; it needs matplotlib and IPython (the notebook extr
 from __future__ import annotations
 
 import io
+import textwrap
 from datetime import date
 
 import matplotlib.dates as mdates
@@ -214,10 +215,24 @@ def _when(moment) -> str:
     return "none" if pd.isna(moment) else pd.Timestamp(moment).strftime("%Y-%m-%d %H:%M")
 
 
-def ci_curves_over_commits(curves: pd.DataFrame, config: str, metric: str) -> str:
+def _nothing(ax: Axes, sentence: str) -> None:
+    """An empty chart that says why, in the chart itself (the alt text says it too)."""
+    ax.text(0.5, 0.5, "\n".join(textwrap.wrap(sentence, 90)), ha="center", va="center", transform=ax.transAxes)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def ci_curves_over_commits(curves: pd.DataFrame, config: str | None, metric: str, missing: str | None = None) -> str:
     """One line per main commit of ``config`` (``warehouse.ci_curves``): ``metric`` by step, the newest darkest,
-    each run's steady SPS (median after warm-up) dashed. Returns the alt text."""
+    each run's steady SPS (median after warm-up) dashed. Without curves, ``missing`` (``warehouse.curves_missing``)
+    says why in the chart and its alt text. Returns the alt text."""
     fig, ax = plt.subplots(figsize=(11, 4.5))
+    if not len(curves):
+        sentence = missing or f"No main-branch run of {config or 'any CI config'} has curves of {metric!r} yet."
+        _nothing(ax, sentence)
+        ax.set_title(f"{metric} of the last main commits of {config or '(no CI config with curves)'}")
+        show(fig, sentence)
+        return sentence
     orders = sorted(curves.commit_order.unique()) if len(curves) else []
     colours = plt.cm.viridis_r([0.15 + 0.8 * k / max(len(orders) - 1, 1) for k in range(len(orders))])
     for colour, order in zip(colours, orders, strict=True):
@@ -246,9 +261,16 @@ def ci_curves_over_commits(curves: pd.DataFrame, config: str, metric: str) -> st
     return alt
 
 
-def steady_sps_by_gpu_model(frame: pd.DataFrame) -> str:
+def steady_sps_by_gpu_model(frame: pd.DataFrame, missing: str | None = None) -> str:
     """Median steady SPS per CI config and GPU model, with the 10th-90th percentile as an error bar
-    (``warehouse.steady_sps_by_gpu_model``). Returns the alt text."""
+    (``warehouse.steady_sps_by_gpu_model``); without any, ``missing`` says why. Returns the alt text."""
+    if not len(frame):
+        fig, ax = plt.subplots(figsize=(11, 3))
+        sentence = missing or "No run has a steady SPS yet (it comes from the run's curves of WANDB_ASSETS_SPS_METRIC)."
+        _nothing(ax, sentence)
+        ax.set_title("Steady-state SPS by GPU model, per CI config")
+        show(fig, sentence)
+        return sentence
     configs = list(dict.fromkeys(frame.ci_config))
     fig, axes = plt.subplots(1, max(len(configs), 1), figsize=(4 * max(len(configs), 1), 4), squeeze=False)
     for ax, config in zip(axes[0], configs, strict=False):
@@ -271,6 +293,16 @@ def steady_sps_by_gpu_model(frame: pd.DataFrame) -> str:
 def gpu_utilisation_heatmap(frame: pd.DataFrame, hours: int) -> str:
     """Mean GPU utilisation per run (rows) and time bin (columns) over the fleet's last ``hours``
     (``warehouse.gpu_utilisation_by_run``); white where a run had no sample. Returns the alt text."""
+    if not len(frame):
+        fig, ax = plt.subplots(figsize=(11, 3))
+        sentence = (
+            "No GPU stream is stored yet: the curves job reads each ended run's GPU stream with its curves "
+            "(`uv run wandb-assets curves`)."
+        )
+        _nothing(ax, sentence)
+        ax.set_title(f"GPU utilisation of the busiest runs over the fleet's last {hours} h (UTC)")
+        show(fig, sentence)
+        return sentence
     grid = frame.pivot(index="run", columns="bin_start", values="util_pct").sort_index()
     fig, ax = plt.subplots(figsize=(11, max(3.0, 0.28 * len(grid) + 1.5)))
     image = ax.imshow(

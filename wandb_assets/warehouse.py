@@ -318,6 +318,25 @@ def partial_days(con) -> dict[date, str]:
     return partial
 
 
+def curves_missing(con, metric: str = "overview/sps") -> str | None:
+    """What the curves charts lack on this warehouse, in a sentence that names the command or setting that fills
+    it (None when the curves of ``metric`` are there): no run's curves read yet, or none of ``metric``."""
+    read = con.execute("SELECT count(*) FROM runs WHERE curves_status = 'read'").fetchone()[0]
+    if not read:
+        return (
+            "No run's curves are read yet: the curves job reads each ended run's once between the ticks; "
+            "`uv run wandb-assets curves` reads them all now (WANDB_ASSETS_FETCH_HISTORY must be true)."
+        )
+    held = [m for (m,) in con.execute("SELECT metric FROM run_history GROUP BY 1 ORDER BY count(*) DESC").fetchall()]
+    if metric in held:
+        return None
+    return (
+        f"No run's curves hold {metric!r}; they hold {', '.join(repr(m) for m in held[:5]) or 'no history key'}: "
+        "set the notebook's metric (and WANDB_ASSETS_SPS_METRIC, for steady SPS) to one of them, or add the key to "
+        "WANDB_ASSETS_HISTORY_KEYS."
+    )
+
+
 def ci_curves(con, config: str, metric: str = "overview/sps", commits: int = 8):
     """The ``metric`` curves (``run_history``) of the last ``commits`` main-branch runs of CI config ``config``, in
     commit order: one row per point (``commit_order`` 1 = the oldest shown), with each run's ``sps_steady``."""

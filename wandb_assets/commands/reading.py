@@ -209,6 +209,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
     from wandb_assets.lib.checks import check_warehouse
+    from wandb_assets.lib.curves_warehouse import sps_metric_advice
+    from wandb_assets.lib.warehouse import has_table
     from wandb_assets.settings import alert_thresholds, pipeline_settings
     from wandb_assets.warehouse import reading
 
@@ -220,6 +222,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         now = datetime.now(UTC).replace(tzinfo=None)
         results = check_warehouse(con, now, alert_thresholds().idle_gpu_pct)
         runs = con.execute("SELECT count(*) FROM runs").fetchone()[0] if results else 0
+        advice = sps_metric_advice(con, alert_thresholds().sps_metric) if has_table(con, "run_history") else None
     failed = 0
     for invariant, count, sample in results:
         if count:
@@ -228,6 +231,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         else:
             print(f"ok     {invariant.name}: {invariant.promise}")
     print(f"{len(results) - failed} of {len(results)} invariants hold over {runs:,} runs of {location}.")
+    if advice:  # not an invariant (the data are right), but an empty column nobody would otherwise explain
+        print(f"note: {advice}")
     return 1 if failed else 0
 
 

@@ -118,6 +118,23 @@ _FINAL_REPLACED = f"(SELECT entity, project, run_id FROM curve_reads WHERE final
 STEADY_METRIC_KEY = "sps_steady_metric"
 
 
+def sps_metric_advice(con, sps_metric: str) -> str | None:
+    """A sentence when no run's curves hold ``sps_metric`` (WANDB_ASSETS_SPS_METRIC) but some hold another history
+    key: steady SPS (and the notebooks' curves of it) stay empty without a word otherwise. None when it is there, or
+    when no curve is stored yet."""
+    held = con.execute(
+        "SELECT metric, count(DISTINCT (entity, project, run_id)) AS runs FROM run_history GROUP BY 1 "
+        "ORDER BY runs DESC, metric"
+    ).fetchall()
+    if not held or any(metric == sps_metric for metric, _ in held):
+        return None
+    best, runs = held[0]
+    return (
+        f"No run's curves hold WANDB_ASSETS_SPS_METRIC={sps_metric!r}, so steady SPS is empty; {runs:,} run(s)' "
+        f"curves hold {best!r}: set WANDB_ASSETS_SPS_METRIC={best} (the sps_regression alert then watches it too)."
+    )
+
+
 def steady_metric(con) -> str | None:
     """The metric every ``runs.sps_steady`` is of (None: not recorded yet): the detector uses steady SPS only when it
     is the metric it judges."""

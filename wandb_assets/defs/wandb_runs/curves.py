@@ -9,7 +9,7 @@ from dagster import AssetExecutionContext, AssetKey, MaterializeResult, Metadata
 from wandb_assets.defs.wandb_runs.resources import WandbResource
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.curves import REJECTED_FOLDER, CurvesFolder, published_folders
-from wandb_assets.lib.curves_warehouse import due_curves, load_curves_setting_aside
+from wandb_assets.lib.curves_warehouse import due_curves, load_curves_setting_aside, sps_metric_advice
 from wandb_assets.settings import alert_thresholds, pipeline_settings
 
 
@@ -97,7 +97,10 @@ def run_curves(context: AssetExecutionContext, warehouse: WarehouseResource) -> 
             "SELECT (SELECT count(*) FROM run_history), (SELECT count(*) FROM run_gpu_samples), "
             "(SELECT count(*) FROM runs WHERE curves_status IS NOT NULL)"
         ).fetchone()
+        advice = sps_metric_advice(con, thresholds.sps_metric)
     held = warehouse.last_writer_hold_s()
+    if advice:
+        context.log.warning(advice)
     for folder in rejected:  # the tables cannot hold it: kept for a look, never loaded again; its runs are failed
         aside = folder.parent / REJECTED_FOLDER
         aside.mkdir(exist_ok=True)
