@@ -223,3 +223,47 @@ def test_the_shipped_price_list_covers_current_gpus_and_says_when_and_where_from
     assert pipeline_settings({"WANDB_PROJECT": "p"}).unknown_price_keys == ()
     header = SHIPPED_GPU_PRICES.read_text().split("\n\n")[0]
     assert "As of 2026-11" in header and "Source:" in header
+
+
+def test_metadata_files_that_fail_are_counted_by_cause_and_costs_says_the_model_could_not_be_read(
+    wandb_server, warehouse_path, instance
+):
+    """Storage answers 404 for every wandb-metadata.json the pages list (issue 43: 426 of 436 failed and the warehouse
+    then said "no model recorded" for every GPU-hour): the fetch counts the failures by cause at its end, each run
+    keeps the cause (never the URL), costs says the models could not be read; a later fetch reads them."""
+    from wandb_assets.localwandb import make_run_node
+    from wandb_assets.ticks import execute_backfill
+    from wandb_assets.warehouse import query_read_only
+
+    day = datetime.now(UTC).replace(tzinfo=None, hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
+    h100 = {"gpu_count": 2, "gpu": "NVIDIA H100 80GB HBM3"}
+    nodes = [
+        make_run_node(f"r{i}", display_name=None, state="finished", created_at=day + timedelta(hours=10 + i),
+                      heartbeat_at=day + timedelta(hours=11 + i), metadata=h100)
+        for i in range(3)
+    ]  # fmt: skip
+    server = wandb_server(nodes)
+    server.faults.file_status = 404
+    result = execute_backfill(instance, day.date(), day.date())
+    assert result.success
+    meta = result.asset_materializations_for_node("staged_runs")[0].metadata
+    assert (meta["metadata_files"].value, meta["metadata_failures_by_cause"].value) == ({"error": 3}, {"HTTP 404": 3})
+    warned = [e.user_message for e in instance.all_logs(result.run_id) if "could not be read" in e.user_message]
+    assert warned == [
+        "3 of 3 wandb-metadata.json files could not be read: HTTP 404 (3). Their runs' GPU model is unknown (GPU count "
+        "from config or the system metrics) until a later fetch reads them; `wandb-assets costs` counts them."
+    ]
+    stored = "SELECT run_id, gpu_model, wandb_metadata FROM runs ORDER BY 1"
+    assert query_read_only(warehouse_path, stored) == [
+        (f"r{i}", None, '{"status": "error", "cause": "HTTP 404"}') for i in range(3)
+    ]
+    done = _costs_cli(warehouse_path, "--by", "model", "--days", "2")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == (
+        "3 run(s)' GPU model could not be read (their wandb-metadata.json: HTTP 404 (3)): their GPU-hours count as no "
+        "model recorded until a later fetch reads them."
+    )
+    server.faults.file_status = None  # storage answers again: the next fetch reads them
+    assert execute_backfill(instance, day.date(), day.date()).success
+    assert [row[:2] for row in query_read_only(warehouse_path, stored)] == [(f"r{i}", "H100-80GB") for i in range(3)]
+    assert "could not be read" not in _costs_cli(warehouse_path, "--by", "model", "--days", "2").stdout

@@ -62,6 +62,9 @@ class CostSummary:
     total: CostLine
     #: The GPU models whose GPU-hours have no price, most hours first: ``(model, GPU-hours)``.
     unpriced_models: tuple[tuple[str, float], ...]
+    #: Runs of these days without a GPU model because their wandb-metadata.json could not be read, by cause
+    #: (``(cause, runs)``, most first): "no model recorded" is then a failed read, not absence.
+    unread_models: tuple[tuple[str, int], ...] = ()
 
 
 def _has_price_basis(con) -> bool:
@@ -86,6 +89,7 @@ def cost_summary(con, by: str, today: date, days: int) -> CostSummary:
     lines = tuple(CostLine(*row) for row in query(COST_GROUPS[by]))
     total = query("'total'")
     unpriced = query(COST_GROUPS["model"], " AND cost_usd IS NULL")
+    unread = con.execute(_UNREAD_MODELS_SQL, {"first_day": first_day}).fetchall()
     return CostSummary(
         by=by,
         first_day=first_day,
@@ -93,7 +97,18 @@ def cost_summary(con, by: str, today: date, days: int) -> CostSummary:
         lines=lines,
         total=CostLine(*total[0]) if total else CostLine("total", 0.0, None, 0.0, 0.0, 0.0),
         unpriced_models=tuple((name, hours) for name, hours, *_ in sorted(unpriced, key=lambda r: -r[1])),
+        unread_models=tuple(unread),
     )
+
+
+#: Runs busy on or after ``$first_day`` with no GPU model whose wandb-metadata.json read failed, by the failure's cause.
+_UNREAD_MODELS_SQL = """
+SELECT coalesce(json_extract_string(wandb_metadata, '$.cause'), 'unknown') AS cause, count(*) AS runs
+FROM runs
+WHERE gpu_model IS NULL AND json_extract_string(wandb_metadata, '$.status') = 'error'
+  AND coalesce(ended_at, heartbeat_at, created_at) >= $first_day::TIMESTAMP
+GROUP BY 1 ORDER BY runs DESC, cause
+"""
 
 
 def _usd(value: float | None) -> str:
@@ -155,4 +170,11 @@ def format_costs(summary: CostSummary) -> str:
         cells = [f"{row[0]:<{widths[0]}}", *(f"{cell:>{w}}" for cell, w in zip(row[1:], widths[1:], strict=True))]
         out.append("  " + "  ".join(cells))
     out.append(coverage_sentence(summary))
+    if summary.unread_models:
+        causes = ", ".join(f"{cause} ({runs:,})" for cause, runs in summary.unread_models)
+        runs = sum(runs for _, runs in summary.unread_models)
+        out.append(
+            f"{runs:,} run(s)' GPU model could not be read (their wandb-metadata.json: {causes}): their GPU-hours "
+            "count as no model recorded until a later fetch reads them."
+        )
     return "\n".join(out)

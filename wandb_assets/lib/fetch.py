@@ -840,6 +840,15 @@ def latest_activity(api, projects: list[str], secret: str = "") -> dict[str, dat
 METADATA_ATTEMPTS = 2
 
 
+def failure_cause(text: str) -> str:
+    """A failed read's cause, short enough to count failures by (``HTTP 404``, ``the download took longer than
+    10 s``, ``timed out``): the HTTP status it names, else what follows "failed: "."""
+    status = re.search(r"HTTP \d{3}", text)
+    if status:
+        return status.group(0)
+    return text.rpartition("failed: ")[2].strip()[:80] or "unknown"
+
+
 def _in_budget(throttle: Throttle, call, what: str, secret: str):
     """One request in a budget: a slot of ``throttle``, a 429 pausing every request of it; retried once."""
     for n in range(METADATA_ATTEMPTS):
@@ -973,6 +982,7 @@ def read_metadata_file(
         response = http.request("GET", url, headers=headers, timeout=timeout_s, retries=False, preload_content=False)
         try:
             if response.status != 200:
+                response.drain_conn()  # its body read and dropped: a kept-alive connection is reused clean
                 raise WandbFetchError(f"HTTP {response.status}")
             body = bytearray()
             while len(body) < METADATA_MAX_BYTES:

@@ -335,8 +335,9 @@ METADATA_SETTLE = 24 * 3600.0
 
 def metadata_settled(known: Mapping[str, Any] | None, heartbeat: datetime | None, now: datetime) -> bool:
     """Whether what was read of a run's metadata file is final (not asked again): read (or refused), or missing or
-    malformed for a run whose last heartbeat is ``METADATA_SETTLE`` old (naive UTC); never read: not final."""
-    if not known:
+    malformed for a run whose last heartbeat is ``METADATA_SETTLE`` old (naive UTC); never read, or a read that
+    failed (its cause kept for ``costs``): not final."""
+    if not known or known.get("status") == "error":
         return False
     if known.get("status") not in ("missing", "malformed"):
         return True

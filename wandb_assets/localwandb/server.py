@@ -149,6 +149,8 @@ class Faults:
     cost_per_file_s: float = 0.0
     #: ... and for each run's curves a ``RunCurves`` request returns (sampled history and system stream).
     cost_per_run_curves_s: float = 0.0
+    #: HTTP status every run file download answers (404: storage lost the files the pages list); None serves them.
+    file_status: int | None = None
     #: HTTP status for injected failures (429, 500, 503...); None disables failures.
     fail_status: int | None = None
     #: How many more matching requests fail; a negative number means every one.
@@ -794,6 +796,9 @@ def _handler_for(server: LocalWandbServer) -> type[BaseHTTPRequestHandler]:
                 return
             if server.faults.cost_per_file_s and path.startswith("/files/"):
                 time.sleep(server.faults.cost_per_file_s)
+            if server.faults.file_status is not None and path.startswith("/files/"):
+                self._send(server.faults.file_status, b'{"error": "injected"}')
+                return
             data = server.artifact_file(path) if path.startswith("/artifact-files/") else server.run_file(path)
             if data is None:
                 self._send(404, b'{"error": "not found"}')

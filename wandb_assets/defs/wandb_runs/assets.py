@@ -154,6 +154,7 @@ def staged_runs(
     pages_handed: Counter[int] = Counter()
 
     metadata_read: Counter[str] = Counter()
+    metadata_failures: Counter[str] = Counter()  # by cause (HTTP 404, a timeout ...)
     downloads = Throttle(pipeline.metadata_downloads)  # the fetch's metadata downloads, from storage, at most
 
     def read_metadata(piece: Slice, nodes: list[dict]) -> None:
@@ -183,14 +184,17 @@ def staged_runs(
         fetched_at = datetime.now(UTC).replace(tzinfo=None)
         entity, _, project = (piece.project or "").partition("/")
         read_now = [node.pop(FETCHED_METADATA, None) for node in nodes]
-        metadata = [
-            (now if now and now["status"] != "error" else None) or known_metadata.get((piece.project, node.get("name")))
+        metadata = [  # a failed read is kept (its cause alone) where nothing better was read before
+            (now if now and now["status"] != "error" else None)
+            or known_metadata.get((piece.project, node.get("name")))
+            or ({"status": "error", "cause": now["cause"]} if now else None)
             for node, now in zip(nodes, read_now, strict=True)
         ]
         with tally:
             pages_handed[piece.index] += 1
             page_number = pages_handed[piece.index]
             metadata_read.update(now["status"] for now in read_now if now)
+            metadata_failures.update(now["cause"] for now in read_now if now and now["status"] == "error")
             errors = [now["error"] for now in read_now if now and now["status"] == "error"]
             if errors and metadata_read["error"] == len(errors):  # the first failures: one line, not one per run
                 context.log.warning(f"{errors[0]} (read again by a later fetch)")
@@ -247,6 +251,13 @@ def staged_runs(
     fetched = progress.runs
     if malformed:
         context.log.warning(f"{len(malformed)} runs had malformed fields (kept with nulls): {dict(anomalies)}")
+    if metadata_failures:  # at the end, by cause: one line naming one run read as if a few had failed
+        causes = ", ".join(f"{cause} ({count:,})" for cause, count in metadata_failures.most_common())
+        context.log.warning(
+            f"{metadata_failures.total():,} of {sum(metadata_read.values()):,} wandb-metadata.json files could not be "
+            f"read: {causes}. Their runs' GPU model is unknown (GPU count from config or the system metrics) until a "
+            "later fetch reads them; `wandb-assets costs` counts them."
+        )
     for project, why in failed.items():
         context.log.warning(f"Skipped W&B project {project} (its warehouse rows are kept as they were): {why}")
     where = ", ".join(projects) if len(projects) <= 3 else f"{len(projects)} projects"
@@ -279,6 +290,7 @@ def staged_runs(
             "projects_unchanged": MetadataValue.json(unchanged),
             "failed_projects": MetadataValue.json({**listing_failures, **failed}),
             "metadata_files": MetadataValue.json(dict(metadata_read)),
+            "metadata_failures_by_cause": MetadataValue.json(dict(metadata_failures)),
             "malformed_runs": len(malformed),
             "malformed_fields": MetadataValue.json(dict(anomalies)),
             "malformed_run_ids": MetadataValue.json(malformed[:50]),

@@ -13,6 +13,7 @@ from wandb_assets.lib.fetch import (
     Slice,
     WandbFetchError,
     default_entity,
+    failure_cause,
     fetch_due_curves,
     fetch_run_pages,
     fetch_slices,
@@ -154,7 +155,7 @@ class WandbResource(ConfigurableResource):
     def runs_metadata(
         self, path: str, urls: dict[str, str | None], downloads, pipeline: PipelineSettings
     ) -> dict[str, dict]:
-        """``{run_id: what was read of its wandb-metadata.json}`` (``{"status": "error", "error": ...}`` for a
+        """``{run_id: what was read of its wandb-metadata.json}`` (``{"status": "error", "error", "cause"}`` for a
         read that failed) for ``urls`` (``{run_id: where its file is, None: it has none}``, as the runs page said):
         the files concurrently from W&B's storage, ``downloads`` (a ``Throttle`` shared by the fetch) at most."""
         settings = self.wandb_settings()
@@ -174,8 +175,8 @@ class WandbResource(ConfigurableResource):
                 return read_metadata_file(
                     http, url, headers, downloads, what, pipeline.http_timeout_s, settings.api_key
                 )
-            except WandbFetchError as exc:
-                return {"status": "error", "error": str(exc)}
+            except WandbFetchError as exc:  # stored with its cause alone (never a URL): asked again next fetch
+                return {"status": "error", "error": str(exc), "cause": failure_cause(str(exc))}
 
         from concurrent.futures import ThreadPoolExecutor
 
