@@ -307,7 +307,7 @@ class Organisation(RuleBasedStateMachine):
         }
         prices, fallback = self.priced
         mirrored = [c for c in self._copies() if c.project in self.synced_mirrored]
-        expected = gpu_gauges_24h(mirrored, at, prices, fallback)
+        expected = gpu_gauges_24h(mirrored, at, prices, IDLE_PCT, fallback)
         for name, want in expected.items():
             for where, got in (("fleet_metrics", stored[name]), ("Datadog", sent.get(name))):
                 context = (name, where, at, f"model copies: {mirrored}")
@@ -315,6 +315,7 @@ class Organisation(RuleBasedStateMachine):
                 if want is not None:
                     assert got == pytest.approx(want, abs=1e-6), context
         STATS["gauge_comparisons"] += 1
+        STATS["idle_gauges"] += expected["wandb.gpu.idle_gpu_hours_24h"] > 0
 
     def analytics_reconcile(self) -> None:
         """The analysts' dbt project built now: every month's chargeback (the mart, and the file it writes) equals
@@ -448,6 +449,7 @@ class Organisation(RuleBasedStateMachine):
 STATS: dict = {
     "comparisons": 0,
     "gauge_comparisons": 0,
+    "idle_gauges": 0,
     "chargeback_comparisons": 0,
     "rows": 0,
     "idle_rows": 0,
@@ -544,6 +546,7 @@ def test_each_lifecycle_path_reconciles_with_the_reference_model(
     org.start_a_run(("p2", "alice", "H100-80GB", 2, 4, 60, 1, "running", [0.0, 0.0]))  # r3: alive
     org.start_a_run(("p3", "bob", "H100-80GB", 1, 2, 60, 1, "running", [0.0, 0.0]))  # r4: alive, p3 will leave
     org.start_a_run(("p3", "bob", "A100-80GB", 4, 6, 60, 3, "crashed", [0.0, 2.0, 90.0]))  # r5
+    org.start_a_run(("p2", "carol", "H100-80GB", 2, 0, 0, 3, "finished", [0.0, 0.0, 90.0, 0.0]))  # r6: idle today
     org.backfill()
     org.every_number_reconciles()
     org.read_curves()
@@ -579,7 +582,7 @@ def test_each_lifecycle_path_reconciles_with_the_reference_model(
     org.tick()
     org.every_number_reconciles()
     org.analytics_reconcile()  # the marts and the chargeback file of every month, and check with marts_reconcile
-    assert STATS["gauge_comparisons"] >= 2 and STATS["chargeback_comparisons"] >= 1
+    assert STATS["gauge_comparisons"] >= 2 and STATS["idle_gauges"] >= 2 and STATS["chargeback_comparisons"] >= 1
 
 
 class _Picks:

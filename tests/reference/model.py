@@ -72,27 +72,36 @@ def by_day(start: datetime, end: datetime) -> list[tuple[date, float]]:
     return parts
 
 
-def idle_by_day(run: Copy, now: datetime, idle_pct: float) -> dict[date, tuple[float, float]]:
-    """``{day: (idle GPU-hours, partly idle GPU-hours)}`` of a run from its samples, each held until the next sample,
-    the run's end or now, at most the longer of an hour and twice the stream's sampling interval."""
+def holds(run: Copy, now: datetime, idle_pct: float) -> list[tuple[datetime, datetime, float, float]]:
+    """``[(taken, until, idle GPUs, partly idle GPUs)]`` of a run's samples, seen at ``now``: each held until the next
+    sample, the run's end or now, at most the longer of an hour and twice the stream's sampling interval."""
     span = busy_span(run, now)
     if span is None:
-        return {}
+        return []
     samples = sorted((t, u) for t, u in run.samples if span[0] <= t <= now)
     times = [t for t, _ in samples]
     gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False)]
     interval = run.interval.total_seconds() if run.interval else (statistics.median(gaps) if gaps else 0.0)
     longest = max(MIN_HOLD.total_seconds(), 2 * interval)
-    found: dict[date, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    found = []
     for i, (taken, utilisation) in enumerate(samples):
         until = min(times[i + 1] if i + 1 < len(times) else span[1], span[1], now, taken + timedelta(seconds=longest))
         idle = sum(1 for u in utilisation if u < idle_pct)
         busy = len(utilisation) - idle
         if utilisation and len(utilisation) > run.gpu_count:
             idle = idle * run.gpu_count / len(utilisation)
-        for day, hours in by_day(taken, until) if until > taken else []:
+        if until > taken:
+            found.append((taken, until, idle, idle if busy else 0))
+    return found
+
+
+def idle_by_day(run: Copy, now: datetime, idle_pct: float) -> dict[date, tuple[float, float]]:
+    """``{day: (idle GPU-hours, partly idle GPU-hours)}`` of a run from its samples' holds (``holds``)."""
+    found: dict[date, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for taken, until, idle, partly in holds(run, now, idle_pct):
+        for day, hours in by_day(taken, until):
             found[day][0] += idle * hours
-            found[day][1] += (idle if busy else 0) * hours
+            found[day][1] += partly * hours
     return {day: (v[0], v[1]) for day, v in found.items()}
 
 
@@ -158,18 +167,20 @@ def monthly_chargeback(usage: dict[tuple, Usage]) -> dict[tuple, tuple[float, fl
 
 
 def gpu_gauges_24h(
-    runs: list[Copy], at: datetime, prices: dict[str, float], fallback: float | None = None
+    runs: list[Copy], at: datetime, prices: dict[str, float], idle_pct: float, fallback: float | None = None
 ) -> dict[str, float | None]:
     """The GPU gauges of a snapshot taken ``at`` (the 24 hours before it) over ``runs``, the copies of the projects
     mirrored then: GPU-hours in the window, their dollars (None when GPU-hours in it have no price and none has one;
-    0 with no GPU-hours), the unpriced GPU-hours, and the idle GPU-hours of the ticks' own samples (``Copy.samples`` are
-    a run's curves, which the gauges do not read: a run the ticks saw no system sample of counts no idle time)."""
+    0 with no GPU-hours), the unpriced GPU-hours, and the idle GPU-hours held in the window (a run's curves' stream
+    once read, ``Copy.samples``; a run the ticks sampled no system metrics of, and whose curves are not read, none)."""
     start = at - timedelta(hours=24)
-    hours = priced = unpriced = usd = 0.0
+    hours = priced = unpriced = usd = idle_hours = 0.0
     for run in runs:
         span = busy_span(run, at)
         if span is None:
             continue
+        for taken, until, idle, _ in holds(run, at, idle_pct):
+            idle_hours += idle * max((min(until, at) - max(taken, start)).total_seconds() / 3600.0, 0.0)
         inside = (min(span[1], at) - max(span[0], start)).total_seconds() / 3600.0
         if inside <= 0:
             continue
@@ -185,5 +196,5 @@ def gpu_gauges_24h(
         "wandb.training.total_gpu_hours_24h": hours,
         "wandb.gpu.cost_usd_24h": usd if priced else (None if unpriced else 0.0),
         "wandb.gpu.unpriced_gpu_hours_24h": unpriced,
-        "wandb.gpu.idle_gpu_hours_24h": 0.0,
+        "wandb.gpu.idle_gpu_hours_24h": idle_hours,
     }

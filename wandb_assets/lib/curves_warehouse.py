@@ -35,8 +35,6 @@ CREATE TABLE IF NOT EXISTS run_curve_idle (
 );
 """
 
-#: The runs whose idle GPU-hours come from their own sampled stream (``run_curve_idle``), not from tick samples.
-CURVE_IDLE_RUNS_SQL = "(SELECT DISTINCT entity, project, run_id FROM run_curve_idle)"
 
 #: The one rule of when a run's curves are read, as SQL (``$now``, ``$refresh``: an INTERVAL). A run of a project
 #: mirrored now (never a vanished or pending one): ended, unless its curves were read after it ended (``curves_final``;

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, prices_param, usd_sql
-from wandb_assets.lib.idle import TICK_INTERVAL, held_daily_sql, held_sql, idle_of_run
+from wandb_assets.lib.idle import CURVE_IDLE_RUNS_SQL, TICK_INTERVAL, held_daily_sql, held_sql, idle_of_run
 from wandb_assets.lib.normalize import SPS_KEYS
 from wandb_assets.lib.sql import (
     ENDED_SQL,
@@ -154,20 +154,21 @@ GAUGES: tuple[Gauge, ...] = (
     ),
     Gauge(
         "wandb.gpu.idle_gpu_hours_24h",
-        "idle GPU-hours in W from the samples taken at each snapshot (gpu_samples: idle GPUs x the time until the "
-        "run's next sample, its end or the snapshot, an hour at most)",
+        "idle GPU-hours in W, one source per run as in gpu_usage: its sampled GPU stream once its curves are read "
+        "(run_gpu_samples), else the samples taken at each snapshot (gpu_samples); each sample holds until the run's "
+        "next one, its end or the snapshot (the one hold rule, docs/gpu-accounting.md)",
         "coalesce(sum(idle_gpu_hours_in_w), 0)",
     ),
 )
 GAUGE_NAMES: tuple[str, ...] = tuple(g.name for g in GAUGES)
 
 
-def curve_idle_sql(now: str, runs: str, samples: str = "run_gpu_samples") -> str:
-    """CTEs ``curve_sampled``, ``gaps``, ``held``, ``held_daily``: per run of ``runs`` (a set of ``(entity, project,
-    run_id)``) and sample of its stream (``samples``: ``run_gpu_samples``, or the rows about to be loaded into it) up to
-    ``now``, held by the one rule (``lib.idle``) and cut at UTC midnights."""
+def curve_idle_sql(now: str, runs: str, samples: str = "run_gpu_samples", prefix: str = "") -> str:
+    """CTEs ``curve_sampled``, ``gaps``, ``held``, ``held_daily`` (each named with ``prefix`` first): per run of
+    ``runs`` (a set of ``(entity, project, run_id)``) and sample of its stream (``samples``: ``run_gpu_samples``, or the
+    rows about to be loaded into it) up to ``now``, held by the one rule (``lib.idle``) and cut at UTC midnights."""
     return f"""
-curve_sampled AS (
+{prefix}curve_sampled AS (
     SELECT g.entity, g.project, g.run_id, g."timestamp" AS sampled_at,
            count(*) FILTER (WHERE g.util_pct < $idle_pct) AS idle,
            count(*) FILTER (WHERE g.util_pct >= $idle_pct) AS busy,
@@ -176,8 +177,8 @@ curve_sampled AS (
     WHERE (g.entity, g.project, g.run_id) IN {runs}
     GROUP BY ALL
 ),
-{held_sql("curve_sampled", "runs", now)},
-{held_daily_sql()}"""
+{held_sql(f"{prefix}curve_sampled", "runs", now, prefix=prefix)},
+{held_daily_sql(f"{prefix}held").replace("held_daily AS", f"{prefix}held_daily AS")}"""
 
 
 def held_samples_sql(runs: str, now: str) -> str:
@@ -198,10 +199,13 @@ _GAUGE_SQL = """
 WITH w AS (SELECT $snapshot_at::TIMESTAMP AS t1, $snapshot_at::TIMESTAMP - INTERVAL 24 HOUR AS t0),
 {prices},
 {held},
-idle_in_w AS (
+{curve_held},
+idle_in_w AS (  -- one source per run, as gpu_usage: its curves' stream once read, else the ticks' samples
     SELECT entity, project, run_id, sum(idle * greatest(
         epoch(least(until, w.t1)) - epoch(greatest(sampled_at, w.t0)), 0) / 3600.0) AS idle_gpu_hours_in_w
-    FROM held, w GROUP BY ALL
+    FROM (SELECT entity, project, run_id, sampled_at, until, idle FROM held
+          UNION ALL SELECT entity, project, run_id, sampled_at, until, idle FROM curve_held), w
+    GROUP BY ALL
 ),
 classified AS (
     SELECT runs.*, w.t0, w.t1,
@@ -257,7 +261,11 @@ def gauge_query(as_of: bool = False, by_project: bool = False) -> str:
         group=group,
         prices=PRICES_CTE,
         usd=usd_sql(),
-        held=held_samples_sql(runs, "$snapshot_at::TIMESTAMP"),
+        held=held_samples_sql(
+            f"(SELECT * FROM {runs} r WHERE (entity, project, run_id) NOT IN {CURVE_IDLE_RUNS_SQL})",
+            "$snapshot_at::TIMESTAMP",
+        ),
+        curve_held=curve_idle_sql("$snapshot_at::TIMESTAMP", CURVE_IDLE_RUNS_SQL, prefix="curve_"),
         idle_now=idle_of_run(
             "len(list_filter(latest_gpu_sample, g -> g.utilisation < $idle_pct))", "len(latest_gpu_sample)", "gpu_count"
         ),

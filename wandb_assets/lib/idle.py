@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from wandb_assets.lib.sql import busy_until_sql
 
+#: The runs whose idle GPU-hours come from their own sampled stream (``run_curve_idle``), not from tick samples: one
+#: source per run, in gpu_usage and in the gauges alike.
+CURVE_IDLE_RUNS_SQL = "(SELECT DISTINCT entity, project, run_id FROM run_curve_idle)"
 #: The shortest a sample may hold for: a stream sampled every 15 minutes that misses a tick still counts.
 MIN_HOLD = "INTERVAL 1 HOUR"
 #: A sample holds at most this many of its stream's median gaps (a gap longer than that is missing data).
@@ -34,27 +37,28 @@ MEDIAN_GAP = "median(next_at - sampled_at) OVER (PARTITION BY entity, project, r
 TICK_INTERVAL = "INTERVAL 15 MINUTE"
 
 
-def held_sql(sampled: str, runs: str, now: str, interval: str = MEDIAN_GAP) -> str:
-    """CTEs ``gaps`` and ``held``. ``sampled`` is a CTE of one row per run and sample: ``entity, project, run_id,
-    sampled_at, idle`` (GPUs below the threshold), ``busy`` (GPUs at or above it) and ``gpus`` (GPUs seen). ``held``:
-    per sample of a run of ``runs`` (a relation with the ``runs`` columns) taken within its GPU time, its ``idle`` GPUs
-    (``idle_of_run``), ``partly`` (its idle GPUs while another GPU of the run was busy) and ``until``, when the
-    sample stops holding (the module's rule; ``interval``: the stream's sampling interval)."""
+def held_sql(sampled: str, runs: str, now: str, interval: str = MEDIAN_GAP, prefix: str = "") -> str:
+    """CTEs ``gaps`` and ``held`` (named with ``prefix`` first, where one query holds two streams). ``sampled`` is a
+    CTE of one row per run and sample: ``entity, project, run_id, sampled_at, idle`` (GPUs below the threshold),
+    ``busy`` (GPUs at or above it) and ``gpus`` (GPUs seen). ``held``: per sample of a run of ``runs`` (a relation with
+    the ``runs`` columns) taken within its GPU time, its ``idle`` GPUs (``idle_of_run``), ``partly`` (its idle GPUs
+    while another GPU of the run was busy) and ``until``, when the sample stops holding (the module's rule;
+    ``interval``: the stream's sampling interval)."""
     end = busy_until_sql(now)
     return f"""
-gaps AS (
+{prefix}gaps AS (
     SELECT s.*, r.gpu_count, {end} AS busy_until,
            lead(s.sampled_at) OVER (PARTITION BY s.entity, s.project, s.run_id ORDER BY s.sampled_at) AS next_at
     FROM {sampled} s JOIN {runs} r USING (entity, project, run_id)
     WHERE s.sampled_at >= r.created_at AND s.sampled_at <= {now} AND {end} IS NOT NULL
 ),
-held AS (
+{prefix}held AS (
     SELECT entity, project, run_id, sampled_at,
            {idle_of_run("idle", "gpus", "gpu_count")} AS idle,
            CASE WHEN busy > 0 THEN {idle_of_run("idle", "gpus", "gpu_count")} ELSE 0 END AS partly,
            least(coalesce(next_at, busy_until), busy_until, {now},
                  sampled_at + greatest({MIN_HOLD}, {HOLD_GAPS} * {interval})) AS until
-    FROM gaps
+    FROM {prefix}gaps
 )"""
 
 
