@@ -486,6 +486,7 @@ def test_the_docs_page_is_made_again_when_missing_stale_or_an_hour_old(tmp_path)
     assert docs_due(site, manifest, now=1_000_100)  # the project changed after the page was made
 
 
+@pytest.mark.slow
 def test_refresh_says_what_it_does_and_keeps_the_dbt_builds_warnings_out_of_the_terminal(
     wandb_server, dagster_home, warehouse_path, capsys, monkeypatch
 ):

@@ -146,6 +146,7 @@ def test_a_failed_read_is_retried_by_a_later_fetch_and_never_fails_the_run(
     assert query_read_only(warehouse_path, "SELECT count(*) FROM run_history") == [(10,)]
 
 
+@pytest.mark.slow
 def test_a_running_run_is_read_at_most_hourly_and_once_more_after_it_ends(
     wandb_server, warehouse_path, instance, monkeypatch
 ):

@@ -144,6 +144,7 @@ def test_failed_tick_opens_pipeline_failure_and_a_good_tick_resolves_it(
     assert query(warehouse_path, "SELECT rule, resolved_at IS NOT NULL FROM alerts") == [("pipeline_failure", True)]
 
 
+@pytest.mark.slow
 def test_a_feed_failing_three_ticks_in_a_row_notifies_once_per_channel(
     wandb_server, capture, warehouse_path, instance, monkeypatch
 ):

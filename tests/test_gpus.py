@@ -453,14 +453,19 @@ def _log_with_gpu_stats(start: int, utilisation: list[tuple[float, float]], ever
     return [*records, exit_record]
 
 
-def test_an_offline_log_gives_its_idle_gpu_hours_from_its_own_stats_records(memory_con, tmp_path):
+def test_an_offline_log_gives_its_idle_gpu_hours_from_its_own_stats_records(
+    tmp_path, warehouse_path, instance, monkeypatch
+):
     """Two GPUs sampled every 10 min from 23:40 to 00:20 UTC (end at +40 min): idle GPUs per sample 1, 2 | 1, 2,
-    each held 600 s, so 0.5 idle GPU-hours on each day; GPU-hours 2 GPUs x 20 min = 0.6667 per day. The count
-    and model come from the client's wandb-metadata.json beside the log; without it, from the stats records."""
+    each held 600 s (the one hold rule, lib/idle.py, as an online run's stream: the log's GPU stream is loaded even
+    with curves off), so 0.5 idle GPU-hours on each day; GPU-hours 2 GPUs x 20 min = 0.6667 per day. The count and
+    model come from the client's wandb-metadata.json beside the log; without it, from the stats records."""
+    import duckdb
+
     from tests.offline_logs import legacy_log_bytes
     from wandb_assets.lib.derived import rebuild_gpu_usage
     from wandb_assets.lib.offline_runs import read_changed_logs
-    from wandb_assets.lib.warehouse import load_offline_runs, stage_rows
+    from wandb_assets.ticks import execute_offline
 
     start = 1_700_005_200  # 2023-11-14 23:40:00 UTC
     samples = [(0.0, 90.0), (2.0, 3.0), (50.0, 4.9), (1.0, 1.0)]
@@ -468,44 +473,34 @@ def test_an_offline_log_gives_its_idle_gpu_hours_from_its_own_stats_records(memo
     (folder / "files").mkdir(parents=True)
     (folder / "run-gpuoff01.wandb").write_bytes(legacy_log_bytes(_log_with_gpu_stats(start, samples, 600, 2400)))
     now = datetime(2023, 11, 16)
-    report = read_changed_logs([tmp_path], {}, now=now, stall=STALL, default_gpus=1, idle_pct=5.0)
+    report = read_changed_logs([tmp_path], {}, now=now, stall=STALL, default_gpus=1)
     (row,) = report.rows
     assert (row["gpu_count"], row["gpu_count_source"]) == (2, "system_metrics")
     assert (row["gpu_util_pct"], row["gpu_model"]) == (1.0, None)
 
     (folder / "files" / "wandb-metadata.json").write_text('{"gpu_count": 2, "gpu": "NVIDIA H100 80GB HBM3"}')
-    report = read_changed_logs([tmp_path], {}, now=now, stall=STALL, default_gpus=1, idle_pct=5.0)
-    staged, _ = stage_rows(report.rows)
-    load_offline_runs(memory_con, staged, report.files, now)
-    assert memory_con.execute(
-        "SELECT gpu_count, gpu_count_source, gpu_model, wandb_metadata->>'status' FROM runs"
-    ).fetchone() == (2, "metadata", "H100-80GB", "read")
-    assert memory_con.execute("SELECT log_idle_gpu_hours FROM runs").fetchone()[0] == [
-        {"day": date(2023, 11, 14), "idle_gpu_hours": 0.5},
-        {"day": date(2023, 11, 15), "idle_gpu_hours": 0.5},
-    ]
-    rebuild_gpu_usage(memory_con, now, {"H100-80GB": 3.0}, {})
-    got = memory_con.execute(
-        "SELECT day, round(gpu_hours, 4), round(cost_usd, 4), idle_gpu_hours FROM gpu_usage ORDER BY day"
-    ).fetchall()
+    monkeypatch.setenv("WANDB_ASSETS_FETCH_HISTORY", "false")  # no curves asked for: the GPU stream still counts
+    monkeypatch.setenv("WANDB_ASSETS_START_DATE", "2023-11-01")
+    monkeypatch.setenv("WANDB_ASSETS_IDLE_GPU_PCT", "5")
+    assert execute_offline(instance, [str(tmp_path)], now=now.isoformat()).success
+    con = duckdb.connect(str(warehouse_path))
+    try:
+        assert con.execute(
+            "SELECT gpu_count, gpu_count_source, gpu_model, wandb_metadata->>'status', log_idle_gpu_hours FROM runs"
+        ).fetchone() == (2, "metadata", "H100-80GB", "read", None)
+        assert con.execute("SELECT count(*), count(DISTINCT gpu) FROM run_gpu_samples").fetchone() == (8, 2)
+        assert con.execute("SELECT count(*) FROM run_history").fetchone() == (0,)  # no history key asked for
+        assert con.execute("SELECT day, idle_gpu_hours FROM run_curve_idle ORDER BY day").fetchall() == [
+            (date(2023, 11, 14), 0.5),
+            (date(2023, 11, 15), 0.5),
+        ]
+        rebuild_gpu_usage(con, now, {"H100-80GB": 3.0}, {})
+        got = con.execute(
+            "SELECT day, round(gpu_hours, 4), round(cost_usd, 4), round(idle_gpu_hours, 6) FROM gpu_usage ORDER BY day"
+        ).fetchall()
+    finally:
+        con.close()
     assert got == [(date(2023, 11, 14), 0.6667, 2.0, 0.5), (date(2023, 11, 15), 0.6667, 2.0, 0.5)]
-
-
-def test_a_sample_holds_until_the_next_an_hour_at_most_and_only_gpus_below_the_threshold_count():
-    """Samples at 0 s (one GPU of two idle), 7200 s (both idle; the 2 h gap holds one hour), end at 7500 s:
-    1 x 1 h + 2 x 300 s = 1.1667 h; a threshold of 1 % calls only the 0 % GPU idle in both."""
-    from wandb_assets.lib.gpus import idle_gpu_hours_by_day
-
-    at = datetime(2026, 6, 1, tzinfo=UTC).timestamp()
-    samples = [
-        (at, {"system.gpu.0.gpu": 0.0, "system.gpu.1.gpu": 80.0}),
-        (at + 7200, {"system.gpu.0.gpu": 0.0, "system.gpu.1.gpu": 3.0}),
-    ]
-    (day,) = idle_gpu_hours_by_day(samples, at + 7500, 5.0)
-    assert (day["day"], round(day["idle_gpu_hours"], 4)) == (date(2026, 6, 1), 1.1667)
-    (day,) = idle_gpu_hours_by_day(samples, at + 7500, 1.0)
-    assert round(day["idle_gpu_hours"], 4) == round(1 + 300 / 3600, 4)
-    assert idle_gpu_hours_by_day([], at, 5.0) == []
 
 
 def test_the_gpu_gauges_hand_worked(memory_con):
@@ -591,7 +586,6 @@ def test_idle_gpu_hours_never_exceed_gpu_hours_when_a_sample_sees_the_whole_node
 
     from wandb_assets.lib.derived import rebuild_gpu_usage
     from wandb_assets.lib.gauges import compute_gauges
-    from wandb_assets.lib.gpus import idle_gpu_hours_by_day
     from wandb_assets.lib.warehouse import GPU_SAMPLES_SQL, ensure_schema
 
     ensure_schema(memory_con)
@@ -612,11 +606,6 @@ def test_idle_gpu_hours_never_exceed_gpu_hours_when_a_sample_sees_the_whole_node
     gauges = compute_gauges(memory_con, now)
     assert gauges["wandb.gpu.idle_gpus"] == 1.5
     assert (gauges["wandb.training.total_gpu_hours_24h"], gauges["wandb.gpu.idle_gpu_hours_24h"]) == (12.0, 8.625)
-    # An offline log's samples, the same rule: 8 GPUs seen, all idle, a run of 2, two samples an hour apart.
-    seen = {f"system.gpu.{i}.gpu": 0.0 for i in range(8)}
-    start = datetime(2026, 6, 1, tzinfo=UTC).timestamp()
-    got = idle_gpu_hours_by_day([(start, seen), (start + 3600, seen)], start + 7200, 5.0, gpu_count=2)
-    assert got == [{"day": date(2026, 6, 1), "idle_gpu_hours": 4.0}]
 
 
 def test_a_metadata_file_that_lands_after_its_run_ended_is_read_by_a_later_fetch(

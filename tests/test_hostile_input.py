@@ -333,7 +333,6 @@ def test_any_offline_record_normalises_and_loads_and_every_run_lands(runs, tmp_p
 
     import duckdb
 
-    from wandb_assets.lib.gpus import idle_gpu_hours_by_day
     from wandb_assets.lib.offline_runs import OfflineRun, offline_node
     from wandb_assets.lib.warehouse import load_offline_runs
 
@@ -348,8 +347,6 @@ def test_any_offline_record_normalises_and_loads_and_every_run_lands(runs, tmp_p
             default_gpus=1,
         )
         row.update(url=None, source="offline", log_path=run.path)
-        last = run.last_record_at.timestamp() if run.last_record_at else None
-        row["log_idle_gpu_hours"] = idle_gpu_hours_by_day(run.gpu_stats, last, 5.0, row["gpu_count"]) or None
         rows[(row["entity"], row["project"], row["run_id"])] = row
     path, _ = stage_rows(list(rows.values()), str(tmp_path))
     con = duckdb.connect()

@@ -189,6 +189,7 @@ with WarehouseResource(database=sys.argv[1]).get_connection() as con:
 """
 
 
+@pytest.mark.slow
 def test_a_notebook_runs_while_another_process_holds_the_writer(built_warehouse, tmp_path):
     """A writer in another process is inside a transaction for the notebook's whole run: both succeed."""
     stop = tmp_path / "stop"
@@ -222,6 +223,7 @@ def test_a_notebook_runs_while_another_process_holds_the_writer(built_warehouse,
     con.close()
 
 
+@pytest.mark.slow
 def test_a_reader_holding_the_snapshot_blocks_no_tick(monkeypatch, built_warehouse):
     server = fleet_server()
     try:
@@ -368,6 +370,7 @@ def test_the_documented_export_keeps_the_alt_text_and_writes_outside_the_reposit
     assert after.stdout == before.stdout
 
 
+@pytest.mark.slow
 def test_the_chargeback_of_the_demo_fleet_equals_gpu_usage_and_the_demo_prints_it(built_warehouse, capsys):
     """The synthetic fleet the demo serves, built as the demo builds it (dbt marts included): every month's chargeback
     file adds up to gpu_usage to the cent, and the demo's closing lines show this month's spend by team."""

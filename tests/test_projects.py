@@ -628,6 +628,7 @@ def test_ci_silent_per_project_only_where_ci_ever_ran(memory_con):
     assert ci_silent(memory_con, T_MIXED, AlertThresholds()) == []  # the fleet's latest is 3 h old
 
 
+@pytest.mark.slow
 def test_a_project_that_fails_on_every_page_opens_project_unreachable_once_and_resolves_it_once(
     wandb_server, warehouse_path, instance, monkeypatch
 ):

@@ -157,7 +157,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     total = "no priced GPU-hours" if cents is None else f"${cents:,.2f}"
     print(
         f"Wrote the chargeback of {month:%Y-%m} to {done.path}: {done.rows} rows, {gpu_hours:,.1f} GPU-hours, {total}"
-        + ("" if cents == usage else f" (gpu_usage says ${usage or 0:,.2f}: rebuild the marts)")
+        + ("" if _same_cents(cents, usage) else f" (gpu_usage says ${usage or 0:,.2f}: rebuild the marts)")
     )
     if not done.rows:  # an empty file reads as "nothing was used": say what the warehouse covers
         covers = f"from {first} to {last}" if first else "no GPU usage yet"
@@ -166,6 +166,14 @@ def cmd_export(args: argparse.Namespace) -> int:
             "the month to charge it (uv run wandb-assets backfill --start YYYY-MM-DD)."
         )
     return 0
+
+
+def _same_cents(file_total: float | None, usage: float | None) -> bool:
+    """The file's whole cents and gpu_usage's month rounded to the cent agree: equal, or a cent apart where the month
+    is an exact half cent (the float sums' order decides the way it rounds)."""
+    if file_total is None or usage is None:
+        return file_total is usage
+    return abs(file_total - usage) <= 0.01 + 1e-9
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

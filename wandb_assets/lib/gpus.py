@@ -13,7 +13,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from wandb_assets.lib.errors import ConfigError
@@ -294,33 +294,6 @@ def parse_teams(document: Any, where: str) -> dict[str, str]:
             if teams.setdefault(user.strip(), str(team)) != str(team):
                 raise ConfigError(f"{where} puts {user!r} in two teams ({teams[user.strip()]}, {team}).")
     return teams
-
-
-#: A system sample stands for the time until the next one, at most this long (a longer gap is a pause in the
-#: record, not known idleness): the same hold as the per-tick samples of the warehouse's idle rule.
-MAX_SAMPLE_HOLD_S = 3600.0
-
-
-def idle_gpu_hours_by_day(
-    samples: Iterable[tuple[float, Mapping[str, Any]]], end: float | None, idle_pct: float, gpu_count: int | None = None
-) -> list[dict[str, Any]]:
-    """Idle GPU-hours per UTC day from a run's own system samples (an offline log's stats records, full
-    resolution): ``samples`` are ``(unix seconds, systemMetrics-style dict)`` in time order; each holds until the
-    next sample (the last until ``end``, the log's last record), at most ``MAX_SAMPLE_HOLD_S``; its GPUs below
-    ``idle_pct`` times that time count, on the day the sample was taken, never more GPUs than the run's ``gpu_count``
-    (``gauges.idle_of_run``: a sample that sees more is scaled). ``[{"day": date, "idle_gpu_hours"}]``."""
-    ordered = sorted(samples, key=lambda s: s[0])
-    days: dict[Any, float] = {}
-    for i, (at, metrics) in enumerate(ordered):
-        until = ordered[i + 1][0] if i + 1 < len(ordered) else (end if end is not None else at)
-        held = min(max(until - at, 0.0), MAX_SAMPLE_HOLD_S)
-        seen = gpu_sample(metrics)
-        idle = sum(1 for gpu in seen if gpu["utilisation"] < idle_pct)
-        if gpu_count and len(seen) > gpu_count:
-            idle *= gpu_count / len(seen)
-        day = datetime.fromtimestamp(at, UTC).date()
-        days[day] = days.get(day, 0.0) + idle * held / 3600.0
-    return [{"day": day, "idle_gpu_hours": hours} for day, hours in sorted(days.items())]
 
 
 #: The most of a ``wandb-metadata.json`` read, from W&B or beside an offline log (the file is a few KB; a bigger one

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from wandb_assets.lib.fetch import METADATA_FILE
-from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, METADATA_MAX_BYTES, idle_gpu_hours_by_day, machine_metadata
+from wandb_assets.lib.gpus import METADATA_MAX_BYTES, machine_metadata
 from wandb_assets.lib.normalize import ENDED_STATES
 from wandb_assets.lib.projects import ProjectSelection
 
@@ -579,6 +579,11 @@ class IngestReport:
         return counts
 
 
+#: The points of an offline log's GPU stream kept (sampled as W&B samples a synced run's system stream): the same
+#: default as WANDB_ASSETS_HISTORY_SAMPLES.
+GPU_STREAM_SAMPLES = 500
+
+
 def read_changed_logs(
     paths: Iterable[str | os.PathLike],
     known: dict[str, tuple[int, int]],
@@ -591,9 +596,8 @@ def read_changed_logs(
     gone_quiet: Iterable[str] = (),
     entity: str | None = None,
     project: str | None = None,
-    idle_pct: float = DEFAULT_IDLE_GPU_PCT,
     selection: ProjectSelection | None = None,
-    curves: tuple[list[str], int] | None = None,
+    curves: tuple[list[str], int] = ([], GPU_STREAM_SAMPLES),
 ) -> IngestReport:
     """Find the logs under ``paths``, read those new or changed since ``known`` (``{path: (size, mtime_ns)}``)
     and turn each into a ``runs`` row with the mirrored rules (``normalize.run_row``). One row per run (entity,
@@ -609,9 +613,10 @@ def read_changed_logs(
     past the stall threshold).
 
     GPUs: the client's ``files/wandb-metadata.json`` next to the log gives the count and model (as W&B's copy does
-    for mirrored runs); the log's stats records give the latest sample and ``log_idle_gpu_hours``, idle GPU-hours
-    per day at full resolution (a GPU below ``idle_pct`` is idle). ``curves``: ``(history keys, samples)``: each
-    loaded run's curves too (``log_curves``: sampled as W&B samples the synced run's), in ``report.curves``."""
+    for mirrored runs); the log's stats records give the latest sample. ``curves``: ``(history keys, samples)``:
+    each loaded run's curves (``log_curves``: sampled as W&B samples the synced run's), in ``report.curves``; its GPU
+    stream always (no history key: the stream alone), whose idle GPU-hours the load judges by the one hold rule
+    (``lib.idle``) as an online run's."""
     from wandb_assets.lib.normalize import mend_text, run_row
 
     def stored(path: str) -> str:  # a non-UTF-8 byte in a path (a surrogate here) is U+FFFD in the warehouse
@@ -674,8 +679,6 @@ def read_changed_logs(
         )
         row.update(url=None, source="offline", log_path=entry["path"])
         entry.update(entity=row["entity"], project=row["project"])
-        last = run.last_record_at.replace(tzinfo=UTC).timestamp() if run.last_record_at else None
-        row["log_idle_gpu_hours"] = idle_gpu_hours_by_day(run.gpu_stats, last, idle_pct, row["gpu_count"]) or None
         if run.damage:
             row["anomalies"] = [*row["anomalies"], "log_damaged"]
         if entry["path"] != run.path and "text_encoding" not in row["anomalies"]:
@@ -696,12 +699,10 @@ def read_changed_logs(
     return report
 
 
-def _read_log(
-    path: str, curves: tuple[list[str], int] | None, now: datetime
-) -> tuple[OfflineRun, dict[str, Any] | None]:
+def _read_log(path: str, curves: tuple[list[str], int], now: datetime) -> tuple[OfflineRun, dict[str, Any] | None]:
     """``read_offline_run``, and the log's curves (``log_curves``) when asked for: both in the reading process."""
     run = read_offline_run(path)
-    return run, log_curves(run, list(curves[0]), curves[1], now) if curves is not None and run.run_id else None
+    return run, log_curves(run, list(curves[0]), curves[1], now) if run.run_id else None
 
 
 def log_curves(run: OfflineRun, keys: list[str], samples: int, read_at: datetime) -> dict[str, Any]:
@@ -714,8 +715,8 @@ def log_curves(run: OfflineRun, keys: list[str], samples: int, read_at: datetime
     from wandb_assets.lib.curves import read_curves
     from wandb_assets.lib.downsample import downsample
 
-    try:
-        payloads, _ = read_frames(read_regular_file(run.path))
+    try:  # the history records only where keys are asked for (the GPU stream is the reader's already)
+        payloads, _ = read_frames(read_regular_file(run.path)) if keys else ([], None)
     except OSError:
         payloads = []
     wanted = {"_step", "_timestamp", *keys}

@@ -47,9 +47,9 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "duration_hours": "ended_at - created_at, hours; NULL while alive",
             "latest_gpu_sample": "the run's GPUs in the latest system sample W&B returned: gpu_index, utilisation "
             "(system.gpu.<i>.gpu, percent), memory (system.gpu.<i>.memory, percent); [] without one",
-            "log_idle_gpu_hours": "offline runs: idle GPU-hours per UTC day from the log's own stats records (each "
-            "sample holds until the next, an hour at most; GPUs below WANDB_ASSETS_IDLE_GPU_PCT when read); NULL for "
-            "mirrored runs and logs without GPU stats",
+            "log_idle_gpu_hours": "offline runs read before their GPU stream was loaded as curves: idle GPU-hours "
+            "per UTC day from the log's own stats records (the former rule: each sample held until the next, an hour "
+            "at most); NULL otherwise (an offline run's idle hours are in run_curve_idle, by the one hold rule)",
             "wandb_metadata": "what was read of W&B's wandb-metadata.json (read once per run first seen finished, "
             "crashed or failed): {status: read, gpu_count, gpu}, {status: missing} or {status: malformed}; NULL: "
             "not read (alive, WANDB_ASSETS_FETCH_METADATA=false, offline, or the read failed and is retried)",

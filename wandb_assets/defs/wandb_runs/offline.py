@@ -95,9 +95,9 @@ def offline_runs(
         gone_quiet=quiet,
         entity=mirrored.WANDB_ENTITY,  # the project the gauges and alerts are for (unset: every log)
         project=mirrored.WANDB_PROJECT,
-        idle_pct=thresholds.idle_gpu_pct,
         selection=settings.projects,  # WANDB_ASSETS_PROJECTS: its projects and whole entities
-        curves=(list(settings.history_keys), settings.history_samples) if settings.fetch_history else None,
+        # the GPU stream always (its idle hours by the one hold rule), the history keys' curves when asked for
+        curves=(list(settings.history_keys) if settings.fetch_history else [], settings.history_samples),
     )
     if settings.projects is None and mirrored.WANDB_PROJECT is None:
         # The job reads no secret (it runs on air-gapped clusters: no network), so only these two can say which.
