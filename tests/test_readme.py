@@ -93,3 +93,24 @@ def test_the_readmes_setup_for_an_organisation_is_valid_as_written(tmp_path):
     assert settings.unknown_price_keys == ()
     assert settings.projects.whole_entities == ("ml-research",)
     assert settings.projects.includes("ml-platform", "ci-benchmarks") and settings.projects.includes("ml-research", "x")
+
+
+def test_the_numbers_the_docs_state_about_the_code_are_the_codes():
+    """Docs drift (issue 43): each count the docs state of the code is checked here: the gauges (README, pipeline,
+    projects, gpu-accounting, layout, configuration), the rows a snapshot appends, the notebooks the notebooks'
+    README names, the invariants where a doc counts them."""
+    from wandb_assets.lib.checks import INVARIANTS
+
+    root = Path(__file__).resolve().parent.parent
+    texts = {path: path.read_text() for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]}
+    gauges = len(GAUGE_NAMES)
+    stated = {
+        (path.name, int(n)) for path, text in texts.items() for n in re.findall(r"\b(\d+) (?:fleet )?gauges\b", text)
+    }
+    assert stated and {n for _, n in stated} == {gauges}, stated
+    rows = re.findall(r"appends (\d+) rows to fleet_metrics, (\d+) per project", PIPELINE)
+    assert rows == [(str(gauges), str(gauges))]
+    listed = re.findall(r"`([a-z_]+)`", (root / "notebooks" / "README.md").read_text().split("read the")[0])
+    assert sorted(listed) == sorted(p.stem for p in (root / "notebooks").glob("*.ipynb"))
+    counted = {int(n) for text in texts.values() for n in re.findall(r"\b(\d+) invariants\b", text)}
+    assert counted <= {len(INVARIANTS)}, counted  # where a doc counts them, the count is the code's
