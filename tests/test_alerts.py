@@ -469,3 +469,36 @@ def test_alert_keys_are_the_same_with_one_project_or_several_and_an_upgrade_keep
     assert memory_con.execute("SELECT alert_key FROM alert_notifications").fetchall() == [("long_running:e/p:z1",)]
     transitions = reconcile(memory_con, evaluate_rules(memory_con, at, several), set(RULE_FUNCTIONS), at, ["slack"])
     assert [(t.event, t.condition.key) for t in transitions if t.condition.rule == "long_running"] == []
+
+
+def test_alerts_of_one_run_rule_and_project_opened_together_go_as_one_message(con):
+    """Issue 43: the second tick opened 16 stalled_run alerts at once, 16 pages. Three stalled runs of e/p, one of
+    e/q and a long run of e/p open together: three messages, the three of e/p in one, each run with its line."""
+    stalled = [
+        Condition("stalled_run", f"e/p:r{i}", "warning", f"Run r{i} stalled: http://w/e/p/runs/r{i}") for i in range(3)
+    ]
+    others = [
+        Condition("stalled_run", "e/q:s0", "warning", "Run s0 stalled: http://w/e/q/runs/s0"),
+        Condition("long_running", "e/p:l0", "warning", "Run l0 runs 3 days: http://w/e/p/runs/l0"),
+    ]
+    reconcile(con, [*stalled, *others], ALL_RULES, T, ["slack"])
+    sent: list[str] = []
+    assert drain_outbox(reusing(con), lambda channel, event, text: sent.append(text), T) == (5, {})
+    assert sent == [
+        ":rotating_light: 3 stalled_run alerts opened in e/p:\n"
+        "- [warning] stalled_run (e/p:r0): Run r0 stalled: http://w/e/p/runs/r0\n"
+        "- [warning] stalled_run (e/p:r1): Run r1 stalled: http://w/e/p/runs/r1\n"
+        "- [warning] stalled_run (e/p:r2): Run r2 stalled: http://w/e/p/runs/r2",
+        ":rotating_light: [warning] stalled_run (e/q:s0): Run s0 stalled: http://w/e/q/runs/s0",
+        ":rotating_light: [warning] long_running (e/p:l0): Run l0 runs 3 days: http://w/e/p/runs/l0",
+    ]
+    assert con.execute("SELECT count(*) FROM alert_notifications WHERE status = 'sent'").fetchone() == (5,)
+    reconcile(con, others, ALL_RULES, T + timedelta(minutes=15), ["slack"])  # the three recover together
+    sent.clear()
+    assert drain_outbox(reusing(con), lambda channel, event, text: sent.append(text), T) == (3, {})
+    assert sent == [
+        ":white_check_mark: 3 stalled_run alerts resolved in e/p:\n"
+        "- Resolved stalled_run (e/p:r0). Was: Run r0 stalled: http://w/e/p/runs/r0\n"
+        "- Resolved stalled_run (e/p:r1). Was: Run r1 stalled: http://w/e/p/runs/r1\n"
+        "- Resolved stalled_run (e/p:r2). Was: Run r2 stalled: http://w/e/p/runs/r2"
+    ]

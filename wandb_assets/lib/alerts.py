@@ -875,31 +875,56 @@ Deliver = Callable[[str, str, str], str | None]
 
 
 def drain_outbox(connect: Connect, deliver: Deliver, now: datetime) -> tuple[int, dict[str, str]]:
-    """Send pending notifications oldest first per channel; a failing channel stops and keeps its queue.
+    """Send pending notifications oldest first per channel; a failing channel stops and keeps its queue. The
+    notifications of one evaluation, channel and event whose alerts are of one run rule in one project (16
+    ``stalled_run`` alerts opened at once) go as one message (``group_text``), as Alertmanager groups.
 
     Delivery is **at least once**: the warehouse is closed while messages go out and the outcomes are
     recorded afterwards, so a crash in between sends those messages again on the next tick.
-    Returns ``(sent, {channel: error})``.
+    Returns ``(sent, {channel: error})``, ``sent`` counting notifications (a group's each).
     """
     with connect() as con:
         con.execute(ALERT_SQL)
         pending = con.execute(
-            "SELECT id, channel, event, text FROM alert_notifications WHERE status = 'pending' ORDER BY id"
+            "SELECT id, channel, event, text, alert_key, created_at FROM alert_notifications "
+            "WHERE status = 'pending' ORDER BY id"
         ).fetchall()
     if not pending:
         return 0, {}
+    groups: dict[tuple, list[tuple[int, str]]] = {}
+    for notification_id, channel, event, text, key, created_at in pending:
+        rule, scope, subject = (str(key).split(":", 2) + ["", ""])[:3]
+        grouped = rule in RUN_ALERT_RULES and subject
+        group = (channel, event, created_at, rule, scope) if grouped else (notification_id,)
+        groups.setdefault(group, []).append((notification_id, text))
     outcomes: list[tuple[int, str | None]] = []
     failed: dict[str, str] = {}
-    for notification_id, channel, event, text in pending:
+    for group, members in groups.items():  # in the order of each group's first notification
+        channel, event = next((c, e) for i, c, e, *_ in pending if i == members[0][0])
         if channel in failed:
             continue
-        error = deliver(channel, event, text)
-        outcomes.append((notification_id, error))
+        texts = [text for _, text in members]
+        error = deliver(channel, event, texts[0] if len(texts) == 1 else group_text(event, group[3], group[4], texts))
+        outcomes.extend((notification_id, error) for notification_id, _ in members)
         if error is not None:
             failed[channel] = error
     with connect() as con:
         _record_outcomes(con, outcomes, now)
     return sum(error is None for _, error in outcomes), failed
+
+
+#: Rules with one alert per run (keys ``rule:entity/project:run_id``, the run's id in ``details.run_id``): their
+#: notifications of one evaluation and project go as one message.
+RUN_ALERT_RULES = ("stalled_run", "long_running", "idle_gpus")
+
+
+def group_text(event: str, rule: str, scope: str, texts: list[str]) -> str:
+    """One message for several alerts of ``rule`` in project ``scope`` that opened (or resolved) together: a header,
+    then each alert's own line (its run, its link)."""
+    what = "opened" if event == "opened" else "resolved"
+    mark = ":rotating_light:" if event == "opened" else ":white_check_mark:"
+    lines = [text.split(" ", 1)[1] if text.startswith(":") else text for text in texts]
+    return f"{mark} {len(texts)} {rule} alerts {what} in {scope}:\n" + "\n".join(f"- {line}" for line in lines)
 
 
 @retry_on_conflict

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
+from wandb_assets.lib.alerts import RUN_ALERT_RULES
 from wandb_assets.lib.derived import GPU_USAGE_BUILD_KEY, GPU_USAGE_SQL, daily_gpu_hours_sql
 from wandb_assets.lib.exports import CHARGEBACK_MART, chargeback_sql
 from wandb_assets.lib.gauges import curve_idle_sql
@@ -18,9 +19,6 @@ from wandb_assets.lib.normalize import VANISHED
 from wandb_assets.lib.runs_lifecycle import MOVED_COPY_SQL, UNMIRRORED
 from wandb_assets.lib.sql import ALIVE_SQL, BUSY_SQL, INPUTS_KEY, MIRRORED_NOW_SQL, meta_value, run_gpu_hours_sql
 from wandb_assets.lib.warehouse import has_table
-
-#: Rules whose subject is one run (its id in ``details.run_id``).
-RUN_RULES = ("stalled_run", "long_running", "idle_gpus")
 
 
 @dataclass(frozen=True)
@@ -86,7 +84,7 @@ WHERE cost_usd IS DISTINCT FROM should
         f"""SELECT a.alert_key, r.state FROM alerts a JOIN runs r
   ON r.run_id = (a.details->>'run_id') AND r.entity = coalesce((a.details->>'entity'), r.entity)
  AND r.project = coalesce((a.details->>'project'), r.project)
-WHERE a.resolved_at IS NULL AND a.rule IN ({", ".join(f"'{rule}'" for rule in RUN_RULES)})
+WHERE a.resolved_at IS NULL AND a.rule IN ({", ".join(f"'{rule}'" for rule in RUN_ALERT_RULES)})
   AND r.state NOT IN ({ALIVE_SQL}) AND a.last_seen_at >= r.ingested_at
   AND NOT coalesce((a.details->>'unwatched')::BOOLEAN, false)""",
         ("runs", "alerts"),
