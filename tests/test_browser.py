@@ -204,10 +204,14 @@ def _backfill_a_range_and_read_a_gauge(demo_ui, other_backfill: str, page) -> No
     for group in ("wandb", "fleet", "feed", "warehouse"):
         page.get_by_text(group, exact=True).first.wait_for(timeout=60_000)
     page.screenshot(path=str(ARTIFACTS / "1-asset-graph.png"))
+    # (a tall tab: the graph lays out its neighbours too, the analysts' models below gpu_usage, and draws what is in
+    # view; at 900 px a new neighbour pushed success_rates out of it)
+    page.set_viewport_size({"width": WIDTH, "height": 2400})
     page.goto(f"{base}/locations/wandb_assets.definitions/asset-groups/fleet")
     for name in ("fleet_snapshot", "push_to_main_sps", "success_rates", "gpu_hours", "fleet_alerts"):
         page.get_by_text(name, exact=True).first.wait_for(timeout=60_000)
     page.screenshot(path=str(ARTIFACTS / "1-fleet-group-graph.png"))
+    page.set_viewport_size({"width": WIDTH, "height": 900})
 
     # A partition range of `runs`, launched from the asset's partitions page: one backfill, one run.
     before = {r["runId"] for r in _runs(base)}
