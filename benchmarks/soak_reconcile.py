@@ -15,6 +15,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,8 +55,12 @@ def main() -> int:
         batches += 1
         stats = [line for line in done.stdout.splitlines() if line.startswith("{'comparisons'")]
         print(f"batch {batches}: {'passed' if done.returncode == 0 else 'FAILED'} {stats[-1] if stats else ''}")
-        if done.returncode != 0:
-            print(done.stdout[-20000:])
+        if done.returncode != 0:  # the whole output kept: the assertion and the steps come before dbt's log lines
+            kept = Path(tempfile.gettempdir()) / f"soak-reconcile-failure-{os.getpid()}.log"
+            kept.write_text(done.stdout + done.stderr)
+            failure = [line for line in done.stdout.splitlines() if line.startswith(("E ", "state.", "Falsifying"))]
+            print("\n".join(failure[-200:]))
+            print(f"The whole output: {kept}")
             return 1
     print(f"{batches} batches of {args.examples} histories x {args.steps} steps: every number reconciled")
     return 0
