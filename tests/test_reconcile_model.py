@@ -83,6 +83,9 @@ class WorldRun:
     #: per project: the curves job read its curves once the warehouse knew it ended (True: W&B held it there then,
     #: so its stream counts; False: it was read as not there, and is never read again)
     curves_final: dict[str, bool] = field(default_factory=dict)
+    #: per project: the state the warehouse's copy had after the last backfill (a moved copy stays moved when its run
+    #: is deleted since: the copy W&B last held counts, once)
+    copy_states: dict[str, str] = field(default_factory=dict)
 
     def events(self) -> list[dict]:
         """The system stream: evenly spaced samples from creation to end (none while it runs)."""
@@ -246,9 +249,11 @@ class Organisation(RuleBasedStateMachine):
         self.synced = True
         self.synced_mirrored = self.mirrored
         for run in self.runs.values():  # a copy moved away loses its curves: moved back, they are read again
-            for project, (state, _, _) in run.seen.items():
-                if self._copy_state(run, project, state) == "moved":
+            states = {project: self._copy_state(run, project, state) for project, (state, _, _) in run.seen.items()}
+            for project, copy_state in states.items():
+                if copy_state == "moved":
                     run.curves_final.pop(project, None)
+            run.copy_states = states
         self.priced = (dict(self.prices), self.fallback)
 
     @precondition(lambda self: getattr(self, "synced", False))
@@ -371,6 +376,8 @@ class Organisation(RuleBasedStateMachine):
         now_at, mirrored = run.synced_project, self.synced_mirrored  # as of the last backfill
         if now_at == project and project in mirrored:
             return seen_state
+        if now_at is None and run.copy_states.get(project) == "moved":  # deleted since it moved: still moved
+            return "moved"
         if now_at is not None and now_at != project and now_at in mirrored and now_at in run.seen:
             return "moved"
         return "vanished" if seen_state == "running" else seen_state
@@ -602,3 +609,51 @@ class _Picks:
         run = self.org.runs[run_id]
         self.org.server.remove_runs([run_id], ENTITY, run.project)
         run.project = None
+
+
+@pytest.mark.slow  # 45 s: the everyday tier keeps the lifecycle history
+def test_the_soaks_history_a_run_moved_away_and_back_then_deleted_counts_once(
+    wandb_server, warehouse_path, instance, tmp_path, monkeypatch, datadog_capture
+):
+    """The history the second soak failed on (2026-11-27): r0 moved p3 -> p2 -> p3 with a tick after each move, r1
+    moved test-project -> p2 -> test-project, then r0 deleted and a tick. The warehouse keeps r0's p2 copy moved (0)
+    and counts it in p3 once; the model had counted the deleted run in both projects."""
+    server = wandb_server([])
+    _environment(monkeypatch, tmp_path)
+    Organisation.context = {
+        "server": server,
+        "instance": instance,
+        "warehouse": warehouse_path,
+        "folder": tmp_path,
+        "datadog": datadog_capture,
+    }
+    org = Organisation()
+    org.start_a_run(("p3", "alice", "A100-80GB", 1, 6, 250, 10.704742532506451, "finished",
+                     [0.0, 0.0, 90.0, 2.0, 90.0, 90.0, 2.0, 0.0, 2.0, 0.0]))  # fmt: skip
+    org.start_a_run(("test-project", "bob", "H100-80GB", 2, 21, 215, 697.8000288104618, "failed",
+                     [90.0, 90.0, 90.0, 0.0]))  # fmt: skip
+    org.start_a_run(("p3", "bob", "A100-80GB", 8, 27, 308, 704.2839469974474, "finished",
+                     [0.0, 90.0, 0.0, 0.0, 2.0, 2.0]))  # fmt: skip
+    org.backfill()
+    org.read_curves()
+    org.every_number_reconciles()
+    picks = _Picks(org)
+    picks.move("r0", "p2")
+    org.tick()
+    org.read_curves()
+    org.every_number_reconciles()
+    picks.move("r1", "p2")
+    org.tick()
+    org.read_curves()
+    org.every_number_reconciles()
+    picks.move("r0", "p3")
+    picks.delete("r2")
+    org.tick()
+    org.read_curves()
+    org.every_number_reconciles()
+    picks.move("r1", "test-project")
+    picks.delete("r0")
+    org.tick()
+    org.every_number_reconciles()
+    states = {(c.project, c.run_id): c.state for c in org._copies()}
+    assert (states[("p2", "r0")], states[("p3", "r0")]) == ("moved", "finished")
