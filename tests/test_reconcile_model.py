@@ -537,16 +537,7 @@ def test_each_lifecycle_path_reconciles_with_the_reference_model(
     while finished and one while alive, an alive and an ended run deleted, a project leaving with a running run and
     coming back, a price change and the fallback price; after each backfill and curves run every gpu_usage row equals
     the model and check holds."""
-    server = wandb_server([])
-    _environment(monkeypatch, tmp_path)
-    Organisation.context = {
-        "server": server,
-        "instance": instance,
-        "warehouse": warehouse_path,
-        "folder": tmp_path,
-        "datadog": datadog_capture,
-    }
-    org = Organisation()
+    org = _one_organisation(wandb_server([]), instance, warehouse_path, tmp_path, monkeypatch, datadog_capture)
     idle = [0.0] * 12
     org.start_a_run(("test-project", "alice", "H100-80GB", 8, 35, 0, 30 * 24, "finished", idle))  # r0: 30 days
     org.start_a_run(("test-project", "bob", "A100-80GB", 2, 3, 23 * 60 + 30, 2, "failed", [0.0, 90.0, 0.0]))  # r1
@@ -593,6 +584,19 @@ def test_each_lifecycle_path_reconciles_with_the_reference_model(
     assert STATS["gauge_comparisons"] >= 2 and STATS["idle_gauges"] >= 2 and STATS["chargeback_comparisons"] >= 1
 
 
+def _one_organisation(server, instance, warehouse: Path, folder: Path, monkeypatch, datadog) -> Organisation:
+    """One organisation for a fixed history (the machine's rules called by hand), with its settings."""
+    _environment(monkeypatch, folder)
+    Organisation.context = {
+        "server": server,
+        "instance": instance,
+        "warehouse": warehouse,
+        "folder": folder,
+        "datadog": datadog,
+    }
+    return Organisation()
+
+
 class _Picks:
     """Moves and deletes of named runs (the machine's rules pick them at random)."""
 
@@ -618,16 +622,7 @@ def test_the_soaks_history_a_run_moved_away_and_back_then_deleted_counts_once(
     """The history the second soak failed on (2026-11-27): r0 moved p3 -> p2 -> p3 with a tick after each move, r1
     moved test-project -> p2 -> test-project, then r0 deleted and a tick. The warehouse keeps r0's p2 copy moved (0)
     and counts it in p3 once; the model had counted the deleted run in both projects."""
-    server = wandb_server([])
-    _environment(monkeypatch, tmp_path)
-    Organisation.context = {
-        "server": server,
-        "instance": instance,
-        "warehouse": warehouse_path,
-        "folder": tmp_path,
-        "datadog": datadog_capture,
-    }
-    org = Organisation()
+    org = _one_organisation(wandb_server([]), instance, warehouse_path, tmp_path, monkeypatch, datadog_capture)
     org.start_a_run(("p3", "alice", "A100-80GB", 1, 6, 250, 10.704742532506451, "finished",
                      [0.0, 0.0, 90.0, 2.0, 90.0, 90.0, 2.0, 0.0, 2.0, 0.0]))  # fmt: skip
     org.start_a_run(("test-project", "bob", "H100-80GB", 2, 21, 215, 697.8000288104618, "failed",
