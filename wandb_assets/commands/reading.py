@@ -151,7 +151,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         except FileExistsError as exc:
             raise ConfigError(str(exc)) from None
         cents, usage, gpu_hours = exports.chargeback_totals(con, month)
-        first, last = con.execute("SELECT min(day), max(day) FROM gpu_usage").fetchone()
+        covered = None if done.rows else con.execute("SELECT min(day), max(day) FROM gpu_usage").fetchone()
     finally:
         con.close()
     total = "no priced GPU-hours" if cents is None else f"${cents:,.2f}"
@@ -159,8 +159,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         f"Wrote the chargeback of {month:%Y-%m} to {done.path}: {done.rows} rows, {gpu_hours:,.1f} GPU-hours, {total}"
         + ("" if _same_cents(cents, usage) else f" (gpu_usage says ${usage or 0:,.2f}: rebuild the marts)")
     )
-    if not done.rows:  # an empty file reads as "nothing was used": say what the warehouse covers
-        covers = f"from {first} to {last}" if first else "no GPU usage yet"
+    if covered is not None:  # an empty file reads as "nothing was used": say what the warehouse covers
+        covers = f"from {covered[0]} to {covered[1]}" if covered[0] else "no GPU usage yet"
         print(
             f"note: the warehouse holds no GPU usage in {month:%Y-%m}: its data runs {covers} (UTC days); backfill "
             "the month to charge it (uv run wandb-assets backfill --start YYYY-MM-DD)."

@@ -895,16 +895,15 @@ def drain_outbox(connect: Connect, deliver: Deliver, now: datetime) -> tuple[int
     for notification_id, channel, event, text, key, created_at in pending:
         rule, scope, subject = (str(key).split(":", 2) + ["", ""])[:3]
         grouped = rule in RUN_ALERT_RULES and subject
-        group = (channel, event, created_at, rule, scope) if grouped else (notification_id,)
+        group = (channel, event, rule, scope, created_at if grouped else notification_id)
         groups.setdefault(group, []).append((notification_id, text))
     outcomes: list[tuple[int, str | None]] = []
     failed: dict[str, str] = {}
-    for group, members in groups.items():  # in the order of each group's first notification
-        channel, event = next((c, e) for i, c, e, *_ in pending if i == members[0][0])
+    for (channel, event, rule, scope, _), members in groups.items():  # in the order of each group's first one
         if channel in failed:
             continue
         texts = [text for _, text in members]
-        error = deliver(channel, event, texts[0] if len(texts) == 1 else group_text(event, group[3], group[4], texts))
+        error = deliver(channel, event, texts[0] if len(texts) == 1 else group_text(event, rule, scope, texts))
         outcomes.extend((notification_id, error) for notification_id, _ in members)
         if error is not None:
             failed[channel] = error
