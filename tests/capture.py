@@ -8,7 +8,25 @@ import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-class CaptureServer:
+class LoopbackServer:
+    """An HTTP server on loopback in a thread of its own, serving ``handler``; ``base`` is its URL."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._httpd.daemon_threads = True
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+
+    @property
+    def base(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+class CaptureServer(LoopbackServer):
     """Records every request. ``answer`` is an HTTP status to reply with, or "hang" to stall ``hang_s``."""
 
     def __init__(self) -> None:
@@ -43,18 +61,11 @@ class CaptureServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        super().__init__(Handler)
 
     @property
     def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return self.base
 
     def bodies(self, path_prefix: str) -> list[dict]:
         return [r["body"] for r in self.requests if r["path"].startswith(path_prefix)]
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()

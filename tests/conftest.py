@@ -131,6 +131,24 @@ def wandb_server(monkeypatch):
         server.stop()
 
 
+#: The Datadog key of the ``capture`` fixture.
+DD_KEY = "ddkey" + "9" * 27
+
+
+@pytest.fixture
+def capture(monkeypatch):
+    """A loopback capture server standing for Datadog (``DD_API_KEY`` set) and the alert webhook."""
+    from tests.capture import CaptureServer
+
+    server = CaptureServer()
+    monkeypatch.setenv("DD_API_KEY", DD_KEY)
+    monkeypatch.setenv("DD_ENV", "test")
+    monkeypatch.setenv("WANDB_ASSETS_DATADOG_URL", server.url)
+    monkeypatch.setenv("WANDB_ASSETS_SLACK_WEBHOOK_URL", server.url + "/hook/T000/B000/secret")
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def instance():
     from dagster import instance_for_test

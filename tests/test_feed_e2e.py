@@ -5,8 +5,7 @@ from datetime import date, datetime
 import pytest
 from dagster import DagsterEventType, RunRequest, build_sensor_context
 
-from tests.capture import CaptureServer
-from tests.conftest import API_KEY
+from tests.conftest import API_KEY, DD_KEY
 from tests.test_pipeline_e2e import at
 from wandb_assets.definitions import defs
 from wandb_assets.defs.feed.sensors import after_fleet_snapshot
@@ -14,7 +13,6 @@ from wandb_assets.localwandb import make_run_node
 from wandb_assets.ticks import run_tick
 from wandb_assets.warehouse import query_read_only
 
-DD_KEY = "ddkey" + "9" * 27
 TODAY = date(2026, 6, 2)
 SNAPSHOT, NOW = "2026-06-02T12:00:00", "2026-06-02T12:00:30"
 
@@ -32,17 +30,6 @@ def ci_runs(failed: int) -> list[dict]:
         )
         for i in range(6)
     ]
-
-
-@pytest.fixture
-def capture(monkeypatch):
-    server = CaptureServer()
-    monkeypatch.setenv("DD_API_KEY", DD_KEY)
-    monkeypatch.setenv("DD_ENV", "test")
-    monkeypatch.setenv("WANDB_ASSETS_DATADOG_URL", server.url)
-    monkeypatch.setenv("WANDB_ASSETS_SLACK_WEBHOOK_URL", server.url + "/hook/T000/B000/secret")
-    yield server
-    server.stop()
 
 
 def query(path, sql):

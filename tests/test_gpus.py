@@ -162,7 +162,8 @@ def test_gpu_usage_costs_by_day_user_team_and_model_hand_worked(memory_con):
 
     from tests.fleet import load
     from wandb_assets.lib.derived import rebuild_gpu_usage
-    from wandb_assets.lib.gpus import parse_prices, parse_teams
+    from wandb_assets.lib.gpus import parse_prices
+    from wandb_assets.lib.teams import parse_teams
 
     prices = parse_prices(yaml.safe_load("NVIDIA H100 80GB HBM3: 3.0\nA100-SXM4-40GB: 1.5\n"), "prices")
     assert prices == {"H100-80GB": 3.0, "A100-40GB": 1.5}
@@ -207,7 +208,7 @@ def test_a_malformed_price_file_is_one_sentence(text, says):
 
 def test_a_user_in_two_teams_is_refused():
     from wandb_assets.lib.errors import ConfigError
-    from wandb_assets.lib.gpus import parse_teams
+    from wandb_assets.lib.teams import parse_teams
 
     with pytest.raises(ConfigError, match="puts 'alice' in two teams"):
         parse_teams({"vision": ["alice"], "infra": ["alice"]}, "WANDB_ASSETS_TEAMS")

@@ -21,10 +21,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from wandb_assets.lib import fetch as fetch_rules
 from wandb_assets.lib.alerts import AlertThresholds
 from wandb_assets.lib.errors import ConfigError
-from wandb_assets.lib.gpus import FALLBACK_PRICE, parse_prices, parse_teams, unknown_price_keys
+from wandb_assets.lib.gpus import FALLBACK_PRICE, parse_prices, unknown_price_keys
+from wandb_assets.lib.idle_policy import IdlePolicy, parse_idle_policy
 from wandb_assets.lib.lake import Lake, S3Options, is_lake, parse_catalog
 from wandb_assets.lib.normalize import SPS_KEYS
 from wandb_assets.lib.projects import ProjectSelection, parse_projects
+from wandb_assets.lib.teams import TeamDirectory, parse_team_directory
 
 __all__ = ["ConfigError", "Settings", "load_settings", "pipeline_settings", "resolve_wandb_settings"]
 
@@ -117,8 +119,24 @@ class Settings(BaseSettings):
     )
     WANDB_ASSETS_TEAMS: Path | None = _var(
         None,
-        "YAML file mapping teams to lists of W&B usernames (`vision: [alice, bob]`); unmapped users are `unassigned`.",
+        "YAML file mapping teams to lists of W&B usernames (`vision: [alice, bob]`); unmapped users are `unassigned`. "
+        "A team may also name its Slack channel and its members' Slack ids (docs/alerts.md, the idle ladder).",
         "(none: everyone unassigned)",
+    )
+    WANDB_ASSETS_IDLE_POLICY: Path | None = _var(
+        None,
+        "YAML file of the idle-GPU policy: who is told when a run's GPUs sit idle, and whether the run is stopped "
+        "(docs/alerts.md). Unset: nobody is told and nothing is stopped (the idle_gpus alert still opens).",
+        "(none: the ladder is off)",
+    )
+    WANDB_ASSETS_SLACK_BOT_TOKEN: SecretStr | None = _var(
+        None,
+        "Slack bot token (scopes chat:write, users:read.email) of the idle ladder's messages; else the secret's "
+        "`WANDB_ASSETS_SLACK_BOT_TOKEN` when the secret is in use. Without one, messages go to the alert webhook.",
+        "(none)",
+    )
+    WANDB_ASSETS_SLACK_API_URL: str = _var(
+        "https://slack.com/api/", "Slack Web API base URL (a proxy; tests use a loopback one)."
     )
     WANDB_ASSETS_FETCH_METADATA: bool = _var(
         True,
@@ -478,6 +496,8 @@ class PipelineSettings:
     #: File storage hosts allowed on a private network (``WANDB_ASSETS_FILE_HOSTS``).
     file_hosts: tuple[str, ...] = ()
     teams: dict[str, str] = field(default_factory=dict)
+    #: ``WANDB_ASSETS_TEAMS`` whole: the teams, and each member's Slack user and each team's channel where given.
+    team_directory: TeamDirectory = field(default_factory=TeamDirectory)
 
 
 SecretLoader = Callable[[str], Mapping[str, str]]
@@ -496,6 +516,11 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
         )
     if s.WANDB_ASSETS_GPU_DEFAULT_PRICE is not None:
         prices[FALLBACK_PRICE] = float(s.WANDB_ASSETS_GPU_DEFAULT_PRICE)
+    directory = (
+        parse_team_directory(_yaml(s.WANDB_ASSETS_TEAMS, "WANDB_ASSETS_TEAMS"), "WANDB_ASSETS_TEAMS")
+        if s.WANDB_ASSETS_TEAMS
+        else TeamDirectory()
+    )
     return PipelineSettings(
         warehouse=warehouse_location(s),
         default_gpus_per_run=s.WANDB_ASSETS_DEFAULT_GPUS_PER_RUN,
@@ -511,9 +536,8 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
         gpu_count_keys=tuple(k.strip() for k in s.WANDB_ASSETS_GPU_COUNT_KEYS.split(",") if k.strip()),
         gpu_prices=prices,
         unknown_price_keys=tuple(unknown_price_keys(price_document)),
-        teams=parse_teams(_yaml(s.WANDB_ASSETS_TEAMS, "WANDB_ASSETS_TEAMS"), "WANDB_ASSETS_TEAMS")
-        if s.WANDB_ASSETS_TEAMS
-        else {},
+        teams=directory.teams,
+        team_directory=directory,
         start_date=s.WANDB_ASSETS_START_DATE,
         http_timeout_s=s.WANDB_ASSETS_HTTP_TIMEOUT,
         http_retries=s.WANDB_ASSETS_HTTP_RETRIES,
@@ -583,6 +607,18 @@ def warehouse_location(s: Settings | None = None, value: str | None = None) -> P
     elif data_path:
         data_path = str(Path(data_path).resolve()) + "/"
     return Lake(catalog=catalog, data_path=data_path, s3=s3)
+
+
+def idle_policy(environ: Mapping[str, str] | None = None) -> IdlePolicy | None:
+    """The idle-GPU policy of ``WANDB_ASSETS_IDLE_POLICY`` (None: unset, the ladder is off); ``ConfigError`` of one
+    sentence for a file that cannot be read or a field that is wrong."""
+    s = load_settings(environ)
+    if s.WANDB_ASSETS_IDLE_POLICY is None:
+        return None
+    where = f"WANDB_ASSETS_IDLE_POLICY ({s.WANDB_ASSETS_IDLE_POLICY})"
+    return parse_idle_policy(
+        _yaml(s.WANDB_ASSETS_IDLE_POLICY, "WANDB_ASSETS_IDLE_POLICY"), where, s.WANDB_ASSETS_IDLE_GPU_PCT
+    )
 
 
 def alert_thresholds(environ: Mapping[str, str] | None = None) -> AlertThresholds:

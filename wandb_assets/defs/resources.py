@@ -3,7 +3,7 @@
 import dagster as dg
 
 from wandb_assets.defs.analytics.project import analytics_cli
-from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource
+from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource, SlackResource
 from wandb_assets.defs.wandb_runs.resources import wandb_resource
 from wandb_assets.defs.warehouse.resources import warehouse_resource
 
@@ -17,6 +17,7 @@ def resources() -> dg.Definitions:
             "warehouse": warehouse_resource(),
             "datadog": DatadogResource(wandb=wandb),
             "channels": AlertChannelsResource(),
+            "slack": SlackResource(wandb=wandb),
             "dbt": analytics_cli(),
         }
     )

@@ -20,10 +20,10 @@ def datadog_escape(text: str) -> str:
     return text.replace("@", "@\u200b")
 
 
-def post_webhook(url: str, text: str, timeout_s: float = 10.0) -> str | None:
-    """POST ``{"text": text}`` (escaped for Slack); None on a 2xx answer, else one sentence (without the URL,
-    which is a secret)."""
-    body = json.dumps({"text": slack_escape(text)}).encode()
+def post_webhook(url: str, text: str, timeout_s: float = 10.0, markup: bool = False) -> str | None:
+    """POST ``{"text": text}`` (escaped for Slack, unless ``markup``: text already escaped, its links Slack's own
+    ``<url|label>``); None on a 2xx answer, else one sentence (without the URL, which is a secret)."""
+    body = json.dumps({"text": text if markup else slack_escape(text)}).encode()
     request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:

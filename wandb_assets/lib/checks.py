@@ -11,13 +11,21 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from wandb_assets.lib.alerts import RUN_ALERT_RULES
-from wandb_assets.lib.derived import GPU_USAGE_BUILD_KEY, GPU_USAGE_SQL, daily_gpu_hours_sql
+from wandb_assets.lib.derived import GPU_USAGE_SQL, daily_gpu_hours_sql
 from wandb_assets.lib.exports import CHARGEBACK_MART, chargeback_sql
 from wandb_assets.lib.gauges import curve_idle_sql
 from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, usd_sql
 from wandb_assets.lib.normalize import VANISHED
 from wandb_assets.lib.runs_lifecycle import MOVED_COPY_SQL, UNMIRRORED
-from wandb_assets.lib.sql import ALIVE_SQL, BUSY_SQL, INPUTS_KEY, MIRRORED_NOW_SQL, meta_value, run_gpu_hours_sql
+from wandb_assets.lib.sql import (
+    ALIVE_SQL,
+    BUSY_SQL,
+    GPU_USAGE_BUILD_KEY,
+    INPUTS_KEY,
+    MIRRORED_NOW_SQL,
+    meta_value,
+    run_gpu_hours_sql,
+)
 from wandb_assets.lib.warehouse import has_table
 
 

@@ -47,6 +47,10 @@ query RunCurves($project: String!, $entity: String!, $filters: JSONString, $perP
   }
 }
 """
+#: The same, with each run's W&B user and e-mail (the idle ladder tells the owner).
+CURVES_WITH_USER_QUERY = CURVES_QUERY.replace(
+    "events(samples: $samples)", "events(samples: $samples) user { username email }"
+)
 
 
 def history_specs(keys: Iterable[str], samples: int) -> list[str]:
@@ -141,7 +145,11 @@ def read_curves(node: Mapping[str, Any], keys: list[str], read_at: datetime) -> 
     """What a run node of ``CURVES_QUERY`` holds: ``{"status", "read_at", "history", "gpu"}`` (the caller adds
     ``final``: whether the run had ended when its curves were asked for)."""
     history, gpu = history_rows(keys, node.get("sampledHistory")), gpu_rows(node.get("events"))
-    return {"status": READ if history or gpu else NONE, "read_at": read_at.isoformat(), "history": history, "gpu": gpu}
+    read = {"status": READ if history or gpu else NONE, "read_at": read_at.isoformat(), "history": history, "gpu": gpu}
+    user = node.get("user")
+    if isinstance(user, Mapping) and isinstance(user.get("email"), str) and "@" in user["email"]:
+        read["email"] = user["email"].strip()
+    return read
 
 
 def failed_curves(read_at: datetime, why: str) -> dict[str, Any]:

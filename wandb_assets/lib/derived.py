@@ -18,6 +18,7 @@ from wandb_assets.lib.normalize import SPS_KEYS
 from wandb_assets.lib.sql import (
     ENDED_SQL,
     FAILED_SQL,
+    GPU_USAGE_BUILD_KEY,
     INPUTS_KEY,
     busy_until_sql,
     meta_value,
@@ -182,11 +183,6 @@ def rebuild_gpu_usage(
         built = {**params, "now": now.isoformat(sep=" "), "inputs": meta_value(con, INPUTS_KEY)}
         set_meta(con, GPU_USAGE_BUILD_KEY, json.dumps(built))
     return con.execute("SELECT count(*) FROM gpu_usage").fetchone()[0]
-
-
-#: ``warehouse_meta`` key: how ``gpu_usage`` was last built (its ``now``, prices, teams and idle threshold, and the
-#: inputs' token), so ``check`` can compute it again and compare.
-GPU_USAGE_BUILD_KEY = "gpu_usage_build"
 
 
 def settings_since_build(

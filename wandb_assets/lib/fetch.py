@@ -247,6 +247,24 @@ def classify(error: BaseException) -> str:
     return "fatal"
 
 
+def stop_run(api, path: str, secret: str = "") -> tuple[str | None, str | None]:
+    """Ask W&B to stop the run ``entity/project/run_id`` through the official client (``Run.stop()``: wandb-core sends
+    the ``StopRun`` mutation; the run's process sees it at its next status poll). Returns ``("running", None)`` when
+    asked, ``(state, None)`` for a run no longer running (left alone), ``(None, why)`` when W&B refused (a GraphQL
+    error: permission, no such run); raises ``WandbFetchError`` when W&B could not be reached or answered 429/5xx."""
+    try:
+        run = api.run(path)
+        if run.state != "running":
+            return run.state, None
+        run.stop()
+        return "running", None
+    except Exception as exc:  # noqa: BLE001 - the client raises many types; told apart by what they say
+        text = _scrub(str(exc), secret).strip()
+        if classify(exc) != "fatal":
+            raise WandbFetchError(text.splitlines()[0][:300] if text else type(exc).__name__) from None
+        return None, (text.splitlines()[-1][:300] if text else type(exc).__name__)
+
+
 def _page_bytes(nodes: list[dict]) -> int:
     """The size of what makes a page big: the JSON text of configs and summaries."""
     return sum(
@@ -397,6 +415,7 @@ def fetch_curves(
     policy: FetchPolicy,
     throttle: Throttle,
     secret: str = "",
+    with_user: bool = False,
 ) -> dict[str, dict]:
     """``{run_id: curves}`` of the runs ``names`` of ``path`` (``entity/project``): ``curves.CURVES_RUNS_PER_REQUEST``
     runs a request, in ``throttle`` (the fetch's budget, its 429 back-off and retries). A request that fails after
@@ -404,6 +423,7 @@ def fetch_curves(
     from wandb_assets.lib.curves import (
         CURVES_QUERY,
         CURVES_RUNS_PER_REQUEST,
+        CURVES_WITH_USER_QUERY,
         failed_curves,
         history_specs,
         read_curves,
@@ -431,7 +451,7 @@ def fetch_curves(
             throttle=throttle,
             page_size=PageSize(len(chunk), 1),
             secret=secret,
-            query=CURVES_QUERY,
+            query=CURVES_WITH_USER_QUERY if with_user else CURVES_QUERY,
             extra=extra,
         )
         try:
@@ -473,6 +493,7 @@ def fetch_due_curves(
     policy: FetchPolicy,
     on_read: Callable[[str, dict[str, bool], dict[str, dict]], None],
     secret: str = "",
+    with_user: bool = False,
 ) -> Throttle:
     """The curves of the runs ``due`` (``[(entity, project, run_id, final)]``): one request per
     ``curves.CURVES_RUNS_PER_REQUEST`` runs of one project, ``policy.concurrency`` in flight at most (fewer after a
@@ -491,7 +512,7 @@ def fetch_due_curves(
     throttle = Throttle(policy.concurrency)
 
     def read(path: str, final: dict[str, bool]) -> None:
-        on_read(path, final, fetch_curves(api, path, list(final), keys, samples, policy, throttle, secret))
+        on_read(path, final, fetch_curves(api, path, list(final), keys, samples, policy, throttle, secret, with_user))
 
     with ThreadPoolExecutor(
         max_workers=max(1, min(policy.concurrency, len(chunks))), thread_name_prefix="curves"

@@ -281,21 +281,6 @@ def unknown_price_key_warning(key: str) -> str:
     return f"WANDB_ASSETS_GPU_PRICES prices {key!r}, which names no GPU model this project knows"
 
 
-def parse_teams(document: Any, where: str) -> dict[str, str]:
-    """``{W&B username: team}`` from a parsed YAML mapping of ``team: [username, ...]``; a user in two teams is a
-    ``ConfigError`` (a GPU-hour is counted once)."""
-    if not isinstance(document, Mapping):
-        raise ConfigError(f"{where} must map teams to lists of W&B usernames (such as vision: [alice, bob]).")
-    teams: dict[str, str] = {}
-    for team, users in document.items():
-        if not isinstance(users, list) or not all(isinstance(u, str) and u.strip() for u in users):
-            raise ConfigError(f"{where} gives team {team!r} {users!r}: list the W&B usernames of each team.")
-        for user in users:
-            if teams.setdefault(user.strip(), str(team)) != str(team):
-                raise ConfigError(f"{where} puts {user!r} in two teams ({teams[user.strip()]}, {team}).")
-    return teams
-
-
 #: The most of a ``wandb-metadata.json`` read, from W&B or beside an offline log (the file is a few KB; a bigger one
 #: is not what it should be).
 METADATA_MAX_BYTES = 4 * 1024 * 1024

@@ -111,6 +111,9 @@ def transaction(con) -> Iterator[None]:
 #: curves' idle hours, the tick's GPU samples). A derived table records the token it was built from, so ``check``
 #: compares it with a fresh recomputation only when nothing it depends on changed since.
 INPUTS_KEY = "inputs_version"
+#: ``warehouse_meta`` key: how ``gpu_usage`` was last built (its ``now``, prices, teams and idle threshold, and the
+#: inputs' token), so ``check`` can compute it again and compare.
+GPU_USAGE_BUILD_KEY = "gpu_usage_build"
 
 
 def set_meta(con, key: str, value: str) -> None:

@@ -32,10 +32,12 @@ from wandb_assets.lib.runs_lifecycle import ASK_AGAIN_SQL, mark_moved, price_run
 from wandb_assets.lib.sql import (
     ALIVE_SQL,
     FAILED_SQL,
+    GPU_USAGE_BUILD_KEY,
     NOW_UTC_SQL,
     busy_until_sql,
     inputs_changed,
     literal_path,
+    meta_value,
     success_rate_sql,
     transaction,
 )
@@ -821,14 +823,17 @@ def record_snapshot(
     ensure_schema(con)
     with transaction(con):
         params = {"snapshot_at": snapshot_at, "kept": snapshot_at - GPU_SAMPLES_KEPT}
-        # Only dropping old samples changes what gpu_usage was computed from (its ``now`` is before this snapshot).
+        # Dropping old samples changes what gpu_usage was computed from, and so does a sample taken at or before its
+        # ``now`` (a snapshot pinned in the past; a tick's own snapshot is taken after the build).
+        built = json.loads(meta_value(con, GPU_USAGE_BUILD_KEY) or "{}").get("now")
+        earlier = built is not None and snapshot_at <= datetime.fromisoformat(built)
         pruned = con.execute(
             "DELETE FROM gpu_samples WHERE snapshot_at < $kept::TIMESTAMP", {"kept": params["kept"]}
         ).fetchone()[0]
         replaced = con.execute(
             "DELETE FROM gpu_samples WHERE snapshot_at = $snapshot_at", {"snapshot_at": snapshot_at}
         ).fetchone()[0]
-        if pruned or replaced:
+        if pruned or replaced or earlier:
             inputs_changed(con)
         con.execute(GPU_SAMPLES_SQL, {"snapshot_at": snapshot_at})
         gauges = compute_gauges(con, snapshot_at, prices=prices, idle_pct=idle_pct)

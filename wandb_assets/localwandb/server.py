@@ -77,6 +77,7 @@ def make_run_node(
     sweep: str | None = None,
     tags: list[str] | None = None,
     username: str = "ci-bot",
+    email: str | None = None,
     group: str | None = None,
     job_type: str | None = "train",
     system_metrics: dict | None = None,
@@ -121,7 +122,7 @@ def make_run_node(
         "systemMetrics": json.dumps(system_metrics or {}),
         "summaryMetrics": summary_value,
         "historyLineCount": 0,
-        "user": {"name": username, "username": username},
+        "user": {"name": username, "username": username, "email": email},
         "historyKeys": {"keys": {}, "lastStep": 0},
         "projectId": "1",
         # The run file wandb-metadata.json (a dict, or raw text such as a malformed file); never in a Runs answer.
@@ -168,6 +169,8 @@ class Faults:
     max_page_bytes: int | None = None
     #: Runs (ids) whose curves the server cannot serve: a ``RunCurves`` answer that would hold one fails with 500.
     poison_curves: frozenset[str] = frozenset()
+    #: Runs (ids) whose ``StopRun`` W&B refuses (a GraphQL error: "permission denied"), as for a run of someone else.
+    refuse_stop: frozenset[str] = frozenset()
     #: Fraction of runs whose summary is served as a non-object (``"[1, 2]"``), chosen by run id.
     malformed_summary_fraction: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -305,6 +308,8 @@ class LocalWandbServer:
         self.downloads: list[str] = []
         #: ``entity/project/run`` of every wandb-metadata.json served (one download per run).
         self.file_downloads: list[str] = []
+        #: ``entity/project/run`` of every run a ``StopRun`` mutation stopped, in order (who stopped what).
+        self.stops: list[str] = []
         self.upsert_runs(runs or [])
         self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
         self._httpd.daemon_threads = True
@@ -581,7 +586,9 @@ class LocalWandbServer:
         if operation == "RunFiles":
             return self._run_files(runs, variables)
         if operation == "RunCurves":
-            return self._run_curves(runs, variables)
+            return self._run_curves(runs, variables, with_user="user {" in query)
+        if operation == "StopRun":
+            return self._stop_run(variables)
         if operation == "Run":
             record = runs.records.get(variables.get("name", "")) if runs else None
             run = record["_json"] if record else "null"
@@ -592,7 +599,27 @@ class LocalWandbServer:
             return json.dumps({"data": {"project": {"sweep": None}}})
         return json.dumps({"errors": [{"message": f"operation {operation} is not supported"}], "data": None})
 
-    def _run_curves(self, runs: _ProjectRuns | None, variables: dict) -> str:
+    def _stop_run(self, variables: dict) -> str:
+        """``stopRun(input: {id})``, as wandb-core sends it for ``Run.stop()``: the run whose storage id it is stops.
+        Its state becomes ``killed`` (as W&B records a run stopped from its UI, once its process sees the stop at its
+        next status poll and exits) and the stop is recorded in ``stops``; a run of ``faults.refuse_stop`` is refused
+        with W&B's permission error; a run that is not running is left as it is (W&B: "no effect")."""
+        storage_id = variables.get("id")
+        for (entity, project), runs in list(self._projects.items()):
+            for record in list(runs.records.values()):
+                node = record["node"]
+                if node.get("id") != storage_id:
+                    continue
+                if node["name"] in self.faults.refuse_stop:
+                    message = "permission denied: you may not stop runs of this project"
+                    return json.dumps({"errors": [{"message": message, "path": ["stopRun"]}], "data": None})
+                if node.get("state") == "running":
+                    self.stops.append(f"{entity}/{project}/{node['name']}")
+                    runs.upsert([{**node, "state": "killed"}])
+                return json.dumps({"data": {"stopRun": {"success": True}}})
+        return json.dumps({"errors": [{"message": "run not found", "path": ["stopRun"]}], "data": None})
+
+    def _run_curves(self, runs: _ProjectRuns | None, variables: dict, with_user: bool = False) -> str:
         """``lib.curves.CURVES_QUERY``: the runs its filters name, each with ``sampledHistory`` (per spec, the rows
         holding every key of the spec, at most ``samples`` of them, the first and last always among them) and
         ``events`` (the system stream sampled the same way, as JSON strings). What is assumed of W&B: the rows are
@@ -611,6 +638,8 @@ class LocalWandbServer:
             node = record["node"]
             sampled, events = self._sampled_curves(node["_history"], node["_events"], specs, samples)
             answer = {"name": node["name"], "sampledHistory": sampled, "events": events}
+            if with_user:
+                answer["user"] = {"username": node["user"]["username"], "email": node["user"].get("email")}
             edges.append({"node": answer, "cursor": base64.b64encode(f"cursor:{start + i}".encode()).decode()})
         info = {"endCursor": edges[-1]["cursor"] if edges else None, "hasNextPage": start + len(edges) < listed}
         data = {"runCount": listed, "runs": {"edges": edges, "pageInfo": info}}

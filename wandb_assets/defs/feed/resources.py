@@ -1,4 +1,5 @@
-"""Datadog (metrics and events, through the official datadog-api-client) and the alert channels."""
+"""Datadog (metrics and events, through the official datadog-api-client), the alert channels, and Slack's Web API
+(the idle ladder's messages, through the official slack_sdk)."""
 
 from dagster import ConfigurableResource, ResourceDependency
 
@@ -135,5 +136,37 @@ class AlertChannelsResource(ConfigurableResource):
     def slack_enabled(self) -> bool:
         return load_settings().WANDB_ASSETS_SLACK_WEBHOOK_URL is not None
 
-    def post_slack(self, text: str) -> str | None:
-        return post_webhook(load_settings().WANDB_ASSETS_SLACK_WEBHOOK_URL.get_secret_value(), text, self.timeout_s)
+    def post_slack(self, text: str, markup: bool = False) -> str | None:
+        """``markup``: ``text`` is Slack markup already (escaped, with ``<url|label>`` links)."""
+        url = load_settings().WANDB_ASSETS_SLACK_WEBHOOK_URL.get_secret_value()
+        return post_webhook(url, text, self.timeout_s, markup)
+
+
+class SlackResource(ConfigurableResource):
+    """Slack's Web API through ``slack_sdk`` (``chat.postMessage``, ``users.lookupByEmail``), for the idle ladder.
+
+    The bot token is ``WANDB_ASSETS_SLACK_BOT_TOKEN``, else the secret's key of that name when the W&B secret is in use;
+    it is read at each run and kept in memory only (never resource config, never in a message or a log).
+    ``WANDB_ASSETS_SLACK_API_URL`` points it elsewhere (a proxy, a loopback Slack in the tests).
+    """
+
+    wandb: ResourceDependency[WandbResource]
+    timeout_s: float = 10.0
+
+    def token(self) -> str | None:
+        """The bot token; None when none is configured anywhere. ``ConfigError`` when the secret cannot be read."""
+        token = load_settings().WANDB_ASSETS_SLACK_BOT_TOKEN
+        if token is not None:
+            return token.get_secret_value().strip() or None
+        if not self.wandb.secret_in_use():
+            return None
+        secret = self.wandb.load_secret(self.wandb.resolved_secret_name(), "WANDB_ASSETS_SLACK_BOT_TOKEN")
+        return (secret.get("WANDB_ASSETS_SLACK_BOT_TOKEN") or "").strip() or None
+
+    def client(self, token: str):
+        from slack_sdk import WebClient
+
+        base_url = load_settings().WANDB_ASSETS_SLACK_API_URL
+        return WebClient(
+            token=token, base_url=base_url if base_url.endswith("/") else base_url + "/", timeout=int(self.timeout_s)
+        )

@@ -23,6 +23,7 @@ from wandb_assets.lib.fetch import (
     metadata_headers,
     metadata_url_refused,
     read_metadata_file,
+    stop_run,
 )
 from wandb_assets.lib.progress import FetchProgress
 from wandb_assets.lib.projects import NO_PROJECT_LISTED
@@ -151,6 +152,27 @@ class WandbResource(ConfigurableResource):
             on_read,
             settings.api_key,
         )
+
+    def idle_streams(self, runs: list[tuple[str, str, str]], pipeline: PipelineSettings) -> dict[tuple, dict]:
+        """``{(entity, project, run_id): read}`` of ``runs``' sampled GPU streams and W&B users' e-mails (the idle
+        ladder; ``lib.fetch.fetch_due_curves`` without history keys: 20 runs a request, batched as the curves job)."""
+        settings, api, _ = self._client(pipeline)
+        found: dict[tuple, dict] = {}
+
+        def on_read(path: str, final: dict[str, bool], read: dict[str, dict]) -> None:
+            entity, _, project = path.partition("/")
+            found.update({(entity, project, run_id): curves for run_id, curves in read.items()})
+
+        due = [(*run, False) for run in runs]
+        fetch_due_curves(
+            api, due, [], pipeline.history_samples, fetch_policy(pipeline), on_read, settings.api_key, with_user=True
+        )
+        return found
+
+    def stop_run(self, path: str, pipeline: PipelineSettings) -> tuple[str | None, str | None]:
+        """``lib.fetch.stop_run`` through this process's client."""
+        settings, api, _ = self._client(pipeline)
+        return stop_run(api, path, settings.api_key)
 
     def runs_metadata(
         self, path: str, urls: dict[str, str | None], downloads, pipeline: PipelineSettings

@@ -1,0 +1,245 @@
+"""The idle ladder through real Dagster ticks (issue 44): the local W&B server serves running runs and their sampled
+GPU streams, a loopback Slack Web API records every call (slack_sdk's base_url), the capture server stands for the
+alert webhook and Datadog; stops go through the official client (wandb-core's StopRun mutation)."""
+
+from __future__ import annotations
+
+import json
+from datetime import date, datetime, timedelta
+
+import pytest
+
+from tests.slack_api import LoopbackSlack
+from wandb_assets.localwandb import make_run_node
+from wandb_assets.ticks import execute_feed, run_tick
+from wandb_assets.warehouse import query_read_only
+
+TODAY = date(2026, 6, 2)
+T = datetime(2026, 6, 2, 12, 0)
+CREATED = datetime(2026, 6, 2, 8, 0)
+EPOCH = datetime(1970, 1, 1)
+TEAMS = """
+research:
+  channel: C0RESEARCH
+  users:
+    - {user: ana, slack: U0ANA}
+    - bo
+"""
+POLICY = """
+ladder:
+  - {after_minutes: 60, tell: [owner]}
+  - {after_minutes: 105, tell: [owner, team]}
+  - {after_minutes: 120, stop: true}
+stop_runs: %s
+grace_minutes: 15
+exempt: {tags: [interactive]}
+"""
+#: The W&B operations a tick reads with; anything else (StopRun) acts.
+READS = {"Viewer", "GetDefaultEntity", "ServerFeaturesQuery", "Runs", "RunCurves", "RunFiles", "ProjectsActivity"}
+
+
+def idle_run(run_id: str, user: str, idle_from: datetime, *, busy_gpus: int = 0, tags=None, email=None) -> dict:
+    """8 H100s sampled every 5 minutes from 08:00 to 12:00: 90 % before ``idle_from``, then 0 % (``busy_gpus`` of
+    them stay at 90 %)."""
+    events = []
+    moment = CREATED
+    while moment <= T:
+        idle = moment >= idle_from
+        sample = {f"system.gpu.{g}.gpu": 0.0 if idle and g >= busy_gpus else 90.0 for g in range(8)}
+        events.append({"_timestamp": (moment - EPOCH).total_seconds(), **sample})
+        moment += timedelta(minutes=5)
+    return make_run_node(
+        run_id,
+        display_name=f"train-{run_id}",
+        state="running",
+        created_at=CREATED,
+        heartbeat_at=T,
+        username=user,
+        email=email,
+        tags=tags,
+        config={"compute": {"gpu_count": 8, "gpu_type": "NVIDIA H100 80GB HBM3"}},
+        system_metrics={k: v for k, v in events[-1].items() if k != "_timestamp"},
+        events=events,
+    )
+
+
+@pytest.fixture
+def slack(monkeypatch):
+    server = LoopbackSlack(users={"bo@example.com": "U0BO"})
+    monkeypatch.setenv("WANDB_ASSETS_SLACK_BOT_TOKEN", server.token)
+    monkeypatch.setenv("WANDB_ASSETS_SLACK_API_URL", server.url)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def ladder(tmp_path, monkeypatch):
+    def configure(stop_runs: bool) -> None:
+        (tmp_path / "teams.yaml").write_text(TEAMS)
+        (tmp_path / "policy.yaml").write_text(POLICY % ("true" if stop_runs else "false"))
+        monkeypatch.setenv("WANDB_ASSETS_TEAMS", str(tmp_path / "teams.yaml"))
+        monkeypatch.setenv("WANDB_ASSETS_IDLE_POLICY", str(tmp_path / "policy.yaml"))
+
+    return configure
+
+
+def ledger(path) -> list[tuple]:
+    return query_read_only(
+        str(path),
+        "SELECT run_id, step, audience, outcome, channel, recipient, reason FROM idle_actions "
+        "ORDER BY run_id, step, audience",
+    )
+
+
+def hourglass(capture) -> list[str]:
+    return [b["text"] for b in capture.bodies("/hook/") if ":hourglass:" in b["text"]]
+
+
+def ladder_events(capture) -> list[dict]:
+    return [e for e in capture.bodies("/api/v1/events") if "source:idle_ladder" in e.get("tags", [])]
+
+
+def test_owners_are_told_once_and_with_stopping_off_nothing_reaches_w_and_b(
+    wandb_server, capture, slack, ladder, warehouse_path, instance
+):
+    """At 12:00: run a (ana, idle since 09:50: 130 min) is due steps 1 and 2 together: step 2 tells ana (U0ANA, from
+    the teams file) and research's channel, step 1 is skipped; b (bo, idle 60 min) tells bo, found by e-mail; c is
+    tagged interactive (exempt); d (carol: no team, no e-mail) goes to the alert webhook with the reason; e is busy;
+    f has 4 of 8 GPUs idle (fraction 1.0: not idle). At 12:16 a's stop is due (told 12:00:30 + 15 min): stopping is
+    off, so it is recorded as would_stop and no mutation reaches W&B. A second feed at the same time adds nothing."""
+    ladder(stop_runs=False)
+    server = wandb_server(
+        [
+            idle_run("a", "ana", datetime(2026, 6, 2, 9, 50)),
+            idle_run("b", "bo", datetime(2026, 6, 2, 11, 0), email="bo@example.com"),
+            idle_run("c", "ana", CREATED, tags=["interactive"]),
+            idle_run("d", "carol", datetime(2026, 6, 2, 10, 55)),
+            idle_run("e", "ana", T + timedelta(hours=1)),
+            idle_run("f", "ana", CREATED, busy_gpus=4),
+        ]
+    )
+    assert all(
+        r.success for r in run_tick(instance, TODAY, snapshot_at="2026-06-02T12:00:00", now="2026-06-02T12:00:30")
+    )
+    messages = slack.messages()
+    link = f"{server.url}/test-team/test-project/runs/"
+    assert [(m["channel"], m["text"].split(" has had")[0]) for m in messages] == [
+        (
+            "U0ANA",
+            f":hourglass: Your run <{link}a|train-a> (test-team/test-project, id a)",
+        ),
+        (
+            "C0RESEARCH",
+            f":hourglass: Run of ana: <{link}a|train-a> (test-team/test-project, id a)",
+        ),
+        (
+            "U0BO",
+            f":hourglass: Your run <{link}b|train-b> (test-team/test-project, id b)",
+        ),
+    ]
+    assert messages[0]["text"].split(" has had ")[1] == (
+        "8 of 8 H100-80GB GPUs idle for 130 minutes (since 2026-06-02 09:50 UTC): $51.83 idle so far, $23.92 an hour "
+        "for its 8 GPUs. Next, if it stays idle: stop the run (stopping is off: it would only be recorded) at "
+        "12:15 UTC. To exempt such a run, tag it `interactive`."
+    )
+    assert [c["method"] for c in slack.calls].count("users.lookupByEmail") == 1
+    (to_carol,) = hourglass(capture)
+    assert to_carol.startswith(
+        "(for the owner; no Slack user for carol: not in the teams file, and W&amp;B gave no e-mail) "
+        ":hourglass: Your run"
+    )
+    assert ledger(warehouse_path) == [
+        ("a", 1, "owner", "skipped", None, None, "due together with a later step"),
+        ("a", 2, "datadog", "sent", "datadog_event", None, None),
+        ("a", 2, "owner", "sent", "slack", "U0ANA", None),
+        ("a", 2, "team", "sent", "slack", "C0RESEARCH", None),
+        ("b", 1, "datadog", "sent", "datadog_event", None, None),
+        ("b", 1, "owner", "sent", "slack", "U0BO", None),
+        ("d", 1, "datadog", "sent", "datadog_event", None, None),
+        (
+            "d",
+            1,
+            "owner",
+            "sent",
+            "webhook",
+            "alert webhook",
+            "no Slack user for carol: not in the teams file, and W&B gave no e-mail",
+        ),
+    ]
+    assert len(ladder_events(capture)) == 3
+
+    for _ in range(2):  # the stop falls due; the same feed again adds nothing
+        assert execute_feed(instance, now="2026-06-02T12:16:00").success
+    assert ledger(warehouse_path)[1:3] == [
+        ("a", 2, "datadog", "sent", "datadog_event", None, None),
+        ("a", 2, "owner", "sent", "slack", "U0ANA", None),
+    ]
+    stop_rows = [row for row in ledger(warehouse_path) if row[2] == "stop"]
+    assert stop_rows == [
+        (
+            "a",
+            3,
+            "stop",
+            "would_stop",
+            "none",
+            "test-team/test-project/a",
+            "stop_runs is off in the policy: the run would have been stopped now",
+        )
+    ]
+    assert len(slack.messages()) == 3 and len(hourglass(capture)) == 1 and len(ladder_events(capture)) == 4
+    assert {operation for operation, _ in server.requests} <= READS  # no StopRun, not even a Run lookup
+    assert server.stops == []
+
+
+def test_slack_down_delays_once_then_the_stop_after_the_grace_a_refusal_told_once_and_an_ended_run_left(
+    wandb_server, capture, slack, ladder, warehouse_path, instance
+):
+    """stop_runs on. 12:00:30, Slack down: a, r and g are due step 2; nothing is sent (one call tried). 12:05 Slack is
+    back: six messages go, once. g ends. 12:21 (told 12:05 + 15 min): a is stopped through W&B; r's stop is refused
+    and told once to bo and the team; g, ended, is never stopped. 12:36: nothing more, no second StopRun."""
+    ladder(stop_runs=True)
+    nine_fifty = datetime(2026, 6, 2, 9, 50)
+    server = wandb_server(
+        [
+            idle_run("a", "ana", nine_fifty),
+            idle_run("g", "ana", nine_fifty),
+            idle_run("r", "bo", nine_fifty, email="bo@example.com"),
+        ]
+    )
+    server.faults.refuse_stop = frozenset({"r"})
+    slack.down = True
+    assert all(
+        r.success for r in run_tick(instance, TODAY, snapshot_at="2026-06-02T12:00:00", now="2026-06-02T12:00:30")
+    )
+    assert slack.messages() == [] and len(slack.calls) == 1
+    assert {row[3] for row in ledger(warehouse_path) if row[2] in ("owner", "team") and row[1] == 2} == {"pending"}
+
+    slack.down = False
+    assert execute_feed(instance, now="2026-06-02T12:05:00").success
+    assert sorted(m["channel"] for m in slack.messages()) == ["C0RESEARCH"] * 3 + ["U0ANA", "U0ANA", "U0BO"]
+
+    ended = server._records["g"]["node"]
+    server.upsert_runs([{**ended, "state": "finished", "heartbeatAt": "2026-06-02T12:10:00Z"}])
+    assert all(
+        r.success for r in run_tick(instance, TODAY, snapshot_at="2026-06-02T12:21:00", now="2026-06-02T12:21:00")
+    )
+    assert server.stops == ["test-team/test-project/a"]
+    after_stop = slack.messages()[6:]
+    link = f"{server.url}/test-team/test-project/runs/"
+    assert [(m["channel"], m["text"].split(" (test-team")[0]) for m in after_stop] == [
+        ("U0ANA", f":octagonal_sign: Your run <{link}a|train-a>"),
+        ("C0RESEARCH", f":octagonal_sign: Run of ana: <{link}a|train-a>"),
+        ("U0BO", f":warning: Your run <{link}r|train-r>"),
+        ("C0RESEARCH", f":warning: Run of bo: <{link}r|train-r>"),
+    ]
+    assert "W&amp;B refused: input: stopRun permission denied" in after_stop[2]["text"]
+    stops = {row[0]: row[3:] for row in ledger(warehouse_path) if row[2] == "stop"}
+    assert stops["a"] == ("stopped", "wandb", "test-team/test-project/a", None)
+    assert stops["r"][0] == "refused" and "permission denied" in stops["r"][3]
+    assert "g" not in stops
+
+    assert execute_feed(instance, now="2026-06-02T12:36:00").success
+    assert server.count("StopRun") == 2 and len(slack.messages()) == 10
+    details = query_read_only(str(warehouse_path), "SELECT details FROM idle_actions WHERE run_id = 'a' LIMIT 1")
+    assert json.loads(details[0][0])["email"] is None
+    assert slack.token not in str(query_read_only(str(warehouse_path), "SELECT * FROM idle_actions"))

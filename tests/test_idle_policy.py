@@ -1,0 +1,228 @@
+"""The idle ladder's rules alone (issue 44): the policy file, its ladder's decisions, the episode a stream shows, the
+exemptions and the teams file's Slack form. Every number worked out by hand in the docstrings."""
+
+from datetime import datetime, timedelta
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from wandb_assets.lib.errors import ConfigError
+from wandb_assets.lib.idle_episodes import current_episodes
+from wandb_assets.lib.idle_policy import (
+    DEFAULT_LADDER,
+    Done,
+    IdlePolicy,
+    LadderStep,
+    decide,
+    exemption,
+    parse_idle_policy,
+)
+from wandb_assets.lib.teams import parse_team_directory
+
+T = datetime(2026, 11, 27, 12, 0)
+POLICY = IdlePolicy(idle_gpu_pct=5.0)
+
+
+def minutes(n: float) -> timedelta:
+    return timedelta(minutes=n)
+
+
+def test_the_issue_s_policy_file_parses_to_its_defaults():
+    document = yaml.safe_load(
+        """
+idle_gpu_pct: 5
+gpu_fraction: 1.0
+ladder:
+  - {after_minutes: 60, tell: [owner]}
+  - {after_minutes: 105, tell: [owner, team]}
+  - {after_minutes: 120, stop: true}
+stop_runs: false
+grace_minutes: 15
+exempt: {users: [], teams: [], projects: [], tags: [interactive], config_keys: []}
+"""
+    )
+    assert parse_idle_policy(document, "policy", 7.0) == POLICY
+    assert parse_idle_policy(None, "policy", 7.0) == IdlePolicy(idle_gpu_pct=7.0)  # an empty file: every default
+    assert POLICY.ladder == DEFAULT_LADDER and not POLICY.stop_runs
+
+
+@pytest.mark.parametrize(
+    ("text", "sentence"),
+    [
+        ("[1, 2]", "policy must be a mapping"),
+        ("stop_run: true", "unknown field 'stop_run'"),
+        ("gpu_fraction: 0", "gpu_fraction must be a number above 0 and at most 1 (got 0)"),
+        ("gpu_fraction: 1.5", "gpu_fraction must be a number above 0 and at most 1"),
+        ("idle_gpu_pct: hot", "idle_gpu_pct must be a number at least 0 and at most 100 (got 'hot')"),
+        ("stop_runs: yes please", "stop_runs must be true or false"),
+        ("grace_minutes: -1", "grace_minutes must be a number at least 0"),
+        ("ladder: []", "ladder must be a list of steps"),
+        ("ladder: [{after_minutes: 60, tell: [boss]}]", "ladder step 1 may tell [owner], [team] or [owner, team]"),
+        ("ladder: [{after_minutes: 60}]", "ladder step 1 neither tells anyone nor stops the run"),
+        ("ladder: [{after: 60, tell: [owner]}]", "ladder step 1 must be such as"),
+        ("ladder: [{after_minutes: 60, stop: true}]", "ladder step 1 stops a run nobody was told of"),
+        (
+            "ladder: [{after_minutes: 60, tell: [owner]}, {after_minutes: 60, stop: true}]",
+            "ladder step 2 must come after step 1",
+        ),
+        ("exempt: {people: [ana]}", "exempt may hold users, teams, projects, tags, config_keys"),
+        ("exempt: {tags: interactive}", "exempt.tags must be a list of names"),
+    ],
+)
+def test_a_policy_mistake_is_one_sentence_naming_the_field(text, sentence):
+    with pytest.raises(ConfigError) as raised:
+        parse_idle_policy(yaml.safe_load(text), "policy", 5.0)
+    assert sentence in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_a_run_idle_130_minutes_first_seen_now_is_told_not_stopped_and_stopped_after_the_grace():
+    """Idle since 09:50, seen at 12:00 (130 min): steps 1 (60) and 2 (105) are due together: step 2 tells the owner
+    and the team, step 1 is skipped (superseded), step 3 (the stop, due at 11:50) waits for the grace: 15 minutes after
+    the owner was told at 12:00, so 12:15."""
+    started = T - minutes(130)
+    first = decide(POLICY, started, T, T, Done())
+    assert (first.act, first.skip, first.next_step, first.next_at) == ((2,), (1,), 3, T + minutes(15))
+    told = Done(frozenset({1, 2}), first_told_at=T)
+    assert decide(POLICY, started, T + minutes(14), T + minutes(14), told).act == ()
+    assert decide(POLICY, started, T + minutes(15), T + minutes(15), told).act == (3,)
+
+
+def test_the_stop_waits_while_the_first_message_still_waits_in_the_outbox():
+    """Slack down: steps 1 and 2 decided, nothing delivered (first_told_at None): the stop never comes."""
+    pending = Done(frozenset({1, 2}), first_told_at=None)
+    assert decide(POLICY, T - minutes(300), T, T, pending).act == ()
+
+
+def test_the_ladder_climbs_one_step_per_threshold():
+    """Idle from 10:00: at 11:00 step 1; at 11:45 step 2; told at 11:00, the stop at 12:00 (120 min) is past the grace
+    (11:15)."""
+    started = T - minutes(120)
+    assert decide(POLICY, started, started + minutes(59), T, Done()).act == ()
+    one = decide(POLICY, started, started + minutes(60), T, Done())
+    assert (one.act, one.next_step, one.next_at) == ((1,), 2, started + minutes(105))
+    two = decide(POLICY, started, started + minutes(105), T, Done(frozenset({1}), started + minutes(60)))
+    assert two.act == (2,)
+    three = decide(POLICY, started, T, T, Done(frozenset({1, 2}), started + minutes(60)))
+    assert (three.act, three.next_step) == ((3,), None)
+
+
+def test_idle_minutes_count_to_the_latest_sample_never_to_now():
+    """The latest sample is 11:00, idle since 10:30 (30 min): nothing is due at 13:00 though two hours passed."""
+    assert decide(POLICY, T - minutes(90), T - minutes(60), T + minutes(60), Done()).act == ()
+
+
+def stream(run: str, samples: list[list[float]], start: datetime = T, every: int = 10) -> list[tuple]:
+    """One row per sample and GPU: ``samples[k][g]`` is GPU g's utilisation at ``start + k * every`` minutes."""
+    return [
+        ("e", "p", run, (start + minutes(every * k)).isoformat(), g, util)
+        for k, sample in enumerate(samples)
+        for g, util in enumerate(sample)
+    ]
+
+
+def test_four_idle_gpus_of_eight_count_at_fraction_half_and_not_at_one():
+    """8 GPUs, 4 at 0 % and 4 at 90 % on every sample (00, 10, 20, 30): at fraction 0.5 the run is idle since 12:00, 30
+    minutes, 4 idle GPUs, 4 x 0.5 h = 2 idle GPU-hours; at 1.0 it has no episode."""
+    rows = stream("r", [[0.0] * 4 + [90.0] * 4] * 4)
+    (half,) = current_episodes(rows, {("e", "p", "r"): 8}, 5.0, 0.5)
+    assert (half.started_at, half.latest_at, half.idle_gpus, half.idle_gpu_hours) == (T, T + minutes(30), 4.0, 2.0)
+    assert half.idle_minutes == 30 and half.last_busy_at is None
+    assert current_episodes(rows, {("e", "p", "r"): 8}, 5.0, 1.0) == []
+
+
+def test_a_run_that_turns_busy_starts_its_next_episode_from_zero():
+    """Idle at 00, 10; busy at 20; idle at 30, 40: the episode starts at 12:30 (10 minutes), the busy sample is its
+    last_busy_at; a run busy at its latest sample has none."""
+    (episode,) = current_episodes(stream("r", [[0.0], [1.0], [50.0], [0.0], [2.0]]), {("e", "p", "r"): 1}, 5.0, 1.0)
+    assert (episode.started_at, episode.idle_minutes, episode.last_busy_at) == (T + minutes(30), 10, T + minutes(20))
+    assert current_episodes(stream("r", [[0.0], [0.0], [50.0]]), {("e", "p", "r"): 1}, 5.0, 1.0) == []
+
+
+def test_a_node_wide_sample_is_scaled_to_the_run_s_gpus():
+    """A 2-GPU run whose samples see the node's 8 GPUs, 6 idle: 6 x 2/8 = 1.5 idle GPUs of 2 (the one rule of
+    lib/idle.idle_of_run): idle at fraction 0.75, not at 0.8."""
+    rows = stream("r", [[0.0] * 6 + [90.0] * 2] * 2)
+    (episode,) = current_episodes(rows, {("e", "p", "r"): 2}, 5.0, 0.75)
+    assert episode.idle_gpus == 1.5
+    assert current_episodes(rows, {("e", "p", "r"): 2}, 5.0, 0.8) == []
+
+
+@given(st.lists(st.lists(st.sampled_from([0.0, 3.0, 50.0, 99.0]), min_size=1, max_size=4), min_size=1, max_size=12))
+def test_the_episode_is_the_idle_run_of_samples_that_ends_at_the_latest(samples):
+    """Against a plain loop: walk back from the latest sample while every GPU is below 5 %."""
+    width = len(samples[0])
+    samples = [(s * width)[:width] for s in samples]
+    episodes = current_episodes(stream("r", samples), {("e", "p", "r"): width}, 5.0, 1.0)
+    k = len(samples)
+    while k > 0 and all(u < 5.0 for u in samples[k - 1]):
+        k -= 1
+    if k == len(samples):
+        assert episodes == []
+    else:
+        (episode,) = episodes
+        assert episode.started_at == T + minutes(10 * k)
+        assert episode.idle_gpu_hours == pytest.approx(width * (len(samples) - 1 - k) / 6)
+
+
+def test_exempt_users_teams_projects_tags_and_config_keys():
+    policy = parse_idle_policy(
+        yaml.safe_load(
+            "exempt: {users: [ana], teams: [infra], projects: [e/notebooks, scratch], tags: [interactive, debug], "
+            "config_keys: [idle.exempt]}"
+        ),
+        "policy",
+        5.0,
+    )
+
+    def why(**run) -> str | None:
+        args = {"entity": "e", "project": "p", "user": "bo", "team": "research", "tags": [], "config": {}} | run
+        return exemption(policy, **args)
+
+    assert why() is None
+    assert why(user="ana") == "user ana is exempt"
+    assert why(team="infra") == "team infra is exempt"
+    assert why(project="notebooks") == "project e/notebooks is exempt"
+    assert why(project="scratch", entity="other") == "project other/scratch is exempt"
+    assert why(tags=["debug", "x"]) == "tagged debug"
+    assert why(config='{"idle": {"exempt": true}}') == "config idle.exempt is set"
+    assert why(config={"idle.exempt": 1}) == "config idle.exempt is set"
+    assert why(config={"idle": {"exempt": False}}) is None
+
+
+def test_the_teams_file_takes_both_forms_with_slack_ids_and_channels():
+    directory = parse_team_directory(
+        yaml.safe_load(
+            """
+vision: [alice, bob]
+research:
+  channel: C0RESEARCH
+  users:
+    - {user: ana, slack: U0ANA}
+    - bo
+"""
+        ),
+        "WANDB_ASSETS_TEAMS",
+    )
+    assert directory.teams == {"alice": "vision", "bob": "vision", "ana": "research", "bo": "research"}
+    assert directory.slack_users == {"ana": "U0ANA"}
+    assert directory.channels == {"research": "C0RESEARCH"}
+    for text, sentence in [
+        ("research: {channel: C0, people: [ana]}", "unknown key 'people'"),
+        ("research: {users: [{user: ana, email: a@b}]}", "gives team 'research' the member"),
+        ("research: {channel: 5, users: [ana]}", "the channel 5: write a Slack channel id"),
+        ("a: [ana]\nb: {users: [ana]}", "puts 'ana' in two teams (a, b)"),
+    ]:
+        with pytest.raises(ConfigError, match=sentence.replace("(", r"\(").replace(")", r"\)")):
+            parse_team_directory(yaml.safe_load(text), "WANDB_ASSETS_TEAMS")
+
+
+def test_a_stop_step_that_also_tells_still_waits_for_an_earlier_message():
+    """Ladder 30 tell owner, 40 stop: at 45 minutes first seen, step 1 tells and step 2 waits the grace (0 here: the
+    next tick)."""
+    policy = IdlePolicy(5.0, ladder=(LadderStep(30, ("owner",)), LadderStep(40, (), True)), grace_minutes=0)
+    first = decide(policy, T - minutes(45), T, T, Done())
+    assert (first.act, first.next_step, first.next_at) == ((1,), 2, T)
+    assert decide(policy, T - minutes(45), T, T, Done(frozenset({1}), T)).act == (2,)

@@ -1,0 +1,228 @@
+"""The idle ladder after each snapshot (``idle_actions``): the running runs whose latest GPU sample is idle have their
+own sampled stream read (the warehouse closed), their episodes judged by the policy (``WANDB_ASSETS_IDLE_POLICY``),
+what is due written once to the ledger, then sent (the warehouse closed again) and the outcomes recorded."""
+
+import uuid
+
+from dagster import (
+    AssetExecutionContext,
+    MaterializeResult,
+    MetadataValue,
+    TableColumn,
+    TableRecord,
+    TableSchema,
+    asset,
+)
+
+from wandb_assets.defs.feed.assets import FEED, ClockConfig
+from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource, SlackResource
+from wandb_assets.defs.wandb_runs.resources import WandbResource
+from wandb_assets.defs.warehouse.resources import WarehouseResource
+from wandb_assets.lib.fetch import WandbFetchError
+from wandb_assets.lib.idle_actions import (
+    NOT_STOPPED,
+    REFUSED,
+    STOPPED,
+    Seen,
+    candidates,
+    claim_pending,
+    exempt_reason,
+    record_decisions,
+    record_outcomes,
+    stop_outcomes,
+)
+from wandb_assets.lib.idle_delivery import Outage, StopAnswer, deliver
+from wandb_assets.lib.idle_episodes import current_episodes
+from wandb_assets.settings import ConfigError, PipelineSettings, idle_policy, pipeline_settings
+
+
+class LadderChannels:
+    """``lib.idle_delivery.IdleChannels`` over the resources: Slack's Web API, the alert webhook, Datadog events, W&B
+    stops. Nothing secret leaves: errors are Slack's error codes and the client's own sentences."""
+
+    def __init__(
+        self,
+        slack: SlackResource,
+        channels: AlertChannelsResource,
+        datadog: DatadogResource,
+        wandb: WandbResource,
+        pipeline: PipelineSettings,
+    ) -> None:
+        self._wandb, self._channels, self._datadog, self._pipeline = wandb, channels, datadog, pipeline
+        self._slack_error: str | None = None
+        self._client = None
+        try:
+            token = slack.token()
+        except ConfigError as exc:
+            token, self._slack_error = None, str(exc)
+        if token:
+            self._client = slack.client(token)
+        self._dd_key: str | None = None
+        self._dd_error: str | None = None
+        try:
+            self._dd_key = datadog.api_key()
+        except ConfigError as exc:
+            self._dd_error = str(exc)
+        self._dd_tags: list[str] | None = None
+
+    def slack_missing(self) -> str | None:
+        if self._client is not None:
+            return None
+        return self._slack_error or "no Slack bot token (WANDB_ASSETS_SLACK_BOT_TOKEN)"
+
+    def _slack(self, call):
+        from slack_sdk.errors import SlackApiError
+
+        try:
+            return call()
+        except SlackApiError as exc:
+            error = exc.response.get("error") if exc.response is not None else None
+            raise Outage(f"Slack answered {error or exc.response.status_code}") from None
+        except Exception as exc:  # noqa: BLE001 - connection trouble of any kind: the row waits
+            raise Outage(f"Slack unreachable ({type(exc).__name__})") from None
+
+    def post_slack(self, channel: str, text: str) -> None:
+        self._slack(lambda: self._client.chat_postMessage(channel=channel, text=text, unfurl_links=False))
+
+    def slack_user_by_email(self, email: str) -> str | None:
+        from slack_sdk.errors import SlackApiError
+
+        try:
+            answer = self._client.users_lookupByEmail(email=email)
+        except SlackApiError as exc:
+            if exc.response is not None and exc.response.get("error") == "users_not_found":
+                return None
+            error = exc.response.get("error") if exc.response is not None else None
+            raise Outage(f"Slack answered {error or 'an error'} to users.lookupByEmail") from None
+        except Exception as exc:  # noqa: BLE001
+            raise Outage(f"Slack unreachable ({type(exc).__name__})") from None
+        return (answer.get("user") or {}).get("id")
+
+    def webhook_missing(self) -> str | None:
+        return None if self._channels.slack_enabled else "no alert webhook (WANDB_ASSETS_SLACK_WEBHOOK_URL)"
+
+    def post_webhook(self, text: str) -> None:
+        error = self._channels.post_slack(text, markup=True)
+        if error is not None:
+            raise Outage(error)
+
+    def datadog_missing(self) -> str | None:
+        return None if self._dd_key else (self._dd_error or "DD_API_KEY not configured")
+
+    def send_event(self, title: str, text: str) -> None:
+        if self._dd_tags is None:
+            self._dd_tags = self._datadog.tags()
+        result = self._datadog.send_event(self._dd_key, title, text, False, [*self._dd_tags, "source:idle_ladder"])
+        if not result.accepted:
+            raise Outage(f"Datadog events answered {result.status or result.error}")
+
+    def stop_run(self, path: str) -> StopAnswer:
+        try:
+            state, refused = self._wandb.stop_run(path, self._pipeline)
+        except WandbFetchError as exc:
+            raise Outage(str(exc)) from None
+        if refused is not None:
+            return StopAnswer(REFUSED, refused)
+        if state != "running":
+            return StopAnswer(NOT_STOPPED, f"the run had ended ({state}) before its stop")
+        return StopAnswer(STOPPED)
+
+
+LEDGER_SCHEMA = TableSchema(
+    columns=[
+        TableColumn("run", "string", description="entity/project/run_id, step: audience"),
+        TableColumn("outcome", "string", description="what became of it (idle_actions.outcome), and why"),
+    ]
+)
+
+
+@asset(
+    description="The idle ladder (idle_actions): with WANDB_ASSETS_IDLE_POLICY set, each running run whose latest GPU "
+    "sample is idle has its own sampled stream read; its idle episode (the unbroken idle time up to its latest "
+    "sample) climbs the policy's ladder: the owner told (Slack), then the team, then (stop_runs: true) the run "
+    "stopped through the W&B client. Each step acts once per episode; messages wait in the ledger while Slack is "
+    "down and are never sent twice. Off (nothing read, nothing sent) without a policy.",
+    kinds={"duckdb", "slack"},
+    **FEED,
+)
+def idle_actions(
+    context: AssetExecutionContext,
+    config: ClockConfig,
+    warehouse: WarehouseResource,
+    wandb: WandbResource,
+    datadog: DatadogResource,
+    channels: AlertChannelsResource,
+    slack: SlackResource,
+) -> MaterializeResult:
+    policy = idle_policy()
+    if policy is None:
+        context.log.info("The idle ladder is off (WANDB_ASSETS_IDLE_POLICY is not set).")
+        return MaterializeResult(metadata={"policy": "off (WANDB_ASSETS_IDLE_POLICY not set)"})
+    now = config.resolve()
+    pipeline = pipeline_settings()
+    directory = pipeline.team_directory
+    with warehouse.get_read_connection() as con:  # short and read-only: closed before any request goes out
+        found = candidates(con, policy, pipeline.gpu_prices) if con is not None else []
+    teams = {c.key: directory.teams.get(c.user or "") for c in found}
+    exempt = {c.key: exempt_reason(policy, c, teams[c.key]) for c in found}
+    to_read = [c.key for c in found if exempt[c.key] is None]
+    streams = wandb.idle_streams(to_read, pipeline) if to_read else {}
+    unread = [key for key in to_read if streams.get(key, {}).get("status") == "failed"]
+    if unread:
+        context.log.warning(f"The GPU stream of {len(unread)} idle run(s) could not be read; judged next tick.")
+    rows = [(*key, *sample[:3]) for key, read in streams.items() for sample in read.get("gpu", [])]
+    episodes = {
+        (e.entity, e.project, e.run_id): e
+        for e in current_episodes(rows, {c.key: c.gpu_count for c in found}, policy.idle_gpu_pct, policy.gpu_fraction)
+    }
+    seen = [
+        Seen(
+            c,
+            episodes.get(c.key),
+            streams.get(c.key, {}).get("email"),
+            teams[c.key],
+            directory.slack_users.get(c.user or ""),
+            directory.channels.get(teams[c.key] or ""),
+            exempt[c.key],
+        )
+        for c in found
+    ]
+    ladder_channels = LadderChannels(slack, channels, datadog, wandb, pipeline)
+    token = uuid.uuid4().hex
+    with warehouse.get_connection() as con:
+        written = record_decisions(con, seen, policy, now, ladder_channels.datadog_missing() is None)
+        claimed = claim_pending(con, token, now)
+        known = stop_outcomes(con, claimed)
+    outcomes = deliver(claimed, ladder_channels, now, known)
+    with warehouse.get_connection() as con:
+        record_outcomes(con, token, outcomes)
+    waiting = [o for o in outcomes if o["outcome"] == "pending"]
+    for error in sorted({o["error"] for o in waiting if o.get("error")}):
+        context.log.warning(f"Idle ladder: {error}; its messages wait for the next tick.")
+    for o in outcomes:
+        if o["outcome"] != "pending":
+            context.log.info(
+                f"Idle ladder: {o['entity']}/{o['project']}/{o['run_id']} step {o['step']} {o['audience']}: "
+                f"{o['outcome']}" + (f" ({o['reason']})" if o.get("reason") else "")
+            )
+    ledger = [
+        TableRecord(
+            {
+                "run": f"{o['entity']}/{o['project']}/{o['run_id']}, step {o['step']}: {o['audience']}",
+                "outcome": o["outcome"] + (f": {o['reason']}" if o.get("reason") else ""),
+            }
+        )
+        for o in outcomes
+    ]
+    return MaterializeResult(
+        metadata={
+            "policy": f"stop_runs={'on' if policy.stop_runs else 'off'}, {len(policy.ladder)} steps",
+            "idle_now": len(found),
+            "exempt": sum(reason is not None for reason in exempt.values()),
+            "episodes": len(episodes),
+            "decided": len(written),
+            "sent": sum(o["outcome"] not in ("pending",) for o in outcomes),
+            "waiting": len(waiting),
+            "this_tick": MetadataValue.table(ledger, LEDGER_SCHEMA),
+        }
+    )

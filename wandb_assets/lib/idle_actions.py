@@ -1,0 +1,342 @@
+"""The idle ladder's ledger, ``idle_actions``: one row per episode, step and audience (the owner, the team, the stop,
+the Datadog event), written once (``record_decisions``: inside one transaction it reads what the ledger holds and
+inserts only what is missing, so two ticks at once decide each row once), then sent from it as from an outbox
+(``claim_pending``: a row is claimed before it goes out, so it goes out at most once; ``record_outcomes``). No
+Dagster, no network: the sending is ``lib/idle_delivery.py``'s.
+
+A row's ``outcome``: ``pending`` (waits in the outbox; a channel that failed leaves it pending for the next tick),
+``sending`` (claimed), ``sent``, ``stopped``, ``would_stop`` (the policy's stop step with ``stop_runs`` off: nothing
+reaches W&B), ``not_stopped`` (the run had ended), ``refused`` (W&B refused the stop: recorded and told, never tried
+again), ``skipped`` (nothing to say), ``undeliverable`` (nobody to tell: ``reason`` says why) or ``unknown`` (the
+process sending it ended before it could record whether it went out: never sent again, so never doubled).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import pandas
+
+from wandb_assets.lib.gpus import PRICES_CTE, prices_param, usd_sql
+from wandb_assets.lib.idle import idle_of_run
+from wandb_assets.lib.idle_episodes import Episode
+from wandb_assets.lib.idle_policy import DATADOG, OWNER, STOP, TEAM, Done, IdlePolicy, decide, exemption
+from wandb_assets.lib.lake import retry_on_conflict
+from wandb_assets.lib.sql import MIRRORED_RUNS_SQL, transaction
+
+IDLE_ACTIONS_COLUMNS = {
+    "entity": "VARCHAR",
+    "project": "VARCHAR",
+    "run_id": "VARCHAR",
+    "episode_started_at": "TIMESTAMP",
+    "step": "INTEGER",
+    "audience": "VARCHAR",
+    "decided_at": "TIMESTAMP",
+    "acted_at": "TIMESTAMP",
+    "channel": "VARCHAR",
+    "recipient": "VARCHAR",
+    "outcome": "VARCHAR",
+    "reason": "VARCHAR",
+    "idle_gpu_hours": "DOUBLE",
+    "idle_usd": "DOUBLE",
+    "details": "JSON",
+    "attempts": "INTEGER",
+    "last_error": "VARCHAR",
+    "claim": "VARCHAR",
+    "claimed_at": "TIMESTAMP",
+}
+IDLE_ACTIONS_SQL = (
+    f"CREATE TABLE IF NOT EXISTS idle_actions ({', '.join(f'{c} {t}' for c, t in IDLE_ACTIONS_COLUMNS.items())})"
+)
+#: The columns naming one row: each is written once.
+LEDGER_KEY = ("entity", "project", "run_id", "episode_started_at", "step", "audience")
+
+PENDING, SENDING, SENT, STOPPED, WOULD_STOP = "pending", "sending", "sent", "stopped", "would_stop"
+NOT_STOPPED, REFUSED, SKIPPED, UNDELIVERABLE, UNKNOWN = "not_stopped", "refused", "skipped", "undeliverable", "unknown"
+#: A claim older than this whose outcome was never recorded: its process ended mid-send.
+STALE_CLAIM = timedelta(minutes=10)
+
+
+def _idle_share(policy: IdlePolicy) -> str:
+    idle = idle_of_run(
+        "len(list_filter(r.latest_gpu_sample, g -> g.utilisation < $pct))",
+        "len(list_filter(r.latest_gpu_sample, g -> g.utilisation IS NOT NULL))",
+        "r.gpu_count",
+    )
+    return f"{idle} >= $fraction * r.gpu_count"
+
+
+#: Running runs whose latest system sample (``runs.latest_gpu_sample``, read by each refresh) is idle by the policy:
+#: the few whose sampled stream a tick reads.
+CANDIDATES_SQL = """
+WITH {prices}
+SELECT r.entity, r.project, r.run_id, r.name, r.url, r."user", r.tags, r.config::VARCHAR AS config, r.gpu_count,
+       r.gpu_model, r.gpu_count * {usd} AS usd_per_hour
+FROM {runs} r LEFT JOIN prices p ON p.model = r.gpu_model
+WHERE r.state = 'running' AND r.gpu_count > 0 AND len(r.latest_gpu_sample) > 0 AND {idle}
+ORDER BY r.entity, r.project, r.run_id
+"""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    entity: str
+    project: str
+    run_id: str
+    name: str | None
+    url: str | None
+    user: str | None
+    tags: list[str] | None
+    config: str | None
+    gpu_count: int
+    gpu_model: str | None
+    usd_per_hour: float | None
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.entity, self.project, self.run_id)
+
+
+def candidates(con, policy: IdlePolicy, prices: dict[str, float]) -> list[Candidate]:
+    sql = CANDIDATES_SQL.format(prices=PRICES_CTE, usd=usd_sql(), runs=MIRRORED_RUNS_SQL, idle=_idle_share(policy))
+    params = {"pct": policy.idle_gpu_pct, "fraction": policy.gpu_fraction, "prices": prices_param(prices.items())}
+    return [Candidate(*row) for row in con.execute(sql, params).fetchall()]
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One candidate as the tick saw it: its episode (None: its stream shows no idle episode now), the W&B user's
+    e-mail (read with the stream), its team, where its owner and team are told, and why it is exempt (None: it is
+    not)."""
+
+    run: Candidate
+    episode: Episode | None
+    email: str | None
+    team: str | None
+    owner_slack: str | None
+    team_channel: str | None
+    exempt: str | None = None
+
+
+def exempt_reason(policy: IdlePolicy, run: Candidate, team: str | None) -> str | None:
+    return exemption(policy, run.entity, run.project, run.user, team, run.tags, run.config)
+
+
+def _ledger(con, keys: list[tuple[str, str, str]]) -> pandas.DataFrame:
+    con.register("idle_keys", pandas.DataFrame(keys, columns=["entity", "project", "run_id"]))
+    try:
+        return con.execute(
+            "SELECT a.entity, a.project, a.run_id, a.episode_started_at, a.step, a.audience, a.outcome, a.decided_at, "
+            "a.acted_at FROM idle_actions a JOIN idle_keys USING (entity, project, run_id)"
+        ).df()
+    finally:
+        con.unregister("idle_keys")
+
+
+def _episode_start(rows: pandas.DataFrame, seen: Seen) -> datetime:
+    """The episode's start as the ledger knows it: a run that has not been busy since the ledger's latest episode of it
+    began is still in that episode (its start stays what it was when first recorded, however the stream is sampled
+    now); else the start its stream shows."""
+    assert seen.episode is not None
+    if not rows.empty:
+        recorded = rows["episode_started_at"].max().to_pydatetime()
+        if seen.episode.last_busy_at is None or seen.episode.last_busy_at < recorded:
+            return recorded
+    return seen.episode.started_at
+
+
+def _done(rows: pandas.DataFrame) -> Done:
+    told = rows[rows["audience"].isin([OWNER, TEAM]) & (rows["outcome"] == SENT)]["acted_at"].dropna()
+    return Done(frozenset(int(s) for s in rows["step"]), told.min().to_pydatetime() if not told.empty else None)
+
+
+def _details(seen: Seen, policy: IdlePolicy, step: int, started_at: datetime, next_step, next_at) -> dict[str, Any]:
+    run, episode = seen.run, seen.episode
+    assert episode is not None
+    return {
+        "run_name": run.name,
+        "url": run.url,
+        "user": run.user,
+        "email": seen.email,
+        "team": seen.team,
+        "owner_slack": seen.owner_slack,
+        "team_channel": seen.team_channel,
+        "gpu_count": run.gpu_count,
+        "gpu_model": run.gpu_model,
+        "idle_gpus": round(episode.idle_gpus, 3),
+        "idle_minutes": round((episode.latest_at - started_at).total_seconds() / 60, 1),
+        "latest_sample_at": episode.latest_at.isoformat(),
+        "usd_per_hour": run.usd_per_hour,
+        "step_does": policy.ladder[step - 1].describe(),
+        "stop_step": policy.ladder[step - 1].stop,
+        "next_step": next_step,
+        "next_step_does": policy.ladder[next_step - 1].describe() if next_step else None,
+        "next_at": next_at.isoformat() if next_at else None,
+        "stop_runs": policy.stop_runs,
+        "exempt_tags": sorted(policy.exempt.tags),
+        "exempt_config_keys": list(policy.exempt.config_keys),
+    }
+
+
+def _rows_of_step(
+    seen: Seen, policy: IdlePolicy, step: int, started_at: datetime, now: datetime, details: dict, datadog: bool
+) -> list[dict]:
+    ladder_step = policy.ladder[step - 1]
+    episode = seen.episode
+    assert episode is not None
+    idle_hours = (episode.latest_at - started_at).total_seconds() / 3600 * episode.idle_gpus
+    price = seen.run.usd_per_hour / seen.run.gpu_count if seen.run.usd_per_hour is not None else None
+    base = {
+        "entity": seen.run.entity,
+        "project": seen.run.project,
+        "run_id": seen.run.run_id,
+        "episode_started_at": started_at,
+        "step": step,
+        "decided_at": now,
+        "idle_gpu_hours": round(idle_hours, 6),
+        "idle_usd": round(idle_hours * price, 6) if price is not None else None,
+        "details": json.dumps(details, default=str),
+        "attempts": 0,
+    }
+    rows = [{**base, "audience": audience, "outcome": PENDING} for audience in ladder_step.tell]
+    if ladder_step.stop:
+        path = f"{seen.run.entity}/{seen.run.project}/{seen.run.run_id}"
+        if policy.stop_runs:
+            rows.append({**base, "audience": STOP, "channel": "wandb", "recipient": path, "outcome": PENDING})
+            # the owner and the team hear what became of the stop, once it is known (lib/idle_delivery)
+            rows += [{**base, "audience": audience, "outcome": PENDING} for audience in (OWNER, TEAM)]
+        else:
+            rows.append(
+                {
+                    **base,
+                    "audience": STOP,
+                    "channel": "none",
+                    "recipient": path,
+                    "outcome": WOULD_STOP,
+                    "acted_at": now,
+                    "reason": "stop_runs is off in the policy: the run would have been stopped now",
+                }
+            )
+    if datadog:
+        rows.append({**base, "audience": DATADOG, "channel": "datadog_event", "outcome": PENDING})
+    return rows
+
+
+@retry_on_conflict
+def record_decisions(con, seen: list[Seen], policy: IdlePolicy, now: datetime, datadog: bool) -> list[dict]:
+    """What each seen run's episode is due, written to the ledger in one transaction, each row only if the ledger does
+    not hold it yet; returns the rows written."""
+    con.execute(IDLE_ACTIONS_SQL)
+    written: list[dict] = []
+    with transaction(con):
+        acting = [s for s in seen if s.episode is not None and s.exempt is None]
+        ledger = _ledger(con, [s.run.key for s in acting]) if acting else None
+        for s in acting:
+            assert s.episode is not None and ledger is not None
+            mine = ledger[
+                (ledger["entity"] == s.run.entity)
+                & (ledger["project"] == s.run.project)
+                & (ledger["run_id"] == s.run.run_id)
+            ]
+            started_at = _episode_start(mine, s)
+            episode_rows = mine[mine["episode_started_at"] == pandas.Timestamp(started_at)]
+            decision = decide(policy, started_at, s.episode.latest_at, now, _done(episode_rows))
+            for step in decision.act:
+                details = _details(s, policy, step, started_at, decision.next_step, decision.next_at)
+                written += _rows_of_step(s, policy, step, started_at, now, details, datadog)
+            for step in decision.skip:
+                details = _details(s, policy, step, started_at, decision.next_step, decision.next_at)
+                for row in _rows_of_step(s, policy, step, started_at, now, details, False):
+                    row |= {"outcome": SKIPPED, "acted_at": now, "reason": "due together with a later step"}
+                    written.append(row)
+        if written:
+            frame = pandas.DataFrame(written, columns=list(IDLE_ACTIONS_COLUMNS)).astype(
+                {"episode_started_at": "datetime64[us]", "decided_at": "datetime64[us]", "acted_at": "datetime64[us]"}
+            )
+            key = " AND ".join(f"a.{c} = f.{c}" for c in LEDGER_KEY)
+            con.register("idle_decided", frame)
+            try:
+                con.execute(
+                    "INSERT INTO idle_actions BY NAME SELECT * REPLACE (details::JSON AS details) FROM idle_decided f "
+                    f"WHERE NOT EXISTS (SELECT 1 FROM idle_actions a WHERE {key})"
+                )
+            finally:
+                con.unregister("idle_decided")
+    return written
+
+
+@retry_on_conflict
+def claim_pending(con, token: str, now: datetime) -> list[dict]:
+    """Claim every pending row for this sender (``token``) in one transaction, so no other sender sends it, and mark
+    ``unknown`` the claims of a sender that ended mid-send; returns the claimed rows, oldest decision first."""
+    con.execute(IDLE_ACTIONS_SQL)
+    with transaction(con):
+        con.execute(
+            f"UPDATE idle_actions SET outcome = '{UNKNOWN}', reason = 'the sender ended before recording whether it "
+            f"went out; not sent again' WHERE outcome = '{SENDING}' AND claimed_at < $stale",
+            {"stale": now - STALE_CLAIM},
+        )
+        con.execute(
+            f"UPDATE idle_actions SET outcome = '{SENDING}', claim = $token, claimed_at = $now WHERE outcome = "
+            f"'{PENDING}'",
+            {"token": token, "now": now},
+        )
+    cursor = con.execute(
+        f"SELECT * FROM idle_actions WHERE claim = $token AND outcome = '{SENDING}' "
+        "ORDER BY decided_at, entity, project, run_id, step, audience",
+        {"token": token},
+    )
+    names = [d[0] for d in cursor.description]
+    rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    for row in rows:
+        row["details"] = json.loads(row["details"]) if isinstance(row["details"], str) else (row["details"] or {})
+    return rows
+
+
+@retry_on_conflict
+def record_outcomes(con, token: str, outcomes: list[dict]) -> None:
+    """Each claimed row's outcome (``{key columns..., outcome, acted_at, channel, recipient, reason, error}``): a row
+    whose channel failed goes back to ``pending`` with the error (the outbox tries it next tick)."""
+    with transaction(con):
+        for o in outcomes:
+            con.execute(
+                "UPDATE idle_actions SET outcome = $outcome, acted_at = $acted_at, channel = coalesce($channel, "
+                "channel), recipient = coalesce($recipient, recipient), reason = coalesce($reason, reason), "
+                "attempts = attempts + 1, last_error = coalesce($error, last_error), claim = NULL "
+                "WHERE claim = $token AND " + " AND ".join(f"{c} = ${c}" for c in LEDGER_KEY),
+                {
+                    "token": token,
+                    **{c: o[c] for c in LEDGER_KEY},
+                    "outcome": o["outcome"],
+                    "acted_at": o.get("acted_at"),
+                    "channel": o.get("channel"),
+                    "recipient": o.get("recipient"),
+                    "reason": o.get("reason"),
+                    "error": (o.get("error") or None) and o["error"][:500],
+                },
+            )
+
+
+def stop_outcomes(con, claimed: list[dict]) -> dict[tuple, tuple[str, str | None]]:
+    """The recorded outcomes of the stops whose messages are among ``claimed`` (a stop done at an earlier tick whose
+    messages waited for Slack), by ``(entity, project, run_id, episode_started_at, step)``."""
+    steps = {
+        (r["entity"], r["project"], r["run_id"], r["episode_started_at"], r["step"])
+        for r in claimed
+        if r["audience"] in (OWNER, TEAM) and r["details"].get("stop_step")
+    }
+    if not steps:
+        return {}
+    con.register("stop_steps", pandas.DataFrame(list(steps), columns=list(LEDGER_KEY[:5])))
+    try:
+        rows = con.execute(
+            f"SELECT a.entity, a.project, a.run_id, a.episode_started_at, a.step, a.outcome, a.reason "
+            f"FROM idle_actions a JOIN stop_steps USING (entity, project, run_id, episode_started_at, step) "
+            f"WHERE a.audience = '{STOP}' AND a.outcome NOT IN ('{PENDING}', '{SENDING}')"
+        ).fetchall()
+    finally:
+        con.unregister("stop_steps")
+    return {tuple(row[:5]): (row[5], row[6]) for row in rows}

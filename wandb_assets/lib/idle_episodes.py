@@ -1,0 +1,94 @@
+"""A run's current idle episode, from its own sampled GPU stream (as read with ``lib/curves.gpu_rows``), in SQL on an
+in-memory DuckDB: no warehouse, no Dagster.
+
+A sample is idle when at least ``gpu_fraction`` of the run's GPUs were below ``idle_gpu_pct`` in it: its idle GPUs
+counted by the one rule of ``lib/idle.idle_of_run`` (a sample that sees the whole node is scaled to the run's GPUs),
+over the run's ``gpu_count``. The episode is the unbroken stretch of idle samples that ends with the run's latest
+sample: it starts at the first idle sample after the last sample that was not idle (or at the stream's first), and
+lasts to the latest. A run whose latest sample is not idle has no episode. Its idle GPU-hours: each sample of the
+episode holds its idle GPUs until the next sample (the latest holds nothing: it is where the episode stands).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import duckdb
+import pandas
+
+from wandb_assets.lib.idle import idle_of_run
+
+#: ``[entity, project, run_id, timestamp (ISO, UTC), gpu, util_pct]``: one row per sample and GPU.
+StreamRow = tuple[str, str, str, str, int, float | None]
+
+
+@dataclass(frozen=True)
+class Episode:
+    entity: str
+    project: str
+    run_id: str
+    started_at: datetime
+    latest_at: datetime
+    #: idle GPUs of the run in its latest sample (``idle_of_run``), of ``gpu_count``
+    idle_gpus: float
+    gpu_count: int
+    idle_gpu_hours: float
+    #: the latest sample that was not idle, before the episode (None: idle since the stream's first sample)
+    last_busy_at: datetime | None
+
+    @property
+    def idle_minutes(self) -> float:
+        return (self.latest_at - self.started_at).total_seconds() / 60
+
+
+EPISODES_SQL = f"""
+WITH samples AS (
+    SELECT entity, project, run_id, sampled_at,
+           count(*) FILTER (WHERE util < $pct) AS idle, count(*) FILTER (WHERE util >= $pct) AS busy,
+           count(*) AS gpus
+    FROM stream WHERE util IS NOT NULL GROUP BY ALL
+),
+judged AS (
+    SELECT s.*, r.gpu_count, {idle_of_run("s.idle", "s.gpus", "r.gpu_count")} AS idle_gpus,
+           {idle_of_run("s.idle", "s.gpus", "r.gpu_count")} >= $fraction * r.gpu_count AS is_idle,
+           lead(sampled_at) OVER (PARTITION BY entity, project, run_id ORDER BY sampled_at) AS next_at
+    FROM samples s JOIN runs r USING (entity, project, run_id)
+    WHERE r.gpu_count > 0
+),
+bounds AS (
+    SELECT entity, project, run_id, max(sampled_at) AS latest_at,
+           max(sampled_at) FILTER (WHERE NOT is_idle) AS last_busy_at
+    FROM judged GROUP BY ALL
+)
+SELECT j.entity, j.project, j.run_id, min(j.sampled_at) AS started_at, b.latest_at,
+       arg_max(j.idle_gpus, j.sampled_at) AS idle_gpus, any_value(j.gpu_count) AS gpu_count,
+       coalesce(sum(j.idle_gpus * (epoch(coalesce(j.next_at, j.sampled_at)) - epoch(j.sampled_at)) / 3600.0), 0)
+           AS idle_gpu_hours, b.last_busy_at
+FROM judged j JOIN bounds b USING (entity, project, run_id)
+WHERE j.sampled_at > coalesce(b.last_busy_at, TIMESTAMP '0001-01-01') AND j.is_idle
+GROUP BY j.entity, j.project, j.run_id, b.latest_at, b.last_busy_at
+HAVING max(j.sampled_at) = b.latest_at
+ORDER BY ALL
+"""
+
+
+def current_episodes(
+    stream: list[StreamRow], gpu_counts: dict[tuple[str, str, str], int], idle_gpu_pct: float, gpu_fraction: float
+) -> list[Episode]:
+    """The runs of ``gpu_counts`` (``{(entity, project, run_id): gpu_count}``) idle at their latest sample of
+    ``stream``, each with its episode."""
+    stream_frame = pandas.DataFrame(
+        stream, columns=["entity", "project", "run_id", "sampled_at", "gpu", "util"]
+    ).astype({"sampled_at": "datetime64[us]", "util": "float64"})
+    runs_frame = pandas.DataFrame(
+        [[*key, n] for key, n in gpu_counts.items()], columns=["entity", "project", "run_id", "gpu_count"]
+    )
+    con = duckdb.connect()
+    try:
+        con.register("stream", stream_frame)
+        con.register("runs", runs_frame)
+        rows = con.execute(EPISODES_SQL, {"pct": idle_gpu_pct, "fraction": gpu_fraction}).fetchall()
+    finally:
+        con.close()
+    return [Episode(*row) for row in rows]
