@@ -226,3 +226,172 @@ def test_a_stop_step_that_also_tells_still_waits_for_an_earlier_message():
     first = decide(policy, T - minutes(45), T, T, Done())
     assert (first.act, first.next_step, first.next_at) == ((1,), 2, T)
     assert decide(policy, T - minutes(45), T, T, Done(frozenset({1}), T)).act == (2,)
+
+
+# --- the ledger: each step once per episode, the outbox, the claims (lib/idle_actions, lib/idle_delivery) ---
+
+
+class Recorder:
+    """``IdleChannels`` that records what went out; ``slack_down``: every Slack call is an outage."""
+
+    def __init__(self) -> None:
+        self.slack: list[tuple[str, str]] = []
+        self.stops: list[str] = []
+        self.slack_down = False
+
+    def slack_missing(self):
+        return None
+
+    def post_slack(self, channel, text):
+        from wandb_assets.lib.idle_delivery import Outage
+
+        if self.slack_down:
+            raise Outage("Slack answered service_unavailable")
+        self.slack.append((channel, text))
+
+    def slack_user_by_email(self, email):
+        return None
+
+    def webhook_missing(self):
+        return "no alert webhook"
+
+    def post_webhook(self, text):
+        raise AssertionError("not configured")
+
+    def datadog_missing(self):
+        return "DD_API_KEY not configured"
+
+    def send_event(self, title, text):
+        raise AssertionError("not configured")
+
+    def stop_run(self, path):
+        from wandb_assets.lib.idle_delivery import StopAnswer
+
+        self.stops.append(path)
+        return StopAnswer("stopped")
+
+
+def seen_run(started: datetime, latest: datetime, last_busy: datetime | None = None):
+    from wandb_assets.lib.idle_actions import Candidate, Seen
+    from wandb_assets.lib.idle_episodes import Episode
+
+    run = Candidate("e", "p", "r", "train", None, "ana", [], "{}", 8, "H100-80GB", 23.92)
+    episode = Episode("e", "p", "r", started, latest, 8.0, 8, 8 * (latest - started).total_seconds() / 3600, last_busy)
+    return Seen(run, episode, None, "research", "U0ANA", "C0RESEARCH")
+
+
+def tick(con, seen, policy, now, channels, token="t"):
+    from wandb_assets.lib.idle_actions import claim_pending, record_decisions, record_outcomes, stop_outcomes
+    from wandb_assets.lib.idle_delivery import deliver
+
+    written = record_decisions(con, [seen], policy, now, datadog=False)
+    claimed = claim_pending(con, token, now)
+    record_outcomes(con, token, deliver(claimed, channels, now, stop_outcomes(con, claimed)))
+    return written
+
+
+def outcomes(con) -> list[tuple]:
+    return con.execute(
+        "SELECT strftime(episode_started_at, '%H:%M'), step, audience, outcome FROM idle_actions ORDER BY ALL"
+    ).fetchall()
+
+
+def test_the_same_tick_twice_decides_and_sends_each_step_once(memory_con):
+    """Idle 10:00-11:00: step 1 tells ana once, however often the tick runs (a retry, a restart, a second tick)."""
+    channels = Recorder()
+    seen = seen_run(T - minutes(120), T - minutes(60))
+    assert len(tick(memory_con, seen, POLICY, T, channels)) == 1
+    assert tick(memory_con, seen, POLICY, T, channels, token="second") == []
+    assert len(channels.slack) == 1 and outcomes(memory_con) == [("10:00", 1, "owner", "sent")]
+
+
+def test_a_run_that_turns_busy_between_steps_restarts_its_ladder(memory_con):
+    """Told at step 1 (idle 10:00-11:00); busy at 11:10; idle again from 11:20: at 12:20 the new episode is told step 1
+    again (the old episode's step 2 never comes); a stream re-sampled so that its start moves while it never turned
+    busy is still the first episode (nothing new)."""
+    channels = Recorder()
+    tick(memory_con, seen_run(T - minutes(120), T - minutes(60)), POLICY, T - minutes(60), channels)
+    tick(memory_con, seen_run(T - minutes(100), T - minutes(50)), POLICY, T - minutes(50), channels)
+    assert len(channels.slack) == 1
+    tick(
+        memory_con,
+        seen_run(T - minutes(40), T + minutes(20), last_busy=T - minutes(50)),
+        POLICY,
+        T + minutes(20),
+        channels,
+    )
+    assert outcomes(memory_con) == [("10:00", 1, "owner", "sent"), ("11:20", 1, "owner", "sent")]
+    assert len(channels.slack) == 2
+
+
+def test_a_slack_outage_delays_a_message_and_doubles_none_and_a_lost_claim_is_never_resent(memory_con):
+    """Slack down: the message waits (pending, its error kept); back up: it goes once. A claim whose sender died (no
+    outcome recorded 10 minutes later) is marked unknown and never sent again."""
+    from wandb_assets.lib.idle_actions import claim_pending
+
+    channels = Recorder()
+    channels.slack_down = True
+    seen = seen_run(T - minutes(120), T - minutes(60))
+    tick(memory_con, seen, POLICY, T, channels)
+    assert channels.slack == [] and outcomes(memory_con) == [("10:00", 1, "owner", "pending")]
+    assert memory_con.execute("SELECT last_error, attempts FROM idle_actions").fetchall() == [
+        ("Slack answered service_unavailable", 1)
+    ]
+    channels.slack_down = False
+    tick(memory_con, seen, POLICY, T + minutes(15), channels)
+    tick(memory_con, seen, POLICY, T + minutes(30), channels)
+    assert len(channels.slack) == 1 and outcomes(memory_con) == [("10:00", 1, "owner", "sent")]
+
+    later = seen_run(T - minutes(120), T - minutes(15))  # step 2 falls due; its sender dies after claiming it
+    from wandb_assets.lib.idle_actions import record_decisions
+
+    record_decisions(memory_con, [later], POLICY, T + minutes(31), datadog=False)
+    assert len(claim_pending(memory_con, "died", T + minutes(31))) == 2
+    assert claim_pending(memory_con, "other", T + minutes(35)) == []  # claimed: nobody else sends it
+    assert claim_pending(memory_con, "after", T + minutes(42)) == []
+    assert {row[3] for row in outcomes(memory_con) if row[1] == 2} == {"unknown"}
+    assert len(channels.slack) == 1
+
+
+def test_two_ticks_deciding_at_once_send_each_message_once(tmp_path, monkeypatch):
+    """Two connections decide the same episode at the same moment (both have read the ledger before either writes:
+    a barrier inside the decision holds them there): the second waits its turn and decides again from what the first
+    wrote. One message, one ledger row."""
+    import threading
+
+    import duckdb
+
+    import wandb_assets.lib.idle_actions as idle_actions
+
+    path = str(tmp_path / "w.duckdb")
+    duckdb.connect(path).close()
+    barrier = threading.Barrier(2, timeout=2)
+    real_decide = idle_actions.decide
+
+    def decide_together(*args, **kwargs):
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError:  # the other one is waiting its turn
+            pass
+        return real_decide(*args, **kwargs)
+
+    monkeypatch.setattr(idle_actions, "decide", decide_together)
+    channels = Recorder()
+    seen = seen_run(T - minutes(120), T - minutes(60))
+    database = duckdb.connect(path)
+    errors = []
+
+    def one_tick(token: str) -> None:
+        con = database.cursor()
+        try:
+            tick(con, seen, POLICY, T, channels, token=token)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one_tick, args=(token,)) for token in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert len(channels.slack) == 1 and outcomes(database) == [("10:00", 1, "owner", "sent")]

@@ -56,6 +56,8 @@ LEDGER_KEY = ("entity", "project", "run_id", "episode_started_at", "step", "audi
 
 PENDING, SENDING, SENT, STOPPED, WOULD_STOP = "pending", "sending", "sent", "stopped", "would_stop"
 NOT_STOPPED, REFUSED, SKIPPED, UNDELIVERABLE, UNKNOWN = "not_stopped", "refused", "skipped", "undeliverable", "unknown"
+#: ``warehouse_meta`` key every decision writes first: deciders take turns.
+LADDER_TURN_KEY = "idle_ladder_turn"
 #: A claim older than this whose outcome was never recorded: its process ended mid-send.
 STALE_CLAIM = timedelta(minutes=10)
 
@@ -230,8 +232,17 @@ def record_decisions(con, seen: list[Seen], policy: IdlePolicy, now: datetime, d
     """What each seen run's episode is due, written to the ledger in one transaction, each row only if the ledger does
     not hold it yet; returns the rows written."""
     con.execute(IDLE_ACTIONS_SQL)
+    con.execute("CREATE TABLE IF NOT EXISTS warehouse_meta (key VARCHAR, value VARCHAR)")
+    con.execute(
+        "INSERT INTO warehouse_meta SELECT $k, '' WHERE NOT EXISTS (SELECT 1 FROM warehouse_meta WHERE key = $k)",
+        {"k": LADDER_TURN_KEY},
+    )
     written: list[dict] = []
     with transaction(con):
+        # Every decider writes this one row first: two deciding at once conflict here (DuckLake, or two connections of
+        # one process), and the one that loses decides again from what the other wrote (retry_on_conflict). Across
+        # processes a DuckDB file admits one writer at a time anyway.
+        con.execute("UPDATE warehouse_meta SET value = $v WHERE key = $k", {"k": LADDER_TURN_KEY, "v": now.isoformat()})
         acting = [s for s in seen if s.episode is not None and s.exempt is None]
         ledger = _ledger(con, [s.run.key for s in acting]) if acting else None
         for s in acting:
