@@ -9,6 +9,7 @@ from datetime import date, datetime, timedelta
 
 import pytest
 
+from tests.conftest import cli
 from tests.slack_api import LoopbackSlack
 from wandb_assets.localwandb import make_run_node
 from wandb_assets.ticks import execute_feed, run_tick
@@ -100,7 +101,7 @@ def ladder_events(capture) -> list[dict]:
 
 
 def test_owners_are_told_once_and_with_stopping_off_nothing_reaches_w_and_b(
-    wandb_server, capture, slack, ladder, warehouse_path, instance
+    wandb_server, capture, slack, ladder, warehouse_path, instance, capsys
 ):
     """At 12:00: run a (ana, idle since 09:50: 130 min) is due steps 1 and 2 together: step 2 tells ana (U0ANA, from
     the teams file) and research's channel, step 1 is skipped; b (bo, idle 60 min) tells bo, found by e-mail; c is
@@ -189,6 +190,38 @@ def test_owners_are_told_once_and_with_stopping_off_nothing_reaches_w_and_b(
     assert len(slack.messages()) == 3 and len(hourglass(capture)) == 1 and len(ladder_events(capture)) == 4
     assert {operation for operation, _ in server.requests} <= READS  # no StopRun, not even a Run lookup
     assert server.stops == []
+
+    code, out, _ = cli(capsys, "idle")
+    assert code == 0
+    assert out.splitlines()[0] == (
+        "Idle policy: GPUs below 5%, 1 of a run's GPUs; 60 min: tell the owner; 105 min: tell the owner and the team; "
+        "120 min: stop the run. Stopping is off (the stop step is only recorded)."
+    )
+    assert out.splitlines()[1:] == [
+        "Open idle episodes: 3",
+        "  test-team/test-project/a of ana: idle since 2026-06-02 09:50 UTC (8 of 8 GPUs, 17.33 idle GPU-hours, "
+        "$51.83); done: 1 owner: skipped, 2 owner: sent, 2 team: sent, 3 stop: would_stop; no step left",
+        "  test-team/test-project/d of carol: idle since 2026-06-02 10:55 UTC (8 of 8 GPUs, 8.67 idle GPU-hours, "
+        "$25.91); done: 1 owner: sent; next: tell the owner and the team at 2026-06-02 12:40 UTC (if still idle)",
+        "  test-team/test-project/b of bo: idle since 2026-06-02 11:00 UTC (8 of 8 GPUs, 8.00 idle GPU-hours, "
+        "$23.92); done: 1 owner: sent; next: tell the owner and the team at 2026-06-02 12:45 UTC (if still idle)",
+        "Idle at their latest sample, not on the ladder: 1",
+        "  test-team/test-project/c of ana: tagged interactive",
+    ]
+
+
+def test_a_policy_mistake_exits_2_with_one_sentence_before_any_run(
+    wandb_server, tmp_path, monkeypatch, capsys, instance
+):
+    (tmp_path / "policy.yaml").write_text("ladder:\n  - {after_minutes: 60, tell: [boss]}\n")
+    monkeypatch.setenv("WANDB_ASSETS_IDLE_POLICY", str(tmp_path / "policy.yaml"))
+    wandb_server([])
+    code, _, err = cli(capsys, "refresh")
+    assert code == 2
+    assert err == (
+        f"error: WANDB_ASSETS_IDLE_POLICY ({tmp_path / 'policy.yaml'}): ladder step 1 may tell [owner], [team] or "
+        "[owner, team] (got ['boss']).\n"
+    )
 
 
 def test_slack_down_delays_once_then_the_stop_after_the_grace_a_refusal_told_once_and_an_ended_run_left(

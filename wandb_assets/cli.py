@@ -24,6 +24,7 @@ from wandb_assets.commands.reading import (
     cmd_costs,
     cmd_export,
     cmd_fetch_warehouse,
+    cmd_idle,
     cmd_regressions,
 )
 from wandb_assets.commands.runs import (
@@ -226,6 +227,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     alerts.add_argument("--warehouse", help="warehouse file or ducklake: string (default WANDB_ASSETS_DUCKDB)")
     alerts.set_defaults(func=cmd_alerts)
+    idle = sub.add_parser(
+        "idle",
+        help="the idle ladder: open episodes, the next step and when",
+        description="The idle-GPU ladder (WANDB_ASSETS_IDLE_POLICY) from the warehouse snapshot: the policy, each "
+        "running run's open idle episode (what was done, the next step and when, what a stop step would do), and the "
+        "runs idle at their latest sample that are not on the ladder (exempt, or not judged yet).",
+    )
+    idle.add_argument("--warehouse", help="warehouse file or ducklake: string (default WANDB_ASSETS_DUCKDB)")
+    idle.set_defaults(func=cmd_idle)
     check = sub.add_parser(
         "check",
         help="check the warehouse's invariants (exit 1 naming each that does not hold)",

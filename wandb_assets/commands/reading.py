@@ -119,6 +119,40 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_idle(args: argparse.Namespace) -> int:
+    """The idle ladder from the warehouse snapshot: the policy, each open episode (done, next, when), and the runs idle
+    at their latest sample that the ladder has not judged (exempt, or not judged yet)."""
+    from wandb_assets.lib.idle_actions import OPEN_EPISODES_SQL, candidates, exempt_reason, format_idle
+    from wandb_assets.lib.idle_policy import IdlePolicy
+    from wandb_assets.lib.warehouse import has_table
+    from wandb_assets.settings import alert_thresholds, idle_policy, pipeline_settings
+
+    configured = idle_policy()
+    policy = configured or IdlePolicy(idle_gpu_pct=alert_thresholds().idle_gpu_pct)
+    pipeline = pipeline_settings()
+    con = snapshot_or_exit(args.warehouse)
+    if con is None:
+        return 2
+    try:
+        episodes = con.execute(OPEN_EPISODES_SQL).fetchall() if has_table(con, "idle_actions") else []
+        idle = candidates(con, policy, pipeline.gpu_prices) if has_table(con, "runs") else []
+    finally:
+        con.close()
+    on_ladder = {(e, p, r) for e, p, r, *_ in episodes}
+    teams = pipeline.team_directory.teams
+    idle_now = [
+        (
+            run,
+            exempt_reason(policy, run, teams.get(run.user or ""))
+            or "not judged yet (its idle time not long enough, or the ladder has not run since)",
+        )
+        for run in idle
+        if run.key not in on_ladder
+    ]
+    print(format_idle(policy, configured is not None, episodes, idle_now))
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from wandb_assets.lib import exports
     from wandb_assets.settings import ConfigError

@@ -351,3 +351,55 @@ def stop_outcomes(con, claimed: list[dict]) -> dict[tuple, tuple[str, str | None
     finally:
         con.unregister("stop_steps")
     return {tuple(row[:5]): (row[5], row[6]) for row in rows}
+
+
+#: Each running run's latest episode in the ledger: what was done (step, audience, outcome), and what its latest
+#: decision said comes next.
+OPEN_EPISODES_SQL = f"""
+WITH latest AS (
+    SELECT entity, project, run_id, max(episode_started_at) AS episode_started_at FROM idle_actions GROUP BY ALL
+)
+SELECT a.entity, a.project, a.run_id, a.episode_started_at,
+       string_agg(a.step || ' ' || a.audience || ': ' || a.outcome, ', ' ORDER BY a.step, a.audience) AS done,
+       arg_max(a.details::VARCHAR, a.decided_at) AS details, max(a.idle_gpu_hours) AS idle_gpu_hours,
+       max(a.idle_usd) AS idle_usd
+FROM idle_actions a JOIN latest USING (entity, project, run_id, episode_started_at)
+JOIN runs r USING (entity, project, run_id)
+WHERE r.state = 'running' AND a.audience <> '{DATADOG}'
+GROUP BY ALL ORDER BY a.episode_started_at, a.entity, a.project, a.run_id
+"""
+
+
+def format_idle(
+    policy: IdlePolicy, configured: bool, episodes: list[tuple], idle_now: list[tuple[Candidate, str]]
+) -> str:
+    """What ``wandb-assets idle`` prints: the policy, the open episodes (done, next and when), and the runs idle at
+    their latest sample the ladder has not judged (``idle_now``: each with its exemption or why not yet)."""
+    ladder = "; ".join(f"{step.after_minutes:g} min: {step.describe()}" for step in policy.ladder)
+    if configured:
+        head = f"Idle policy: GPUs below {policy.idle_gpu_pct:g}%, {policy.gpu_fraction:g} of a run's GPUs; {ladder}."
+        head += " Stopping is " + ("ON." if policy.stop_runs else "off (the stop step is only recorded).")
+    else:
+        head = (
+            "The idle ladder is off (WANDB_ASSETS_IDLE_POLICY is not set): nothing is sent or stopped. The default "
+            f"policy would: {ladder} (stopping off)."
+        )
+    lines = [head, f"Open idle episodes: {len(episodes)}"]
+    for entity, project, run_id, started, done, details_text, hours, usd in episodes:
+        d = json.loads(details_text or "{}")
+        cost = f", ${usd:,.2f}" if usd is not None else ""
+        following = (
+            f"next: {d['next_step_does']} at {datetime.fromisoformat(d['next_at']):%Y-%m-%d %H:%M} UTC (if still idle)"
+            if d.get("next_step")
+            else "no step left"
+        )
+        lines.append(
+            f"  {entity}/{project}/{run_id} of {d.get('user') or 'unknown user'}: idle since {started:%Y-%m-%d %H:%M} "
+            f"UTC ({d.get('idle_gpus', 0):g} of {d.get('gpu_count')} GPUs, {hours or 0:.2f} idle GPU-hours{cost}); "
+            f"done: {done}; {following}"
+        )
+    if idle_now:
+        lines.append(f"Idle at their latest sample, not on the ladder: {len(idle_now)}")
+        for run, why in idle_now:
+            lines.append(f"  {run.entity}/{run.project}/{run.run_id} of {run.user or 'unknown user'}: {why}")
+    return "\n".join(lines)

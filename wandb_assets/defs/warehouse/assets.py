@@ -28,6 +28,7 @@ from wandb_assets.lib.warehouse import row_counts
             "fleet_snapshot",
             "datadog_feed",
             "fleet_alerts",
+            "idle_actions",
             "team_gpu_cost_monthly",  # the analysts' dbt marts: in the analytics job, published after the build
         )
     ],
