@@ -395,3 +395,10 @@ def test_two_ticks_deciding_at_once_send_each_message_once(tmp_path, monkeypatch
         thread.join()
     assert errors == []
     assert len(channels.slack) == 1 and outcomes(database) == [("10:00", 1, "owner", "sent")]
+
+
+def test_the_documented_example_policy_is_the_default():
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parent.parent / "docs" / "examples" / "idle_policy.yaml"
+    assert parse_idle_policy(yaml.safe_load(example.read_text()), "example", 5.0) == POLICY

@@ -328,6 +328,37 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "sent_at": "delivered at, UTC",
         },
     ),
+    "idle_actions": (
+        "table",
+        "The idle ladder's ledger (WANDB_ASSETS_IDLE_POLICY, docs/alerts.md): one row per idle episode, ladder step "
+        "and audience, written once (two ticks at once decide it once) and sent from here as from an outbox (a "
+        "message Slack could not take waits here; none is sent twice).",
+        {
+            "entity": "W&B entity of the run",
+            "project": "W&B project of the run",
+            "run_id": "W&B run id",
+            "episode_started_at": "first idle sample of the episode (the unbroken idle time up to the run's latest "
+            "sample), UTC",
+            "step": "ladder step, 1-based, in the policy's order",
+            "audience": "owner, team, stop (the stop itself) or datadog (the step's Datadog event)",
+            "decided_at": "when the tick found the step due, UTC",
+            "acted_at": "when it went out, was stopped or was recorded, UTC; NULL while it waits",
+            "channel": "slack, webhook (nobody found: see reason), wandb (a stop), datadog_event, or none",
+            "recipient": "Slack user or channel id, the alert webhook, or the run's entity/project/run_id",
+            "outcome": "pending, sending, sent, stopped, would_stop (stop_runs off), not_stopped (the run had ended), "
+            "refused (W&B refused the stop), skipped, undeliverable or unknown (its sender ended mid-send: never sent "
+            "again)",
+            "reason": "why this channel or outcome, one line",
+            "idle_gpu_hours": "idle GPU-hours of the episode when decided (idle GPUs x idle hours)",
+            "idle_usd": "their dollars at the run's price (NULL: no price)",
+            "details": "what the message says, as JSON: run name and link, user, team, GPUs idle, minutes, price, "
+            "the next step and when",
+            "attempts": "sends tried, count",
+            "last_error": "last failure of a send, one line",
+            "claim": "the sender holding it while it goes out; NULL otherwise",
+            "claimed_at": "when that sender took it, UTC",
+        },
+    ),
     "run_progress": (
         "table",
         "Each running run's summary `_step` at each alert evaluation (two days kept).",
