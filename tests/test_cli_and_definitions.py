@@ -423,6 +423,20 @@ def test_the_demo_touches_nothing_but_its_own_folder_and_a_dry_run_feed(tmp_path
         statuses = {s for (s,) in con.execute("SELECT DISTINCT status FROM datadog_deliveries").fetchall()}
         assert statuses == {"dry_run", "replayed"}
         assert con.execute("SELECT count(*) FROM runs").fetchone()[0] > 0
+        ladder = con.execute(  # issue 44: one owner told (and the team), one run that would be stopped
+            "SELECT run_id, step, audience, outcome, recipient FROM idle_actions WHERE run_id = 'idlegpu0001' "
+            "ORDER BY step, audience"
+        ).fetchall()
+    assert ladder == [
+        ("idlegpu0001", 1, "owner", "skipped", None),
+        ("idlegpu0001", 2, "owner", "sent", "U0BOB"),
+        ("idlegpu0001", 2, "team", "sent", "C0RESEARCH"),
+        ("idlegpu0001", 3, "stop", "would_stop", "demo-team/fleet-demo/idlegpu0001"),
+    ]
+    assert "  to U0BOB: :hourglass: Your run <http://127.0.0.1:" in done.stdout
+    assert "demo-team/fleet-demo/idlegpu0001: stop_runs is off in the policy: the run would have been stopped" in (
+        done.stdout
+    )
     assert (tmp_path / "demo" / "dagster" / "storage").is_dir()
 
 

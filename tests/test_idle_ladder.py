@@ -10,8 +10,8 @@ from datetime import date, datetime, timedelta
 import pytest
 
 from tests.conftest import cli
-from tests.slack_api import LoopbackSlack
 from wandb_assets.localwandb import make_run_node
+from wandb_assets.localwandb.slack import LocalSlack
 from wandb_assets.ticks import execute_feed, run_tick
 from wandb_assets.warehouse import query_read_only
 
@@ -66,7 +66,7 @@ def idle_run(run_id: str, user: str, idle_from: datetime, *, busy_gpus: int = 0,
 
 @pytest.fixture
 def slack(monkeypatch):
-    server = LoopbackSlack(users={"bo@example.com": "U0BO"})
+    server = LocalSlack(users={"bo@example.com": "U0BO"})
     monkeypatch.setenv("WANDB_ASSETS_SLACK_BOT_TOKEN", server.token)
     monkeypatch.setenv("WANDB_ASSETS_SLACK_API_URL", server.url)
     yield server

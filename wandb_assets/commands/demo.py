@@ -28,6 +28,15 @@ DEMO_PROJECTS = f"{DEMO_ENTITY}/*,research-lab/llm-pretrain"
 DEMO_KEY = "local-" + "d" * 40
 
 
+#: The demo's teams: bob (whose run idles eight H100s) has a Slack id, research a channel (the idle ladder tells both).
+DEMO_TEAMS = """research:
+  channel: C0RESEARCH
+  users: [alice, {user: bob, slack: U0BOB}]
+applied: [carol, dan, erin]
+ci: [ci-bot]
+"""
+
+
 #: The demo's own folder: its warehouse, staging files and Dagster instance, nothing else.
 DEMO_DIR = "data/demo"
 
@@ -86,13 +95,16 @@ def _demo_environment(folder: Path, warehouse: str | None) -> str:
     instance.setdefault("concurrency", {"pools": {"default_limit": 1}})
     (home / "dagster.yaml").write_text(yaml.safe_dump(instance, sort_keys=False))
     warehouse = warehouse or str(folder / "demo.duckdb")
-    teams = folder / "teams.yaml"  # the synthetic fleet's users in teams, for gpu_usage's dollars by team
-    teams.write_text("research: [alice, bob]\napplied: [carol, dan, erin]\nci: [ci-bot]\n")
+    teams = folder / "teams.yaml"  # the synthetic fleet's users in teams (dollars by team; the idle ladder's Slack)
+    teams.write_text(DEMO_TEAMS)
+    policy = folder / "idle_policy.yaml"  # the documented example: the default ladder, stopping off
+    policy.write_text((Path(__file__).resolve().parents[2] / "docs" / "examples" / "idle_policy.yaml").read_text())
     os.environ.update(
         DAGSTER_HOME=str(home),
         WANDB_ASSETS_DUCKDB=warehouse,
         WANDB_ASSETS_STAGING_DIR=str(folder / "staging"),
         WANDB_ASSETS_TEAMS=str(teams),
+        WANDB_ASSETS_IDLE_POLICY=str(policy),
     )
     return warehouse
 
@@ -100,6 +112,7 @@ def _demo_environment(folder: Path, warehouse: str | None) -> str:
 def cmd_demo(args: argparse.Namespace) -> int:
     from wandb_assets.lib.lake import is_lake
     from wandb_assets.localwandb import LocalWandbServer
+    from wandb_assets.localwandb.slack import LocalSlack
     from wandb_assets.localwandb.synthetic import add_curves, generate_fleet
     from wandb_assets.settings import pipeline_settings
 
@@ -123,7 +136,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         server.add_project(entity, project, other)
         served += len(other)
     first = (now - timedelta(days=args.days)).date()
+    slack = LocalSlack(token="xoxb-demo")  # the idle ladder's messages land here, printed below
     os.environ.update(
+        WANDB_ASSETS_SLACK_BOT_TOKEN=slack.token,
+        WANDB_ASSETS_SLACK_API_URL=slack.url,
         WANDB_BASE_URL=server.url,
         WANDB_API_KEY=DEMO_KEY,
         WANDB_ENTITY=DEMO_ENTITY,
@@ -148,6 +164,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if code == 0:
         print("Running one tick (refresh, then the Datadog feed and the alerts) ...", flush=True)
         code = run_one_tick(now.date())
+    if code == 0:
+        code = _demo_idle_ladder(slack, now)
     if code:
         return code
     print_costs("team", args.days)
@@ -160,6 +178,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"Run links (the runs table, the alerts) open on the demo's W&B server {server.url} while this runs.")
         return dagster_dev(args.port, args.verbose, in_home=True)
     server.stop()
+    slack.stop()
     print(
         "Browse the same data in the Dagster UI: uv run wandb-assets demo --ui  (then http://127.0.0.1:3000); "
         f"the run links open on {server.url} while it runs."
@@ -199,6 +218,41 @@ def print_chargeback(month: date, warehouse: str | None = None) -> None:
         print(
             f"  {team:<12} {hours:>10,.1f} {usd(cost):>10} {usd(idle):>8} {usd(failed):>8} {usd(budget):>10} {used:>6}"
         )
+
+
+def _demo_idle_ladder(slack, now: datetime) -> int:
+    """What the tick's idle ladder told in (the demo's local) Slack, then the feed again as it runs 16 minutes later,
+    past the grace: the idle run's stop step, which with stopping off is only recorded."""
+    from wandb_assets.ticks import execute_feed
+
+    def told(messages: list[dict]) -> None:
+        for k, message in enumerate(messages):  # the first whole, the rest's start
+            text = message["text"] if k == 0 else message["text"][:100] + " ..."
+            print(f"  to {message['channel']}: {text}")
+
+    print(f"\nThe idle ladder told {len(slack.messages())} in Slack (the demo's own, on loopback; docs/alerts.md):")
+    told(slack.messages())
+    before = len(slack.messages())
+    later = now + timedelta(minutes=16)
+    print(f"Sixteen minutes later ({later:%H:%M} UTC, past the grace), the feed again ...", flush=True)
+    code = exit_status(execute_feed(dagster_instance(), now=later.isoformat()), "feed")
+    if code == 0:
+        from wandb_assets.warehouse import reading
+
+        with reading() as con:
+            stops = (
+                con.execute(
+                    "SELECT entity || '/' || project || '/' || run_id, reason FROM idle_actions "
+                    "WHERE audience = 'stop' ORDER BY ALL"
+                ).fetchall()
+                if con
+                else []
+            )
+        for path, reason in stops:
+            print(f"  {path}: {reason} (stop_runs: true in the policy stops it through W&B)")
+        told(slack.messages()[before:])
+        print("  (uv run wandb-assets idle: each open idle episode, what was done and the next step.)")
+    return code
 
 
 def _demo_curves() -> int:

@@ -257,13 +257,19 @@ def add_curves(nodes: list[dict], now: datetime, seed: int = 11) -> int:
                 row["overview/sps"] = round(sps * (0.5 if k < points / 10 else rng.uniform(0.97, 1.03)), 3)
             history.append(row)
         pattern = rng.random()
+        # a run whose latest system sample is all 0 % (the idle H100s) was idle all along: the idle ladder reads it
+        idle_throughout = gpus > 0 and not any(
+            v for k, v in _system_metrics(node).items() if k.startswith("system.gpu.") and k.endswith(".gpu")
+        )
         events = []
         for k in range(points if gpus else 0):
             idle_stretch = pattern < 0.2 and points * 0.4 <= k < points * 0.7
             row = {"_timestamp": (created + timedelta(seconds=k * every)).timestamp()}
             for gpu in range(gpus):
                 half_idle = 0.2 <= pattern < 0.4 and gpus > 1 and gpu >= gpus // 2
-                util = rng.uniform(0, 3) if idle_stretch or half_idle else rng.uniform(70, 99)
+                util = (
+                    0.0 if idle_throughout else rng.uniform(0, 3) if idle_stretch or half_idle else rng.uniform(70, 99)
+                )
                 row[f"system.gpu.{gpu}.gpu"] = round(util, 1)
                 row[f"system.gpu.{gpu}.memory"] = round(rng.uniform(30, 80), 1)
                 row[f"system.gpu.{gpu}.powerWatts"] = round(60 + 3.4 * util, 1)

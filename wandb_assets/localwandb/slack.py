@@ -1,16 +1,16 @@
-"""A loopback Slack Web API (``chat.postMessage``, ``users.lookupByEmail``) that records every call, for ``slack_sdk``'s
-``WebClient(base_url=...)``. ``down``: every call answers 503 (an outage); ``users``: e-mail -> Slack user id."""
+"""A local Slack Web API on loopback (``chat.postMessage``, ``users.lookupByEmail``) that records every call, for
+``slack_sdk``'s ``WebClient(base_url=...)``: the demo's Slack and the tests'. ``down``: every call answers 503 (an
+outage); ``users``: e-mail -> Slack user id."""
 
 from __future__ import annotations
 
 import json
-from http.server import BaseHTTPRequestHandler
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-from tests.capture import LoopbackServer
 
-
-class LoopbackSlack(LoopbackServer):
+class LocalSlack:
     def __init__(self, token: str = "xoxb-test-token", users: dict[str, str] | None = None) -> None:
         self.token = token
         self.users = dict(users or {})
@@ -67,11 +67,18 @@ class LoopbackSlack(LoopbackServer):
                 args.update({k: v[0] for k, v in parse_qs(urlparse(self.path).query).items()})
                 self._handle(args)
 
-        super().__init__(Handler)
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
 
     @property
     def url(self) -> str:
-        return self.base + "/api/"
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}/api/"
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
 
     def messages(self) -> list[dict]:
         """The messages posted: ``{"channel", "text"}``."""
