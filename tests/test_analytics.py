@@ -64,6 +64,13 @@ def build_hand_made_warehouse(path: Path, duplicate: str | None = None) -> None:
             "INSERT INTO run_curve_idle VALUES ('e', 'p', 'r1', DATE '2026-10-31', 5.0, 0.5, 0.0), "
             "('e', 'p', 'r1', DATE '2026-11-01', 5.0, 1.0, 0.0)"
         )
+        # the idle ladder told alice of r1's idle episode and would have stopped it (stopping off)
+        con.execute(
+            "INSERT INTO idle_actions (entity, project, run_id, episode_started_at, step, audience, outcome, "
+            "idle_gpu_hours, idle_usd, details) SELECT 'e', 'p', 'r1', TIMESTAMP '2026-10-31 23:45', s, a, o, 0.5, "
+            "1.495, '{\"user\": \"alice\"}' FROM (VALUES (1, 'owner', 'sent'), (1, 'datadog', 'sent'), "
+            "(3, 'stop', 'would_stop')) v(s, a, o)"
+        )
         rebuild_gpu_usage(con, NOW, PRICES, TEAMS)
         rebuild_success_rates(con)
         rebuild_gpu_hours(con, NOW)
@@ -113,7 +120,7 @@ def test_the_marts_hold_the_hand_worked_values_and_the_docs_show_them(
     from tests.conftest import cli
 
     evaluations = [e.event_specific_data for e in built.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
-    assert len(evaluations) == 35 and all(e.passed for e in evaluations)
+    assert len(evaluations) == 50 and all(e.passed for e in evaluations)
     con = duckdb.connect(str(warehouse_path), read_only=True)
     try:
         cost = rows(con, "SELECT * EXCLUDE (last_day) FROM analytics.team_gpu_cost_monthly ORDER BY ALL NULLS LAST")
@@ -124,6 +131,14 @@ def test_the_marts_hold_the_hand_worked_values_and_the_docs_show_them(
             (date(2026, 11, 1), "research", "e", "p", "A100-40GB", "list", 1, 6.0, 7.74, 0.0, 0.0, 0.0, 6.0, 7.74),
             (date(2026, 11, 1), "research", "e", "p", "H100-80GB", "list", 1, 4.0, 11.96, 0.0, 1.0, 2.99, 0.0, 0.0),
             (date(2026, 11, 1), "unassigned", "e", "p", None, "unpriced", 1, 4.0, None, 4.0, 0.0, None, 0.0, None),
+        ]
+        # weeks from Monday: r1 (2 GPUs x 4 h, Oct 31 - Nov 1: 8 GPU-hours) and its 1.5 idle GPU-hours ($4.485) in
+        # the week of Oct 26, with the ladder's one told episode and one recorded stop; bob's and carol's runs in the
+        # week of Nov 2
+        assert rows(con, "SELECT * FROM analytics.idle_by_user_weekly ORDER BY ALL") == [
+            (date(2026, 10, 26), "alice", "research", 8.0, 1.5, 4.485, 1, 0, 1, 0, "e/p/r1", 0.5),
+            (date(2026, 11, 2), "bob", "research", 6.0, 0.0, 0.0, 0, 0, 0, 0, None, None),
+            (date(2026, 11, 2), "carol", "unassigned", 4.0, 0.0, None, 0, 0, 0, 0, None, None),
         ]
         # the budget in force: research's 2026-11 row from November, its 2026-01 row before; none for unassigned
         assert rows(

@@ -500,6 +500,7 @@ DBT_SOURCE_ASSETS: dict[str, str] = {
     "wandb_projects": "wandb_projects",
     "alerts": "fleet_alerts",
     "sps_change_points": "fleet_alerts",
+    "idle_actions": "idle_actions",
     "warehouse_meta": "gpu_usage",  # the marts record which gpu_usage build they were made from (marts_build)
 }
 
