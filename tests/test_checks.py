@@ -87,6 +87,23 @@ def test_each_invariant_broken_on_purpose_is_named_and_only_it(memory_con, name)
 
 
 @pytest.mark.breaks_invariants
+def test_an_alert_on_a_run_of_a_project_that_just_left_the_mirror_set_is_unwatched_not_broken(memory_con):
+    """Found by the reconciliation soak (issue 42): a running run with an open alert whose project leaves the mirror set
+    is marked (vanished, unmirrored) by the fetch that records the set; until the next alert evaluation marks the
+    alert unwatched, the alert is an unwatched project's, not an alert on a dead run. Its project mirrored, the same
+    alert on the same vanished run is named."""
+    _good(memory_con)
+    memory_con.execute(
+        "INSERT INTO alerts VALUES ('stalled_run:e/q:live', 'stalled_run', 'e/q:live', 'warning', 'm', "
+        '\'{"run_id": "live", "entity": "e", "project": "q"}\', now(), TIMESTAMP \'2100-01-01\', NULL)'
+    )
+    memory_con.execute("UPDATE runs SET state = 'vanished', anomalies = ['unmirrored'] WHERE run_id = 'live'")
+    memory_con.execute("UPDATE wandb_projects SET mirrored = false WHERE project = 'q'")
+    assert not [line for line in broken(memory_con, NOW) if line.startswith("no_alert_on_a_run_not_alive")]
+    memory_con.execute("UPDATE wandb_projects SET mirrored = true WHERE project = 'q'")
+    assert [line for line in broken(memory_con, NOW) if line.startswith("no_alert_on_a_run_not_alive")]
+
+
 def test_the_command_exits_0_when_all_hold_1_naming_what_breaks_and_2_without_a_warehouse(tmp_path):
     path = tmp_path / "w.duckdb"
     con = duckdb.connect(str(path))

@@ -94,8 +94,9 @@ WHERE cost_usd IS DISTINCT FROM should
  AND r.project = coalesce((a.details->>'project'), r.project)
 WHERE a.resolved_at IS NULL AND a.rule IN ({", ".join(f"'{rule}'" for rule in RUN_ALERT_RULES)})
   AND r.state NOT IN ({ALIVE_SQL}) AND a.last_seen_at >= r.ingested_at
-  AND NOT coalesce((a.details->>'unwatched')::BOOLEAN, false)""",
-        ("runs", "alerts"),
+  AND NOT coalesce((a.details->>'unwatched')::BOOLEAN, false)
+  AND {MIRRORED_NOW_SQL.replace("runs.", "r.")}""",
+        ("runs", "alerts", "wandb_projects"),
     ),
     Invariant(
         "gpu_usage_reconciles",
