@@ -96,6 +96,16 @@ def hourglass(capture) -> list[str]:
     return [b["text"] for b in capture.bodies("/hook/") if ":hourglass:" in b["text"]]
 
 
+def ladder_gauges(capture) -> dict[str, float]:
+    """The ladder's gauges as Datadog last received them."""
+    latest: dict[str, float] = {}
+    for body in capture.bodies("/api/v2/series"):
+        for series in body["series"]:
+            if series["metric"].startswith("wandb.idle_ladder."):
+                latest[series["metric"].removeprefix("wandb.idle_ladder.")] = series["points"][0]["value"]
+    return latest
+
+
 def ladder_events(capture) -> list[dict]:
     return [e for e in capture.bodies("/api/v1/events") if "source:idle_ladder" in e.get("tags", [])]
 
@@ -188,6 +198,12 @@ def test_owners_are_told_once_and_with_stopping_off_nothing_reaches_w_and_b(
         )
     ]
     assert len(slack.messages()) == 3 and len(hourglass(capture)) == 1 and len(ladder_events(capture)) == 4
+    assert ladder_gauges(capture) == {
+        "owners_told_24h": 3.0,  # a, b and d (through the webhook)
+        "runs_stopped_24h": 0.0,
+        "runs_would_stop_24h": 1.0,
+        "idle_usd_avoided_24h": 0.0,
+    }
     assert {operation for operation, _ in server.requests} <= READS  # no StopRun, not even a Run lookup
     assert server.stops == []
 
@@ -266,6 +282,13 @@ def test_slack_down_delays_once_then_the_stop_after_the_grace_a_refusal_told_onc
         ("C0RESEARCH", f":warning: Run of bo: <{link}r|train-r>"),
     ]
     assert "W&amp;B refused: input: stopRun permission denied" in after_stop[2]["text"]
+    # a's stop avoided as long again as it had idled (130 min on its stream, 8 H100s at $2.99): 8 x 130/60 x 2.99
+    assert ladder_gauges(capture) == {
+        "owners_told_24h": 3.0,
+        "runs_stopped_24h": 1.0,
+        "runs_would_stop_24h": 0.0,
+        "idle_usd_avoided_24h": pytest.approx(51.826667, abs=1e-5),
+    }
     stops = {row[0]: row[3:] for row in ledger(warehouse_path) if row[2] == "stop"}
     assert stops["a"] == ("stopped", "wandb", "test-team/test-project/a", None)
     assert stops["r"][0] == "refused" and "permission denied" in stops["r"][3]

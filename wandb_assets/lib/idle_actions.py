@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pandas
 
+from wandb_assets.lib.datadog_feed import GAUGE_TYPE
 from wandb_assets.lib.gpus import PRICES_CTE, prices_param, usd_sql
 from wandb_assets.lib.idle import idle_of_run
 from wandb_assets.lib.idle_episodes import Episode
@@ -403,3 +404,41 @@ def format_idle(
         for run, why in idle_now:
             lines.append(f"  {run.entity}/{run.project}/{run.run_id} of {run.user or 'unknown user'}: {why}")
     return "\n".join(lines)
+
+
+#: A stopped run's idle dollars avoided are estimated as the dollars of as long again as it had idled when stopped, at
+#: most this long: nobody knows when its owner would have noticed; this says how the estimate is made.
+AVOIDED_HOURS_MAX = 24.0
+
+#: The ladder's Datadog gauges over the 24 hours before ``$now``: runs whose owner was told, runs stopped, runs that
+#: would have been stopped (stop_runs off), and the idle dollars the stops avoided (``AVOIDED_HOURS_MAX``).
+LADDER_GAUGES_SQL = f"""
+SELECT
+    count(DISTINCT (entity, project, run_id)) FILTER (WHERE audience = '{OWNER}' AND outcome = '{SENT}')
+        AS owners_told_24h,
+    count(DISTINCT (entity, project, run_id)) FILTER (WHERE audience = '{STOP}' AND outcome = '{STOPPED}')
+        AS runs_stopped_24h,
+    count(DISTINCT (entity, project, run_id)) FILTER (WHERE audience = '{STOP}' AND outcome = '{WOULD_STOP}')
+        AS runs_would_stop_24h,
+    coalesce(sum(least(idle_usd, (details->>'usd_per_hour')::DOUBLE * {AVOIDED_HOURS_MAX}))
+        FILTER (WHERE audience = '{STOP}' AND outcome = '{STOPPED}'), 0) AS idle_usd_avoided_24h
+FROM idle_actions WHERE acted_at > $now - INTERVAL 24 HOUR AND acted_at <= $now
+"""
+
+
+def ladder_gauges(con, now: datetime) -> dict[str, float]:
+    """``{wandb.idle_ladder.<gauge>: value}`` (``LADDER_GAUGES_SQL``)."""
+    cursor = con.execute(LADDER_GAUGES_SQL, {"now": now})
+    names = [d[0] for d in cursor.description]
+    return {f"wandb.idle_ladder.{name}": float(value) for name, value in zip(names, cursor.fetchone(), strict=True)}
+
+
+def ladder_payload(gauges: dict[str, float], now: datetime, tags: list[str]) -> dict:
+    """The v2 series payload of the ladder's gauges: one gauge series each, one point at ``now``."""
+    timestamp = int(now.replace(tzinfo=UTC).timestamp())
+    return {
+        "series": [
+            {"metric": name, "type": GAUGE_TYPE, "tags": tags, "points": [{"timestamp": timestamp, "value": value}]}
+            for name, value in gauges.items()
+        ]
+    }

@@ -27,6 +27,8 @@ from wandb_assets.lib.idle_actions import (
     candidates,
     claim_pending,
     exempt_reason,
+    ladder_gauges,
+    ladder_payload,
     record_decisions,
     record_outcomes,
     stop_outcomes,
@@ -116,6 +118,15 @@ class LadderChannels:
         if not result.accepted:
             raise Outage(f"Datadog events answered {result.status or result.error}")
 
+    def send_gauges(self, gauges: dict[str, float], now) -> str:
+        """The ladder's gauges to Datadog (one point each; the next tick sends fresh ones: nothing waits)."""
+        if not self._dd_key:
+            return f"not sent: {self.datadog_missing()}"
+        if self._dd_tags is None:
+            self._dd_tags = self._datadog.tags()
+        result = self._datadog.submit_series(self._dd_key, ladder_payload(gauges, now, self._dd_tags))
+        return "sent" if result.accepted else f"not sent: Datadog answered {result.status or result.error}"
+
     def stop_run(self, path: str) -> StopAnswer:
         try:
             state, refused = self._wandb.stop_run(path, self._pipeline)
@@ -196,6 +207,8 @@ def idle_actions(
     outcomes = deliver(claimed, ladder_channels, now, known)
     with warehouse.get_connection() as con:
         record_outcomes(con, token, outcomes)
+        gauges = ladder_gauges(con, now)
+    sent_gauges = ladder_channels.send_gauges(gauges, now)
     waiting = [o for o in outcomes if o["outcome"] == "pending"]
     for error in sorted({o["error"] for o in waiting if o.get("error")}):
         context.log.warning(f"Idle ladder: {error}; its messages wait for the next tick.")
@@ -223,6 +236,8 @@ def idle_actions(
             "decided": len(written),
             "sent": sum(o["outcome"] not in ("pending",) for o in outcomes),
             "waiting": len(waiting),
+            **{name.removeprefix("wandb.idle_ladder."): value for name, value in gauges.items()},
+            "gauges_to_datadog": sent_gauges,
             "this_tick": MetadataValue.table(ledger, LEDGER_SCHEMA),
         }
     )
