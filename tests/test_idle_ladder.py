@@ -88,7 +88,7 @@ def ledger(path) -> list[tuple]:
     return query_read_only(
         str(path),
         "SELECT run_id, step, audience, outcome, channel, recipient, reason FROM idle_actions "
-        "ORDER BY run_id, step, audience",
+        "WHERE audience <> 'digest' ORDER BY run_id, step, audience",
     )
 
 

@@ -402,3 +402,59 @@ def test_the_documented_example_policy_is_the_default():
 
     example = Path(__file__).resolve().parent.parent / "docs" / "examples" / "idle_policy.yaml"
     assert parse_idle_policy(yaml.safe_load(example.read_text()), "example", 5.0) == POLICY
+
+
+def test_the_weekly_digest_tells_each_owner_and_team_once(memory_con):
+    """Week of Mon 2026-11-16: ana 3 idle GPU-hours ($8.97) over two days, bo 1.5 (unpriced), carol none; ana's
+    episodes of that week: r1 (2.0 idle GPU-h) and r2 (0.5). On Tuesday 11-24 each gets one digest: ana by her Slack
+    id, bo has none in the teams file (recorded, not sent), research's channel its total; a second tick sends none."""
+    from wandb_assets.lib.idle_actions import record_digest
+    from wandb_assets.lib.teams import parse_team_directory
+    from wandb_assets.lib.warehouse import ensure_schema
+
+    ensure_schema(memory_con)
+    memory_con.execute(
+        "INSERT INTO gpu_usage BY NAME SELECT * FROM (VALUES "
+        "(DATE '2026-11-16', 'ana', 2.0, 5.98), (DATE '2026-11-17', 'ana', 1.0, 2.99), "
+        "(DATE '2026-11-18', 'bo', 1.5, NULL), (DATE '2026-11-18', 'carol', 0.0, 0.0), "
+        "(DATE '2026-11-23', 'ana', 9.0, 26.91)) "  # the Monday after: next week's
+        "v(day, username, idle_gpu_hours, idle_cost_usd), (SELECT 'research' AS team, 'e' AS entity, 'p' AS project)"
+    )
+    memory_con.execute(
+        "INSERT INTO idle_actions (entity, project, run_id, episode_started_at, step, audience, outcome, "
+        "idle_gpu_hours, details) VALUES "
+        "('e', 'p', 'r1', '2026-11-17 10:00', 1, 'owner', 'sent', 2.0, '{\"user\": \"ana\"}'), "
+        "('e', 'p', 'r2', '2026-11-18 10:00', 1, 'owner', 'sent', 0.5, '{\"user\": \"ana\"}')"
+    )
+    directory = parse_team_directory(
+        {"research": {"channel": "C0RESEARCH", "users": [{"user": "ana", "slack": "U0ANA"}, "bo", "carol"]}}, "teams"
+    )
+    channels = Recorder()
+    tuesday = datetime(2026, 11, 24, 9, 0)
+    assert record_digest(memory_con, tuesday, directory) == 3
+    assert record_digest(memory_con, tuesday + minutes(15), directory) == 0
+    from wandb_assets.lib.idle_actions import claim_pending, record_outcomes
+    from wandb_assets.lib.idle_delivery import deliver
+
+    for token in ("one", "two"):
+        claimed = claim_pending(memory_con, token, tuesday)
+        record_outcomes(memory_con, token, deliver(claimed, channels, tuesday))
+    assert channels.slack == [
+        (
+            "C0RESEARCH",
+            ":bar_chart: Team research, idle GPUs, week of 2026-11-16 to 2026-11-22 (UTC): 4.5 GPU-hours, $8.97: "
+            "ana 3.0 GPU-h ($8.97), bo 1.5 GPU-h (unpriced).",
+        ),
+        (
+            "U0ANA",
+            ":bar_chart: Your idle GPUs, week of 2026-11-16 to 2026-11-22 (UTC): 3.0 idle GPU-hours, $8.97. "
+            "Worst: e/p/r1 (2.0 idle GPU-h); e/p/r2 (0.5 idle GPU-h).",
+        ),
+    ]
+    assert memory_con.execute(
+        "SELECT run_id, outcome, reason FROM idle_actions WHERE audience = 'digest' ORDER BY run_id"
+    ).fetchall() == [
+        ("team:research", "sent", None),
+        ("user:ana", "sent", None),
+        ("user:bo", "undeliverable", "the teams file gives user bo no Slack user"),
+    ]

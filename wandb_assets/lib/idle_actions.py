@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pandas
@@ -228,22 +228,31 @@ def _rows_of_step(
     return rows
 
 
-@retry_on_conflict
-def record_decisions(con, seen: list[Seen], policy: IdlePolicy, now: datetime, datadog: bool) -> list[dict]:
-    """What each seen run's episode is due, written to the ledger in one transaction, each row only if the ledger does
-    not hold it yet; returns the rows written."""
+def _prepare(con) -> None:
+    """The ledger, and the deciders' turn row (``_take_turn``), made if missing."""
     con.execute(IDLE_ACTIONS_SQL)
     con.execute("CREATE TABLE IF NOT EXISTS warehouse_meta (key VARCHAR, value VARCHAR)")
     con.execute(
         "INSERT INTO warehouse_meta SELECT $k, '' WHERE NOT EXISTS (SELECT 1 FROM warehouse_meta WHERE key = $k)",
         {"k": LADDER_TURN_KEY},
     )
+
+
+def _take_turn(con, now: datetime) -> None:
+    """Every decider writes this one row first in its transaction: two deciding at once conflict here (DuckLake, or
+    two connections of one process), and the one that loses decides again from what the other wrote
+    (``retry_on_conflict``). Across processes a DuckDB file admits one writer at a time anyway."""
+    con.execute("UPDATE warehouse_meta SET value = $v WHERE key = $k", {"k": LADDER_TURN_KEY, "v": now.isoformat()})
+
+
+@retry_on_conflict
+def record_decisions(con, seen: list[Seen], policy: IdlePolicy, now: datetime, datadog: bool) -> list[dict]:
+    """What each seen run's episode is due, written to the ledger in one transaction, each row only if the ledger does
+    not hold it yet; returns the rows written."""
+    _prepare(con)
     written: list[dict] = []
     with transaction(con):
-        # Every decider writes this one row first: two deciding at once conflict here (DuckLake, or two connections of
-        # one process), and the one that loses decides again from what the other wrote (retry_on_conflict). Across
-        # processes a DuckDB file admits one writer at a time anyway.
-        con.execute("UPDATE warehouse_meta SET value = $v WHERE key = $k", {"k": LADDER_TURN_KEY, "v": now.isoformat()})
+        _take_turn(con, now)
         acting = [s for s in seen if s.episode is not None and s.exempt is None]
         ledger = _ledger(con, [s.run.key for s in acting]) if acting else None
         for s in acting:
@@ -442,3 +451,111 @@ def ladder_payload(gauges: dict[str, float], now: datetime, tags: list[str]) -> 
             for name, value in gauges.items()
         ]
     }
+
+
+# --- the weekly digest: each owner's and team's idle GPU-hours and dollars of the past ISO week, and worst runs ---
+
+#: The digest's rows in the ledger: audience ``digest``, step 0, ``episode_started_at`` the week's Monday, ``run_id``
+#: ``user:<name>`` or ``team:<name>`` (entity and project empty): each once per week like every step.
+DIGEST = "digest"
+
+#: Per user (and team) of the week ``[$week, $week + 7 days)``: gpu_usage's idle GPU-hours and dollars, and the user's
+#: three episodes with the most idle GPU-hours that began that week.
+DIGEST_SQL = f"""
+WITH usage AS (
+    SELECT username, team, sum(idle_gpu_hours) AS idle_gpu_hours, sum(idle_cost_usd) AS idle_usd
+    FROM gpu_usage WHERE day >= $week AND day < $week + INTERVAL 7 DAY AND username IS NOT NULL
+    GROUP BY ALL HAVING sum(idle_gpu_hours) > 0
+),
+episodes AS (
+    SELECT details->>'user' AS username, entity || '/' || project || '/' || run_id AS run,
+           max(idle_gpu_hours) AS idle_gpu_hours
+    FROM idle_actions
+    WHERE audience <> '{DIGEST}' AND episode_started_at >= $week AND episode_started_at < $week + INTERVAL 7 DAY
+    GROUP BY ALL
+)
+SELECT u.username, u.team, u.idle_gpu_hours, u.idle_usd,
+       (SELECT list(e.run || ' (' || round(e.idle_gpu_hours, 1) || ' idle GPU-h)' ORDER BY e.idle_gpu_hours DESC)[:3]
+        FROM episodes e WHERE e.username = u.username) AS worst
+FROM usage u ORDER BY u.team, u.idle_gpu_hours DESC, u.username
+"""
+
+
+def _usd(value: float | None) -> str:
+    return "unpriced" if value is None else f"${value:,.2f}"
+
+
+def digest_rows(con, week: date, now: datetime, directory) -> list[dict]:
+    """The digest rows of the week beginning Monday ``week``: one per user with idle GPU-hours (to their Slack user in
+    the teams file) and one per team (to its channel)."""
+    found = con.execute(DIGEST_SQL, {"week": week}).fetchall()
+    rows: list[dict] = []
+    by_team: dict[str, list[tuple]] = {}
+    span = f"{week:%Y-%m-%d} to {week + timedelta(days=6):%Y-%m-%d}"
+    for user, team, hours, usd, worst in found:
+        by_team.setdefault(team, []).append((user, hours, usd))
+        text = f":bar_chart: Your idle GPUs, week of {span} (UTC): {hours:,.1f} idle GPU-hours, {_usd(usd)}." + (
+            f" Worst: {'; '.join(worst)}." if worst else ""
+        )
+        rows.append(_digest_row(f"user:{user}", week, now, text, directory.slack_users.get(user), user, hours, usd))
+    for team, members in by_team.items():
+        hours = sum(h for _, h, _ in members)
+        priced = [u for _, _, u in members if u is not None]
+        usd = sum(priced) if priced else None
+        lines = ", ".join(f"{user} {h:,.1f} GPU-h ({_usd(u)})" for user, h, u in members[:10])
+        text = (
+            f":bar_chart: Team {team}, idle GPUs, week of {span} (UTC): {hours:,.1f} GPU-hours, {_usd(usd)}: {lines}."
+        )
+        rows.append(_digest_row(f"team:{team}", week, now, text, directory.channels.get(team), None, hours, usd))
+    return rows
+
+
+def _digest_row(key, week, now, text, recipient, user, hours, usd) -> dict:
+    return {
+        "entity": "",
+        "project": "",
+        "run_id": key,
+        "episode_started_at": datetime.combine(week, datetime.min.time()),
+        "step": 0,
+        "audience": DIGEST,
+        "decided_at": now,
+        "recipient": recipient,
+        "outcome": PENDING,
+        "idle_gpu_hours": round(hours, 6),
+        "idle_usd": None if usd is None else round(usd, 6),
+        "details": json.dumps({"text": text, "user": user}),
+        "attempts": 0,
+    }
+
+
+def last_week(now: datetime) -> date:
+    """The Monday of the last whole ISO week before ``now``."""
+    today = now.date()
+    return today - timedelta(days=today.weekday() + 7)
+
+
+@retry_on_conflict
+def record_digest(con, now: datetime, directory) -> int:
+    """The last whole week's digest rows, written once (the deciders' turn row first, as ``record_decisions``)."""
+    week = last_week(now)
+    _prepare(con)
+    with transaction(con):
+        _take_turn(con, now)
+        done = con.execute(
+            f"SELECT count(*) FROM idle_actions WHERE audience = '{DIGEST}' AND episode_started_at = $week",
+            {"week": datetime.combine(week, datetime.min.time())},
+        ).fetchone()[0]
+        if done:
+            return 0
+        rows = digest_rows(con, week, now, directory)
+        if not rows:  # nothing idle: one row says the week was looked at
+            rows = [_digest_row("none", week, now, "", None, None, 0.0, None) | {"outcome": SKIPPED, "acted_at": now}]
+        frame = pandas.DataFrame(rows, columns=list(IDLE_ACTIONS_COLUMNS)).astype(
+            {"episode_started_at": "datetime64[us]", "decided_at": "datetime64[us]", "acted_at": "datetime64[us]"}
+        )
+        con.register("idle_digest", frame)
+        try:
+            con.execute("INSERT INTO idle_actions BY NAME SELECT * REPLACE (details::JSON AS details) FROM idle_digest")
+        finally:
+            con.unregister("idle_digest")
+    return len(rows)

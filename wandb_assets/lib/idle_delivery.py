@@ -18,6 +18,7 @@ from typing import Protocol
 
 from wandb_assets.lib.channels import slack_escape
 from wandb_assets.lib.idle_actions import (
+    DIGEST,
     NOT_STOPPED,
     PENDING,
     REFUSED,
@@ -196,6 +197,9 @@ def deliver(
             text = ladder_text(row)
         outcomes.append(_tell(row, text, channels, down, clock))
 
+    for row in (r for r in rows if r["audience"] == DIGEST):
+        outcomes.append(_tell_digest(row, channels, down, clock))
+
     for row in (r for r in rows if r["audience"] == DATADOG):
         missing = channels.datadog_missing()
         if missing:
@@ -210,6 +214,25 @@ def deliver(
                 down["datadog"] = str(exc)
                 outcomes.append(_outcome(row, PENDING, now, error=str(exc)))
     return outcomes
+
+
+def _tell_digest(row: dict, channels: IdleChannels, down: dict[str, str], clock) -> dict:
+    """A weekly digest to its Slack user or channel (from the teams file); nobody to send it to is recorded, never
+    sent to the webhook (a digest is not an alert)."""
+    now = clock()
+    missing = channels.slack_missing()
+    if missing or not row["recipient"]:
+        who = row["run_id"].replace(":", " ", 1)
+        why = missing or f"the teams file gives {who} no Slack {'user' if who.startswith('user') else 'channel'}"
+        return _outcome(row, UNDELIVERABLE, now, channel="none", reason=why)
+    if "slack" in down:
+        return _outcome(row, PENDING, now, error=down["slack"])
+    try:
+        channels.post_slack(row["recipient"], row["details"]["text"])
+    except Outage as exc:
+        down["slack"] = str(exc)
+        return _outcome(row, PENDING, now, error=str(exc))
+    return _outcome(row, SENT, clock(), channel="slack")
 
 
 def _tell(row: dict, text: str, channels: IdleChannels, down: dict[str, str], clock) -> dict:

@@ -30,6 +30,7 @@ from wandb_assets.lib.idle_actions import (
     ladder_gauges,
     ladder_payload,
     record_decisions,
+    record_digest,
     record_outcomes,
     stop_outcomes,
 )
@@ -202,6 +203,7 @@ def idle_actions(
     token = uuid.uuid4().hex
     with warehouse.get_connection() as con:
         written = record_decisions(con, seen, policy, now, ladder_channels.datadog_missing() is None)
+        digests = record_digest(con, now, directory)
         claimed = claim_pending(con, token, now)
         known = stop_outcomes(con, claimed)
     outcomes = deliver(claimed, ladder_channels, now, known)
@@ -234,6 +236,7 @@ def idle_actions(
             "exempt": sum(reason is not None for reason in exempt.values()),
             "episodes": len(episodes),
             "decided": len(written),
+            "weekly_digests_decided": digests,
             "sent": sum(o["outcome"] not in ("pending",) for o in outcomes),
             "waiting": len(waiting),
             **{name.removeprefix("wandb.idle_ladder."): value for name, value in gauges.items()},
