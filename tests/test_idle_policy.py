@@ -114,13 +114,16 @@ def test_idle_minutes_count_to_the_latest_sample_never_to_now():
     assert decide(POLICY, T - minutes(90), T - minutes(60), T + minutes(60), Done()).act == ()
 
 
-def stream(run: str, samples: list[list[float]], start: datetime = T, every: int = 10) -> list[tuple]:
-    """One row per sample and GPU: ``samples[k][g]`` is GPU g's utilisation at ``start + k * every`` minutes."""
-    return [
-        ("e", "p", run, (start + minutes(every * k)).isoformat(), g, util)
-        for k, sample in enumerate(samples)
-        for g, util in enumerate(sample)
-    ]
+def stream(run: str, samples: list[list[float]], start: datetime = T, every: int = 10) -> dict:
+    """A run's stream as read (``lib.curves.gpu_rows``): ``samples[k][g]`` is GPU g's utilisation at
+    ``start + k * every`` minutes."""
+    return {
+        ("e", "p", run): [
+            [(start + minutes(every * k)).isoformat(), g, util, None, None]
+            for k, sample in enumerate(samples)
+            for g, util in enumerate(sample)
+        ]
+    }
 
 
 def test_four_idle_gpus_of_eight_count_at_fraction_half_and_not_at_one():

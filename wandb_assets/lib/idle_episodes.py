@@ -19,9 +19,6 @@ import pandas
 
 from wandb_assets.lib.idle import idle_of_run
 
-#: ``[entity, project, run_id, timestamp (ISO, UTC), gpu, util_pct]``: one row per sample and GPU.
-StreamRow = tuple[str, str, str, str, int, float | None]
-
 
 @dataclass(frozen=True)
 class Episode:
@@ -44,7 +41,7 @@ class Episode:
 
 EPISODES_SQL = f"""
 WITH samples AS (
-    SELECT entity, project, run_id, sampled_at,
+    SELECT entity, project, run_id, sampled_at::TIMESTAMP AS sampled_at,
            count(*) FILTER (WHERE util < $pct) AS idle, count(*) FILTER (WHERE util >= $pct) AS busy,
            count(*) AS gpus
     FROM stream WHERE util IS NOT NULL GROUP BY ALL
@@ -74,20 +71,38 @@ ORDER BY ALL
 
 
 def current_episodes(
-    stream: list[StreamRow], gpu_counts: dict[tuple[str, str, str], int], idle_gpu_pct: float, gpu_fraction: float
+    streams: dict[tuple[str, str, str], list[list]],
+    gpu_counts: dict[tuple[str, str, str], int],
+    idle_gpu_pct: float,
+    gpu_fraction: float,
 ) -> list[Episode]:
-    """The runs of ``gpu_counts`` (``{(entity, project, run_id): gpu_count}``) idle at their latest sample of
-    ``stream``, each with its episode."""
+    """The runs of ``gpu_counts`` (``{(entity, project, run_id): gpu_count}``) idle at their latest sample of their
+    stream (``streams``: ``{(entity, project, run_id): lib.curves.gpu_rows(...)}``, rows ``[timestamp (ISO), gpu,
+    util, ...]``), each with its episode."""
+    keys: list[int] = []
+    times: list[str] = []
+    utils: list[float | None] = []
+    order = list(streams)
+    for k, key in enumerate(order):  # one pass, column by column: a frame built row by row costs seconds
+        rows = streams[key]
+        keys.extend([k] * len(rows))
+        times.extend(row[0] for row in rows)
+        utils.extend(row[2] for row in rows)
     stream_frame = pandas.DataFrame(
-        stream, columns=["entity", "project", "run_id", "sampled_at", "gpu", "util"]
-    ).astype({"sampled_at": "datetime64[us]", "util": "float64"})
+        {"run": pandas.Series(keys, dtype="int32"), "sampled_at": times, "util": pandas.Series(utils, dtype="float64")}
+    )
     runs_frame = pandas.DataFrame(
-        [[*key, n] for key, n in gpu_counts.items()], columns=["entity", "project", "run_id", "gpu_count"]
+        [[k, *key, gpu_counts[key]] for k, key in enumerate(order) if key in gpu_counts],
+        columns=["run", "entity", "project", "run_id", "gpu_count"],
     )
     con = duckdb.connect()
     try:
-        con.register("stream", stream_frame)
+        con.register("stream_rows", stream_frame)
         con.register("runs", runs_frame)
+        con.execute(
+            "CREATE TEMP VIEW stream AS SELECT r.entity, r.project, r.run_id, s.sampled_at, s.util "
+            "FROM stream_rows s JOIN runs r USING (run)"
+        )
         rows = con.execute(EPISODES_SQL, {"pct": idle_gpu_pct, "fraction": gpu_fraction}).fetchall()
     finally:
         con.close()

@@ -2,7 +2,9 @@
 own sampled stream read (the warehouse closed), their episodes judged by the policy (``WANDB_ASSETS_IDLE_POLICY``),
 what is due written once to the ledger, then sent (the warehouse closed again) and the outcomes recorded."""
 
+import time
 import uuid
+from collections import Counter
 
 from dagster import (
     AssetExecutionContext,
@@ -140,6 +142,9 @@ class LadderChannels:
         return StopAnswer(STOPPED)
 
 
+#: Outcomes logged one line each (every one is in the ledger and the asset's metadata); the rest are counted.
+LOGGED_OUTCOMES = 20
+
 LEDGER_SCHEMA = TableSchema(
     columns=[
         TableColumn("run", "string", description="entity/project/run_id, step: audience"),
@@ -173,20 +178,31 @@ def idle_actions(
     now = config.resolve()
     pipeline = pipeline_settings()
     directory = pipeline.team_directory
+    clock = [time.perf_counter()]
+    spent: dict[str, float] = {}
+
+    def lap(what: str) -> None:
+        clock.append(time.perf_counter())
+        spent[what] = round(clock[-1] - clock[-2], 3)
+
     with warehouse.get_read_connection() as con:  # short and read-only: closed before any request goes out
         found = candidates(con, policy, pipeline.gpu_prices) if con is not None else []
     teams = {c.key: directory.teams.get(c.user or "") for c in found}
     exempt = {c.key: exempt_reason(policy, c, teams[c.key]) for c in found}
     to_read = [c.key for c in found if exempt[c.key] is None]
+    lap("candidates_s")
     streams = wandb.idle_streams(to_read, pipeline) if to_read else {}
+    lap("streams_read_s")
     unread = [key for key in to_read if streams.get(key, {}).get("status") == "failed"]
     if unread:
         context.log.warning(f"The GPU stream of {len(unread)} idle run(s) could not be read; judged next tick.")
-    rows = [(*key, *sample[:3]) for key, read in streams.items() for sample in read.get("gpu", [])]
+    gpu_streams = {key: read.get("gpu", []) for key, read in streams.items()}
+    counts = {c.key: c.gpu_count for c in found}
     episodes = {
         (e.entity, e.project, e.run_id): e
-        for e in current_episodes(rows, {c.key: c.gpu_count for c in found}, policy.idle_gpu_pct, policy.gpu_fraction)
+        for e in current_episodes(gpu_streams, counts, policy.idle_gpu_pct, policy.gpu_fraction)
     }
+    lap("episodes_s")
     seen = [
         Seen(
             c,
@@ -206,20 +222,26 @@ def idle_actions(
         digests = record_digest(con, now, directory)
         claimed = claim_pending(con, token, now)
         known = stop_outcomes(con, claimed)
+    lap("decided_s")
     outcomes = deliver(claimed, ladder_channels, now, known)
+    lap("sent_s")
     with warehouse.get_connection() as con:
         record_outcomes(con, token, outcomes)
         gauges = ladder_gauges(con, now)
     sent_gauges = ladder_channels.send_gauges(gauges, now)
+    lap("recorded_s")
     waiting = [o for o in outcomes if o["outcome"] == "pending"]
     for error in sorted({o["error"] for o in waiting if o.get("error")}):
         context.log.warning(f"Idle ladder: {error}; its messages wait for the next tick.")
-    for o in outcomes:
-        if o["outcome"] != "pending":
-            context.log.info(
-                f"Idle ladder: {o['entity']}/{o['project']}/{o['run_id']} step {o['step']} {o['audience']}: "
-                f"{o['outcome']}" + (f" ({o['reason']})" if o.get("reason") else "")
-            )
+    done = [o for o in outcomes if o["outcome"] != "pending"]
+    for o in done[:LOGGED_OUTCOMES]:  # each is in the ledger and the metadata table: the log names the first ones
+        context.log.info(
+            f"Idle ladder: {o['entity']}/{o['project']}/{o['run_id']} step {o['step']} {o['audience']}: "
+            f"{o['outcome']}" + (f" ({o['reason']})" if o.get("reason") else "")
+        )
+    if len(done) > LOGGED_OUTCOMES:
+        by_outcome = Counter(o["outcome"] for o in done)
+        context.log.info(f"Idle ladder: {len(done)} outcomes this tick ({dict(by_outcome)}); see idle_actions.")
     ledger = [
         TableRecord(
             {
@@ -241,6 +263,7 @@ def idle_actions(
             "waiting": len(waiting),
             **{name.removeprefix("wandb.idle_ladder."): value for name, value in gauges.items()},
             "gauges_to_datadog": sent_gauges,
+            "seconds": MetadataValue.json(spent),
             "this_tick": MetadataValue.table(ledger, LEDGER_SCHEMA),
         }
     )
