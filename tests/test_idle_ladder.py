@@ -180,7 +180,13 @@ def test_owners_are_told_once_and_with_stopping_off_nothing_reaches_w_and_b(
     assert len(ladder_events(capture)) == 3
 
     for _ in range(2):  # the stop falls due; the same feed again adds nothing
-        assert execute_feed(instance, now="2026-06-02T12:16:00").success
+        feed = execute_feed(instance, now="2026-06-02T12:16:00")
+        assert feed.success
+    shown = feed.asset_materializations_for_node("fleet_alerts")[0].metadata["idle_ladder_open_episodes"]
+    assert [r.data["idle episode"] for r in shown.value.records][0] == (  # the UI's fleet_alerts page
+        "test-team/test-project/a, idle since 2026-06-02 09:50 UTC: 1 owner: skipped, 2 owner: sent, 2 team: sent, "
+        "3 stop: would_stop"
+    )
     assert ledger(warehouse_path)[1:3] == [
         ("a", 2, "datadog", "sent", "datadog_event", None, None),
         ("a", 2, "owner", "sent", "slack", "U0ANA", None),

@@ -34,6 +34,7 @@ from wandb_assets.lib.alerts import (
 )
 from wandb_assets.lib.clock import configured_time, utc_now
 from wandb_assets.lib.datadog_feed import deliver_pending, enqueue_snapshots, record_dry_run
+from wandb_assets.lib.idle_actions import OPEN_EPISODES_SQL
 from wandb_assets.settings import ConfigError, alert_thresholds
 
 FLEET_SNAPSHOT = AssetKey("fleet_snapshot")
@@ -107,6 +108,10 @@ def datadog_feed(
 OPEN_ALERTS_SCHEMA = TableSchema(
     columns=[TableColumn("open alert", "string", description="[severity] rule, since when (UTC): the message")]
 )
+#: The idle ladder's open episodes (``idle_actions``) beside the alerts: what was done about each idle run so far.
+IDLE_EPISODES_SCHEMA = TableSchema(
+    columns=[TableColumn("idle episode", "string", description="run, idle since (UTC): the steps done and outcomes")]
+)
 
 
 @asset(
@@ -140,6 +145,7 @@ def fleet_alerts(
             "WHERE resolved_at IS NULL ORDER BY opened_at"
         ).fetchall()
         waiting = con.execute("SELECT count(*) FROM alert_notifications WHERE status = 'pending'").fetchone()[0]
+        episodes = con.execute(OPEN_EPISODES_SQL).fetchall()  # the idle ladder's (idle_actions), as of its last tick
     return MaterializeResult(
         metadata={
             "evaluated_at_snapshot": at.isoformat() if at else "",
@@ -149,6 +155,13 @@ def fleet_alerts(
             "resolved": len([t for t in transitions if t.event == "resolved"]),
             "notifications_sent": sent,
             "notifications_waiting": waiting,
+            "idle_ladder_open_episodes": MetadataValue.table(
+                [
+                    TableRecord({"idle episode": f"{e}/{p}/{r}, idle since {started:%Y-%m-%d %H:%M} UTC: {done}"})
+                    for e, p, r, started, done, *_ in episodes
+                ],
+                IDLE_EPISODES_SCHEMA,
+            ),
             "open_alerts_list": MetadataValue.table(
                 [
                     TableRecord({"open alert": f"[{severity}] {rule}, since {opened}: {message}"})
