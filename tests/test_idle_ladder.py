@@ -246,6 +246,7 @@ def test_a_policy_mistake_exits_2_with_one_sentence_before_any_run(
     )
 
 
+@pytest.mark.slow  # the ledger's outage and refusal paths are in tests/test_idle_policy.py's everyday tier too
 def test_slack_down_delays_once_then_the_stop_after_the_grace_a_refusal_told_once_and_an_ended_run_left(
     wandb_server, capture, slack, ladder, warehouse_path, instance
 ):

@@ -461,3 +461,23 @@ def test_the_weekly_digest_tells_each_owner_and_team_once(memory_con):
         ("user:ana", "sent", None),
         ("user:bo", "undeliverable", "the teams file gives user bo no Slack user"),
     ]
+
+
+def test_a_stop_refused_by_w_and_b_is_told_once_and_never_tried_again(memory_con):
+    """stop_runs on; told at 12:00 (step 2); at 12:16 the stop is refused: the owner and the team hear it once, and at
+    12:31 nothing is tried or sent again."""
+    from wandb_assets.lib.idle_delivery import StopAnswer
+
+    class Refusing(Recorder):
+        def stop_run(self, path):
+            self.stops.append(path)
+            return StopAnswer("refused", "permission denied")
+
+    channels = Refusing()
+    policy = IdlePolicy(5.0, stop_runs=True)
+    for at in (T, T + minutes(16), T + minutes(31)):
+        tick(memory_con, seen_run(T - minutes(130), at), policy, at, channels)
+    assert channels.stops == ["e/p/r"]
+    assert [channel for channel, _ in channels.slack] == ["U0ANA", "C0RESEARCH", "U0ANA", "C0RESEARCH"]
+    assert "should have been stopped, but W&amp;B refused: permission denied." in channels.slack[2][1]
+    assert ("09:50", 3, "stop", "refused") in outcomes(memory_con)
