@@ -25,6 +25,7 @@ from wandb_assets.commands.reading import (
     cmd_export,
     cmd_fetch_warehouse,
     cmd_idle,
+    cmd_pr_check,
     cmd_regressions,
 )
 from wandb_assets.commands.runs import (
@@ -227,6 +228,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     alerts.add_argument("--warehouse", help="warehouse file or ducklake: string (default WANDB_ASSETS_DUCKDB)")
     alerts.set_defaults(func=cmd_alerts)
+    pr_check = sub.add_parser(
+        "pr-check",
+        help="a pull request's training throughput against main on the same hardware",
+        description="Each ended run of the PR (github.sky.pr<N>.<commit>.<config>.<ts>) judged per SPS metric against "
+        "the last main runs of the same config and testbed (GPU count and model): Student-t lower boundary at 99 %% "
+        "(Bencher's t_test), or --percent. Reads the warehouse snapshot; prints a Markdown table.",
+    )
+    pr_check.add_argument("--pr", type=int, required=True, help="the pull request's number")
+    pr_check.add_argument("--commit", help="only this commit (a prefix of the SHA is enough)")
+    pr_check.add_argument("--baseline-runs", type=int, default=10, help="main runs in the baseline (default 10)")
+    pr_check.add_argument("--min-baseline", type=int, default=5, help="fewer main runs: no baseline (default 5)")
+    pr_check.add_argument("--percent", type=float, help="a percentage threshold instead of the t-test")
+    pr_check.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a metric regressed")
+    pr_check.add_argument("--warehouse", help="warehouse file or ducklake: string (default WANDB_ASSETS_DUCKDB)")
+    pr_check.set_defaults(func=cmd_pr_check)
     idle = sub.add_parser(
         "idle",
         help="the idle ladder: open episodes, the next step and when",

@@ -202,7 +202,11 @@ def execute_offline(instance: DagsterInstance, paths: list[str], now: str = "") 
 def execute_feed(instance: DagsterInstance, now: str = "") -> ExecuteInProcessResult:
     """The feed job in this process (what the sensor launches after a snapshot)."""
     clock = {"config": {"now": now}}
-    return _execute(instance, FEED_JOB, {"ops": {"datadog_feed": clock, "fleet_alerts": clock, "idle_actions": clock}})
+    return _execute(
+        instance,
+        FEED_JOB,
+        {"ops": {"datadog_feed": clock, "fleet_alerts": clock, "idle_actions": clock, "pr_checks": clock}},
+    )
 
 
 def execute_report(instance: DagsterInstance, force_artifact: bool = True) -> ExecuteInProcessResult:

@@ -153,6 +153,46 @@ def cmd_idle(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pr_check(args: argparse.Namespace) -> int:
+    """A pull request's throughput verdicts from the warehouse snapshot (``lib/pr_checks.py``), as a Markdown table;
+    ``--fail-on-regression``: exit 1 when a metric regressed (a CI job gates on it without the GitHub App)."""
+    from wandb_assets.lib.pr_checks import REGRESSION, format_pr_table, judge_prs
+    from wandb_assets.settings import ConfigError, alert_thresholds
+
+    if args.baseline_runs < 2 or args.min_baseline < 2 or args.min_baseline > args.baseline_runs:
+        raise ConfigError("--min-baseline must be at least 2 and at most --baseline-runs.")
+    con = snapshot_or_exit(args.warehouse)
+    if con is None:
+        return 2
+    try:
+        rows = judge_prs(
+            con,
+            datetime.now(UTC).replace(tzinfo=None),
+            alert_thresholds().sps_metric,
+            k=args.baseline_runs,
+            min_n=args.min_baseline,
+            percent=args.percent,
+            pr=args.pr,
+        )
+    finally:
+        con.close()
+    rows = [
+        r
+        for r in rows
+        if args.commit is None or r["commit"].startswith(args.commit) or args.commit.startswith(r["commit"])
+    ]
+    if not rows:
+        print(f"No ended run of PR {args.pr}{f' at {args.commit}' if args.commit else ''} in the warehouse yet.")
+        return 0
+    for commit in dict.fromkeys(r["commit"] for r in rows):
+        print(f"PR {args.pr} at {commit}:")
+        print(format_pr_table([r for r in rows if r["commit"] == commit]))
+    regressed = [r for r in rows if r["verdict"] == REGRESSION]
+    if regressed:
+        print(f"{len(regressed)} metric(s) regressed against main on the same testbed.")
+    return 1 if regressed and args.fail_on_regression else 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from wandb_assets.lib import exports
     from wandb_assets.settings import ConfigError

@@ -359,6 +359,30 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "claimed_at": "when that sender took it, UTC",
         },
     ),
+    "pr_checks": (
+        "table",
+        "Each pull request's training throughput against main on the same testbed (issue 45; docs/alerts.md): one row "
+        "per PR, commit, config, testbed and SPS metric, replaced each time it is judged.",
+        {
+            "repo": "GitHub repository (owner/name) when configured; NULL otherwise",
+            "pr": "pull request number (github.sky.pr<N>.<commit>.<config>.<ts>)",
+            "commit": "the commit in the PR runs' names (may be short)",
+            "config": "CI config in the names",
+            "testbed": "GPU count and model of the runs (8xH100-80GB), unknown where either is missing",
+            "metric": "SPS summary key (the configured one: steady SPS where curves gave one)",
+            "pr_value": "mean of the PR runs of this commit and config (one sample)",
+            "pr_n": "PR runs in it, count",
+            "baseline_median": "median of the baseline main runs",
+            "baseline_n": "main runs in the baseline (the last 10 ended of the same config and testbed), count",
+            "boundary": "lower boundary: Student-t at 99 % (mean - t x sd x sqrt(1 + 1/n)) or the percentage; NULL "
+            "without a baseline",
+            "change_pct": "PR value against the baseline median, percent",
+            "verdict": "regression, improvement, no change or no baseline",
+            "judged_at": "when judged, UTC",
+            "pr_runs": "W&B run ids of the PR runs",
+            "baseline_runs": "W&B run ids of the baseline's main runs, oldest first",
+        },
+    ),
     "run_progress": (
         "table",
         "Each running run's summary `_step` at each alert evaluation (two days kept).",

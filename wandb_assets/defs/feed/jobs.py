@@ -6,7 +6,9 @@ FEED_JOB = "feed"
 
 feed_job = define_asset_job(
     FEED_JOB,
-    selection=AssetSelection.keys("datadog_feed", "fleet_alerts", "idle_actions", "warehouse_snapshot", "fleet_report"),
+    selection=AssetSelection.keys(
+        "datadog_feed", "fleet_alerts", "idle_actions", "pr_checks", "warehouse_snapshot", "fleet_report"
+    ),
     executor_def=in_process_executor,
     tags={"dagster/max_runtime": "600"},
     description="Push pending fleet snapshots to Datadog, evaluate alerts, send notifications, publish the "

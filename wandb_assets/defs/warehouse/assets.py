@@ -29,6 +29,7 @@ from wandb_assets.lib.warehouse import row_counts
             "datadog_feed",
             "fleet_alerts",
             "idle_actions",
+            "pr_checks",
             "team_gpu_cost_monthly",  # the analysts' dbt marts: in the analytics job, published after the build
         )
     ],

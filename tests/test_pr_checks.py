@@ -1,0 +1,107 @@
+"""Pull requests' throughput against main on the same testbed (issue 45, the verdicts): hand-worked values."""
+
+import subprocess
+import sys
+from datetime import datetime, timedelta
+
+import duckdb
+import pytest
+
+from tests.fleet import fleet_row, load
+from wandb_assets.lib.pr_checks import NO_BASELINE, NO_CHANGE, REGRESSION, judge, judge_prs, t_quantile
+
+T = datetime(2026, 11, 20, 12, 0)
+#: Ten steady main runs of ppo on 8 H100s: mean 1,000, standard deviation sqrt(386 / 9) = 6.549.
+MAIN_SPS = [1000.0, 1010.0, 990.0, 1005.0, 995.0, 1002.0, 998.0, 1008.0, 992.0, 1000.0]
+
+
+@pytest.mark.parametrize(("df", "expected"), [(1, 31.820516), (4, 3.746947), (9, 2.821438), (29, 2.462021)])
+def test_the_t_quantile_matches_the_tables(df, expected):
+    assert t_quantile(0.99, df) == pytest.approx(expected, abs=1e-5)
+
+
+def test_the_boundary_by_hand():
+    """Boundary = 1,000 - t(0.99, 9) x 6.549 x sqrt(1 + 1/10) = 1,000 - 2.821438 x 6.5490 x 1.048809 = 980.62: a PR at
+    850 (-15 %) regresses, one at 995 (-0.5 %, in the noise) does not; three main runs are no baseline."""
+    regressed = judge([850.0], MAIN_SPS)
+    assert (regressed.verdict, round(regressed.boundary, 2), regressed.change_pct) == (REGRESSION, 980.62, -15.0)
+    assert judge([995.0], MAIN_SPS).verdict == NO_CHANGE
+    assert judge([990.0, 1000.0], MAIN_SPS).pr_value == 995.0  # two runs of one commit and config: one sample
+    assert judge([700.0], MAIN_SPS[:3]).verdict == NO_BASELINE
+    assert judge([940.0], MAIN_SPS, percent=5.0).boundary == 950.0  # the percentage threshold: median less 5 %
+
+
+def ci_run(run_id: str, branch: str, commit: str, sps: float, hours_ago: float, model: str = "H100-80GB") -> dict:
+    created = T - timedelta(hours=hours_ago)
+    row = fleet_row(run_id, "finished", "push_to_main", created, created + timedelta(minutes=30), gpus=8)
+    return row | {
+        "name": f"github.sky.{branch}.{commit}.ppo.{int(created.timestamp())}",
+        "ci_branch": branch,
+        "ci_commit": commit,
+        "ci_config": "ppo",
+        "ci_timestamp": created,
+        "gpu_model": model,
+        "sps_overview_sps": sps,
+    }
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    """Ten main runs on 8 H100s (``MAIN_SPS``), twelve slower ones on 8 A100s (~600), three on 4 L4s; PR 7 (H100,
+    850: -15 %), PR 8 (H100, 995, twice), PR 9 (4 L4s: three main runs only)."""
+    rows = [ci_run(f"m{i}", "main", f"c{i:02d}", sps, 100 - i) for i, sps in enumerate(MAIN_SPS)]
+    rows += [ci_run(f"a{i}", "main", f"a{i:02d}", 600.0 + i, 200 - i, "A100-80GB") for i in range(12)]
+    rows += [ci_run(f"l{i}", "main", f"l{i:02d}", 100.0, 150 - i, "L4") for i in range(3)]
+    for row in rows[-3:]:
+        row["gpu_count"] = 4
+    rows += [
+        ci_run("p7", "pr7", "deadbeef", 850.0, 1),
+        ci_run("p8a", "pr8", "cafe0001", 990.0, 1),
+        ci_run("p8b", "pr8", "cafe0001", 1000.0, 0.5),
+        ci_run("p9", "pr9", "f00d0001", 50.0, 1, "L4") | {"gpu_count": 4},
+    ]
+    path = tmp_path / "w.snapshot.duckdb"
+    con = duckdb.connect(str(path))
+    load(con, rows)
+    yield con, path
+    con.close()
+
+
+def test_a_pr_is_judged_against_main_on_its_own_testbed_only(fleet):
+    """PR 7 on H100s against the ten H100 main runs only (the A100 runs, 40 % slower, are another testbed):
+    regression; PR 8's two runs of one commit are one sample (995): no change; PR 9 on 4 L4s has 3 main runs: no
+    baseline."""
+    con, _ = fleet
+    rows = {(r["pr"], r["metric"]): r for r in judge_prs(con, T, "overview/sps")}
+    assert set(rows) == {(7, "overview/sps"), (8, "overview/sps"), (9, "overview/sps")}
+    seven, eight, nine = rows[(7, "overview/sps")], rows[(8, "overview/sps")], rows[(9, "overview/sps")]
+    assert (seven["testbed"], seven["verdict"], seven["baseline_n"], round(seven["boundary"], 2)) == (
+        "8xH100-80GB",
+        REGRESSION,
+        10,
+        980.62,
+    )
+    assert seven["baseline_runs"] == [f"m{i}" for i in range(10)]
+    assert (eight["pr_value"], eight["pr_n"], eight["verdict"]) == (995.0, 2, NO_CHANGE)
+    assert (nine["testbed"], nine["baseline_n"], nine["verdict"], nine["boundary"]) == ("4xL4", 3, NO_BASELINE, None)
+
+
+@pytest.mark.parametrize(("pr", "code"), [(7, 1), (8, 0), (9, 0)])
+def test_pr_check_fails_on_the_regressed_pr_only(fleet, pr, code):
+    con, path = fleet
+    con.close()
+    done = subprocess.run(
+        [sys.executable, "-m", "wandb_assets.cli", "pr-check", "--pr", str(pr), "--fail-on-regression"]
+        + ["--warehouse", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stderr) == (code, "")
+    lines = done.stdout.splitlines()
+    assert lines[1] == "| config | testbed | metric | PR | baseline median [n] | change | boundary | verdict |"
+    if pr == 7:
+        assert lines[3] == (
+            "| ppo | 8xH100-80GB | overview/sps | 850.0 [1] | 1,000.0 [10] | -15.0% | 980.6 | regression |"
+        )
+        assert lines[-1] == "1 metric(s) regressed against main on the same testbed."

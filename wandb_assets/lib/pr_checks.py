@@ -1,0 +1,236 @@
+"""Pull requests' training throughput judged against main on the same hardware (issue 45): testbeds, the baseline,
+the Student-t boundary, the verdicts and the ``pr_checks`` table. No Dagster, no network.
+
+A run's **testbed** is its GPU count and model (``8xH100-80GB``; ``unknown`` where either is missing). A PR run
+(``github.sky.pr<N>.<commit>.<config>.<ts>``, ended: finished or crashed, as the SPS regression rule counts) is judged
+per SPS metric against the **baseline**: the last ``k`` ended main runs of the same config and testbed, ended before
+it was judged. Several PR runs of one commit and config are one sample (their mean). The **boundary** is Bencher's
+``t_test`` lower boundary at ``confidence``: the baseline's mean minus Student's t quantile (n - 1 degrees of freedom)
+times its standard deviation times ``sqrt(1 + 1/n)`` (a new run's prediction interval, not the mean's); or, with
+``percent``, the baseline median less that many percent. Verdicts: ``regression`` (below the lower boundary),
+``improvement`` (above the upper one), ``no change``, ``no baseline`` (fewer than ``min_n`` main runs: said, never
+guessed).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from datetime import datetime
+
+from wandb_assets.lib.normalize import SPS_KEYS
+from wandb_assets.lib.sql import MIRRORED_RUNS_SQL
+
+REGRESSION, IMPROVEMENT, NO_CHANGE, NO_BASELINE = "regression", "improvement", "no change", "no baseline"
+
+PR_CHECKS_COLUMNS = {
+    "repo": "VARCHAR",
+    "pr": "INTEGER",
+    "commit": "VARCHAR",
+    "config": "VARCHAR",
+    "testbed": "VARCHAR",
+    "metric": "VARCHAR",
+    "pr_value": "DOUBLE",
+    "pr_n": "INTEGER",
+    "baseline_median": "DOUBLE",
+    "baseline_n": "INTEGER",
+    "boundary": "DOUBLE",
+    "change_pct": "DOUBLE",
+    "verdict": "VARCHAR",
+    "judged_at": "TIMESTAMP",
+    "pr_runs": "VARCHAR[]",
+    "baseline_runs": "VARCHAR[]",
+}
+PR_CHECKS_SQL = f"CREATE TABLE IF NOT EXISTS pr_checks ({', '.join(f'{c} {t}' for c, t in PR_CHECKS_COLUMNS.items())})"
+
+
+def testbed_sql(runs: str = "r") -> str:
+    """A run's testbed as SQL: ``<gpu_count>x<gpu_model>``, ``unknown`` without either."""
+    return (
+        f"CASE WHEN {runs}.gpu_count > 0 AND {runs}.gpu_model IS NOT NULL "
+        f"THEN {runs}.gpu_count || 'x' || {runs}.gpu_model ELSE 'unknown' END"
+    )
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    """The regularised incomplete beta function I_x(a, b) (Lentz's continued fraction, Numerical Recipes 6.4)."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log(1 - x))
+    if x > (a + 1) / (a + b + 2):
+        return 1.0 - _incomplete_beta(b, a, 1 - x)
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return front * h / a
+
+
+def t_cdf(t: float, df: float) -> float:
+    """Student's t distribution function with ``df`` degrees of freedom."""
+    tail = 0.5 * _incomplete_beta(df / 2, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t (bisection on ``t_cdf``; 1e-10)."""
+    low, high = -1e3, 1e3
+    for _ in range(200):
+        middle = (low + high) / 2
+        if t_cdf(middle, df) < p:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
+
+
+@dataclass(frozen=True)
+class Verdict:
+    pr_value: float
+    pr_n: int
+    baseline_median: float | None
+    baseline_n: int
+    boundary: float | None
+    change_pct: float | None
+    verdict: str
+
+
+def judge(
+    pr_values: list[float],
+    baseline: list[float],
+    min_n: int = 5,
+    confidence: float = 0.99,
+    percent: float | None = None,
+) -> Verdict:
+    """One metric of one PR commit and config against its baseline (see the module)."""
+    value = statistics.fmean(pr_values)
+    n = len(baseline)
+    if n < max(min_n, 2):
+        median = statistics.median(baseline) if baseline else None
+        change = 100.0 * (value - median) / median if median else None
+        return Verdict(value, len(pr_values), median, n, None, change, NO_BASELINE)
+    median = statistics.median(baseline)
+    change = 100.0 * (value - median) / median if median else None
+    if percent is not None:
+        lower, upper = median * (1 - percent / 100), median * (1 + percent / 100)
+    else:
+        mean, spread = statistics.fmean(baseline), statistics.stdev(baseline)
+        width = t_quantile(confidence, n - 1) * spread * math.sqrt(1 + 1 / n)
+        lower, upper = mean - width, mean + width
+    verdict = REGRESSION if value < lower else IMPROVEMENT if value > upper else NO_CHANGE
+    return Verdict(value, len(pr_values), median, n, lower, change, verdict)
+
+
+def _metric_values_sql(sps_metric: str) -> str:
+    """Each ended CI run's SPS values, one row per metric: the configured metric's steady SPS where its curves gave
+    one, else its summary value; every other SPS key's summary value."""
+    columns = ", ".join(
+        f"({f'coalesce(sps_steady, {column})' if key == sps_metric else column}, '{key}')"
+        for key, column in SPS_KEYS.items()
+    )
+    return f"""
+SELECT r.run_id, r.ci_branch, r.ci_commit, r.ci_config, {testbed_sql()} AS testbed,
+       coalesce(r.ci_timestamp, r.created_at) AS ci_at, r.ended_at, v.value, v.metric
+FROM {MIRRORED_RUNS_SQL} r, LATERAL (VALUES {columns}) v(value, metric)
+WHERE r.ci_branch IS NOT NULL AND r.state IN ('finished', 'crashed') AND isfinite(v.value) AND v.value > 0
+"""
+
+
+def judge_prs(
+    con,
+    now: datetime,
+    sps_metric: str,
+    repo: str | None = None,
+    k: int = 10,
+    min_n: int = 5,
+    confidence: float = 0.99,
+    percent: float | None = None,
+    pr: int | None = None,
+) -> list[dict]:
+    """Every PR commit and config with ended runs (``pr``: that PR's alone), judged per metric and testbed; returns
+    the rows of ``pr_checks`` (not written: ``record_pr_checks``)."""
+    values = con.execute(_metric_values_sql(sps_metric)).fetchall()
+    main: dict[tuple, list[tuple]] = {}
+    prs: dict[tuple, list[tuple]] = {}
+    for run_id, branch, commit, config, testbed, ci_at, ended_at, value, metric in values:
+        if branch == "main":
+            main.setdefault((config, testbed, metric), []).append((ci_at, run_id, value, ended_at))
+        elif pr is None or branch == f"pr{pr}":
+            prs.setdefault((int(branch[2:]), commit, config, testbed, metric), []).append((ci_at, run_id, value))
+    rows = []
+    for (number, commit, config, testbed, metric), runs in sorted(prs.items()):
+        history = sorted(
+            (r for r in main.get((config, testbed, metric), []) if r[3] is not None and r[3] <= now),
+            key=lambda r: (r[0], r[1]),
+        )[-k:]
+        verdict = judge([v for _, _, v in runs], [v for _, _, v, _ in history], min_n, confidence, percent)
+        rows.append(
+            {
+                "repo": repo,
+                "pr": number,
+                "commit": commit,
+                "config": config,
+                "testbed": testbed,
+                "metric": metric,
+                **verdict.__dict__,
+                "judged_at": now,
+                "pr_runs": sorted(r for _, r, _ in runs),
+                "baseline_runs": [r for _, r, _, _ in history],
+            }
+        )
+    return rows
+
+
+def record_pr_checks(con, rows: list[dict]) -> None:
+    """Replace the judged (pr, commit, config, testbed, metric) rows of ``pr_checks`` in one transaction."""
+    import pandas
+
+    from wandb_assets.lib.sql import transaction
+
+    con.execute(PR_CHECKS_SQL)
+    if not rows:
+        return
+    frame = pandas.DataFrame(rows, columns=list(PR_CHECKS_COLUMNS))
+    con.register("judged_prs", frame)
+    try:
+        with transaction(con):
+            con.execute(
+                "DELETE FROM pr_checks WHERE (pr, commit, config, testbed, metric) IN "
+                "(SELECT pr, commit, config, testbed, metric FROM judged_prs)"
+            )
+            con.execute("INSERT INTO pr_checks BY NAME SELECT * FROM judged_prs")
+    finally:
+        con.unregister("judged_prs")
+
+
+def format_pr_table(rows: list[dict]) -> str:
+    """The verdicts as a Markdown table (the check's summary and ``pr-check``'s output): config, testbed, metric, PR
+    value, baseline median [n], change, boundary, verdict."""
+    lines = [
+        "| config | testbed | metric | PR | baseline median [n] | change | boundary | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        median = f"{r['baseline_median']:,.1f} [{r['baseline_n']}]" if r["baseline_median"] is not None else "- [0]"
+        change = f"{r['change_pct']:+.1f}%" if r["change_pct"] is not None else "-"
+        boundary = f"{r['boundary']:,.1f}" if r["boundary"] is not None else "-"
+        lines.append(
+            f"| {r['config']} | {r['testbed']} | {r['metric']} | {r['pr_value']:,.1f} [{r['pr_n']}] | {median} | "
+            f"{change} | {boundary} | {r['verdict']} |"
+        )
+    return "\n".join(lines)
