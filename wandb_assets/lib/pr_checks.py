@@ -19,6 +19,7 @@ import statistics
 from dataclasses import dataclass
 from datetime import datetime
 
+from wandb_assets.lib.gpus import testbed_sql
 from wandb_assets.lib.normalize import SPS_KEYS
 from wandb_assets.lib.sql import MIRRORED_RUNS_SQL
 
@@ -43,14 +44,6 @@ PR_CHECKS_COLUMNS = {
     "baseline_runs": "VARCHAR[]",
 }
 PR_CHECKS_SQL = f"CREATE TABLE IF NOT EXISTS pr_checks ({', '.join(f'{c} {t}' for c, t in PR_CHECKS_COLUMNS.items())})"
-
-
-def testbed_sql(runs: str = "r") -> str:
-    """A run's testbed as SQL: ``<gpu_count>x<gpu_model>``, ``unknown`` without either."""
-    return (
-        f"CASE WHEN {runs}.gpu_count > 0 AND {runs}.gpu_model IS NOT NULL "
-        f"THEN {runs}.gpu_count || 'x' || {runs}.gpu_model ELSE 'unknown' END"
-    )
 
 
 def _incomplete_beta(a: float, b: float, x: float) -> float:
