@@ -12,7 +12,7 @@ from pathlib import Path
 from wandb_assets.commands.common import dagster_instance, exit_status, run_metadata
 from wandb_assets.commands.reading import print_costs
 from wandb_assets.commands.runs import run_one_tick
-from wandb_assets.commands.servers import dagster_dev
+from wandb_assets.commands.servers import serve, start_dagster_dev, stop_dagster_dev
 
 DEMO_ENTITY, DEMO_PROJECT = "demo-team", "fleet-demo"
 
@@ -110,11 +110,9 @@ def _demo_environment(folder: Path, warehouse: str | None) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from wandb_assets.lib.lake import is_lake
     from wandb_assets.localwandb import LocalWandbServer
     from wandb_assets.localwandb.slack import LocalSlack
     from wandb_assets.localwandb.synthetic import add_curves, generate_fleet
-    from wandb_assets.settings import pipeline_settings
 
     warehouse = _demo_environment(Path(args.dir), args.warehouse)
     if args.no_analytics:  # the CLI's tick and, with --ui, the analytics sensor alike
@@ -152,6 +150,34 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"Serving a synthetic fleet of {served:,} runs over {args.days} days at {server.url} in "
         f"{len(names)} projects ({', '.join(names)}), mirrored as WANDB_ASSETS_PROJECTS={DEMO_PROJECTS}"
     )
+    # --ui: the UI comes up while the warehouse builds (its runs appear as they finish), not after a minute or two
+    ui = start_dagster_dev(args.port, args.verbose, in_home=True) if args.ui else None
+    try:
+        code = _build_demo(args, slack, first, now, warehouse)
+    except BaseException:
+        if ui is not None:
+            stop_dagster_dev(ui)
+        raise
+    if code:
+        if ui is not None:
+            stop_dagster_dev(ui)
+        return code
+    if ui is not None:
+        print(f"Run links (the runs table, the alerts) open on the demo's W&B server {server.url} while this runs.")
+        return serve(ui)
+    server.stop()
+    slack.stop()
+    print(
+        "Browse the same data in the Dagster UI: uv run wandb-assets demo --ui  (then http://127.0.0.1:3000); "
+        f"the run links open on {server.url} while it runs."
+    )
+    return 0
+
+
+def _build_demo(args: argparse.Namespace, slack, first: date, now: datetime, warehouse: str) -> int:
+    """The demo's warehouse: the backfill, the curves, the replayed history, one tick, the idle ladder, the costs."""
+    from wandb_assets.lib.lake import is_lake
+    from wandb_assets.settings import pipeline_settings
     from wandb_assets.ticks import execute_backfill
 
     print(f"Backfilling {first}..{now.date()} in one run ...", flush=True)
@@ -174,15 +200,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         shown = warehouse if shown.startswith("..") else shown
         print_chargeback(now.date().replace(day=1), None if is_lake(warehouse) else shown)
     print(f"\nWarehouse: {pipeline_settings().warehouse if is_lake(warehouse) else Path(warehouse).resolve()}")
-    if args.ui:
-        print(f"Run links (the runs table, the alerts) open on the demo's W&B server {server.url} while this runs.")
-        return dagster_dev(args.port, args.verbose, in_home=True)
-    server.stop()
-    slack.stop()
-    print(
-        "Browse the same data in the Dagster UI: uv run wandb-assets demo --ui  (then http://127.0.0.1:3000); "
-        f"the run links open on {server.url} while it runs."
-    )
     return 0
 
 

@@ -15,9 +15,14 @@ QUIET_WARNINGS = ("Function `dev_command` is superseded",)
 
 
 def dagster_dev(port: int = 3000, verbose: bool = False, in_home: bool = False) -> int:
-    """``dagster dev`` on this repository's workspace. Quiet by default: the daemon's and webserver's INFO
-    lines (a "sensor skipped" line every 30 s) are hidden; runs print their own INFO lines and warnings (the
-    instance's ``python_logs.python_log_level``)."""
+    """``dagster dev`` on this repository's workspace, until it exits (``start_dagster_dev`` then ``serve``)."""
+    return serve(start_dagster_dev(port, verbose, in_home))
+
+
+def start_dagster_dev(port: int = 3000, verbose: bool = False, in_home: bool = False) -> subprocess.Popen:
+    """Start ``dagster dev`` on this repository's workspace and return at once (the demo builds its warehouse while
+    the UI comes up). Quiet by default: the daemon's and webserver's INFO lines (a "sensor skipped" line every 30 s)
+    are hidden; runs print their own INFO lines and warnings (the instance's ``python_logs.python_log_level``)."""
     os.environ.setdefault("DAGSTER_HOME", str(Path.cwd()))
     workspace = Path(__file__).resolve().parents[2] / "workspace.yaml"
     # Inherited by the daemon, the code server and every run worker: two notices nobody can act on (dagster-aws
@@ -43,10 +48,18 @@ def dagster_dev(port: int = 3000, verbose: bool = False, in_home: bool = False) 
     # in_home (the demo, whose instance is its own): run from DAGSTER_HOME, else `dagster dev` warns that the
     # repository's dagster.yaml "will not be used", which reads as "your configuration is ignored"
     cwd = os.environ["DAGSTER_HOME"] if in_home else None
-    # stderr through a filter that drops grpc's spurious poller traceback (lib/terminal.py); stdout is untouched.
-    # Its own process group: Ctrl-C and a service manager's SIGTERM reach `dagster dev`, its webserver, daemon and
-    # code servers through us, and whatever of them is left STOP_WITHIN_S later is killed (nothing outlives `ui`).
+    # stderr through a filter that drops grpc's spurious poller traceback (lib/terminal.py), on a thread of its own
+    # from the start (a pipe nobody reads would stall it); stdout is untouched. Its own process group: Ctrl-C and a
+    # service manager's SIGTERM reach `dagster dev`, its webserver, daemon and code servers through us (``serve``).
     dev = subprocess.Popen(command, cwd=cwd, stderr=subprocess.PIPE, start_new_session=True)
+    dev.stderr_thread = threading.Thread(target=_pass_through, args=(dev.stderr,), daemon=True)
+    dev.stderr_thread.start()
+    return dev
+
+
+def serve(dev: subprocess.Popen) -> int:
+    """Wait for a started ``dagster dev``; Ctrl-C and SIGTERM stop its whole process group, and whatever of it is left
+    ``STOP_WITHIN_S`` later is killed (nothing outlives `ui`)."""
     stopping: list[int] = []
     deadline = threading.Timer(STOP_WITHIN_S, _signal_group, (dev.pid, signal.SIGKILL))
     deadline.daemon = True
@@ -59,7 +72,7 @@ def dagster_dev(port: int = 3000, verbose: bool = False, in_home: bool = False) 
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        _pass_through(dev.stderr)  # until `dagster dev` closes its stderr: it exited
+        dev.stderr_thread.join()  # until `dagster dev` closes its stderr: it exited
         code = dev.wait()
     finally:
         deadline.cancel()
@@ -69,6 +82,16 @@ def dagster_dev(port: int = 3000, verbose: bool = False, in_home: bool = False) 
     if not stopping:
         return code
     return 0 if stopping[0] == signal.SIGINT else 128 + stopping[0]  # Ctrl-C: stopped as asked
+
+
+def stop_dagster_dev(dev: subprocess.Popen) -> None:
+    """Stop a started ``dagster dev`` and its whole process group now (the demo failed while building)."""
+    _signal_group(dev.pid, signal.SIGTERM)
+    try:
+        dev.wait(STOP_WITHIN_S)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(dev.pid, signal.SIGKILL)
 
 
 #: How long `ui` gives `dagster dev` and its servers to stop after Ctrl-C or SIGTERM before killing what is left.
