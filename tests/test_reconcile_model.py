@@ -372,12 +372,13 @@ class Organisation(RuleBasedStateMachine):
     def _copy_state(self, run: WorldRun, project: str, seen_state: str) -> str:
         """The state the warehouse's copy of ``run`` in ``project`` must have: as last seen while W&B holds it there
         and the project is mirrored; ``moved`` once a mirrored project holds it where it was seen; else (deleted,
-        moved out of sight, or its project left the mirror set) ``vanished`` if it was alive, as it ended if not."""
+        moved out of sight, or its project left the mirror set) ``vanished`` if it was alive, as it ended if not. A copy
+        once ``moved`` stays so until the run is held here again (a mirrored fetch of this project re-reads it)."""
         now_at, mirrored = run.synced_project, self.synced_mirrored  # as of the last backfill
         if now_at == project and project in mirrored:
             return seen_state
-        if now_at is None and run.copy_states.get(project) == "moved":  # deleted since it moved: still moved
-            return "moved"
+        if run.copy_states.get(project) == "moved":  # moved, and not back here since: still moved (deleted since, or
+            return "moved"  # moved on out of the mirror set's sight: the warehouse counts it where it was last held)
         if now_at is not None and now_at != project and now_at in mirrored and now_at in run.seen:
             return "moved"
         return "vanished" if seen_state == "running" else seen_state
@@ -652,3 +653,26 @@ def test_the_soaks_history_a_run_moved_away_and_back_then_deleted_counts_once(
     org.every_number_reconciles()
     states = {(c.project, c.run_id): c.state for c in org._copies()}
     assert (states[("p2", "r0")], states[("p3", "r0")]) == ("moved", "finished")
+
+
+@pytest.mark.slow  # 30 s: the everyday tier keeps the lifecycle history
+def test_the_soaks_history_a_run_moved_on_out_of_the_mirror_set_counts_where_it_was_last_held(
+    wandb_server, warehouse_path, instance, tmp_path, monkeypatch, datadog_capture
+):
+    """The history the third soak failed on (2026-11-27, shrunk by hand): r0 moved test-project -> p3 (the test-project
+    copy moved), then p3 -> p2 while p2 is out of the mirror set. The warehouse keeps the test-project copy moved and
+    counts r0 in p3, where it was last held; the model had taken the moved copy back and counted r0 twice."""
+    org = _one_organisation(wandb_server([]), instance, warehouse_path, tmp_path, monkeypatch, datadog_capture)
+    org.start_a_run(("test-project", "alice", "H100-80GB", 1, 32, 182, 2.0, "failed", [2.0, 90.0, 2.0]))
+    org.backfill()
+    org.every_number_reconciles()
+    picks = _Picks(org)
+    picks.move("r0", "p3")
+    org.backfill()
+    org.every_number_reconciles()
+    org.change_the_mirror_set(["p3", "test-project"])
+    picks.move("r0", "p2")
+    org.backfill()
+    org.every_number_reconciles()
+    states = {(c.project, c.run_id): c.state for c in org._copies()}
+    assert (states[("test-project", "r0")], states[("p3", "r0")]) == ("moved", "failed")
