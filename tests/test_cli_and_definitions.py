@@ -65,6 +65,8 @@ def test_definitions_contents():
         "fleet_snapshot",
         "datadog_feed",
         "fleet_alerts",
+        "idle_actions",
+        "pr_checks",
         "warehouse_snapshot",
         "fleet_report",
         "offline_runs",
@@ -78,6 +80,7 @@ def test_definitions_contents():
         "run_efficiency",
         "fleet_health_daily",
         "team_budget_vs_spend",
+        "idle_by_user_weekly",
         "marts_build",
     }
     curves = defs.get_schedule_def("curves_between_ticks")  # between the ticks, never on their path
