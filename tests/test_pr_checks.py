@@ -107,24 +107,3 @@ def test_pr_check_fails_on_the_regressed_pr_only(fleet, pr, code):
             "| ppo | 8xH100-80GB | overview/sps | 850.0 [1] | 1,000.0 [10] | -15.0% | 980.6 | regression |"
         )
         assert lines[-1] == "1 metric(s) regressed against main on the same testbed."
-
-
-def test_a_main_series_that_changes_hardware_raises_no_sps_alert(memory_con):
-    """Issue 45: ppo on main, 24 runs on 8 H100s at ~1,000 (the detector wants 20 before), then 12 on 8 A100s at ~600
-    (a move to other hardware, not a slower commit): no sps_regression. The same drop on the same H100s is one. (On
-    a12c3e6 the first raised one: the series mixed testbeds.)"""
-    from wandb_assets.lib.alerts import AlertThresholds, sps_regression
-
-    def series(model_after: str) -> list[dict]:
-        rows = []
-        for i in range(36):
-            model, sps = ("H100-80GB", 1000.0 + (i % 3)) if i < 24 else (model_after, 600.0 + (i % 3))
-            rows.append(ci_run(f"m{i}", "main", f"c{i:02d}", sps, 48 - i, model))
-        return rows
-
-    load(memory_con, series("A100-80GB"))
-    assert sps_regression(memory_con, T, AlertThresholds()) == []
-    load(memory_con, series("H100-80GB"))
-    (alert,) = sps_regression(memory_con, T, AlertThresholds())
-    assert alert.details["testbed"] == "8xH100-80GB" and alert.details["first_slow_commit"] == "c24"
-    assert alert.message.startswith("SPS regression on main for ppo on 8xH100-80GB: overview/sps fell 40.0%")

@@ -19,7 +19,7 @@ import duckdb
 
 from wandb_assets.lib.curves_warehouse import steady_metric
 from wandb_assets.lib.gauges import compute_gauges, compute_project_gauges
-from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, prices_param, testbed_sql, usd_sql
+from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, prices_param, usd_sql
 from wandb_assets.lib.lake import retry_on_conflict
 from wandb_assets.lib.regressions import find_regressions
 from wandb_assets.lib.sql import (
@@ -39,7 +39,6 @@ CHANGE_POINT_TYPES: dict[str, str] = {
     "entity": "VARCHAR",
     "project": "VARCHAR",
     "ci_config": "VARCHAR",
-    "testbed": "VARCHAR",
     "metric": "VARCHAR",
     "evaluated_at": "TIMESTAMP",
     "last_good_commit": "VARCHAR",
@@ -246,7 +245,7 @@ def _project_details(th: AlertThresholds, row: dict) -> dict:
 #: quarter of runs end on a checkpoint; equal without that; a series switching mid-way adds no false alert.
 _SPS_OF_RUN = "coalesce(CASE WHEN $steady THEN sps_steady END, TRY_CAST(json_extract(summary, $key) AS DOUBLE))"
 _SERIES_RUNS_SQL = f"""
-SELECT entity, project, ci_config, {testbed_sql("runs")} AS testbed, run_id, ci_commit, url, created_at,
+SELECT entity, project, ci_config, run_id, ci_commit, url, created_at,
        {_SPS_OF_RUN} AS sps, coalesce(ci_timestamp, created_at) AS commit_time
 FROM {MIRRORED_RUNS_SQL} runs
 WHERE category = 'push_to_main' AND ci_branch = 'main' AND ci_config IS NOT NULL
@@ -257,7 +256,7 @@ WHERE category = 'push_to_main' AND ci_branch = 'main' AND ci_config IS NOT NULL
 _COMMIT_ORDER = "commit_time, created_at, run_id"
 #: Each series as one list of values in commit order: what the detector reads, without a Python row per run.
 _SERIES_VALUES_SQL = f"""
-SELECT entity, project, ci_config, testbed, list(sps ORDER BY {_COMMIT_ORDER}) AS sps
+SELECT entity, project, ci_config, list(sps ORDER BY {_COMMIT_ORDER}) AS sps
 FROM ({_SERIES_RUNS_SQL}) GROUP BY ALL ORDER BY ALL
 """
 #: The runs at given positions (0 = oldest) of given series (``$wanted``: JSON ``[{entity, project, ci_config,
@@ -265,13 +264,12 @@ FROM ({_SERIES_RUNS_SQL}) GROUP BY ALL ORDER BY ALL
 _SERIES_RUNS_AT_SQL = f"""
 WITH wanted AS (
     SELECT unnest(from_json($wanted::JSON, '[{{"entity": "VARCHAR", "project": "VARCHAR", "ci_config": "VARCHAR",
-                                              "testbed": "VARCHAR", "position": "BIGINT"}}]'), recursive := true)
+                                              "position": "BIGINT"}}]'), recursive := true)
 ), placed AS (
-    SELECT *, row_number() OVER (PARTITION BY entity, project, ci_config, testbed ORDER BY {_COMMIT_ORDER}) - 1
-              AS position
+    SELECT *, row_number() OVER (PARTITION BY entity, project, ci_config ORDER BY {_COMMIT_ORDER}) - 1 AS position
     FROM ({_SERIES_RUNS_SQL})
 )
-SELECT placed.* FROM placed JOIN wanted USING (entity, project, ci_config, testbed, position)
+SELECT placed.* FROM placed JOIN wanted USING (entity, project, ci_config, position)
 """
 
 
@@ -292,8 +290,8 @@ def find_change_points(con, at: datetime, metric: str) -> list[dict]:
     regression names are read as rows (at a million runs, 313,606 Python rows cost 0.7 s an evaluation)."""
     params = series_params(con, at, metric)
     found = [
-        ((entity, project, config, testbed), regression)
-        for entity, project, config, testbed, values in con.execute(_SERIES_VALUES_SQL, params).fetchall()
+        ((entity, project, config), regression)
+        for entity, project, config, values in con.execute(_SERIES_VALUES_SQL, params).fetchall()
         for regression in find_regressions(values)
     ]
     if not found:
@@ -304,7 +302,7 @@ def find_change_points(con, at: datetime, metric: str) -> list[dict]:
         for position in (r.last_good, r.first_slow, r.detected_at, r.recovered_at)
         if position is not None
     }
-    keys = ("entity", "project", "ci_config", "testbed", "position")
+    keys = ("entity", "project", "ci_config", "position")
     named = {
         tuple(row[key] for key in keys): row
         for row in _rows(
@@ -321,7 +319,6 @@ def find_change_points(con, at: datetime, metric: str) -> list[dict]:
                 "entity": series[0],
                 "project": series[1],
                 "ci_config": series[2],
-                "testbed": series[3],
                 "metric": metric,
                 "evaluated_at": at,
                 "last_good_commit": good["ci_commit"],
@@ -362,7 +359,6 @@ def _series_mark(con, at: datetime, metric: str) -> str:
     return json.dumps(
         {
             "metric": metric,
-            "series": "config and testbed",  # what a series is: a mark of before testbeds is recomputed
             "steady": steady,
             "runs": count,
             "last": last.isoformat() if last else None,
@@ -413,8 +409,7 @@ def sps_regression(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     """One condition per regression of a CI config on main that has not recovered (``lib.regressions``).
 
     The alert is keyed by the first slow commit, so two regressions of one config are two alerts; it resolves
-    when a later regime is back within the noise of the old level. Configs never mix, nor do testbeds (GPU count and
-    model): each config on each testbed is its own series, so a move to other hardware is never a regression.
+    when a later regime is back within the noise of the old level. Configs never mix: each is its own series.
     """
     metric = th.sps_metric
     conditions = []
@@ -422,13 +417,12 @@ def sps_regression(con, at: datetime, th: AlertThresholds) -> list[Condition]:
         if point["recovered"]:
             continue
         config, slow = point["ci_config"], point["first_slow_commit"]
-        on_testbed = f" on {point['testbed']}" if point.get("testbed") not in (None, "unknown") else ""
         subject, message = scoped(
             th,
             point,
             f"{config}:{slow}",
-            f"SPS regression on main for {config}{on_testbed}: {metric} fell {-point['change_pct']:.1f}% "
-            f"from {point['before']:,.1f} to {point['after']:,.1f} (noise {point['noise_pct']:.1f}%). "
+            f"SPS regression on main for {config}: {metric} fell {-point['change_pct']:.1f}% from "
+            f"{point['before']:,.1f} to {point['after']:,.1f} (noise {point['noise_pct']:.1f}%). "
             f"Last good commit {point['last_good_commit']} ({point['last_good_url']}), first slow commit {slow} "
             f"({point['first_slow_url']}); {point['confirming_runs']} slow run(s) confirm it.",
         )
@@ -441,7 +435,6 @@ def sps_regression(con, at: datetime, th: AlertThresholds) -> list[Condition]:
                 _project_details(th, point)
                 | {
                     "ci_config": config,
-                    "testbed": point["testbed"],
                     "metric": metric,
                     "last_good_commit": point["last_good_commit"],
                     "last_good_url": point["last_good_url"],

@@ -402,8 +402,6 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "ordinal": "the order found in: by project and CI config, each config's regressions oldest first",
             **_PROJECT,
             "ci_config": "CI config of the series",
-            "testbed": "GPU count and model of the series' runs (8xH100-80GB; unknown without either): each config "
-            "on each testbed is one series",
             "metric": "summary key watched (`WANDB_ASSETS_SPS_METRIC`)",
             "evaluated_at": "the snapshot time it was evaluated at, UTC",
             "last_good_commit": "last commit of the old regime",

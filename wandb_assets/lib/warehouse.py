@@ -256,7 +256,6 @@ def _create_schema(con, lake: bool, home: tuple[str | None, str | None] | None) 
         con.execute(f"ALTER TABLE gpu_usage ADD COLUMN IF NOT EXISTS {column} DOUBLE")
     con.execute(LEDGER_SQL)
     con.execute(ALERT_SQL)
-    con.execute("ALTER TABLE sps_change_points ADD COLUMN IF NOT EXISTS testbed VARCHAR")  # series per testbed
     con.execute(IDLE_ACTIONS_SQL)
     con.execute(PR_CHECKS_SQL)
     scope_unscoped_alerts(con)  # every alert key names its project now, with one project as with several
