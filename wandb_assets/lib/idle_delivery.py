@@ -11,7 +11,6 @@ leaves the row pending for the next tick; nothing is sent twice.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -156,12 +155,10 @@ def deliver(
     channels: IdleChannels,
     now: datetime,
     known_stops: dict[tuple, tuple[str, str | None]] | None = None,
-    clock: Callable[[], datetime] | None = None,
 ) -> list[dict]:
     """Send the claimed ``rows``; returns each row's outcome (``record_outcomes``). ``known_stops``: the outcomes of
     stops decided earlier whose messages are claimed now, by ``(entity, project, run_id, episode_started_at, step)``.
     A channel found down is not tried again in this call."""
-    clock = clock or (lambda: now)
     stops = dict(known_stops or {})
     down: dict[str, str] = {}
     outcomes: list[dict] = []
@@ -180,7 +177,7 @@ def deliver(
             outcomes.append(_outcome(row, PENDING, now, error=str(exc)))
             continue
         stops[step_key(row)] = (answer.outcome, answer.reason)
-        outcomes.append(_outcome(row, answer.outcome, clock(), reason=answer.reason))
+        outcomes.append(_outcome(row, answer.outcome, now, reason=answer.reason))
 
     for row in (r for r in rows if r["audience"] in (OWNER, TEAM)):
         if row["details"].get("stop_step"):
@@ -195,10 +192,10 @@ def deliver(
                 continue
         else:
             text = ladder_text(row)
-        outcomes.append(_tell(row, text, channels, down, clock))
+        outcomes.append(_tell(row, text, channels, down, now))
 
     for row in (r for r in rows if r["audience"] == DIGEST):
-        outcomes.append(_tell_digest(row, channels, down, clock))
+        outcomes.append(_tell_digest(row, channels, down, now))
 
     for row in (r for r in rows if r["audience"] == DATADOG):
         missing = channels.datadog_missing()
@@ -209,17 +206,16 @@ def deliver(
         else:
             try:
                 channels.send_event(event_title(row), event_text(row))
-                outcomes.append(_outcome(row, SENT, clock(), channel="datadog_event"))
+                outcomes.append(_outcome(row, SENT, now, channel="datadog_event"))
             except Outage as exc:
                 down["datadog"] = str(exc)
                 outcomes.append(_outcome(row, PENDING, now, error=str(exc)))
     return outcomes
 
 
-def _tell_digest(row: dict, channels: IdleChannels, down: dict[str, str], clock) -> dict:
+def _tell_digest(row: dict, channels: IdleChannels, down: dict[str, str], now: datetime) -> dict:
     """A weekly digest to its Slack user or channel (from the teams file); nobody to send it to is recorded, never
     sent to the webhook (a digest is not an alert)."""
-    now = clock()
     missing = channels.slack_missing()
     if missing or not row["recipient"]:
         who = row["run_id"].replace(":", " ", 1)
@@ -232,13 +228,12 @@ def _tell_digest(row: dict, channels: IdleChannels, down: dict[str, str], clock)
     except Outage as exc:
         down["slack"] = str(exc)
         return _outcome(row, PENDING, now, error=str(exc))
-    return _outcome(row, SENT, clock(), channel="slack")
+    return _outcome(row, SENT, now, channel="slack")
 
 
-def _tell(row: dict, text: str, channels: IdleChannels, down: dict[str, str], clock) -> dict:
+def _tell(row: dict, text: str, channels: IdleChannels, down: dict[str, str], now: datetime) -> dict:
     """Post ``text`` to the row's audience: its Slack user or channel, else the webhook (the reason recorded)."""
     d = row["details"]
-    now = clock()
     recipient, reason = None, None
     slack_missing = channels.slack_missing()
     if slack_missing:
@@ -270,7 +265,7 @@ def _tell(row: dict, text: str, channels: IdleChannels, down: dict[str, str], cl
         except Outage as exc:
             down["slack"] = str(exc)
             return _outcome(row, PENDING, now, error=str(exc))
-        return _outcome(row, SENT, clock(), channel="slack", recipient=recipient)
+        return _outcome(row, SENT, now, channel="slack", recipient=recipient)
     webhook_missing = channels.webhook_missing()
     if webhook_missing:
         return _outcome(row, UNDELIVERABLE, now, channel="none", reason=f"{reason}; {webhook_missing}")
@@ -281,4 +276,4 @@ def _tell(row: dict, text: str, channels: IdleChannels, down: dict[str, str], cl
     except Outage as exc:
         down["webhook"] = str(exc)
         return _outcome(row, PENDING, now, error=str(exc))
-    return _outcome(row, SENT, clock(), channel="webhook", recipient="alert webhook", reason=reason)
+    return _outcome(row, SENT, now, channel="webhook", recipient="alert webhook", reason=reason)

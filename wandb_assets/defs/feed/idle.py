@@ -75,13 +75,17 @@ class LadderChannels:
             return None
         return self._slack_error or "no Slack bot token (WANDB_ASSETS_SLACK_BOT_TOKEN)"
 
-    def _slack(self, call):
+    def _slack(self, call, absent: str | None = None):
+        """``call()`` of the Slack client; ``Outage`` when Slack cannot take it now; None when Slack answers the error
+        ``absent`` (what it says of a lookup that found nobody)."""
         from slack_sdk.errors import SlackApiError
 
         try:
             return call()
         except SlackApiError as exc:
             error = exc.response.get("error") if exc.response is not None else None
+            if absent is not None and error == absent:
+                return None
             raise Outage(f"Slack answered {error or exc.response.status_code}") from None
         except Exception as exc:  # noqa: BLE001 - connection trouble of any kind: the row waits
             raise Outage(f"Slack unreachable ({type(exc).__name__})") from None
@@ -90,18 +94,8 @@ class LadderChannels:
         self._slack(lambda: self._client.chat_postMessage(channel=channel, text=text, unfurl_links=False))
 
     def slack_user_by_email(self, email: str) -> str | None:
-        from slack_sdk.errors import SlackApiError
-
-        try:
-            answer = self._client.users_lookupByEmail(email=email)
-        except SlackApiError as exc:
-            if exc.response is not None and exc.response.get("error") == "users_not_found":
-                return None
-            error = exc.response.get("error") if exc.response is not None else None
-            raise Outage(f"Slack answered {error or 'an error'} to users.lookupByEmail") from None
-        except Exception as exc:  # noqa: BLE001
-            raise Outage(f"Slack unreachable ({type(exc).__name__})") from None
-        return (answer.get("user") or {}).get("id")
+        answer = self._slack(lambda: self._client.users_lookupByEmail(email=email), absent="users_not_found")
+        return None if answer is None else (answer.get("user") or {}).get("id")
 
     def webhook_missing(self) -> str | None:
         return None if self._channels.slack_enabled else "no alert webhook (WANDB_ASSETS_SLACK_WEBHOOK_URL)"
