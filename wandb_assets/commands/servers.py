@@ -72,7 +72,9 @@ def serve(dev: subprocess.Popen) -> int:
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        dev.stderr_thread.join()  # until `dagster dev` closes its stderr: it exited
+        # until `dagster dev` exits (reaped at once: a grandchild still holding its stderr must not leave it a zombie)
+        while dev.poll() is None:
+            dev.stderr_thread.join(0.2)
         code = dev.wait()
     finally:
         deadline.cancel()
