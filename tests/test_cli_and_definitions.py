@@ -67,6 +67,7 @@ def test_definitions_contents():
         "fleet_alerts",
         "idle_actions",
         "pr_checks",
+        "github_checks",
         "warehouse_snapshot",
         "fleet_report",
         "offline_runs",
@@ -100,15 +101,23 @@ def test_definitions_contents():
         "pipeline_failure_resolves",
         "offline_run_logs",
         "analytics_after_feed",
+        "after_feed_to_github",
     }
     assert all(s.default_status.value == "RUNNING" for s in defs.sensors)
     # a failed run of any job that writes the warehouse or feeds Datadog opens (and its next success resolves)
     # the pipeline_failure alert: the sensor-launched offline job included
     for name in ("pipeline_failure_opens", "pipeline_failure_resolves"):
         watched = {job.name for job in defs.get_sensor_def(name)._monitored_jobs}  # noqa: SLF001 (no public accessor)
-        assert watched == {"refresh", "backfill", "offline", "curves", "feed", "warehouse_maintenance", "analytics"}, (
-            name
-        )
+        assert watched == {
+            "refresh",
+            "backfill",
+            "offline",
+            "curves",
+            "feed",
+            "github_delivery",
+            "warehouse_maintenance",
+            "analytics",
+        }, name
     assert {j.name for j in defs.jobs} == {
         "refresh",
         "backfill",
@@ -119,6 +128,7 @@ def test_definitions_contents():
         "curves",
         "warehouse_maintenance",
         "analytics",
+        "github_delivery",
     }
     maintenance = defs.get_schedule_def("daily_warehouse_maintenance")
     assert (maintenance.cron_schedule, maintenance.default_status.value) == ("40 3 * * *", "RUNNING")
@@ -287,6 +297,26 @@ def test_cli_backfill_then_refresh(wandb_server, warehouse_path, dagster_home, c
             ["refresh"],
             {"WANDB_ASSETS_GPU_DEFAULT_PRICE": "-1"},
             "error: WANDB_ASSETS_GPU_DEFAULT_PRICE must be at least 0 (got '-1'); unset it to use the default.",
+        ),
+        (
+            ["refresh"],
+            {"WANDB_ASSETS_GITHUB_REPO": "acme", "WANDB_ASSETS_GITHUB_TOKEN": "ghp_x"},
+            "error: WANDB_ASSETS_GITHUB_REPO must be owner/name, like acme/trainer (got 'acme').",
+        ),
+        (
+            ["refresh"],
+            {"WANDB_ASSETS_GITHUB_REPO": "acme/trainer"},
+            "error: WANDB_ASSETS_GITHUB_REPO is acme/trainer, but no credential is set: set WANDB_ASSETS_GITHUB_APP_ID "
+            "and WANDB_ASSETS_GITHUB_APP_PRIVATE_KEY (a GitHub App), or WANDB_ASSETS_GITHUB_TOKEN.",
+        ),
+        (
+            ["refresh"],
+            {
+                "WANDB_ASSETS_GITHUB_REPO": "acme/trainer",
+                "WANDB_ASSETS_GITHUB_APP_ID": "77",
+                "WANDB_ASSETS_GITHUB_APP_PRIVATE_KEY": "MIIEsecretkeymaterial",
+            },
+            "error: WANDB_ASSETS_GITHUB_APP_PRIVATE_KEY is neither PEM text nor the path of a readable .pem file.",
         ),
         (["costs", "--days", "0"], {}, "error: --days must be 1 or more (got 0)."),
         (["backfill"], {}, "usage: wandb-assets backfill [-h] --start START"),  # argparse's own: exit 2 too

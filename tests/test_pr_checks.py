@@ -1,19 +1,13 @@
 """Pull requests' throughput against main on the same testbed (issue 45, the verdicts): hand-worked values."""
 
-import json
 import subprocess
 import sys
-from datetime import datetime, timedelta
 
 import duckdb
 import pytest
 
-from tests.fleet import fleet_row, load
+from tests.fleet import MAIN_SPS, T, load, pr_fleet
 from wandb_assets.lib.pr_checks import NO_BASELINE, NO_CHANGE, REGRESSION, judge, judge_prs, t_quantile
-
-T = datetime(2026, 11, 20, 12, 0)
-#: Ten steady main runs of ppo on 8 H100s: mean 1,000, standard deviation sqrt(386 / 9) = 6.549.
-MAIN_SPS = [1000.0, 1010.0, 990.0, 1005.0, 995.0, 1002.0, 998.0, 1008.0, 992.0, 1000.0]
 
 
 @pytest.mark.parametrize(("df", "expected"), [(1, 31.820516), (4, 3.746947), (9, 2.821438), (29, 2.462021)])
@@ -32,39 +26,12 @@ def test_the_boundary_by_hand():
     assert judge([940.0], MAIN_SPS, percent=5.0).boundary == 950.0  # the percentage threshold: median less 5 %
 
 
-def ci_run(run_id: str, branch: str, commit: str, sps: float, hours_ago: float, model: str = "H100-80GB") -> dict:
-    created = T - timedelta(hours=hours_ago)
-    row = fleet_row(run_id, "finished", "push_to_main", created, created + timedelta(minutes=30), gpus=8)
-    return row | {
-        "name": f"github.sky.{branch}.{commit}.ppo.{int(created.timestamp())}",
-        "ci_branch": branch,
-        "ci_commit": commit,
-        "ci_config": "ppo",
-        "ci_timestamp": created,
-        "gpu_model": model,
-        "sps_overview_sps": sps,
-        "summary": json.dumps({"overview/sps": sps}),
-    }
-
-
 @pytest.fixture
 def fleet(tmp_path):
-    """Ten main runs on 8 H100s (``MAIN_SPS``), twelve slower ones on 8 A100s (~600), three on 4 L4s; PR 7 (H100,
-    850: -15 %), PR 8 (H100, 995, twice), PR 9 (4 L4s: three main runs only)."""
-    rows = [ci_run(f"m{i}", "main", f"c{i:02d}", sps, 100 - i) for i, sps in enumerate(MAIN_SPS)]
-    rows += [ci_run(f"a{i}", "main", f"a{i:02d}", 600.0 + i, 200 - i, "A100-80GB") for i in range(12)]
-    rows += [ci_run(f"l{i}", "main", f"l{i:02d}", 100.0, 150 - i, "L4") for i in range(3)]
-    for row in rows[-3:]:
-        row["gpu_count"] = 4
-    rows += [
-        ci_run("p7", "pr7", "deadbeef", 850.0, 1),
-        ci_run("p8a", "pr8", "cafe0001", 990.0, 1),
-        ci_run("p8b", "pr8", "cafe0001", 1000.0, 0.5),
-        ci_run("p9", "pr9", "f00d0001", 50.0, 1, "L4") | {"gpu_count": 4},
-    ]
+    """``pr_fleet``: ten main runs on 8 H100s (``MAIN_SPS``), twelve on 8 A100s, three on 4 L4s; PRs 7, 8 and 9."""
     path = tmp_path / "w.snapshot.duckdb"
     con = duckdb.connect(str(path))
-    load(con, rows)
+    load(con, pr_fleet())
     yield con, path
     con.close()
 

@@ -138,6 +138,42 @@ class Settings(BaseSettings):
     WANDB_ASSETS_SLACK_API_URL: str = _var(
         "https://slack.com/api/", "Slack Web API base URL (a proxy; tests use a loopback one)."
     )
+    WANDB_ASSETS_GITHUB_REPO: str | None = _var(
+        None,
+        "GitHub repository (`owner/name`) whose pull requests' throughput verdicts go to GitHub: a check run "
+        "`wandb-assets / throughput` on each judged commit and one comment per PR (docs/pr-checks.md). Unset: the "
+        "verdicts stay in `pr_checks` and `wandb-assets pr-check`.",
+        "(none: nothing sent to GitHub)",
+    )
+    WANDB_ASSETS_GITHUB_TOKEN: SecretStr | None = _var(
+        None,
+        "GitHub token for WANDB_ASSETS_GITHUB_REPO (an installation token makes check runs; a personal token gets "
+        "commit statuses instead); else the secret's `WANDB_ASSETS_GITHUB_TOKEN`. The GitHub App settings win.",
+        "(none)",
+    )
+    WANDB_ASSETS_GITHUB_APP_ID: int | None = _var(
+        None,
+        "GitHub App id: the pipeline signs a JWT with the App's private key and exchanges it for an installation "
+        "token of WANDB_ASSETS_GITHUB_REPO (permissions: checks write, pull requests write, contents read).",
+        "(none)",
+        gt=0,
+    )
+    WANDB_ASSETS_GITHUB_APP_PRIVATE_KEY: SecretStr | None = _var(
+        None,
+        "The GitHub App's private key: the PEM text or the path of its `.pem` file; else the secret's "
+        "`WANDB_ASSETS_GITHUB_APP_PRIVATE_KEY`.",
+        "(none)",
+    )
+    WANDB_ASSETS_GITHUB_API_URL: str = _var(
+        "https://api.github.com",
+        "GitHub REST API base URL (GitHub Enterprise: `https://<host>/api/v3`; tests use a loopback one).",
+    )
+    WANDB_ASSETS_PR_GATE: bool = _var(
+        True,
+        "A pull request whose throughput regressed gets a failing check (`failure`); false: `neutral`, reported "
+        "without blocking a merge.",
+        "true",
+    )
     WANDB_ASSETS_FETCH_METADATA: bool = _var(
         True,
         "Read W&B's wandb-metadata.json (GPU count and model) once for each run first seen finished, crashed or "
@@ -619,6 +655,80 @@ def idle_policy(environ: Mapping[str, str] | None = None) -> IdlePolicy | None:
     return parse_idle_policy(
         _yaml(s.WANDB_ASSETS_IDLE_POLICY, "WANDB_ASSETS_IDLE_POLICY"), where, s.WANDB_ASSETS_IDLE_GPU_PCT
     )
+
+
+@dataclass(frozen=True)
+class GitHubTarget:
+    """Where the pull requests' verdicts go (``WANDB_ASSETS_GITHUB_*``): the credentials stay ``SecretStr`` until the
+    client is made; None where they come from the secret (read at run time)."""
+
+    repo: str
+    api_url: str
+    gate: bool
+    token: SecretStr | None
+    app_id: int | None
+    private_key: SecretStr | None
+
+
+def github_target(environ: Mapping[str, str] | None = None) -> GitHubTarget | None:
+    """The GitHub repository the verdicts go to (None: ``WANDB_ASSETS_GITHUB_REPO`` unset, nothing is sent);
+    ``ConfigError`` of one sentence for a repository that is not ``owner/name``, an API URL that is not http(s), an
+    App id without its key (or the key without the id), or no credential where no secret can supply one."""
+    import re
+    from urllib.parse import urlsplit
+
+    s = load_settings(environ)
+    if s.WANDB_ASSETS_GITHUB_REPO is None:
+        return None
+    repo = s.WANDB_ASSETS_GITHUB_REPO
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", repo):
+        raise ConfigError(f"WANDB_ASSETS_GITHUB_REPO must be owner/name, like acme/trainer (got {repo!r}).")
+    url = s.WANDB_ASSETS_GITHUB_API_URL.rstrip("/")
+    if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+        raise ConfigError(
+            f"WANDB_ASSETS_GITHUB_API_URL must start with http:// or https:// (got {url!r}); GitHub's is "
+            "https://api.github.com."
+        )
+    key = s.WANDB_ASSETS_GITHUB_APP_PRIVATE_KEY
+    if key is not None and s.WANDB_ASSETS_GITHUB_APP_ID is None:
+        raise ConfigError(
+            "WANDB_ASSETS_GITHUB_APP_PRIVATE_KEY is set without WANDB_ASSETS_GITHUB_APP_ID: set the App's id."
+        )
+    if key is not None:
+        key = SecretStr(pem_text(key.get_secret_value().strip()))
+    secret_can = s.WANDB_API_KEY is None  # the secret is read at run time: it may hold the token or the key
+    if s.WANDB_ASSETS_GITHUB_APP_ID is not None and key is None and not secret_can:
+        raise ConfigError(
+            "WANDB_ASSETS_GITHUB_APP_ID is set without WANDB_ASSETS_GITHUB_APP_PRIVATE_KEY: set the App's private key "
+            "(its PEM text or the path of its .pem file)."
+        )
+    if s.WANDB_ASSETS_GITHUB_APP_ID is None and s.WANDB_ASSETS_GITHUB_TOKEN is None and not secret_can:
+        raise ConfigError(
+            f"WANDB_ASSETS_GITHUB_REPO is {repo}, but no credential is set: set WANDB_ASSETS_GITHUB_APP_ID and "
+            "WANDB_ASSETS_GITHUB_APP_PRIVATE_KEY (a GitHub App), or WANDB_ASSETS_GITHUB_TOKEN."
+        )
+    return GitHubTarget(
+        repo, url, s.WANDB_ASSETS_PR_GATE, s.WANDB_ASSETS_GITHUB_TOKEN, s.WANDB_ASSETS_GITHUB_APP_ID, key
+    )
+
+
+def pem_text(value: str) -> str:
+    """A private key's PEM text from the setting (the text itself, or the path of its file); the sentence of a
+    ``ConfigError`` never quotes the value (it may be the key)."""
+    if value.startswith("-----BEGIN"):
+        text = value
+    else:
+        try:
+            text = Path(value).expanduser().read_text().strip()
+        except (OSError, ValueError):
+            raise ConfigError(
+                "WANDB_ASSETS_GITHUB_APP_PRIVATE_KEY is neither PEM text nor the path of a readable .pem file."
+            ) from None
+    if not text.startswith("-----BEGIN") or "PRIVATE KEY-----" not in text:
+        raise ConfigError(
+            "WANDB_ASSETS_GITHUB_APP_PRIVATE_KEY is not a PEM private key (-----BEGIN ... PRIVATE KEY-----)."
+        )
+    return text
 
 
 def alert_thresholds(environ: Mapping[str, str] | None = None) -> AlertThresholds:

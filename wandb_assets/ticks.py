@@ -24,6 +24,7 @@ from dagster._core.errors import DagsterExecutionInterruptedError
 from wandb_assets.definitions import defs
 from wandb_assets.defs.analytics.jobs import ANALYTICS_JOB
 from wandb_assets.defs.analytics.project import DBT_CONSOLE_LOG
+from wandb_assets.defs.feed.github import GITHUB_CHECKS_JOB
 from wandb_assets.defs.feed.jobs import FEED_JOB
 from wandb_assets.defs.feed.pipeline_failure import (
     PIPELINE_ALERT_JOB,
@@ -41,7 +42,7 @@ from wandb_assets.defs.fleet.jobs import (
     plan_tick,
 )
 from wandb_assets.defs.report.jobs import REPORT_JOB
-from wandb_assets.settings import pipeline_settings
+from wandb_assets.settings import github_target, pipeline_settings
 
 log = logging.getLogger("wandb_assets")
 
@@ -209,6 +210,11 @@ def execute_feed(instance: DagsterInstance, now: str = "") -> ExecuteInProcessRe
     )
 
 
+def execute_github_checks(instance: DagsterInstance, now: str = "") -> ExecuteInProcessResult:
+    """The ``github_checks`` job in this process (what the sensor launches after a feed, with a repository set)."""
+    return _execute(instance, GITHUB_CHECKS_JOB, {"ops": {"github_checks": {"config": {"now": now}}}})
+
+
 def execute_report(instance: DagsterInstance, force_artifact: bool = True) -> ExecuteInProcessResult:
     """``fleet_report`` in this process, in the warehouse pool (``wandb-assets publish``)."""
     return _execute(instance, REPORT_JOB, {"ops": {"fleet_report": {"config": {"force_artifact": force_artifact}}}})
@@ -223,7 +229,8 @@ def run_tick(
     verbose: bool = True,
 ) -> list[ExecuteInProcessResult]:
     """Refresh, feed, then (``WANDB_ASSETS_ANALYTICS``) the analysts' dbt models, as the schedule and sensors do;
-    returns the results of the runs made (the last one failed if any did). ``say`` is told what starts, in words;
+    returns the results of the runs made (a failed one stops what depends on it; the GitHub delivery's failure does
+    not stop the analysts' build). ``say`` is told what starts, in words;
     without ``verbose`` the dbt build's warnings stay in its run's log."""
     say = say or (lambda sentence: None)
     say("Refreshing: reading the recent days from W&B, rebuilding the tables, snapshotting the gauges ...")
@@ -234,9 +241,17 @@ def run_tick(
     say("Feeding Datadog and judging the alerts ...")
     feed = execute_feed(instance, now=now)
     settle_pipeline_alert(instance, feed)
-    if not feed.success or not pipeline_settings().analytics:
+    if not feed.success:
         return [refresh, feed]
+    done = [refresh, feed]
+    if github_target() is not None:
+        say("Sending the pull requests' throughput verdicts to GitHub ...")
+        github = execute_github_checks(instance, now=now)
+        settle_pipeline_alert(instance, github)
+        done.append(github)  # a GitHub failure is its own alert; the analysts' build does not wait on it
+    if not pipeline_settings().analytics:
+        return done
     say("Building the analysts' dbt models, their tests and docs (WANDB_ASSETS_ANALYTICS; a minute or two) ...")
     analytics = execute_analytics(instance, verbose=verbose)
     settle_pipeline_alert(instance, analytics)
-    return [refresh, feed, analytics]
+    return [*done, analytics]

@@ -76,10 +76,11 @@ def preflight(only: list[str] | None = None) -> None:
     from wandb_assets.lib.clock import utc_now
     from wandb_assets.lib.fetch import created_between
     from wandb_assets.lib.projects import NO_PROJECT_LISTED
-    from wandb_assets.settings import ConfigError, idle_policy, pipeline_settings
+    from wandb_assets.settings import ConfigError, github_target, idle_policy, pipeline_settings
 
     pipeline = pipeline_settings()
     idle_policy()  # a policy mistake stops the command before it reads anything
+    github_target()  # so does a GitHub setting's
     check_writable(pipeline.warehouse, "WANDB_ASSETS_DUCKDB")
     check_writable(pipeline.staging_dir, "WANDB_ASSETS_STAGING_DIR", folder=True)
     if pipeline.projects is not None:  # several projects: the key checked by listing

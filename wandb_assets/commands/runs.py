@@ -33,7 +33,8 @@ def run_one_tick(today: date, quiet: bool = False, verbose: bool = False) -> int
         print(sentence, file=sys.stderr, flush=True)
 
     results = run_tick(instance, today, say=say, verbose=verbose)
-    code = exit_status(results[-1], results[-1].job_def.name)
+    failed = next((result for result in results if not result.success), results[-1])
+    code = exit_status(failed, failed.job_def.name)
     if code == 0 and not quiet:
         print_gauges()
         print_projects()

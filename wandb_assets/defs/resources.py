@@ -3,6 +3,7 @@
 import dagster as dg
 
 from wandb_assets.defs.analytics.project import analytics_cli
+from wandb_assets.defs.feed.github import GitHubResource
 from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource, SlackResource
 from wandb_assets.defs.wandb_runs.resources import wandb_resource
 from wandb_assets.defs.warehouse.resources import warehouse_resource
@@ -18,6 +19,7 @@ def resources() -> dg.Definitions:
             "datadog": DatadogResource(wandb=wandb),
             "channels": AlertChannelsResource(),
             "slack": SlackResource(wandb=wandb),
+            "github": GitHubResource(wandb=wandb),
             "dbt": analytics_cli(),
         }
     )

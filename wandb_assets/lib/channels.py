@@ -7,6 +7,11 @@ import urllib.error
 import urllib.request
 
 
+class Outage(Exception):
+    """A channel that could not be reached now (an outage, a 5xx, a rate limit): what it was to take waits in its
+    outbox for the next tick."""
+
+
 def slack_escape(text: str) -> str:
     """Text Slack shows as written: ``&``, ``<`` and ``>`` are its control characters (``<!channel>`` pages a
     whole channel, ``<url|label>`` disguises a link), and run names in alert texts are anyone's to choose."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from wandb_assets.lib.channels import slack_escape
+from wandb_assets.lib.channels import Outage, slack_escape
 from wandb_assets.lib.idle_actions import (
     DIGEST,
     NOT_STOPPED,
@@ -27,10 +27,6 @@ from wandb_assets.lib.idle_actions import (
     UNDELIVERABLE,
 )
 from wandb_assets.lib.idle_policy import DATADOG, OWNER, STOP, TEAM
-
-
-class Outage(Exception):
-    """A channel that could not be reached now (the row waits for the next tick)."""
 
 
 @dataclass(frozen=True)

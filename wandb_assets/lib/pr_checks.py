@@ -21,7 +21,7 @@ from datetime import datetime
 
 from wandb_assets.lib.gpus import testbed_sql
 from wandb_assets.lib.normalize import SPS_KEYS
-from wandb_assets.lib.sql import MIRRORED_RUNS_SQL
+from wandb_assets.lib.sql import MIRRORED_RUNS_SQL, transaction
 
 REGRESSION, IMPROVEMENT, NO_CHANGE, NO_BASELINE = "regression", "improvement", "no change", "no baseline"
 
@@ -42,7 +42,10 @@ PR_CHECKS_COLUMNS = {
     "judged_at": "TIMESTAMP",
     "pr_runs": "VARCHAR[]",
     "baseline_runs": "VARCHAR[]",
+    "pr_run_urls": "VARCHAR[]",
 }
+#: One verdict: a PR commit's config on a testbed, for one metric.
+PR_CHECKS_KEY = ("pr", "commit", "config", "testbed", "metric")
 PR_CHECKS_SQL = f"CREATE TABLE IF NOT EXISTS pr_checks ({', '.join(f'{c} {t}' for c, t in PR_CHECKS_COLUMNS.items())})"
 
 
@@ -137,7 +140,7 @@ def _metric_values_sql(sps_metric: str) -> str:
         for key, column in SPS_KEYS.items()
     )
     return f"""
-SELECT r.run_id, r.ci_branch, r.ci_commit, r.ci_config, {testbed_sql()} AS testbed,
+SELECT r.run_id, r.url, r.ci_branch, r.ci_commit, r.ci_config, {testbed_sql()} AS testbed,
        coalesce(r.ci_timestamp, r.created_at) AS ci_at, r.ended_at, v.value, v.metric
 FROM {MIRRORED_RUNS_SQL} r, LATERAL (VALUES {columns}) v(value, metric)
 WHERE r.ci_branch IS NOT NULL AND r.state IN ('finished', 'crashed') AND isfinite(v.value) AND v.value > 0
@@ -160,11 +163,13 @@ def judge_prs(
     values = con.execute(_metric_values_sql(sps_metric)).fetchall()
     main: dict[tuple, list[tuple]] = {}
     prs: dict[tuple, list[tuple]] = {}
-    for run_id, branch, commit, config, testbed, ci_at, ended_at, value, metric in values:
+    urls = {}
+    for run_id, url, branch, commit, config, testbed, ci_at, ended_at, value, metric in values:
         if branch == "main":
             main.setdefault((config, testbed, metric), []).append((ci_at, run_id, value, ended_at))
         elif pr is None or branch == f"pr{pr}":
             prs.setdefault((int(branch[2:]), commit, config, testbed, metric), []).append((ci_at, run_id, value))
+            urls[run_id] = url
     rows = []
     for (number, commit, config, testbed, metric), runs in sorted(prs.items()):
         history = sorted(
@@ -184,46 +189,73 @@ def judge_prs(
                 "judged_at": now,
                 "pr_runs": sorted(r for _, r, _ in runs),
                 "baseline_runs": [r for _, r, _, _ in history],
+                "pr_run_urls": [urls[r] for r in sorted(r for _, r, _ in runs)],
             }
         )
     return rows
+
+
+def unjudged(con, rows: list[dict]) -> list[dict]:
+    """The rows of ``judge_prs`` whose PR runs changed since they were last judged (new ones, or a run more of the
+    same commit): a verdict stands once given (a later main run does not rewrite a PR's past check)."""
+    con.execute(PR_CHECKS_SQL)
+    held = {
+        tuple(row[:-1]): sorted(row[-1])
+        for row in con.execute(f"SELECT {', '.join(PR_CHECKS_KEY)}, pr_runs FROM pr_checks").fetchall()
+    }
+    return [r for r in rows if held.get(tuple(r[c] for c in PR_CHECKS_KEY)) != r["pr_runs"]]
 
 
 def record_pr_checks(con, rows: list[dict]) -> None:
     """Replace the judged (pr, commit, config, testbed, metric) rows of ``pr_checks`` in one transaction."""
     import pandas
 
-    from wandb_assets.lib.sql import transaction
-
     con.execute(PR_CHECKS_SQL)
     if not rows:
         return
     frame = pandas.DataFrame(rows, columns=list(PR_CHECKS_COLUMNS))
     con.register("judged_prs", frame)
+    key = ", ".join(f'"{c}"' for c in PR_CHECKS_KEY)
     try:
         with transaction(con):
-            con.execute(
-                "DELETE FROM pr_checks WHERE (pr, commit, config, testbed, metric) IN "
-                "(SELECT pr, commit, config, testbed, metric FROM judged_prs)"
-            )
+            con.execute(f"DELETE FROM pr_checks WHERE ({key}) IN (SELECT {key} FROM judged_prs)")
             con.execute("INSERT INTO pr_checks BY NAME SELECT * FROM judged_prs")
     finally:
         con.unregister("judged_prs")
 
 
-def format_pr_table(rows: list[dict]) -> str:
-    """The verdicts as a Markdown table (the check's summary and ``pr-check``'s output): config, testbed, metric, PR
-    value, baseline median [n], change, boundary, verdict."""
-    lines = [
-        "| config | testbed | metric | PR | baseline median [n] | change | boundary | verdict |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+def held_verdicts(con, prs: list[int]) -> list[dict]:
+    """Every stored verdict of these PRs (what their checks and comments show)."""
+    if not prs:
+        return []
+    cursor = con.execute("SELECT * FROM pr_checks WHERE list_contains($prs, pr)", {"prs": prs})
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def latest_verdicts(con, n: int = 20) -> list[dict]:
+    """The ``n`` verdicts judged last (the asset's view in the UI)."""
+    con.execute(PR_CHECKS_SQL)
+    cursor = con.execute("SELECT * FROM pr_checks ORDER BY judged_at DESC, pr DESC, config, metric LIMIT $n", {"n": n})
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def format_pr_table(rows: list[dict], links: bool = False) -> str:
+    """The verdicts as a Markdown table (the check's summary, the PR comment, ``pr-check``'s output): config, testbed,
+    metric, PR value [runs], baseline median [n], change, boundary, verdict; ``links``: the PR runs' W&B pages."""
+    head = "| config | testbed | metric | PR | baseline median [n] | change | boundary | verdict |"
+    lines = [head + (" W&B |" if links else ""), "|---" * (9 if links else 8) + "|"]
     for r in rows:
         median = f"{r['baseline_median']:,.1f} [{r['baseline_n']}]" if r["baseline_median"] is not None else "- [0]"
         change = f"{r['change_pct']:+.1f}%" if r["change_pct"] is not None else "-"
         boundary = f"{r['boundary']:,.1f}" if r["boundary"] is not None else "-"
-        lines.append(
+        line = (
             f"| {r['config']} | {r['testbed']} | {r['metric']} | {r['pr_value']:,.1f} [{r['pr_n']}] | {median} | "
             f"{change} | {boundary} | {r['verdict']} |"
         )
+        if links:
+            pages = zip(r["pr_runs"], r.get("pr_run_urls") or [None] * len(r["pr_runs"]), strict=True)
+            line += " " + ", ".join(f"[{run}]({url})" if url else run for run, url in pages) + " |"
+        lines.append(line)
     return "\n".join(lines)

@@ -381,6 +381,34 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "judged_at": "when judged, UTC",
             "pr_runs": "W&B run ids of the PR runs",
             "baseline_runs": "W&B run ids of the baseline's main runs, oldest first",
+            "pr_run_urls": "the PR runs' W&B pages, in the order of pr_runs",
+        },
+    ),
+    "github_deliveries": (
+        "table",
+        "The pull requests' verdicts on their way to GitHub (WANDB_ASSETS_GITHUB_REPO; docs/pr-checks.md), an outbox: "
+        "one row per PR and item (a commit's check run, the PR's comment), queued when what it says changes, sent by "
+        "github_checks; GitHub down, it waits here; delivery edits what it sent before, never a second one.",
+        {
+            "repo": "GitHub repository, owner/name",
+            "pr": "pull request number",
+            "item": "check:<commit> (the check run on that commit) or comment (the PR's one comment)",
+            "commit": "the commit it shows, as in the run names (may be short)",
+            "conclusion": "the check's conclusion: failure, neutral or success; NULL for the comment",
+            "title": "the check's title, one line",
+            "body": "the Markdown it sends (the check's summary, the comment's text)",
+            "body_hash": "hash of what it says: queued again only when that changes",
+            "state": "pending (waits; after an outage too), sending (a sender holds it), delivered, refused (GitHub "
+            "would not take it: see last_error; queued again when what it says changes)",
+            "queued_at": "when last queued, UTC",
+            "delivered_at": "when last delivered, UTC",
+            "head_sha": "the full SHA the check went on (resolved through the API)",
+            "target_id": "GitHub's id of the check run, commit status or comment",
+            "channel": "check_run, commit_status (a personal token cannot make check runs) or comment",
+            "attempts": "sends tried, count",
+            "last_error": "the last failure, one line (GitHub's status and message)",
+            "claim": "the sender holding it while it goes out; NULL otherwise",
+            "claimed_at": "when that sender took it, UTC",
         },
     ),
     "run_progress": (

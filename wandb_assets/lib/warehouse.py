@@ -30,6 +30,7 @@ from wandb_assets.lib.idle_actions import IDLE_ACTIONS_SQL
 from wandb_assets.lib.lake import in_lake, retry_on_conflict
 from wandb_assets.lib.normalize import SPS_KEYS, VANISHED
 from wandb_assets.lib.pr_checks import PR_CHECKS_SQL
+from wandb_assets.lib.pr_outbox import GITHUB_DELIVERIES_SQL
 from wandb_assets.lib.runs_lifecycle import ASK_AGAIN_SQL, mark_moved, price_runs, settle, unmirror
 from wandb_assets.lib.sql import (
     ALIVE_SQL,
@@ -196,7 +197,16 @@ def _schema_version() -> str:
     from wandb_assets.lib.schema_docs import comment_statements
 
     text = "\n".join(
-        [SCHEMA_SQL, LEDGER_SQL, ALERT_SQL, IDLE_ACTIONS_SQL, PR_CHECKS_SQL, VIEWS_SQL, *comment_statements()]
+        [
+            SCHEMA_SQL,
+            LEDGER_SQL,
+            ALERT_SQL,
+            IDLE_ACTIONS_SQL,
+            PR_CHECKS_SQL,
+            GITHUB_DELIVERIES_SQL,
+            VIEWS_SQL,
+            *comment_statements(),
+        ]
     )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -258,6 +268,8 @@ def _create_schema(con, lake: bool, home: tuple[str | None, str | None] | None) 
     con.execute(ALERT_SQL)
     con.execute(IDLE_ACTIONS_SQL)
     con.execute(PR_CHECKS_SQL)
+    con.execute("ALTER TABLE pr_checks ADD COLUMN IF NOT EXISTS pr_run_urls VARCHAR[]")
+    con.execute(GITHUB_DELIVERIES_SQL)
     scope_unscoped_alerts(con)  # every alert key names its project now, with one project as with several
     if "entity" not in _columns(con, "run_progress"):  # an evaluation's steps, written before they had a project
         con.execute("ALTER TABLE run_progress ADD COLUMN entity VARCHAR")

@@ -29,6 +29,7 @@ from dagster import (
 )
 
 from wandb_assets.defs.analytics.jobs import analytics_job
+from wandb_assets.defs.feed.github import github_checks_job
 from wandb_assets.defs.feed.jobs import feed_job
 from wandb_assets.defs.feed.notify import Notifier
 from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource
@@ -45,6 +46,7 @@ MONITORED_JOBS = [
     offline_job,
     curves_job,
     feed_job,
+    github_checks_job,
     warehouse_maintenance_job,
     analytics_job,
 ]

@@ -1,0 +1,240 @@
+"""The pull requests' verdicts on their way to GitHub (issue 45): the outbox ``github_deliveries``, what each item says,
+and its delivery through a ``GitHubChannel`` (given: the REST client lives in ``defs``). No Dagster, no network here.
+
+Two kinds of item per pull request: ``check:<commit>``, the check run ``wandb-assets / throughput`` on a judged commit
+(``failure`` when a metric regressed and gating is on, ``neutral`` when a metric has no baseline or gating is off,
+``success`` otherwise), and ``comment``, the PR's one comment (found by its hidden marker), showing the commit judged
+last. An item is queued again when what it says changes. Delivery first looks for what it delivered before (the check
+run by its name on the commit, the comment by its marker) and edits it: an outage, a retry or a sender that died
+mid-send never makes a second one. GitHub down: the item waits (``pending``, its error kept) for the next run; GitHub
+refusing it (a commit it does not know, a PR that is not there): ``refused`` with the reason, not tried again until
+what it says changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from wandb_assets.lib.channels import Outage
+from wandb_assets.lib.pr_checks import NO_BASELINE, REGRESSION, format_pr_table
+from wandb_assets.lib.sql import transaction
+
+CHECK_NAME = "wandb-assets / throughput"
+#: The comment's hidden marker: the comment carrying it is this project's, edited in place.
+MARKER = "<!-- wandb-assets:throughput -->"
+COMMENT = "comment"
+PENDING, SENDING, DELIVERED, REFUSED = "pending", "sending", "delivered", "refused"
+#: A claim older than this belongs to a sender that ended mid-send: the item is pending again (delivery is an edit of
+#: what exists, so sending it again doubles nothing).
+STALE_CLAIM = timedelta(minutes=10)
+
+OUTBOX_KEY = ("repo", "pr", "item")
+GITHUB_DELIVERIES_SQL = """
+CREATE TABLE IF NOT EXISTS github_deliveries (
+    repo VARCHAR, pr INTEGER, item VARCHAR, "commit" VARCHAR, conclusion VARCHAR, title VARCHAR, body VARCHAR,
+    body_hash VARCHAR, state VARCHAR, queued_at TIMESTAMP, delivered_at TIMESTAMP, head_sha VARCHAR,
+    target_id BIGINT, channel VARCHAR, attempts INTEGER, last_error VARCHAR, claim VARCHAR, claimed_at TIMESTAMP
+)"""
+
+
+class Refused(Exception):
+    """GitHub answered that it will not take this item as it is (a 4xx other than a rate limit or credentials)."""
+
+
+class GitHubChannel(Protocol):
+    def full_sha(self, commit: str) -> str:
+        """The full 40-hex SHA of ``commit`` (a prefix); ``Refused`` when the repository has no such commit."""
+
+    def upsert_check(
+        self, sha: str, conclusion: str, title: str, summary: str, known_id: int | None
+    ) -> tuple[int, str]:
+        """Create or edit the check run ``CHECK_NAME`` on ``sha``; returns its id and the channel used (``check_run``,
+        or ``commit_status`` where the credential cannot make check runs)."""
+
+    def upsert_comment(self, pr: int, body: str, known_id: int | None) -> int:
+        """Create or edit the PR's comment carrying ``MARKER``; returns its id."""
+
+
+def conclusion(rows: list[dict], gate: bool) -> tuple[str, str]:
+    """The check's conclusion and title for one commit's verdicts."""
+    regressed = sum(r["verdict"] == REGRESSION for r in rows)
+    missing = sum(r["verdict"] == NO_BASELINE for r in rows)
+    if regressed:
+        title = f"{regressed} of {len(rows)} metric(s) regressed against main on the same testbed"
+        return ("failure", title) if gate else ("neutral", title + " (not gating: WANDB_ASSETS_PR_GATE is false)")
+    if missing:
+        return "neutral", f"{missing} of {len(rows)} metric(s) have no baseline on their testbed yet; none regressed"
+    return "success", f"No regression in {len(rows)} metric(s) against main on the same testbed"
+
+
+HOW = (
+    "Each metric: the mean of the PR runs of this commit and config against the last ended main runs of the same "
+    "config and testbed (GPU count and model); a regression is below the Student-t lower boundary at 99 % "
+    "(docs/pr-checks.md)."
+)
+
+
+def check_text(rows: list[dict]) -> str:
+    return f"{format_pr_table(rows, links=True)}\n\n{HOW}"
+
+
+def comment_text(pr: int, commit: str, title: str, rows: list[dict]) -> str:
+    return (
+        f"{MARKER}\n### Training throughput against main (wandb-assets)\n\n**{title}** at `{commit}`.\n\n"
+        f"{format_pr_table(rows, links=True)}\n\n{HOW} This comment is updated in place as more runs end."
+    )
+
+
+def _hash(*parts: str) -> str:
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Item:
+    repo: str
+    pr: int
+    item: str
+    commit: str
+    conclusion: str | None
+    title: str
+    body: str
+
+    @property
+    def body_hash(self) -> str:
+        return _hash(self.commit, self.conclusion or "", self.title, self.body)
+
+
+def items_for(repo: str, rows: list[dict], gate: bool) -> list[Item]:
+    """What GitHub should show for the verdicts ``rows`` (every row of the PRs concerned): one check per commit, one
+    comment per PR (the commit judged last: latest ``judged_at``, then the latest PR run)."""
+    by_commit: dict[tuple[int, str], list[dict]] = {}
+    for r in sorted(rows, key=lambda r: (r["pr"], r["commit"], r["config"], r["testbed"], r["metric"])):
+        by_commit.setdefault((r["pr"], r["commit"]), []).append(r)
+    items: list[Item] = []
+    last: dict[int, tuple] = {}
+    for (pr, commit), judged in by_commit.items():
+        outcome, title = conclusion(judged, gate)
+        items.append(Item(repo, pr, f"check:{commit}", commit, outcome, title, check_text(judged)))
+        newest = max(r["judged_at"] for r in judged)
+        if pr not in last or newest > last[pr][0]:
+            last[pr] = (newest, commit, title, judged)
+    for pr, (_, commit, title, judged) in sorted(last.items()):
+        items.append(Item(repo, pr, COMMENT, commit, None, title, comment_text(pr, commit, title, judged)))
+    return items
+
+
+def queue(con, items: Iterable[Item], now: datetime) -> int:
+    """Queue each item whose text changed (a new one, or what GitHub shows now differs); returns how many. An item
+    another sender holds goes back to pending: that sender's outcome is then not recorded (it sent the old text)."""
+    con.execute(GITHUB_DELIVERIES_SQL)
+    queued = 0
+    with transaction(con):
+        for it in items:
+            key = {"repo": it.repo, "pr": it.pr, "item": it.item}
+            held = con.execute(
+                "SELECT body_hash FROM github_deliveries WHERE repo = $repo AND pr = $pr AND item = $item", key
+            ).fetchone()
+            if held is not None and held[0] == it.body_hash:
+                continue
+            values = {
+                **key,
+                "commit": it.commit,
+                "conclusion": it.conclusion,
+                "title": it.title,
+                "body": it.body,
+                "hash": it.body_hash,
+                "now": now,
+            }
+            if held is None:
+                con.execute(
+                    "INSERT INTO github_deliveries BY NAME SELECT $repo AS repo, $pr AS pr, $item AS item, $commit AS "
+                    '"commit", $conclusion AS conclusion, $title AS title, $body AS body, $hash AS body_hash, '
+                    f"'{PENDING}' AS state, $now AS queued_at, 0 AS attempts",
+                    values,
+                )
+            else:
+                con.execute(
+                    'UPDATE github_deliveries SET "commit" = $commit, conclusion = $conclusion, title = $title, '
+                    f"body = $body, body_hash = $hash, state = '{PENDING}', queued_at = $now, claim = NULL, "
+                    "claimed_at = NULL WHERE repo = $repo AND pr = $pr AND item = $item",
+                    values,
+                )
+            queued += 1
+    return queued
+
+
+def claim(con, repo: str, token: str, now: datetime) -> list[dict]:
+    """Claim the repository's pending items for this sender (``token``), the stale claims of a sender that ended
+    mid-send among them; returns them, checks before comments, oldest first."""
+    con.execute(GITHUB_DELIVERIES_SQL)
+    with transaction(con):
+        con.execute(
+            f"UPDATE github_deliveries SET state = '{PENDING}', claim = NULL WHERE state = '{SENDING}' AND "
+            "claimed_at < $stale",
+            {"stale": now - STALE_CLAIM},
+        )
+        con.execute(
+            f"UPDATE github_deliveries SET state = '{SENDING}', claim = $token, claimed_at = $now WHERE state = "
+            f"'{PENDING}' AND repo = $repo",
+            {"token": token, "now": now, "repo": repo},
+        )
+    cursor = con.execute(
+        f"SELECT * FROM github_deliveries WHERE claim = $token AND state = '{SENDING}' "
+        f"ORDER BY item = '{COMMENT}', queued_at, pr, item",
+        {"token": token},
+    )
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def deliver(claimed: list[dict], channel: GitHubChannel, now: datetime) -> list[dict]:
+    """Send each claimed item; returns its outcome (``{key..., body_hash, state, target_id, head_sha, channel,
+    error}``). After an outage the rest are not tried (they would time out too): they wait, pending."""
+    outcomes, shas, down = [], {}, None
+    for it in claimed:
+        out = {c: it[c] for c in (*OUTBOX_KEY, "body_hash")} | {"delivered_at": None, "head_sha": None}
+        if down is not None:
+            outcomes.append(out | {"state": PENDING, "error": f"not tried: {down}"})
+            continue
+        try:
+            if it["item"] == COMMENT:
+                target, how = channel.upsert_comment(it["pr"], it["body"], it["target_id"]), "comment"
+            else:
+                if it["commit"] not in shas:
+                    shas[it["commit"]] = channel.full_sha(it["commit"])
+                out["head_sha"] = shas[it["commit"]]
+                target, how = channel.upsert_check(
+                    out["head_sha"], it["conclusion"], it["title"], it["body"], it["target_id"]
+                )
+            outcomes.append(out | {"state": DELIVERED, "target_id": target, "channel": how, "delivered_at": now})
+        except Outage as exc:
+            down = str(exc)
+            outcomes.append(out | {"state": PENDING, "error": down})
+        except Refused as exc:
+            outcomes.append(out | {"state": REFUSED, "error": str(exc)})
+    return outcomes
+
+
+def record(con, token: str, outcomes: list[dict]) -> None:
+    """Each outcome onto its item, where this sender still holds it with the text it sent (an item queued again
+    meanwhile stays pending)."""
+    with transaction(con):
+        for o in outcomes:
+            con.execute(
+                "UPDATE github_deliveries SET state = $state, delivered_at = coalesce($delivered_at, delivered_at), "
+                "head_sha = coalesce($head_sha, head_sha), target_id = coalesce($target_id, target_id), "
+                "channel = coalesce($channel, channel), attempts = attempts + 1, "
+                "last_error = coalesce($error, last_error), claim = NULL "
+                "WHERE claim = $token AND body_hash = $body_hash AND repo = $repo AND pr = $pr AND item = $item",
+                {
+                    "token": token,
+                    **{c: o[c] for c in (*OUTBOX_KEY, "body_hash", "state", "delivered_at", "head_sha")},
+                    "target_id": o.get("target_id"),
+                    "channel": o.get("channel"),
+                    "error": (o.get("error") or None) and o["error"][:500],
+                },
+            )
