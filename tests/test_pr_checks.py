@@ -1,12 +1,13 @@
 """Pull requests' throughput against main on the same testbed (issue 45, the verdicts): hand-worked values."""
 
+import os
 import subprocess
 import sys
 
 import duckdb
 import pytest
 
-from tests.fleet import MAIN_SPS, T, load, pr_fleet
+from tests.fleet import MAIN_SPS, T, ci_run, load, pr_fleet
 from wandb_assets.lib.pr_checks import NO_BASELINE, NO_CHANGE, REGRESSION, judge, judge_prs, t_quantile
 
 
@@ -68,9 +69,59 @@ def test_pr_check_fails_on_the_regressed_pr_only(fleet, pr, code):
     )
     assert (done.returncode, done.stderr) == (code, "")
     lines = done.stdout.splitlines()
-    assert lines[1] == "| config | testbed | metric | PR | baseline median [n] | change | boundary | verdict |"
+    assert lines[1] == "| config | testbed | metric | PR | baseline median [n] | change | boundary | verdict | W&B |"
     if pr == 7:
         assert lines[3] == (
-            "| ppo | 8xH100-80GB | overview/sps | 850.0 [1] | 1,000.0 [10] | -15.0% | 980.6 | regression |"
+            "| ppo | 8xH100-80GB | overview/sps | 850.0 [1] | 1,000.0 [10] | -15.0% | 980.6 | regression | "
+            "[p7](https://wandb.example/test-team/test-project/runs/p7) |"
         )
         assert lines[-1] == "1 metric(s) regressed against main on the same testbed."
+
+
+def snapshot(path, rows) -> None:
+    """Publish ``rows`` as the snapshot at ``path`` the way a feed does: written aside, then moved into place."""
+    aside = path.with_suffix(".next")
+    con = duckdb.connect(str(aside))
+    load(con, rows)
+    con.close()
+    os.replace(aside, path)
+
+
+def test_pr_check_waits_until_the_prs_runs_have_ended_in_the_snapshot(tmp_path):
+    """``--wait``: no snapshot yet, then one of PR 7's two runs ended and one still running, then both ended: the
+    table of the two (855 from 850 and 860) and exit 1 (regressed)."""
+    path = tmp_path / "w.snapshot.duckdb"
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "wandb_assets.cli", "pr-check", "--pr", "7", "--fail-on-regression", "--wait", "2"]
+        + ["--poll-seconds", "0.3", "--warehouse", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert waiting.stderr.readline().startswith("Waiting for PR 7: 0 run(s) ended, 0 running in the snapshot")
+        second = ci_run("p7b", "pr7", "deadbeef", 860.0, 0.2)  # a second run of the commit, still running
+        snapshot(path, [*pr_fleet(), second | {"state": "running"}])
+        while not (line := waiting.stderr.readline()).startswith("Waiting for PR 7: 1 run(s) ended, 1 running"):
+            assert line, "pr-check ended while a run of the PR was still running"
+        snapshot(path, [*pr_fleet(), second])
+        out, err = waiting.communicate(timeout=60)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 1
+    assert out.splitlines()[0] == "PR 7 at deadbeef:"
+    assert out.splitlines()[3].startswith("| ppo | 8xH100-80GB | overview/sps | 855.0 [2] | 1,000.0 [10] |")
+    assert out.splitlines()[-1] == "1 metric(s) regressed against main on the same testbed."
+
+
+def test_pr_check_without_a_verdict_in_time_fails_the_gate(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "wandb_assets.cli", "pr-check", "--pr", "7", "--fail-on-regression", "--wait", "0.01"]
+        + ["--poll-seconds", "0.2", "--warehouse", str(tmp_path / "none.duckdb")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stdout == "No ended run of PR 7 in the warehouse snapshot after waiting 0.01 minute(s).\n"
+    assert done.stderr.splitlines()[-1] == "No verdict: the gate cannot pass without one."

@@ -241,6 +241,14 @@ def build_parser() -> argparse.ArgumentParser:
     pr_check.add_argument("--min-baseline", type=int, default=5, help="fewer main runs: no baseline (default 5)")
     pr_check.add_argument("--percent", type=float, help="a percentage threshold instead of the t-test")
     pr_check.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a metric regressed")
+    pr_check.add_argument(
+        "--wait",
+        type=float,
+        metavar="MINUTES",
+        help="wait up to MINUTES for the snapshot to hold ended runs of the PR and none still running (with "
+        "--fail-on-regression, no verdict by then exits 1)",
+    )
+    pr_check.add_argument("--poll-seconds", type=float, default=30.0, help=argparse.SUPPRESS)
     pr_check.add_argument("--warehouse", help="warehouse file or ducklake: string (default WANDB_ASSETS_DUCKDB)")
     pr_check.set_defaults(func=cmd_pr_check)
     idle = sub.add_parser(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -155,38 +156,67 @@ def cmd_idle(args: argparse.Namespace) -> int:
 
 def cmd_pr_check(args: argparse.Namespace) -> int:
     """A pull request's throughput verdicts from the warehouse snapshot (``lib/pr_checks.py``), as a Markdown table;
-    ``--fail-on-regression``: exit 1 when a metric regressed (a CI job gates on it without the GitHub App)."""
-    from wandb_assets.lib.pr_checks import REGRESSION, format_pr_table, judge_prs
+    ``--fail-on-regression``: exit 1 when a metric regressed (a CI job gates on it without the GitHub App);
+    ``--wait``: until the snapshot holds ended runs of the PR (the commit) and none still running."""
+    from wandb_assets.lib.pr_checks import REGRESSION, format_pr_table, judge_prs, pr_runs_running
     from wandb_assets.settings import ConfigError, alert_thresholds
+    from wandb_assets.warehouse import open_snapshot
 
     if args.baseline_runs < 2 or args.min_baseline < 2 or args.min_baseline > args.baseline_runs:
         raise ConfigError("--min-baseline must be at least 2 and at most --baseline-runs.")
-    con = snapshot_or_exit(args.warehouse)
-    if con is None:
-        return 2
-    try:
-        rows = judge_prs(
-            con,
-            datetime.now(UTC).replace(tzinfo=None),
-            alert_thresholds().sps_metric,
-            k=args.baseline_runs,
-            min_n=args.min_baseline,
-            percent=args.percent,
-            pr=args.pr,
+    if args.wait is not None and args.wait < 0:
+        raise ConfigError(f"--wait must be 0 or more minutes (got {args.wait:g}).")
+    metric, where = alert_thresholds().sps_metric, f"PR {args.pr}" + (f" at {args.commit}" if args.commit else "")
+    deadline = time.monotonic() + 60 * (args.wait or 0)
+    while True:
+        try:
+            con = open_snapshot(args.warehouse)
+        except FileNotFoundError as exc:
+            if args.wait is None:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            con, rows, running = None, [], 0
+        if con is not None:
+            try:
+                rows = judge_prs(
+                    con,
+                    datetime.now(UTC).replace(tzinfo=None),
+                    metric,
+                    k=args.baseline_runs,
+                    min_n=args.min_baseline,
+                    percent=args.percent,
+                    pr=args.pr,
+                )
+                running = pr_runs_running(con, args.pr, args.commit)
+            finally:
+                con.close()
+        rows = [
+            r
+            for r in rows
+            if args.commit is None or r["commit"].startswith(args.commit) or args.commit.startswith(r["commit"])
+        ]
+        if (rows and not running) or args.wait is None or time.monotonic() >= deadline:
+            break
+        ended = len({run for r in rows for run in r["pr_runs"]})
+        print(
+            f"Waiting for {where}: {ended} run(s) ended, {running} running in the snapshot "
+            f"({max(0.0, deadline - time.monotonic()) / 60:.1f} min left) ...",
+            file=sys.stderr,
+            flush=True,
         )
-    finally:
-        con.close()
-    rows = [
-        r
-        for r in rows
-        if args.commit is None or r["commit"].startswith(args.commit) or args.commit.startswith(r["commit"])
-    ]
+        time.sleep(args.poll_seconds)
     if not rows:
-        print(f"No ended run of PR {args.pr}{f' at {args.commit}' if args.commit else ''} in the warehouse yet.")
+        waited = f" after waiting {args.wait:g} minute(s)" if args.wait else ""
+        print(f"No ended run of {where} in the warehouse snapshot{waited}.")
+        if args.wait is not None and args.fail_on_regression:
+            print("No verdict: the gate cannot pass without one.", file=sys.stderr)
+            return 1
         return 0
+    if running:
+        print(f"note: {running} run(s) of {where} still running; judged on the ended ones.", file=sys.stderr)
     for commit in dict.fromkeys(r["commit"] for r in rows):
         print(f"PR {args.pr} at {commit}:")
-        print(format_pr_table([r for r in rows if r["commit"] == commit]))
+        print(format_pr_table([r for r in rows if r["commit"] == commit], links=True))
     regressed = [r for r in rows if r["verdict"] == REGRESSION]
     if regressed:
         print(f"{len(regressed)} metric(s) regressed against main on the same testbed.")

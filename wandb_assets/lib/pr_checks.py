@@ -147,6 +147,15 @@ WHERE r.ci_branch IS NOT NULL AND r.state IN ('finished', 'crashed') AND isfinit
 """
 
 
+def pr_runs_running(con, pr: int, commit: str | None = None) -> int:
+    """Runs of PR ``pr`` (of ``commit``: a prefix either way) still running in the warehouse."""
+    return con.execute(
+        f"SELECT count(*) FROM {MIRRORED_RUNS_SQL} r WHERE ci_branch = $branch AND state = 'running' "
+        "AND ($commit IS NULL OR starts_with(ci_commit, $commit) OR starts_with($commit, ci_commit))",
+        {"branch": f"pr{pr}", "commit": commit},
+    ).fetchone()[0]
+
+
 def judge_prs(
     con,
     now: datetime,
