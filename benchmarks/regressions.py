@@ -3,6 +3,7 @@
     uv run python benchmarks/regressions.py                 # report seed (2), 300 series
     uv run python benchmarks/regressions.py --seed 1        # the tuning seed
     uv run python benchmarks/regressions.py --curves        # the detector on each run's last point vs steady SPS
+    uv run python benchmarks/regressions.py --testbeds      # one series per config vs per config and testbed
 
 The generator makes series of main-branch SPS with ground truth: multiplicative noise of 3-8%, slow
 stragglers (one run 15-50% slower), bimodal hardware in a third of the series (two node types, the slow one
@@ -46,6 +47,7 @@ MATCH_RUNS = 5
 class Series:
     values: list[float]
     onsets: list[int] = field(default_factory=list)  # first slow run of each true drop
+    testbeds: list[str] = field(default_factory=list)  # each run's machine (``--testbeds``)
 
 
 def generate(rng: random.Random, n: int) -> Series:
@@ -72,16 +74,74 @@ def generate(rng: random.Random, n: int) -> Series:
             for i in range(position, n):
                 shifts[i] += size
         position += rng.randint(30, 70)
-    values = []
+    values, testbeds = [], []
     for i in range(n):
         wander += rng.gauss(0, 0.002)
         y = level + shifts[i] + wander + drift_per_run * i + rng.gauss(0, noise)
-        if bimodal and rng.random() < slow_share:
+        on_slow = bimodal and rng.random() < slow_share
+        if on_slow:
             y += slow_factor
+        testbeds.append("slow" if on_slow else "fast")
         if rng.random() < outlier_rate:
             y += math.log(rng.uniform(0.5, 0.85))
         values.append(math.exp(y))
-    return Series(values, onsets)
+    return Series(values, onsets, testbeds)
+
+
+def with_hardware_moves(series: list[Series], rng: random.Random, share: float = 0.5) -> tuple[list[Series], list]:
+    """``share`` of the series move to other hardware for good at a random run (an older machine 20-40 % slower, or
+    a newer one 25-60 % faster): not a regression. Returns the series and each one's move position (None: none)."""
+    moved, at = [], []
+    for s in series:
+        if rng.random() >= share:
+            moved.append(s)
+            at.append(None)
+            continue
+        p = rng.randint(40, len(s.values) - 20)
+        factor = rng.uniform(0.6, 0.8) if rng.random() < 0.5 else rng.uniform(1.25, 1.6)
+        values = s.values[:p] + [v * factor for v in s.values[p:]]
+        moved.append(Series(values, s.onsets, s.testbeds[:p] + [f"new-{t}" for t in s.testbeds[p:]]))
+        at.append(p)
+    return moved, at
+
+
+def per_testbed(series: list[Series]) -> list[Series]:
+    """Each series split by testbed (the runs of one machine, in commit order), a true drop's onset placed at the
+    first run of that machine at or after it: what the detector sees once series are kept per testbed."""
+    split = []
+    for s in series:
+        for testbed in dict.fromkeys(s.testbeds):
+            where = [i for i, t in enumerate(s.testbeds) if t == testbed]
+            onsets = sorted({next(k for k, i in enumerate(where) if i >= o) for o in s.onsets if o <= where[-1]})
+            split.append(Series([s.values[i] for i in where], onsets, [testbed] * len(where)))
+    return split
+
+
+def testbed_report(series: list[Series], rng: random.Random) -> None:
+    """``--testbeds`` (issue 45): one series per config (machines mixed) against one per config and testbed, on the
+    generator's series (a third bimodal) and with half of them moved to other hardware for good."""
+    moved, at = with_hardware_moves(series, rng)
+    print(f"hardware moves: {sum(p is not None for p in at)} of {len(series)} series (0.6-0.8x or 1.25-1.6x for good)")
+    print(f"{'series':52} {'precision':>9} {'recall':>7} {'F1':>5} {'false/100':>9} {'at moves':>8}")
+    for name, chosen in (("as generated", series), ("with hardware moves", moved)):
+        mixed = [stream_ours(s.values) for s in chosen]
+        at_moves = sum(
+            1
+            for alerts, p in zip(mixed, at, strict=True)
+            if p is not None and chosen is moved
+            for _, first in alerts
+            if abs(first - p) <= MATCH_RUNS
+        )
+        split = per_testbed(chosen)
+        for label, alerts, scored, moves in (
+            (f"{name}: per config (machines mixed)", mixed, chosen, at_moves),
+            (f"{name}: per config and testbed", [stream_ours(s.values) for s in split], split, 0),
+        ):
+            r = score(alerts, scored)
+            print(
+                f"{label:52} {r['precision']:9.3f} {r['recall']:7.3f} {r['f1']:5.3f} {r['false_per_100']:9.3f} "
+                f"{moves:8d}"
+            )
 
 
 def as_curves(
@@ -190,6 +250,7 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=50, help="with --curves: SPS points per run")
     parser.add_argument("--point-noise", type=float, default=0.04, help="with --curves: noise of one point")
     parser.add_argument("--end-hiccup", type=float, default=0.25, help="with --curves: share of runs ending slow")
+    parser.add_argument("--testbeds", action="store_true", help="one series per config vs per config and testbed")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     series = [generate(rng, rng.randint(150, 250)) for _ in range(args.series)]
@@ -197,6 +258,9 @@ def main() -> None:
     print(
         f"seed {args.seed}: {len(series)} series, {runs:,} main runs, {sum(len(s.onsets) for s in series)} true drops"
     )
+    if args.testbeds:
+        testbed_report(series, random.Random(args.seed + 45))
+        return
     if args.curves:
         last, steady = as_curves(series, rng, args.points, args.point_noise, args.end_hiccup)
         print(

@@ -146,6 +146,39 @@ def test_two_configs_never_mix(con):
     assert keys(con) == ["sps_regression:ppo:ppo0030"]
 
 
+def on_testbed(rows: list[dict], gpus: int, model: str) -> list[dict]:
+    return [row | {"gpu_count": gpus, "gpu_model": model} for row in rows]
+
+
+def test_a_main_series_that_changes_hardware_is_two_series_and_raises_no_alert(con):
+    """Issue 45: ppo's 30 main runs on 8 H100s at 100 SPS, then its CI moves to 8 A100s at 70: two testbeds, each
+    steady, no regression (a12c3e6 read it as a 30 % drop: sps_regression:ppo:ppo0030). A drop within the A100
+    testbed (its last 3 runs at 56, -20 %) is one, said to be on it."""
+    runs = main_runs("ppo", flat(100.0, 30) + flat(70.0, 30))
+    moved = on_testbed(runs[:30], 8, "H100-80GB") + on_testbed(runs[30:], 8, "A100-80GB")
+    load(con, fresh_ci() + moved)
+    assert keys(con) == []
+    runs = main_runs("ppo", flat(100.0, 30) + flat(70.0, 30) + flat(56.0, 3))
+    load(con, fresh_ci() + on_testbed(runs[:30], 8, "H100-80GB") + on_testbed(runs[30:], 8, "A100-80GB"))
+    (condition,) = [c for c in evaluate_rules(con, T, TH) if c.rule == "sps_regression"]
+    assert condition.key == "sps_regression:ppo:ppo0060"
+    assert condition.message.startswith(
+        "SPS regression on main for ppo on 8xA100-80GB: overview/sps fell 20.0% from 70.0 to 56.0 (noise 0.5%)."
+    )
+    assert condition.details["testbed"] == "8xA100-80GB"
+
+
+def test_two_testbeds_slowing_at_one_commit_are_two_alerts(con):
+    """The same commit slows ppo by 15 % on 8 H100s and on 4 L4s (their runs interleaved): one alert each, the
+    testbed in the key only because the commit is shared."""
+    fast = on_testbed(main_runs("ppo", flat(100.0, 30) + flat(85.0, 3)), 8, "H100-80GB")
+    slow = on_testbed(main_runs("ppo", flat(40.0, 30) + flat(34.0, 3)), 4, "L4")
+    for row in slow:
+        row["run_id"], row["url"] = row["run_id"] + "-l4", row["url"] + "-l4"
+    load(con, fresh_ci() + fast + slow)
+    assert keys(con) == ["sps_regression:ppo:ppo0030@4xL4", "sps_regression:ppo:ppo0030@8xH100-80GB"]
+
+
 def test_the_sps_metric_is_configurable(con):
     load(con, fresh_ci() + main_runs("ppo", flat(100.0, 30) + flat(80.0, 4), metric="charts/SPS"))
     assert keys(con) == []  # nothing logged overview/sps

@@ -460,6 +460,11 @@ def test_the_demo_touches_nothing_but_its_own_folder_and_a_dry_run_feed(tmp_path
             "SELECT run_id, step, audience, outcome, recipient FROM idle_actions WHERE run_id = 'idlegpu0001' "
             "ORDER BY step, audience"
         ).fetchall()
+        judged = con.execute(  # issue 45: the demo's three pull requests, each on its testbed
+            "SELECT pr, testbed FROM pr_checks WHERE pr > 4000 AND metric = 'overview/sps' ORDER BY pr"
+        ).fetchall()
+    assert judged == [(4242, "8xA100-80GB"), (4243, "8xA100-80GB"), (4244, "8xB200")]
+    assert "  PR 4244 at b200b200: impala.large on 8xB200: " in done.stdout
     assert ladder == [
         ("idlegpu0001", 1, "owner", "skipped", None),
         ("idlegpu0001", 2, "owner", "sent", "U0BOB"),

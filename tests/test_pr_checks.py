@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from datetime import timedelta
 
 import duckdb
 import pytest
@@ -125,3 +126,13 @@ def test_pr_check_without_a_verdict_in_time_fails_the_gate(tmp_path):
     assert done.returncode == 1
     assert done.stdout == "No ended run of PR 7 in the warehouse snapshot after waiting 0.01 minute(s).\n"
     assert done.stderr.splitlines()[-1] == "No verdict: the gate cannot pass without one."
+
+
+def test_the_baseline_is_main_as_it_stood_when_the_pr_run_ended(memory_con):
+    """Five main runs at 500 SPS that end after PR 7's run (it ended 30 minutes before T) are not its baseline:
+    judged at T + 1 day, PR 7 is still judged against m0..m9 (a verdict judged again is the same verdict)."""
+    later = [ci_run(f"n{i}", "main", f"n{i:02d}", 500.0, -1 - i) for i in range(5)]
+    load(memory_con, pr_fleet() + later)
+    rows = {r["pr"]: r for r in judge_prs(memory_con, T + timedelta(days=1), "overview/sps")}
+    assert rows[7]["baseline_runs"] == [f"m{i}" for i in range(10)]
+    assert (rows[7]["verdict"], round(rows[7]["boundary"], 2)) == (REGRESSION, 980.62)

@@ -9,7 +9,7 @@ import os
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
-from wandb_assets.commands.common import dagster_instance, exit_status, run_metadata
+from wandb_assets.commands.common import dagster_instance, exit_status, run_metadata, warehouse_rows
 from wandb_assets.commands.reading import print_costs
 from wandb_assets.commands.runs import run_one_tick
 from wandb_assets.commands.servers import serve, start_dagster_dev, stop_dagster_dev
@@ -194,6 +194,7 @@ def _build_demo(args: argparse.Namespace, slack, first: date, now: datetime, war
         code = _demo_idle_ladder(slack)
     if code:
         return code
+    _demo_pr_checks()
     print_costs("team", args.days)
     if pipeline_settings().analytics:
         shown = os.path.relpath(warehouse)
@@ -271,6 +272,32 @@ def _demo_idle_ladder(slack) -> int:
         told(slack.messages()[before:])
         print("  (uv run wandb-assets idle: each open idle episode, what was done and the next step.)")
     return code
+
+
+def _demo_pr_checks() -> None:
+    """What the tick judged of the pull requests (``pr_checks``): the verdicts counted, the three latest PRs."""
+    from collections import Counter
+
+    from wandb_assets.settings import alert_thresholds
+
+    rows = warehouse_rows(
+        'SELECT c.pr, c."commit", c.config, c.testbed, c.pr_value, c.baseline_median, c.baseline_n, c.change_pct, '
+        "c.verdict, (SELECT max(r.created_at) FROM runs r WHERE list_contains(c.pr_runs, r.run_id)) AS latest "
+        f"FROM pr_checks c WHERE c.metric = '{alert_thresholds().sps_metric}' ORDER BY latest DESC, c.pr DESC"
+    )
+    if not rows:
+        return
+    counted = Counter(row[8] for row in rows)
+    print(
+        f"\nPull requests judged against main on the same testbed (pr_checks; docs/pr-checks.md): {len(rows)} PR "
+        f"commits and configs, " + ", ".join(f"{n} {verdict}" for verdict, n in counted.most_common()) + ". The latest:"
+    )
+    for pr, commit, config, testbed, value, median, n, change, verdict, _ in rows[:3]:
+        against = f"main's median {median:,.1f} [{n} runs], {change:+.1f}%" if median is not None else f"{n} main runs"
+        print(f"  PR {pr} at {commit}: {config} on {testbed}: {value:,.1f} SPS against {against}: {verdict}")
+    print(
+        f"  (uv run wandb-assets pr-check --pr {rows[0][0]} --fail-on-regression: the table; exit 1 on a regression.)"
+    )
 
 
 def _demo_curves() -> int:

@@ -10,6 +10,7 @@ outbox is drained in order and a channel that is down keeps its messages for a l
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -19,7 +20,14 @@ import duckdb
 
 from wandb_assets.lib.curves_warehouse import steady_metric
 from wandb_assets.lib.gauges import compute_gauges, compute_project_gauges
-from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, prices_param, usd_sql
+from wandb_assets.lib.gpus import (
+    DEFAULT_IDLE_GPU_PCT,
+    PRICES_CTE,
+    UNKNOWN_TESTBED,
+    prices_param,
+    testbed_sql,
+    usd_sql,
+)
 from wandb_assets.lib.lake import retry_on_conflict
 from wandb_assets.lib.regressions import find_regressions
 from wandb_assets.lib.sql import (
@@ -39,6 +47,7 @@ CHANGE_POINT_TYPES: dict[str, str] = {
     "entity": "VARCHAR",
     "project": "VARCHAR",
     "ci_config": "VARCHAR",
+    "testbed": "VARCHAR",
     "metric": "VARCHAR",
     "evaluated_at": "TIMESTAMP",
     "last_good_commit": "VARCHAR",
@@ -245,7 +254,7 @@ def _project_details(th: AlertThresholds, row: dict) -> dict:
 #: quarter of runs end on a checkpoint; equal without that; a series switching mid-way adds no false alert.
 _SPS_OF_RUN = "coalesce(CASE WHEN $steady THEN sps_steady END, TRY_CAST(json_extract(summary, $key) AS DOUBLE))"
 _SERIES_RUNS_SQL = f"""
-SELECT entity, project, ci_config, run_id, ci_commit, url, created_at,
+SELECT entity, project, ci_config, {testbed_sql("runs")} AS testbed, run_id, ci_commit, url, created_at,
        {_SPS_OF_RUN} AS sps, coalesce(ci_timestamp, created_at) AS commit_time
 FROM {MIRRORED_RUNS_SQL} runs
 WHERE category = 'push_to_main' AND ci_branch = 'main' AND ci_config IS NOT NULL
@@ -254,22 +263,25 @@ WHERE category = 'push_to_main' AND ci_branch = 'main' AND ci_config IS NOT NULL
 """
 #: Commit order within a series: the CI timestamp in the name, then created_at; the run id breaks ties.
 _COMMIT_ORDER = "commit_time, created_at, run_id"
+#: A main series: one CI config on one testbed (GPU count and model, ``lib.gpus.testbed_sql``): a change of hardware
+#: is two series, never a regression (issue 45).
+_SERIES = "entity, project, ci_config, testbed"
 #: Each series as one list of values in commit order: what the detector reads, without a Python row per run.
 _SERIES_VALUES_SQL = f"""
-SELECT entity, project, ci_config, list(sps ORDER BY {_COMMIT_ORDER}) AS sps
+SELECT {_SERIES}, list(sps ORDER BY {_COMMIT_ORDER}) AS sps
 FROM ({_SERIES_RUNS_SQL}) GROUP BY ALL ORDER BY ALL
 """
 #: The runs at given positions (0 = oldest) of given series (``$wanted``: JSON ``[{entity, project, ci_config,
-#: position}]``): the few a regression names.
+#: testbed, position}]``): the few a regression names.
 _SERIES_RUNS_AT_SQL = f"""
 WITH wanted AS (
     SELECT unnest(from_json($wanted::JSON, '[{{"entity": "VARCHAR", "project": "VARCHAR", "ci_config": "VARCHAR",
-                                              "position": "BIGINT"}}]'), recursive := true)
+                                              "testbed": "VARCHAR", "position": "BIGINT"}}]'), recursive := true)
 ), placed AS (
-    SELECT *, row_number() OVER (PARTITION BY entity, project, ci_config ORDER BY {_COMMIT_ORDER}) - 1 AS position
+    SELECT *, row_number() OVER (PARTITION BY {_SERIES} ORDER BY {_COMMIT_ORDER}) - 1 AS position
     FROM ({_SERIES_RUNS_SQL})
 )
-SELECT placed.* FROM placed JOIN wanted USING (entity, project, ci_config, position)
+SELECT placed.* FROM placed JOIN wanted USING ({_SERIES}, position)
 """
 
 
@@ -290,8 +302,8 @@ def find_change_points(con, at: datetime, metric: str) -> list[dict]:
     regression names are read as rows (at a million runs, 313,606 Python rows cost 0.7 s an evaluation)."""
     params = series_params(con, at, metric)
     found = [
-        ((entity, project, config), regression)
-        for entity, project, config, values in con.execute(_SERIES_VALUES_SQL, params).fetchall()
+        ((entity, project, config, testbed), regression)
+        for entity, project, config, testbed, values in con.execute(_SERIES_VALUES_SQL, params).fetchall()
         for regression in find_regressions(values)
     ]
     if not found:
@@ -302,7 +314,7 @@ def find_change_points(con, at: datetime, metric: str) -> list[dict]:
         for position in (r.last_good, r.first_slow, r.detected_at, r.recovered_at)
         if position is not None
     }
-    keys = ("entity", "project", "ci_config", "position")
+    keys = ("entity", "project", "ci_config", "testbed", "position")
     named = {
         tuple(row[key] for key in keys): row
         for row in _rows(
@@ -319,6 +331,7 @@ def find_change_points(con, at: datetime, metric: str) -> list[dict]:
                 "entity": series[0],
                 "project": series[1],
                 "ci_config": series[2],
+                "testbed": series[3],
                 "metric": metric,
                 "evaluated_at": at,
                 "last_good_commit": good["ci_commit"],
@@ -359,6 +372,7 @@ def _series_mark(con, at: datetime, metric: str) -> str:
     return json.dumps(
         {
             "metric": metric,
+            "series": "per testbed",  # what the series were split by: a warehouse recorded before is found again
             "steady": steady,
             "runs": count,
             "last": last.isoformat() if last else None,
@@ -413,15 +427,19 @@ def sps_regression(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     """
     metric = th.sps_metric
     conditions = []
-    for point in change_points(con, at, metric):
-        if point["recovered"]:
-            continue
-        config, slow = point["ci_config"], point["first_slow_commit"]
+    points = [point for point in change_points(con, at, metric) if not point["recovered"]]
+    shared = Counter((p["entity"], p["project"], p["ci_config"], p["first_slow_commit"]) for p in points)
+    for point in points:
+        config, slow, testbed = point["ci_config"], point["first_slow_commit"], point.get("testbed") or UNKNOWN_TESTBED
+        # the key is the config and first slow commit, as before testbeds; the testbed joins it only when two
+        # testbeds of the config slowed at the same commit (the alerts open before the upgrade keep their keys)
+        shared_commit = shared[(point["entity"], point["project"], config, slow)] > 1
+        on = f" on {testbed}" if testbed != UNKNOWN_TESTBED else ""
         subject, message = scoped(
             th,
             point,
-            f"{config}:{slow}",
-            f"SPS regression on main for {config}: {metric} fell {-point['change_pct']:.1f}% from "
+            f"{config}:{slow}" + (f"@{testbed}" if shared_commit else ""),
+            f"SPS regression on main for {config}{on}: {metric} fell {-point['change_pct']:.1f}% from "
             f"{point['before']:,.1f} to {point['after']:,.1f} (noise {point['noise_pct']:.1f}%). "
             f"Last good commit {point['last_good_commit']} ({point['last_good_url']}), first slow commit {slow} "
             f"({point['first_slow_url']}); {point['confirming_runs']} slow run(s) confirm it.",
@@ -435,6 +453,7 @@ def sps_regression(con, at: datetime, th: AlertThresholds) -> list[Condition]:
                 _project_details(th, point)
                 | {
                     "ci_config": config,
+                    "testbed": testbed,
                     "metric": metric,
                     "last_good_commit": point["last_good_commit"],
                     "last_good_url": point["last_good_url"],

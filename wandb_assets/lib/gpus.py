@@ -222,12 +222,16 @@ def canonical_gpu_model(raw: Any) -> tuple[str | None, bool]:
 
 
 #: The CTE ``prices (model, usd)`` from ``$prices`` (``prices_param``): the one way SQL here reads the price table.
+#: The testbed of a run without a GPU count or model.
+UNKNOWN_TESTBED = "unknown"
+
+
 def testbed_sql(runs: str = "r") -> str:
     """A run's testbed as SQL: its GPU count and model (``8xH100-80GB``), ``unknown`` without either. Throughput is
     compared within a testbed only: the PR checks' baseline, and each main series of the SPS regression detector."""
     return (
         f"CASE WHEN {runs}.gpu_count > 0 AND {runs}.gpu_model IS NOT NULL "
-        f"THEN {runs}.gpu_count || 'x' || {runs}.gpu_model ELSE 'unknown' END"
+        f"THEN {runs}.gpu_count || 'x' || {runs}.gpu_model ELSE '{UNKNOWN_TESTBED}' END"
     )
 
 

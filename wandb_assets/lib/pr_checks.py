@@ -3,8 +3,9 @@ the Student-t boundary, the verdicts and the ``pr_checks`` table. No Dagster, no
 
 A run's **testbed** is its GPU count and model (``8xH100-80GB``; ``unknown`` where either is missing). A PR run
 (``github.sky.pr<N>.<commit>.<config>.<ts>``, ended: finished or crashed, as the SPS regression rule counts) is judged
-per SPS metric against the **baseline**: the last ``k`` ended main runs of the same config and testbed, ended before
-it was judged. Several PR runs of one commit and config are one sample (their mean). The **boundary** is Bencher's
+per SPS metric against the **baseline**: the last ``k`` main runs of the same config and testbed that had ended when
+the sample's last PR run ended (main as the PR saw it: judging again later gives the same verdict). Several PR runs
+of one commit and config are one sample (their mean). The **boundary** is Bencher's
 ``t_test`` lower boundary at ``confidence``: the baseline's mean minus Student's t quantile (n - 1 degrees of freedom)
 times its standard deviation times ``sqrt(1 + 1/n)`` (a new run's prediction interval, not the mean's); or, with
 ``percent``, the baseline median less that many percent. Verdicts: ``regression`` (below the lower boundary),
@@ -177,15 +178,18 @@ def judge_prs(
         if branch == "main":
             main.setdefault((config, testbed, metric), []).append((ci_at, run_id, value, ended_at))
         elif pr is None or branch == f"pr{pr}":
-            prs.setdefault((int(branch[2:]), commit, config, testbed, metric), []).append((ci_at, run_id, value))
+            prs.setdefault((int(branch[2:]), commit, config, testbed, metric), []).append(
+                (ci_at, run_id, value, ended_at)
+            )
             urls[run_id] = url
     rows = []
     for (number, commit, config, testbed, metric), runs in sorted(prs.items()):
+        cutoff = min(now, max(r[3] for r in runs))  # main as it stood when the sample's last run ended
         history = sorted(
-            (r for r in main.get((config, testbed, metric), []) if r[3] is not None and r[3] <= now),
+            (r for r in main.get((config, testbed, metric), []) if r[3] is not None and r[3] <= cutoff),
             key=lambda r: (r[0], r[1]),
         )[-k:]
-        verdict = judge([v for _, _, v in runs], [v for _, _, v, _ in history], min_n, confidence, percent)
+        verdict = judge([v for _, _, v, _ in runs], [v for _, _, v, _ in history], min_n, confidence, percent)
         rows.append(
             {
                 "repo": repo,
@@ -196,9 +200,9 @@ def judge_prs(
                 "metric": metric,
                 **verdict.__dict__,
                 "judged_at": now,
-                "pr_runs": sorted(r for _, r, _ in runs),
+                "pr_runs": sorted(r for _, r, _, _ in runs),
                 "baseline_runs": [r for _, r, _, _ in history],
-                "pr_run_urls": [urls[r] for r in sorted(r for _, r, _ in runs)],
+                "pr_run_urls": [urls[r] for r in sorted(r for _, r, _, _ in runs)],
             }
         )
     return rows

@@ -430,6 +430,8 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "ordinal": "the order found in: by project and CI config, each config's regressions oldest first",
             **_PROJECT,
             "ci_config": "CI config of the series",
+            "testbed": "GPU count and model of the series' runs (8xH100-80GB; unknown without them): a config's main "
+            "runs on each testbed are a series of their own",
             "metric": "summary key watched (`WANDB_ASSETS_SPS_METRIC`)",
             "evaluated_at": "the snapshot time it was evaluated at, UTC",
             "last_good_commit": "last commit of the old regime",

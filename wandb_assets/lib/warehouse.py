@@ -270,6 +270,7 @@ def _create_schema(con, lake: bool, home: tuple[str | None, str | None] | None) 
     con.execute(PR_CHECKS_SQL)
     con.execute("ALTER TABLE pr_checks ADD COLUMN IF NOT EXISTS pr_run_urls VARCHAR[]")
     con.execute(GITHUB_DELIVERIES_SQL)
+    con.execute("ALTER TABLE sps_change_points ADD COLUMN IF NOT EXISTS testbed VARCHAR")  # found again next tick
     scope_unscoped_alerts(con)  # every alert key names its project now, with one project as with several
     if "entity" not in _columns(con, "run_progress"):  # an evaluation's steps, written before they had a project
         con.execute("ALTER TABLE run_progress ADD COLUMN entity VARCHAR")

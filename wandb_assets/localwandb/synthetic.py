@@ -26,6 +26,14 @@ GPU_MODELS = {
     "NVIDIA RTX 6000 Ada Generation": 1,  # no shipped price: costs NULL
 }
 CI_CONFIGS = {"ppo_atari": 5200.0, "impala.large": 18400.0, "dqn_cartpole": 950.0, "muzero.v2": 2300.0}
+#: Each CI config's benchmark machine (8 GPUs of this model): CI runs on fixed hardware, so each config's main
+#: series is one testbed (issue 45), and its runs always record their machine.
+CI_GPU_MODELS = {
+    "ppo_atari": "NVIDIA H100 80GB HBM3",
+    "impala.large": "NVIDIA A100-SXM4-80GB",
+    "dqn_cartpole": "NVIDIA A100-SXM4-40GB",
+    "muzero.v2": "NVIDIA H100 80GB HBM3",
+}
 USERS = ["alice", "bob", "carol", "dan", "erin"]
 
 
@@ -75,15 +83,15 @@ def generate_fleet(
 
     With ``incidents``, the last hours also hold what the alerts should catch: an SPS regression on main
     (``ppo_atari`` 30% slower for its last three main commits), a CI failure streak (eight failed push-to-main
-    runs) and a stalled run
-    (still ``running``, no heartbeat for two hours).
+    runs), a stalled run (still ``running``, no heartbeat for two hours), an idle one, and three pull requests' runs
+    of ``impala.large`` (PR 4242 20 % slower than main, PR 4243 as fast, PR 4244 on 8 B200s: no baseline).
     """
     rng = random.Random(seed)
     machines = random.Random(seed + 1_000)  # GPUs drawn apart: the rest of the fleet is what it always was
     nodes: list[dict] = []
     counter = 0
 
-    def add(created: datetime, hours: float, state: str, **kwargs) -> None:
+    def add(created: datetime, hours: float, state: str, ci_machine: str | None = None, **kwargs) -> None:
         nonlocal counter
         counter += 1
         end = created + timedelta(hours=hours)
@@ -91,7 +99,9 @@ def generate_fleet(
             state = "finished"
         heartbeat = min(end, now) if state != "pending" else created
         run_id = f"{rng.getrandbits(40):010x}"[:8] + f"{counter:05d}"
-        kwargs.update(_machine(machines, state, kwargs.get("config") or {}))
+        kwargs.update(_machine(machines, state, kwargs.get("config") or {}))  # its draws: the rest stays as it was
+        if ci_machine is not None:
+            kwargs["metadata"] = {"gpu_count": 8, "gpu": ci_machine, "os": "Linux"}
         nodes.append(make_run_node(run_id, created_at=created, heartbeat_at=heartbeat, state=state, **kwargs))
 
     ci_share, sweep_share = 0.45, 0.25
@@ -126,6 +136,7 @@ def generate_fleet(
                     hours,
                     state,
                     display_name=f"github.sky.{branch}.{commit}.{config}.{stamp}",
+                    ci_machine=CI_GPU_MODELS[config],
                     config={"compute.gpu_count": 8, "env": config, "seed": rng.randint(0, 9)},
                     summary=summary,
                     summary_encoding="double" if rng.random() < 0.05 else "json",
@@ -182,6 +193,7 @@ def generate_fleet(
                 0.5,
                 "finished",
                 display_name=f"github.sky.main.{commit}.ppo_atari.{stamp - 60 * hours_ago}",  # after the others
+                ci_machine=CI_GPU_MODELS["ppo_atari"],
                 config={"compute.gpu_count": 8},
                 summary=regressed,
                 username="ci-bot",
@@ -193,6 +205,7 @@ def generate_fleet(
                 0.5,
                 "failed",
                 display_name=f"github.sky.main.f{k:06x}.dqn_cartpole.{stamp}",
+                ci_machine=CI_GPU_MODELS["dqn_cartpole"],
                 config={"compute.gpu_count": 8},
                 summary={"_step": 3, "loss": 9.9},
                 username="ci-bot",
@@ -224,6 +237,29 @@ def generate_fleet(
                 username="alice",
             )
         )
+        # pull requests judged against main (issue 45), on impala.large: one 20 % slower, one as fast as main, one on
+        # hardware main has never run on (no baseline)
+        base = CI_CONFIGS["impala.large"]
+        for pr, commit, factor, machine in (
+            (4242, "5ca1ab1e", 0.8, CI_GPU_MODELS["impala.large"]),
+            (4243, "c1ea4ed0", 1.0, CI_GPU_MODELS["impala.large"]),
+            (4244, "b200b200", 1.6, "NVIDIA B200"),
+        ):
+            summary = _ci_summary(rng, base, 30_000)
+            for key in ("overview/sps", "overview/steps_per_second"):
+                summary[key] = round(base * factor, 3)
+            add(
+                now - timedelta(minutes=50),
+                0.5,
+                "finished",
+                display_name=f"github.sky.pr{pr}.{commit}.impala.large.{stamp - 3000}",
+                ci_machine=machine,
+                config={"compute.gpu_count": 8},
+                summary=summary,
+                tags=["ci", f"pr{pr}"],
+                username="ci-bot",
+                job_type="benchmark",
+            )
     return nodes
 
 
