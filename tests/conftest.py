@@ -316,3 +316,30 @@ def chromium():
         )
         yield browser.new_page(viewport={"width": 1440, "height": 900})
         browser.close()
+
+
+# --- AWS Secrets Manager (moto's server on loopback) ---
+
+
+@pytest.fixture
+def moto_endpoint(monkeypatch):
+    """moto's Secrets Manager (and S3) server on loopback, the environment pointed at it."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    yield endpoint
+    server.stop()
+
+
+def put_secret(endpoint: str, name: str, value: str) -> None:
+    import boto3
+
+    client = boto3.client("secretsmanager", endpoint_url=endpoint, region_name="us-east-1")
+    client.create_secret(Name=name, SecretString=value)

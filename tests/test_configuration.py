@@ -3,13 +3,11 @@
 import json
 from datetime import date
 
-import boto3
 import duckdb
 import pytest
 from dagster import materialize
-from moto.server import ThreadedMotoServer
 
-from tests.conftest import API_KEY, ENTITY, PROJECT
+from tests.conftest import API_KEY, ENTITY, PROJECT, put_secret
 from tests.test_pipeline_e2e import at
 from wandb_assets.defs.wandb_runs.assets import runs, staged_runs
 from wandb_assets.defs.wandb_runs.resources import wandb_resource
@@ -17,25 +15,6 @@ from wandb_assets.defs.warehouse.resources import warehouse_resource
 from wandb_assets.localwandb import make_run_node
 from wandb_assets.settings import ConfigError, pipeline_settings, resolve_wandb_settings
 from wandb_assets.ticks import failure_message, settle_pipeline_alert
-
-
-@pytest.fixture
-def moto_endpoint(monkeypatch):
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    yield endpoint
-    server.stop()
-
-
-def put_secret(endpoint: str, name: str, value: str) -> None:
-    client = boto3.client("secretsmanager", endpoint_url=endpoint, region_name="us-east-1")
-    client.create_secret(Name=name, SecretString=value)
 
 
 def test_environment_wins_over_nothing():

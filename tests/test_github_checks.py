@@ -10,6 +10,7 @@ from datetime import timedelta
 import duckdb
 import pytest
 
+from tests.conftest import put_secret
 from tests.fleet import T, ci_run, load, pr_fleet
 from tests.github_api import LocalGitHub, app_private_key
 from wandb_assets.lib.pr_outbox import CHECK_NAME, MARKER, STALE_CLAIM, claim, deliver
@@ -57,8 +58,26 @@ def warehouse(path, rows) -> None:
 def tick(instance, at) -> None:
     """The feed (judges, queues) then the delivery, as the sensor runs it after each feed."""
     now = at.isoformat() + "Z"
-    assert execute_feed(instance, now=now).success
+    feed = execute_feed(instance, now=now)
+    assert feed.success
+    assert sensor_after(instance, feed) == f"feed:{feed.run_id}"  # the deployment's sensor asks for this delivery
     assert execute_github_checks(instance, now=now).success
+
+
+def sensor_after(instance, feed) -> str:
+    """What ``after_feed_to_github`` answers to this successful feed run: its run key, or why it skips."""
+    from dagster import RunRequest, build_run_status_sensor_context
+
+    from wandb_assets.defs.feed.github import after_feed_to_github
+
+    context = build_run_status_sensor_context(
+        sensor_name="after_feed_to_github",
+        dagster_event=feed.get_run_success_event(),
+        dagster_instance=instance,
+        dagster_run=instance.get_run_by_id(feed.run_id),
+    )
+    answer = after_feed_to_github(context)
+    return answer.run_key if isinstance(answer, RunRequest) else answer.skip_message
 
 
 def checks_by_commit(server) -> dict[str, list[dict]]:
@@ -68,7 +87,9 @@ def checks_by_commit(server) -> dict[str, list[dict]]:
     return found
 
 
-def test_each_commit_gets_one_check_each_pr_one_comment_and_a_second_run_edits_them(github, warehouse_path, instance):
+def test_each_commit_gets_one_check_each_pr_one_comment_and_a_second_run_edits_them(
+    github, warehouse_path, instance, monkeypatch
+):
     warehouse(warehouse_path, pr_fleet())
     tick(instance, T)
     checks = checks_by_commit(github)
@@ -95,7 +116,11 @@ def test_each_commit_gets_one_check_each_pr_one_comment_and_a_second_run_edits_t
         c["who"] for c in github.calls if c["path"].startswith("/repos/acme/trainer/") and "install" not in c["path"]
     } == {"installation"}
 
-    # nothing new: the next tick asks GitHub nothing
+    # nothing new: the next tick asks GitHub nothing; without a repository the sensor launches nothing
+    monkeypatch.delenv("WANDB_ASSETS_GITHUB_REPO")
+    feed = execute_feed(instance, now=(T + timedelta(minutes=5)).isoformat() + "Z")
+    assert sensor_after(instance, feed) == "WANDB_ASSETS_GITHUB_REPO is not set: the verdicts stay in pr_checks."
+    monkeypatch.setenv("WANDB_ASSETS_GITHUB_REPO", "acme/trainer")
     calls = len(github.calls)
     tick(instance, T + timedelta(minutes=15))
     assert len(github.calls) == calls
@@ -220,3 +245,33 @@ def test_a_personal_token_gets_commit_statuses_and_no_secret_is_kept_anywhere(
     seen = stored + events + capsys.readouterr().out + capsys.readouterr().err + caplog.text
     assert "GitHub answered 502" in stored and "GitHub answered 502" in caplog.text + events
     assert [s for s in secrets if s in seen] == []
+
+
+@pytest.mark.slow
+def test_the_apps_private_key_comes_from_the_secret(
+    github, warehouse_path, instance, monkeypatch, moto_endpoint, wandb_server
+):
+    """Without WANDB_API_KEY the W&B secret in Secrets Manager (moto's server) is in use: it holds the App's private
+    key beside the W&B credentials, and the checks go out as with the key in the environment."""
+    wandb_server([])  # the local W&B server the secret's key is checked against
+    put_secret(
+        moto_endpoint,
+        "dev/datadog/collectors/wandb",
+        json.dumps(
+            {
+                "WANDB_API_KEY": "s" * 40,
+                "WANDB_ENTITY": "test-team",
+                "WANDB_PROJECT": "test-project",
+                "WANDB_ASSETS_GITHUB_APP_PRIVATE_KEY": github.key,
+            }
+        ),
+    )
+    for name in ("WANDB_API_KEY", "WANDB_ENTITY", "WANDB_PROJECT", "WANDB_ASSETS_GITHUB_APP_PRIVATE_KEY"):
+        monkeypatch.delenv(name)
+    warehouse(warehouse_path, pr_fleet())
+    tick(instance, T)
+    assert sorted((r["head_sha"][:8], r["conclusion"]) for r in github.check_runs.values()) == [
+        ("cafe0001", "success"),
+        ("deadbeef", "failure"),
+        ("f00d0001", "neutral"),
+    ]

@@ -218,6 +218,7 @@ def test_a_warehouse_written_before_runs_had_a_project_is_migrated_in_place_and_
     assert after.pop("run_history") == [] and after.pop("run_gpu_samples") == []  # new: curves read by next ticks
     assert after.pop("run_curve_idle") == []
     assert after.pop("idle_actions") == [] and after.pop("pr_checks") == []  # new: the ladder's ledger, the PR verdicts
+    assert after.pop("github_deliveries") == []  # new: the PR verdicts' outbox to GitHub
     # The two open alerts keep going under the keys every alert has now (with its project), nothing else changed.
     rekeyed = sorted(con.execute("SELECT alert_key, subject FROM alerts").fetchall())
     assert rekeyed == [
