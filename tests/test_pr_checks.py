@@ -9,7 +9,15 @@ import duckdb
 import pytest
 
 from tests.fleet import MAIN_SPS, T, ci_run, load, pr_fleet
-from wandb_assets.lib.pr_checks import NO_BASELINE, NO_CHANGE, REGRESSION, judge, judge_prs, t_quantile
+from wandb_assets.lib.pr_checks import (
+    NO_BASELINE,
+    NO_CHANGE,
+    REGRESSION,
+    format_pr_table,
+    judge,
+    judge_prs,
+    t_quantile,
+)
 
 
 @pytest.mark.parametrize(("df", "expected"), [(1, 31.820516), (4, 3.746947), (9, 2.821438), (29, 2.462021)])
@@ -136,3 +144,25 @@ def test_the_baseline_is_main_as_it_stood_when_the_pr_run_ended(memory_con):
     rows = {r["pr"]: r for r in judge_prs(memory_con, T + timedelta(days=1), "overview/sps")}
     assert rows[7]["baseline_runs"] == [f"m{i}" for i in range(10)]
     assert (rows[7]["verdict"], round(rows[7]["boundary"], 2)) == (REGRESSION, 980.62)
+
+
+def test_a_config_name_cannot_break_the_table_or_notify_anyone():
+    """Run names are anyone's to choose: a config ``ppo|@acme/core`` stays one cell and mentions nobody on GitHub."""
+    row = {
+        "config": "ppo|@acme/core",
+        "testbed": "8xH100-80GB",
+        "metric": "overview/sps",
+        "pr_value": 850.0,
+        "pr_n": 1,
+        "baseline_median": None,
+        "baseline_n": 0,
+        "change_pct": None,
+        "boundary": None,
+        "verdict": NO_BASELINE,
+        "pr_runs": ["p7"],
+    }
+    line = format_pr_table([row], links=True).splitlines()[2]
+    assert (
+        line == "| ppo\\|@\u200bacme/core | 8xH100-80GB | overview/sps | 850.0 [1] | - [0] | - | - | no baseline | p7 |"
+    )
+    assert row["config"] in format_pr_table([row]).replace("\\|", "|").replace("\u200b", "")

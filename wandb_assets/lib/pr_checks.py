@@ -254,6 +254,12 @@ def latest_verdicts(con, n: int = 20) -> list[dict]:
     return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
+def markdown_cell(text: str) -> str:
+    """Text from a run name as one Markdown table cell that does only that: a ``|`` would end the cell, an ``@``
+    would notify a GitHub user or team (a zero-width space after it keeps it readable and inert)."""
+    return " ".join(str(text).split()).replace("|", "\\|").replace("@", "@\u200b")
+
+
 def format_pr_table(rows: list[dict], links: bool = False) -> str:
     """The verdicts as a Markdown table (the check's summary, the PR comment, ``pr-check``'s output): config, testbed,
     metric, PR value [runs], baseline median [n], change, boundary, verdict; ``links``: the PR runs' W&B pages."""
@@ -264,7 +270,8 @@ def format_pr_table(rows: list[dict], links: bool = False) -> str:
         change = f"{r['change_pct']:+.1f}%" if r["change_pct"] is not None else "-"
         boundary = f"{r['boundary']:,.1f}" if r["boundary"] is not None else "-"
         line = (
-            f"| {r['config']} | {r['testbed']} | {r['metric']} | {r['pr_value']:,.1f} [{r['pr_n']}] | {median} | "
+            f"| {markdown_cell(r['config'])} | {markdown_cell(r['testbed'])} | {markdown_cell(r['metric'])} | "
+            f"{r['pr_value']:,.1f} [{r['pr_n']}] | {median} | "
             f"{change} | {boundary} | {r['verdict']} |"
         )
         if links:

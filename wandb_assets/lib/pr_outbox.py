@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from wandb_assets.lib.channels import Outage
-from wandb_assets.lib.pr_checks import NO_BASELINE, REGRESSION, format_pr_table
+from wandb_assets.lib.pr_checks import NO_BASELINE, REGRESSION, format_pr_table, markdown_cell
 from wandb_assets.lib.sql import transaction
 
 CHECK_NAME = "wandb-assets / throughput"
@@ -84,7 +84,8 @@ def check_text(rows: list[dict]) -> str:
 
 def comment_text(pr: int, commit: str, title: str, rows: list[dict]) -> str:
     return (
-        f"{MARKER}\n### Training throughput against main (wandb-assets)\n\n**{title}** at `{commit}`.\n\n"
+        f"{MARKER}\n### Training throughput against main (wandb-assets)\n\n**{title}** at "
+        f"`{markdown_cell(commit).replace('`', '')}`.\n\n"
         f"{format_pr_table(rows, links=True)}\n\n{HOW} This comment is updated in place as more runs end."
     )
 
