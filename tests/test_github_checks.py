@@ -275,3 +275,44 @@ def test_the_apps_private_key_comes_from_the_secret(
         ("deadbeef", "failure"),
         ("f00d0001", "neutral"),
     ]
+
+
+@pytest.mark.slow
+def test_from_the_w_and_b_server_to_the_check_in_one_refresh(github, wandb_server, dagster_home, capsys):
+    """The whole path, as `wandb-assets refresh` runs it: the local W&B server serves ten main runs of ppo on 8 H100s
+    (1,000 SPS) and PR 7's run of deadbeef at 850; the refresh reads them (GPU model from each run's metadata), the
+    feed judges PR 7 and the delivery puts a failing check on deadbeef's full SHA."""
+    from datetime import UTC, datetime
+
+    from tests.conftest import cli
+    from wandb_assets.localwandb import make_run_node
+
+    now = datetime.now(UTC).replace(tzinfo=None, microsecond=0)
+
+    def ci_node(run_id: str, branch: str, commit: str, sps: float, hours_ago: float) -> dict:
+        created = now - timedelta(hours=hours_ago)
+        return make_run_node(
+            run_id,
+            display_name=f"github.sky.{branch}.{commit}.ppo.{int(created.replace(tzinfo=UTC).timestamp())}",
+            state="finished",
+            created_at=created,
+            heartbeat_at=created + timedelta(minutes=20),
+            config={"compute.gpu_count": 8},
+            summary={"overview/sps": sps, "_step": 1000},
+            metadata={"gpu_count": 8, "gpu": "NVIDIA H100 80GB HBM3"},
+            job_type="benchmark",
+        )
+
+    sps = [1000.0, 1010.0, 990.0, 1005.0, 995.0, 1002.0, 998.0, 1008.0, 992.0, 1000.0]
+    nodes = [ci_node(f"m{i}", "main", f"c{i:07x}", value, 20 - i) for i, value in enumerate(sps)]
+    wandb_server([*nodes, ci_node("p7", "pr7", "deadbeef", 850.0, 2)])
+    code, _, err = cli(capsys, "refresh", "--quiet")
+    assert code == 0, err
+    assert "Sending the pull requests' throughput verdicts to GitHub ..." in err
+    (check,) = github.check_runs.values()
+    assert (check["head_sha"], check["conclusion"]) == (FULL["deadbeef"], "failure")
+    assert (
+        "| ppo | 8xH100-80GB | overview/sps | 850.0 [1] | 1,000.0 [10] | -15.0% | 980.6 | regression |"
+        in (check["output"]["summary"])
+    )
+    assert [c["issue"] for c in github.comments.values()] == [7]
