@@ -49,13 +49,11 @@ class GitHubChannel(Protocol):
     def full_sha(self, commit: str) -> str:
         """The full 40-hex SHA of ``commit`` (a prefix); ``Refused`` when the repository has no such commit."""
 
-    def upsert_check(
-        self, sha: str, conclusion: str, title: str, summary: str, known_id: int | None
-    ) -> tuple[int, str]:
+    def upsert_check(self, sha: str, conclusion: str, title: str, summary: str) -> tuple[int, str]:
         """Create or edit the check run ``CHECK_NAME`` on ``sha``; returns its id and the channel used (``check_run``,
         or ``commit_status`` where the credential cannot make check runs)."""
 
-    def upsert_comment(self, pr: int, body: str, known_id: int | None) -> int:
+    def upsert_comment(self, pr: int, body: str) -> int:
         """Create or edit the PR's comment carrying ``MARKER``; returns its id."""
 
 
@@ -203,14 +201,12 @@ def deliver(claimed: list[dict], channel: GitHubChannel, now: datetime) -> list[
             continue
         try:
             if it["item"] == COMMENT:
-                target, how = channel.upsert_comment(it["pr"], it["body"], it["target_id"]), "comment"
+                target, how = channel.upsert_comment(it["pr"], it["body"]), "comment"
             else:
                 if it["commit"] not in shas:
                     shas[it["commit"]] = channel.full_sha(it["commit"])
                 out["head_sha"] = shas[it["commit"]]
-                target, how = channel.upsert_check(
-                    out["head_sha"], it["conclusion"], it["title"], it["body"], it["target_id"]
-                )
+                target, how = channel.upsert_check(out["head_sha"], it["conclusion"], it["title"], it["body"])
             outcomes.append(out | {"state": DELIVERED, "target_id": target, "channel": how, "delivered_at": now})
         except Outage as exc:
             down = str(exc)

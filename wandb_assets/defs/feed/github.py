@@ -144,7 +144,7 @@ class PyGitHubChannel:
         self._commits[found.sha] = found
         return found.sha
 
-    def upsert_check(self, sha, conclusion, title, summary, known_id):
+    def upsert_check(self, sha: str, conclusion: str, title: str, summary: str) -> tuple[int, str]:
         commit, repo = self._commit(sha), self._repository()
         output = {"title": title[:1000], "summary": summary[:SUMMARY_LIMIT]}
         if not self._statuses_only:
@@ -174,7 +174,7 @@ class PyGitHubChannel:
         )
         return status.id, "commit_status"
 
-    def upsert_comment(self, pr: int, body: str, known_id: int | None) -> int:
+    def upsert_comment(self, pr: int, body: str) -> int:
         repo = self._repository()
         issue = self._call(f"PR {pr}", lambda: repo.get_issue(pr))
         held = self._call(f"PR {pr}'s comments", lambda: [c for c in issue.get_comments() if MARKER in (c.body or "")])
