@@ -55,13 +55,14 @@ def warehouse(path, rows) -> None:
         con.close()
 
 
-def tick(instance, at) -> None:
-    """The feed (judges, queues) then the delivery, as the sensor runs it after each feed."""
+def tick(instance, at):
+    """The feed (judges, queues) then the delivery, as the sensor runs it after each feed; the feed's result."""
     now = at.isoformat() + "Z"
     feed = execute_feed(instance, now=now)
     assert feed.success
     assert sensor_after(instance, feed) == f"feed:{feed.run_id}"  # the deployment's sensor asks for this delivery
     assert execute_github_checks(instance, now=now).success
+    return feed
 
 
 def sensor_after(instance, feed) -> str:
@@ -91,7 +92,10 @@ def test_each_commit_gets_one_check_each_pr_one_comment_and_a_second_run_edits_t
     github, warehouse_path, instance, monkeypatch
 ):
     warehouse(warehouse_path, pr_fleet())
-    tick(instance, T)
+    feed = tick(instance, T)
+    (judged,) = feed.asset_materializations_for_node("pr_checks")  # what the UI shows of the asset
+    assert (judged.metadata["judged"].value, judged.metadata["queued_for_github"].value) == (3, 6)
+    assert PR7_ROW in judged.metadata["latest_verdicts"].value
     checks = checks_by_commit(github)
     assert {commit: [(r["name"], r["conclusion"]) for r in runs] for commit, runs in checks.items()} == {
         "deadbeef": [(CHECK_NAME, "failure")],

@@ -16,7 +16,7 @@ from wandb_assets.lib.exports import CHARGEBACK_MART, chargeback_sql
 from wandb_assets.lib.gauges import curve_idle_sql
 from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, usd_sql
 from wandb_assets.lib.normalize import VANISHED
-from wandb_assets.lib.runs_lifecycle import MOVED_COPY_SQL, UNMIRRORED
+from wandb_assets.lib.runs_lifecycle import MOVED_COPY_SQL, UNMIRRORED, last_prices
 from wandb_assets.lib.sql import (
     ALIVE_SQL,
     BUSY_SQL,
@@ -231,12 +231,8 @@ def check_warehouse(
 ) -> list[tuple[Invariant, int, list[tuple]]]:
     """Every invariant on ``con`` at ``now`` (naive UTC): ``[(invariant, rows breaking it, a few of them)]``,
     those that hold with 0. An invariant over a table the warehouse does not have yet holds."""
-    last = (
-        con.execute("SELECT value FROM warehouse_meta WHERE key = 'gpu_prices'").fetchone()
-        if has_table(con, "warehouse_meta")
-        else None
-    )
-    params = {"now": now, "idle_pct": idle_pct, "prices": last[0] if last else None}
+    prices = last_prices(con) if has_table(con, "warehouse_meta") else None
+    params = {"now": now, "idle_pct": idle_pct, "prices": prices}
     found = []
     for invariant in INVARIANTS:
         given = params
