@@ -295,9 +295,8 @@ def _demo_pr_checks() -> None:
     for pr, commit, config, testbed, value, median, n, change, verdict, _ in rows[:3]:
         against = f"main's median {median:,.1f} [{n} runs], {change:+.1f}%" if median is not None else f"{n} main runs"
         print(f"  PR {pr} at {commit}: {config} on {testbed}: {value:,.1f} SPS against {against}: {verdict}")
-    print(
-        f"  (uv run wandb-assets pr-check --pr {rows[0][0]} --fail-on-regression: the table; exit 1 on a regression.)"
-    )
+    shown = next((row[0] for row in rows[:3] if row[8] == "regression"), rows[0][0])
+    print(f"  (uv run wandb-assets pr-check --pr {shown} --fail-on-regression: the table, and exit 1 on a regression.)")
 
 
 def _demo_curves() -> int:
