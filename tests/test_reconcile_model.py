@@ -676,3 +676,37 @@ def test_the_soaks_history_a_run_moved_on_out_of_the_mirror_set_counts_where_it_
     org.every_number_reconciles()
     states = {(c.project, c.run_id): c.state for c in org._copies()}
     assert (states[("test-project", "r0")], states[("p3", "r0")]) == ("moved", "failed")
+
+
+@pytest.mark.slow  # 40 s: the everyday tier keeps the lifecycle history
+def test_the_soaks_history_an_alert_on_a_run_moved_after_its_evaluation_is_not_a_broken_warehouse(
+    wandb_server, warehouse_path, instance, tmp_path, monkeypatch, datadog_capture
+):
+    """The history the soak on the final code of stop 49 failed on (2026-11-27): r2, running in p3 for 21 days, has its
+    long_running alert opened by a tick; it moves to p2 and a backfill marks the p3 copy moved. Until the next alert
+    evaluation the alert stands on the moved copy: the pipeline's own output between a backfill and a tick, which
+    `check` must not call broken (its premise: the alert was evaluated after the run's last load, and the load that
+    moved the run is its p2 copy's)."""
+    org = _one_organisation(wandb_server([]), instance, warehouse_path, tmp_path, monkeypatch, datadog_capture)
+    org.an_organisation_mirrored_once(
+        [
+            ("test-project", "alice", "H100-80GB", 1, 35, 145, 16.670175504803908, "running", [0.0, 0.0, 0.0, 0.0]),
+            ("test-project", "bob", "H100-80GB", 1, 40, 256, 17.877527408107934, "running", [2.0, 0.0, 90.0]),
+            ("p3", "carol", "H100-80GB", 1, 21, 62, 0.05, "running", [90.0, 0.0, 90.0, 90.0, 2.0, 2.0, 0.0]),
+        ]
+    )
+    org.every_number_reconciles()
+    org.tick()
+    org.every_number_reconciles()
+    _Picks(org).move("r2", "p2")
+    org.backfill()
+    org.every_number_reconciles()
+    from wandb_assets.lib.checks import broken
+
+    con = duckdb.connect(str(warehouse_path), read_only=True)
+    try:
+        opened = con.execute("SELECT alert_key FROM alerts WHERE resolved_at IS NULL AND rule = 'long_running'")
+        assert ("long_running:test-team/p3:r2",) in opened.fetchall()  # on the moved copy, until the next tick
+        assert broken(con, datetime.now(UTC).replace(tzinfo=None)) == []
+    finally:
+        con.close()
