@@ -187,7 +187,8 @@ def _contents(con, new_columns: bool = False) -> dict[str, list]:
         if new_columns and table == "runs":  # and the GPU columns of issue 22
             columns = (
                 "* EXCLUDE (entity, project, gpu_count_source, gpu_model, gpu_util_pct, latest_gpu_sample, "
-                "wandb_metadata, log_idle_gpu_hours, cost_usd, curves_status, curves_read_at, curves_final, sps_steady)"
+                "wandb_metadata, log_idle_gpu_hours, cost_usd, curves_status, curves_read_at, curves_final, "
+                "sps_steady, state_changed_at)"
             )
         contents[table] = sorted(map(repr, con.execute(f"SELECT {columns} FROM {table}").fetchall()))
     contents.pop("warehouse_meta")

@@ -710,3 +710,42 @@ def test_the_soaks_history_an_alert_on_a_run_moved_after_its_evaluation_is_not_a
         assert broken(con, datetime.now(UTC).replace(tzinfo=None)) == []
     finally:
         con.close()
+
+
+@pytest.mark.slow  # 35 s: the everyday tier keeps the lifecycle history
+def test_the_soaks_history_an_alert_on_a_run_deleted_after_its_evaluation_is_not_a_broken_warehouse(
+    wandb_server, warehouse_path, instance, tmp_path, monkeypatch, datadog_capture
+):
+    """The vanished twin of the history above, on which the soak on bada56d failed (2026-11-27): r0, running in
+    test-project for 28 days, has its long_running alert opened by a tick (which loads r0 again); it is deleted in
+    W&B and a backfill marks it vanished without loading it (its ingested_at stays the tick's). Until the next alert
+    evaluation the alert stands on the vanished run; `check` must not call that broken: the lifecycle's mark
+    (state_changed_at) is after the alert's evaluation."""
+    org = _one_organisation(wandb_server([]), instance, warehouse_path, tmp_path, monkeypatch, datadog_capture)
+    org.an_organisation_mirrored_once(
+        [
+            ("test-project", "alice", "H100-80GB", 1, 28, 1439, 0.05, "running", [2.0, 0.0, 2.0, 90.0]),
+            ("p2", "carol", "A100-80GB", 8, 35, 427, 17.27207999581365, "crashed", [2.0, 0.0, 2.0, 90.0]),
+        ]
+    )
+    org.tick()
+    org.every_number_reconciles()
+    _Picks(org).delete("r0")
+    org.backfill()
+    org.every_number_reconciles()
+    from wandb_assets.lib.checks import broken
+
+    con = duckdb.connect(str(warehouse_path), read_only=True)
+    try:
+        opened = con.execute("SELECT alert_key FROM alerts WHERE resolved_at IS NULL AND rule = 'long_running'")
+        assert ("long_running:test-team/test-project:r0",) in opened.fetchall()  # on the vanished run, until a tick
+        state, ingested, changed, seen = con.execute(
+            "SELECT state, ingested_at, state_changed_at, (SELECT last_seen_at FROM alerts WHERE alert_key = "
+            "'long_running:test-team/test-project:r0') FROM runs WHERE run_id = 'r0'"
+        ).fetchone()
+        assert state == "vanished" and ingested <= seen < changed
+        assert broken(con, datetime.now(UTC).replace(tzinfo=None)) == []
+    finally:
+        con.close()
+    org.tick()  # the next evaluation resolves it: nothing open on a dead run, and check still passes
+    org.every_number_reconciles()

@@ -113,9 +113,13 @@ def test_b2_a_finished_run_moved_to_another_project_counts_once_and_back_again(m
         rebuild_gpu_usage(memory_con, day + timedelta(days=n), dict(prices), {})
         usage = memory_con.execute("SELECT project, sum(gpu_hours), sum(cost_usd) FROM gpu_usage GROUP BY 1").fetchall()
         assert usage == [(project, 80.0, 240.0)]
-        states = memory_con.execute("SELECT project, state, cost_usd FROM runs ORDER BY 1").fetchall()
+        states = memory_con.execute(
+            "SELECT project, state, cost_usd, state_changed_at IS NOT NULL FROM runs ORDER BY 1"
+        ).fetchall()
         other = "b" if project == "a" else "a"
-        assert sorted(states) == sorted([(project, "finished", 240.0), *([(other, "moved", 0.0)] if n > 1 else [])])
+        # The moved copy was marked, not loaded (state_changed_at); the copy W&B returned is as loaded.
+        moved = [(other, "moved", 0.0, True)] if n > 1 else []
+        assert sorted(states) == sorted([(project, "finished", 240.0, False), *moved])
         assert broken(memory_con, day + timedelta(days=n)) == []
 
 
@@ -133,7 +137,9 @@ def test_b3_a_project_back_in_the_mirror_set_has_its_running_runs_asked_for_agai
     p, q = ({"entity": "e", "project": name, "error": None} for name in ("p", "q"))
     record_projects(memory_con, [p], t0 + timedelta(days=5))
     record_projects(memory_con, [q], t0 + timedelta(days=5, hours=1))
-    assert memory_con.execute("SELECT state, anomalies FROM runs").fetchall() == [("vanished", ["unmirrored"])]
+    assert memory_con.execute("SELECT state, anomalies, state_changed_at > ingested_at FROM runs").fetchall() == [
+        ("vanished", ["unmirrored"], True)  # marked when the mirror set changed, not loaded
+    ]
     record_projects(memory_con, [p, q], t0 + timedelta(days=5, hours=2))
     assert unfinished_runs_by_project(memory_con, t0 + timedelta(days=4)) == {"e/p": ["r1"]}
 

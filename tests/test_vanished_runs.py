@@ -84,10 +84,15 @@ def test_a_vanished_run_keeps_its_gpu_hours_and_cost_up_to_its_last_heartbeat_an
 
     window = stage(tmp_path / "w.ndjson", [], datetime(2026, 6, 8))
     by_id = stage(tmp_path / "r.ndjson", [], datetime(2026, 6, 8), asked={"e/p": ["R"]})
+    marking = datetime.now(UTC).replace(tzinfo=None)
     load_runs_window(memory_con, [window], datetime(2026, 6, 7), datetime(2026, 6, 9), [by_id], prices=PRICES)
-    assert memory_con.execute("SELECT state, anomalies, cost_usd FROM runs").fetchall() == [
-        ("vanished", ["vanished"], 2880.0)
+    marked = datetime.now(UTC).replace(tzinfo=None)
+    assert memory_con.execute("SELECT state, anomalies, cost_usd, ingested_at FROM runs").fetchall() == [
+        ("vanished", ["vanished"], 2880.0, datetime(2026, 6, 6, 6))  # marked, not loaded
     ]
+    # When the lifecycle marked it (check: an alert evaluated before this saw it alive), to the microsecond.
+    changed = memory_con.execute("SELECT state_changed_at FROM runs").fetchone()[0]
+    assert marking <= changed <= marked
     rebuild_gpu_hours(memory_con, now)
     assert (
         memory_con.execute("SELECT day, gpu_hours FROM gpu_hours WHERE category = 'all' ORDER BY day").fetchall()
@@ -102,7 +107,9 @@ def test_a_vanished_run_keeps_its_gpu_hours_and_cost_up_to_its_last_heartbeat_an
     # W&B returns it again (a backfill of its day): the row is restored, as W&B says it is now.
     back = stage(tmp_path / "b.ndjson", [run("R", created, heartbeat, state="finished")], datetime(2026, 6, 9))
     load_runs_window(memory_con, [back], created, created + DAY, prices=PRICES)
-    assert memory_con.execute("SELECT state, anomalies FROM runs").fetchall() == [("finished", [])]
+    assert memory_con.execute("SELECT state, anomalies, state_changed_at FROM runs").fetchall() == [
+        ("finished", [], None)  # as loaded
+    ]
 
 
 def test_the_first_tick_after_an_upgrade_asks_for_the_old_running_runs_by_the_project_of_their_url(tmp_path):

@@ -88,14 +88,14 @@ WHERE cost_usd IS DISTINCT FROM should
     ),
     Invariant(
         "no_alert_on_a_run_not_alive",
-        "no alert open on a run that is not alive (once evaluated after the run's last load, of any of its copies: a "
-        "move is its new copy's load; an unwatched project's stay)",
+        "no alert open on a run that is not alive (once evaluated after the row last changed: its load, or the run "
+        "lifecycle marking it vanished, unmirrored or moved; an unwatched project's stay)",
         f"""SELECT a.alert_key, r.state FROM alerts a JOIN runs r
   ON r.run_id = (a.details->>'run_id') AND r.entity = coalesce((a.details->>'entity'), r.entity)
  AND r.project = coalesce((a.details->>'project'), r.project)
 WHERE a.resolved_at IS NULL AND a.rule IN ({", ".join(f"'{rule}'" for rule in RUN_ALERT_RULES)})
   AND r.state NOT IN ({ALIVE_SQL})
-  AND a.last_seen_at >= (SELECT max(c.ingested_at) FROM runs c WHERE c.entity = r.entity AND c.run_id = r.run_id)
+  AND a.last_seen_at >= greatest(r.ingested_at, r.state_changed_at)
   AND NOT coalesce((a.details->>'unwatched')::BOOLEAN, false)
   AND {MIRRORED_NOW_SQL.replace("runs.", "r.")}""",
         ("runs", "alerts", "wandb_projects"),

@@ -13,6 +13,12 @@ def utc_now() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None, microsecond=0)
 
 
+def utc_instant() -> datetime:
+    """Now, as a naive UTC datetime to the microsecond: when the warehouse orders two of its own writes (a run
+    lifecycle mark against an alert evaluation in the same second)."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
 def configured_time(text: str, setting: str) -> datetime | None:
     """A configured time (run config, CLI): ISO-8601 with ``Z``, any offset, or none (= UTC), as naive UTC.
 

@@ -8,6 +8,7 @@ each function runs inside its caller's transaction.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 
 from wandb_assets.lib.gpus import PRICES_CTE, prices_param, usd_sql
 from wandb_assets.lib.normalize import MOVED, VANISHED
@@ -56,18 +57,19 @@ def price_runs(con, prices: Iterable[tuple[str, float]] | None) -> None:
         set_meta(con, PRICES_KEY, param)
 
 
-def settle(con, anomaly: str = VANISHED) -> int:
+def settle(con, at: datetime, anomaly: str = VANISHED) -> int:
     """Mark the runs of the temp table ``just_vanished`` (``entity, project, run_id``): an alive one becomes
     ``vanished`` (last seen at its heartbeat: it occupies no GPU after it); an ended one keeps its state (its success,
     duration and GPU-hours stay as counted). Each carries ``anomaly`` (``vanished``; ``unmirrored`` for a project that
-    left the mirror set). They are re-priced at the prices last priced with. The temp table is dropped. Returns the
+    left the mirror set) and ``state_changed_at = at`` (the row changed without a load: what was evaluated before
+    ``at`` saw it alive). They are re-priced at the prices last priced with. The temp table is dropped. Returns the
     runs marked. (A load then finds the moves, ``mark_moved``, once its rows are in.)"""
     marked = con.execute("SELECT count(*) FROM just_vanished").fetchone()[0]
     if marked:
         con.execute(
             f"UPDATE runs SET state = CASE WHEN state IN ({ALIVE_SQL}) THEN '{VANISHED}' ELSE state END, "
-            f"anomalies = list_append(coalesce(anomalies, []), $anomaly) WHERE {_MARKED}",
-            {"anomaly": anomaly},
+            f"anomalies = list_append(coalesce(anomalies, []), $anomaly), state_changed_at = $at WHERE {_MARKED}",
+            {"anomaly": anomaly, "at": at},
         )
         prices = last_prices(con)
         if prices is not None:
@@ -90,11 +92,11 @@ MOVED_COPY_SQL = f"""runs.state <> '{MOVED}' AND ({LEFT_BEHIND_SQL}) AND EXISTS 
     AND o.created_at = runs.created_at AND NOT ({LEFT_BEHIND_SQL.replace("runs.", "o.")}))"""
 
 
-def mark_moved(con) -> int:
+def mark_moved(con, at: datetime) -> int:
     """A copy left behind (``LEFT_BEHIND_SQL``) of a run whose id and creation time another project of its entity
     holds (and answers for: not left behind there) is ``moved``: it occupies no GPU here and costs nothing here
     (re-priced: 0 GPU-hours), and its curves go with their idle hours (the other copy's count; moved back, it is
-    read again). Returns the copies marked."""
+    read again); ``state_changed_at = at``, as ``settle``. Returns the copies marked."""
     con.execute(
         f"CREATE OR REPLACE TEMP TABLE moved_runs AS SELECT entity, project, run_id FROM runs WHERE {MOVED_COPY_SQL}"
     )
@@ -103,7 +105,8 @@ def mark_moved(con) -> int:
         keys = "(entity, project, run_id) IN (SELECT entity, project, run_id FROM moved_runs)"
         con.execute(
             f"UPDATE runs SET state = '{MOVED}', anomalies = list_append(anomalies, '{MOVED}'), curves_status = NULL, "
-            f"curves_read_at = NULL, curves_final = NULL, sps_steady = NULL WHERE {keys}"
+            f"curves_read_at = NULL, curves_final = NULL, sps_steady = NULL, state_changed_at = $at WHERE {keys}",
+            {"at": at},
         )
         prices = last_prices(con)
         if prices is not None:
@@ -114,7 +117,7 @@ def mark_moved(con) -> int:
     return count
 
 
-def unmirror(con) -> int:
+def unmirror(con, at: datetime) -> int:
     """The alive mirrored rows of projects no longer mirrored (``MIRRORED_NOW_SQL``): nobody will refresh them, so they
     are last seen where they are (``settle`` with ``unmirrored``: out of every gauge and alert, their past GPU-hours
     and dollars up to their heartbeat). Asked for again when the project comes back (``ASK_AGAIN_SQL``)."""
@@ -122,4 +125,4 @@ def unmirror(con) -> int:
         "CREATE OR REPLACE TEMP TABLE just_vanished AS SELECT entity, project, run_id FROM runs "
         f"WHERE state IN ({ALIVE_SQL}) AND NOT {MIRRORED_NOW_SQL}"
     )
-    return settle(con, UNMIRRORED)
+    return settle(con, at, UNMIRRORED)

@@ -95,6 +95,8 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "anomalies": "fields that were malformed and stored as NULL or {} (summary, config, created_at, "
             "gpu_count), and SPS columns whose value was NaN or infinite",
             "ingested_at": "when this row was written, UTC",
+            "state_changed_at": "when the run lifecycle last marked this row without loading it (vanished, unmirrored "
+            "or moved), UTC; NULL: as loaded",
             "source": "wandb (mirrored from the W&B API; authoritative) or offline (read from a .wandb log by "
             "`wandb-assets ingest-offline` / the offline_runs asset; replaced by the mirrored copy once synced)",
             "log_path": "the offline .wandb log an offline row was read from (NULL for mirrored rows)",

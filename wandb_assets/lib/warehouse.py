@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from wandb_assets.lib.alerts import ALERT_SQL, scope_unscoped_alerts
+from wandb_assets.lib.clock import utc_instant
 from wandb_assets.lib.curves_warehouse import CURVES_SCHEMA_SQL
 from wandb_assets.lib.datadog_feed import LEDGER_SQL
 from wandb_assets.lib.gauges import (
@@ -93,6 +94,7 @@ RUNS_COLUMNS: dict[str, str] = {
     "summary": "JSON",
     "anomalies": "VARCHAR[]",
     "ingested_at": "TIMESTAMP",
+    "state_changed_at": "TIMESTAMP",
     "source": "VARCHAR",
     "log_path": "VARCHAR",
 }
@@ -566,7 +568,8 @@ def load_runs_window(
                 "r": [a[2] for a in asked],
             },
         )
-        settle(con)
+        marked_at = utc_instant()
+        settle(con, marked_at)
         con.execute(
             "INSERT INTO incoming_runs BY NAME SELECT * FROM refreshed_runs "
             "WHERE (entity, project, run_id) NOT IN (SELECT entity, project, run_id FROM incoming_runs)"
@@ -588,7 +591,7 @@ def load_runs_window(
             f"INSERT INTO runs BY NAME SELECT * REPLACE (coalesce(source, '{SOURCE_WANDB}') AS source) "
             "FROM incoming_runs"
         )
-        mark_moved(con)
+        mark_moved(con, marked_at)
         loaded = con.execute("SELECT count(*) FROM incoming_runs").fetchone()[0]
         con.execute("DROP TABLE incoming_runs")
     return loaded
@@ -788,8 +791,9 @@ def record_projects(
         con.execute("DELETE FROM wandb_projects")
         if rows:
             con.executemany(f"INSERT INTO wandb_projects VALUES ({', '.join('?' * len(rows[0]))})", rows)
-        unmirror(con)
-        mark_moved(con)  # a run of a project that left, now held by a mirrored one
+        marked_at = utc_instant()
+        unmirror(con, marked_at)
+        mark_moved(con, marked_at)  # a run of a project that left, now held by a mirrored one
     after = {f"{r[0]}/{r[1]}" for r in rows if r[2] and r[1] != "*"}
     before = {name for name in before if not name.endswith("/*")}
     return rows, sorted(before - after), sorted(after - before) if before else []
