@@ -535,3 +535,46 @@ def test_alerts_of_one_run_rule_and_project_opened_together_go_as_one_message(co
         "- Resolved stalled_run (e/p:r1). Was: Run r1 stalled: http://w/e/p/runs/r1\n"
         "- Resolved stalled_run (e/p:r2). Was: Run r2 stalled: http://w/e/p/runs/r2"
     ]
+
+
+def test_an_alert_of_a_run_that_moves_to_another_mirrored_project_goes_on_under_its_key(memory_con, tmp_path):
+    """z1 (running since 2026-11-01, over 168 h) has its long_running alert open in e/p; W&B moves it to e/q: the e/p
+    copy is marked moved and the e/q copy holds the same condition. The problem neither went away nor started: no
+    "resolved", no "opened" (it had paged both), the alert goes on as long_running:e/p:z1 saying e/q; it resolves
+    once, under that key, when z1 ends in e/q."""
+    import os
+
+    from wandb_assets.lib.checks import broken
+    from wandb_assets.lib.warehouse import WHOLE_KEY, load_runs_window, ndjson_lines, record_projects
+
+    th = alert_thresholds({"WANDB_ASSETS_PROJECTS": "e/p,e/q"})
+    start = datetime(2026, 11, 1)
+    window = (start, start + timedelta(days=1))
+    both = [{"entity": "e", "project": name, "error": None} for name in ("p", "q")]
+
+    def fetched(n: int, project: str, state: str, at: datetime) -> list[tuple[str, str]]:
+        row = fleet_row("z1", state, "regular", start + timedelta(hours=1), at, entity="e", project=project)
+        path = tmp_path / f"{n}.ndjson"
+        path.write_text(json.dumps({WHOLE_KEY: ["e/p", "e/q"]}) + "\n" + "".join(ndjson_lines([row], at)))
+        stamp = (at - datetime(1970, 1, 1)).total_seconds()  # the fetch began at ``at`` (naive UTC)
+        os.utime(path, (stamp, stamp))
+        record_projects(memory_con, both, at)
+        load_runs_window(memory_con, [str(path)], *window, projects=[("e", "p"), ("e", "q")])
+        transitions = reconcile(memory_con, evaluate_rules(memory_con, at, th), ALL_RULES, at, ["slack"])
+        return [(t.event, t.condition.key) for t in transitions if t.condition.rule == "long_running"]
+
+    first = datetime(2026, 11, 20, 12)
+    assert fetched(1, "p", "running", first) == [("opened", "long_running:e/p:z1")]
+    assert fetched(2, "q", "running", first + timedelta(hours=1)) == []  # moved: neither resolved nor opened
+    opened = memory_con.execute(
+        "SELECT alert_key, details->>'project', message LIKE 'e/q:%', last_seen_at FROM alerts "
+        "WHERE resolved_at IS NULL AND rule = 'long_running'"
+    ).fetchall()
+    assert opened == [("long_running:e/p:z1", "q", True, first + timedelta(hours=1))]
+    assert broken(memory_con, first + timedelta(hours=1)) == []
+    assert fetched(3, "q", "running", first + timedelta(hours=2)) == []  # and on, tick after tick
+    assert fetched(4, "q", "finished", first + timedelta(hours=3)) == [("resolved", "long_running:e/p:z1")]
+    events = memory_con.execute(
+        "SELECT alert_key, event FROM alert_notifications WHERE alert_key LIKE 'long_running:%' ORDER BY id"
+    ).fetchall()
+    assert events == [("long_running:e/p:z1", "opened"), ("long_running:e/p:z1", "resolved")]

@@ -29,6 +29,7 @@ from wandb_assets.lib.gpus import (
     usd_sql,
 )
 from wandb_assets.lib.lake import retry_on_conflict
+from wandb_assets.lib.normalize import MOVED
 from wandb_assets.lib.regressions import find_regressions
 from wandb_assets.lib.sql import (
     ALIVE_SQL,
@@ -792,8 +793,10 @@ def reconcile(
             )
         }
         holding = {c.key: c for c in conditions}
+        continued = _continued_after_moves(con, open_alerts, holding)
         unwatched = _unwatched_projects(con)
-        for key, condition in holding.items():
+        for found, condition in holding.items():
+            key = continued.get(found, found)  # a moved run's alert goes on under the key it opened with
             params = {
                 "key": key,
                 "now": now,
@@ -814,8 +817,9 @@ def reconcile(
                     params | {"rule": condition.rule, "subject": condition.subject},
                 )
                 transitions.append(Transition("opened", condition))
+        going_on = set(continued.values())
         for key, row in open_alerts.items():
-            if key not in holding and (row["rule"] in evaluated or key in evaluated):
+            if key not in holding and key not in going_on and (row["rule"] in evaluated or key in evaluated):
                 details = json.loads(row["details"]) if isinstance(row["details"], str) else row["details"]
                 if (
                     row["rule"] != "project_unreachable"  # (a project no longer mirrored needs no reading)
@@ -855,6 +859,48 @@ def reconcile(
                     },
                 )
     return transitions
+
+
+def _continued_after_moves(con, open_alerts: dict[str, dict], holding: dict[str, Condition]) -> dict[str, str]:
+    """``{found key: open key}``: a run alert (``RUN_ALERT_RULES``) open on a copy the run lifecycle marked ``moved``
+    (``runs_lifecycle.mark_moved``), or already gone on to the project it names, whose rule now holds for the same run
+    (entity, run id) in the project it moved to.
+    The problem did not go away and did not start: the alert goes on under the key it opened with (its message and
+    details the new project's), so a move pages neither "resolved" nor "opened"."""
+    stranded = {}
+    for key, row in open_alerts.items():
+        if row["rule"] not in RUN_ALERT_RULES or key in holding:
+            continue
+        details = json.loads(row["details"]) if isinstance(row["details"], str) else row["details"] or {}
+        if details.get("entity") is not None and details.get("run_id") is not None:
+            stranded[key] = (row["rule"], details["entity"], details.get("project"), details["run_id"])
+    if not stranded:
+        return {}
+    moved = set(
+        con.execute(
+            f"SELECT entity, project, run_id FROM runs WHERE state = '{MOVED}' AND (entity, project, run_id) IN "
+            "(SELECT unnest($e::VARCHAR[]), unnest($p::VARCHAR[]), unnest($r::VARCHAR[]))",
+            {
+                "e": [s[1] for s in stranded.values()],
+                "p": [s[2] for s in stranded.values()],
+                "r": [s[3] for s in stranded.values()],
+            },
+        ).fetchall()
+    )
+    by_run = {
+        (c.rule, c.details.get("entity"), c.details.get("run_id")): found
+        for found, c in holding.items()
+        if c.rule in RUN_ALERT_RULES and found not in open_alerts
+    }
+    continued = {}
+    for key, (rule, entity, project, run_id) in stranded.items():
+        found = by_run.get((rule, entity, run_id))
+        # (its details name the project it was last seen in: an alert that went on already says the new project)
+        if found is not None and (
+            (entity, project, run_id) in moved or holding[found].details.get("project") == project
+        ):
+            continued[found] = key
+    return continued
 
 
 def scope_unscoped_alerts(con) -> int:
