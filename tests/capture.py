@@ -2,28 +2,10 @@
 
 import gzip
 import json
-import threading
 import time
 import zlib
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-
-class LoopbackServer:
-    """An HTTP server on loopback in a thread of its own, serving ``handler``; ``base`` is its URL."""
-
-    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._httpd.daemon_threads = True
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
-
-    @property
-    def base(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+from wandb_assets.localwandb.loopback import LoopbackServer, QuietHandler
 
 
 class CaptureServer(LoopbackServer):
@@ -35,12 +17,7 @@ class CaptureServer(LoopbackServer):
         self.hang_s = 5.0
         capture = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                return
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:  # noqa: N802
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 encoding = (self.headers.get("Content-Encoding") or "").lower()
@@ -54,12 +31,7 @@ class CaptureServer(LoopbackServer):
                     status = 202
                 else:
                     status = int(capture.answer)
-                body = b'{"errors": []}' if status < 300 else b'{"errors": ["refused"]}'
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self.send_json(status, {"errors": []} if status < 300 else {"errors": ["refused"]})
 
         super().__init__(Handler)
 

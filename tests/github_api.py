@@ -12,14 +12,13 @@ import re
 import secrets
 import threading
 import time
-from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
 
 import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.capture import LoopbackServer
+from wandb_assets.localwandb.loopback import LoopbackServer, QuietHandler
 
 
 def app_private_key() -> str:
@@ -49,23 +48,13 @@ class LocalGitHub(LoopbackServer):
         self._lock = threading.Lock()
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                return
-
+        class Handler(QuietHandler):
             def _serve(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 body = json.loads(raw) if raw else None
                 with server._lock:
                     status, answer = server.answer(self.command, self.path, self.headers.get("Authorization", ""), body)
-                data = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json; charset=utf-8")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.send_json(status, answer, "application/json; charset=utf-8")
 
             do_GET = do_POST = do_PATCH = _serve  # noqa: N815
 

@@ -5,7 +5,6 @@ of the environment honoured (NO_PROXY too), one deadline per download. Loopback 
 import base64
 import http.server
 import json
-import threading
 import time
 
 import pytest
@@ -18,6 +17,7 @@ from wandb_assets.lib.fetch import (
     read_metadata_file,
 )
 from wandb_assets.lib.throttle import Throttle
+from wandb_assets.localwandb.loopback import LoopbackServer
 
 KEY = "local-" + "k" * 40
 BASIC = {"Authorization": "Basic " + base64.b64encode(f"api:{KEY}".encode()).decode()}
@@ -89,11 +89,9 @@ class _Files(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def files_server():
     _Files.seen = []
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    server.server_close()
+    server = LoopbackServer(_Files)
+    yield server.base
+    server.stop()
 
 
 def _read(pool, url: str, timeout_s: float = 2.0) -> dict:

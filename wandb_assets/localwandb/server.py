@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from html import escape
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import unquote
 
@@ -28,6 +28,7 @@ from wandb_assets.lib.downsample import downsample
 from wandb_assets.lib.fetch import METADATA_FILE
 from wandb_assets.lib.normalize import decode_json_object, parse_timestamp, to_naive_utc
 from wandb_assets.localwandb.filters import matches, sort_runs
+from wandb_assets.localwandb.loopback import LoopbackServer
 
 _OPERATION_RE = re.compile(r"\b(?:query|mutation)\s+(\w+)")
 _RUN_FIELDS = (
@@ -311,9 +312,7 @@ class LocalWandbServer:
         #: ``entity/project/run`` of every run a ``StopRun`` mutation stopped, in order (who stopped what).
         self.stops: list[str] = []
         self.upsert_runs(runs or [])
-        self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
-        self._httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
+        self._loopback = LoopbackServer(_handler_for(self), host, port, name="local-wandb", start=False)
 
     # -- dataset -------------------------------------------------------------------------------
     def add_project(self, entity: str, project: str, runs: list[dict[str, Any]] | None = None) -> None:
@@ -530,17 +529,14 @@ class LocalWandbServer:
     # -- lifecycle -----------------------------------------------------------------------------
     @property
     def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return self._loopback.base
 
     def start(self) -> LocalWandbServer:
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="local-wandb", daemon=True)
-        self._thread.start()
+        self._loopback.start()
         return self
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._loopback.stop()
 
     def __enter__(self) -> LocalWandbServer:
         return self.start()

@@ -5,12 +5,12 @@ outage); ``users``: e-mail -> Slack user id."""
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
+from wandb_assets.localwandb.loopback import LoopbackServer, QuietHandler
 
-class LocalSlack:
+
+class LocalSlack(LoopbackServer):
     def __init__(self, token: str = "xoxb-test-token", users: dict[str, str] | None = None) -> None:
         self.token = token
         self.users = dict(users or {})
@@ -19,20 +19,10 @@ class LocalSlack:
         self.calls: list[dict] = []
         slack = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                return
-
+        class Handler(QuietHandler):
             def _reply(self, status: int, body: dict) -> None:
                 self.call["ok"] = status == 200 and body.get("ok", False)
-                raw = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
+                self.send_json(status, body)
 
             def _handle(self, args: dict) -> None:
                 method = urlparse(self.path).path.rsplit("/", 1)[-1]
@@ -67,19 +57,8 @@ class LocalSlack:
                 args.update({k: v[0] for k, v in parse_qs(urlparse(self.path).query).items()})
                 self._handle(args)
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        super().__init__(Handler)
 
     @property
     def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}/api/"
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-
-    def messages(self) -> list[dict]:
-        """The messages posted: ``{"channel", "text"}``."""
-        return [c["args"] for c in self.calls if c["method"] == "chat.postMessage" and c.get("ok")]
+        return f"{self.base}/api/"
