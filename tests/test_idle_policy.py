@@ -274,19 +274,22 @@ class Recorder:
         return StopAnswer("stopped")
 
 
-def seen_run(started: datetime, latest: datetime, last_busy: datetime | None = None):
+def seen_run(started: datetime, latest: datetime, last_busy: datetime | None = None, project: str = "p"):
     from wandb_assets.lib.idle_actions import Candidate, Seen
     from wandb_assets.lib.idle_episodes import Episode
 
-    run = Candidate("e", "p", "r", "train", None, "ana", [], "{}", 8, "H100-80GB", 23.92)
-    episode = Episode("e", "p", "r", started, latest, 8.0, 8, 8 * (latest - started).total_seconds() / 3600, last_busy)
+    run = Candidate("e", project, "r", "train", None, "ana", [], "{}", 8, "H100-80GB", 23.92)
+    hours = 8 * (latest - started).total_seconds() / 3600
+    episode = Episode("e", project, "r", started, latest, 8.0, 8, hours, last_busy)
     return Seen(run, episode, None, "research", "U0ANA", "C0RESEARCH")
 
 
 def tick(con, seen, policy, now, channels, token="t"):
     from wandb_assets.lib.idle_actions import claim_pending, record_decisions, record_outcomes, stop_outcomes
     from wandb_assets.lib.idle_delivery import deliver
+    from wandb_assets.lib.warehouse import ensure_schema
 
+    ensure_schema(con)  # the ledger is read beside runs (a moved run's copies)
     written = record_decisions(con, [seen], policy, now, datadog=False)
     claimed = claim_pending(con, token, now)
     record_outcomes(con, token, deliver(claimed, channels, now, stop_outcomes(con, claimed)))
@@ -327,6 +330,37 @@ def test_a_run_that_turns_busy_between_steps_restarts_its_ladder(memory_con):
     assert len(channels.slack) == 2
 
 
+def test_a_run_moved_mid_episode_goes_on_with_its_ladder_and_nobody_is_told_twice(memory_con):
+    """Idle since 10:00, ana is told at 11:00 (step 1) while r is in e/p; W&B moves r to e/q (the e/p copy marked
+    moved). At 11:00 in e/q nothing new (step 1 was done); at 11:45 (105 minutes idle) step 2 tells ana and the team
+    once, in e/q; its episode is the one that began at 10:00."""
+    channels = Recorder()
+    tick(memory_con, seen_run(T - minutes(120), T - minutes(60)), POLICY, T - minutes(60), channels)
+    created = T - timedelta(days=1)
+    for project, state in (("p", "moved"), ("q", "running")):
+        memory_con.execute(
+            "INSERT INTO runs (entity, project, run_id, state, created_at, heartbeat_at, gpu_count, anomalies, "
+            "ingested_at, source) VALUES ('e', $p, 'r', $s, $c, $h, 8, [], $h, 'wandb')",
+            {"p": project, "s": state, "c": created, "h": T - minutes(60)},
+        )
+    assert (
+        tick(memory_con, seen_run(T - minutes(120), T - minutes(60), project="q"), POLICY, T - minutes(60), channels)
+        == []
+    )
+    later = seen_run(T - minutes(120), T - minutes(15), project="q")
+    written = tick(memory_con, later, POLICY, T - minutes(15), channels)
+    assert sorted((row["project"], row["step"], row["audience"]) for row in written) == [
+        ("q", 2, "owner"),
+        ("q", 2, "team"),
+    ]
+    assert outcomes(memory_con) == [
+        ("10:00", 1, "owner", "sent"),
+        ("10:00", 2, "owner", "sent"),
+        ("10:00", 2, "team", "sent"),
+    ]
+    assert len(channels.slack) == 3
+
+
 def test_a_slack_outage_delays_a_message_and_doubles_none_and_a_lost_claim_is_never_resent(memory_con):
     """Slack down: the message waits (pending, its error kept); back up: it goes once. A claim whose sender died (no
     outcome recorded 10 minutes later) is marked unknown and never sent again."""
@@ -365,9 +399,11 @@ def test_two_ticks_deciding_at_once_send_each_message_once(tmp_path, monkeypatch
     import duckdb
 
     import wandb_assets.lib.idle_actions as idle_actions
+    from wandb_assets.lib.warehouse import ensure_schema
 
     path = str(tmp_path / "w.duckdb")
-    duckdb.connect(path).close()
+    with duckdb.connect(path) as made:
+        ensure_schema(made)
     barrier = threading.Barrier(2, timeout=2)
     real_decide = idle_actions.decide
 

@@ -26,6 +26,7 @@ from wandb_assets.lib.idle import idle_of_run
 from wandb_assets.lib.idle_episodes import Episode
 from wandb_assets.lib.idle_policy import DATADOG, OWNER, STOP, TEAM, Done, IdlePolicy, decide, exemption
 from wandb_assets.lib.lake import retry_on_conflict
+from wandb_assets.lib.normalize import MOVED
 from wandb_assets.lib.sql import MIRRORED_RUNS_SQL, transaction
 
 IDLE_ACTIONS_COLUMNS = {
@@ -129,11 +130,16 @@ def exempt_reason(policy: IdlePolicy, run: Candidate, team: str | None) -> str |
 
 
 def _ledger(con, keys: list[tuple[str, str, str]]) -> pandas.DataFrame:
+    """The ledger's rows of each run (``for_project``: the project it is in now): its own, and those of its copies the
+    run lifecycle marked ``moved`` (a run W&B moved mid-episode goes on with its ladder: nobody is told twice)."""
     con.register("idle_keys", pandas.DataFrame(keys, columns=["entity", "project", "run_id"]))
     try:
         return con.execute(
-            "SELECT a.entity, a.project, a.run_id, a.episode_started_at, a.step, a.audience, a.outcome, a.decided_at, "
-            "a.acted_at FROM idle_actions a JOIN idle_keys USING (entity, project, run_id)"
+            "SELECT k.project AS for_project, a.entity, a.project, a.run_id, a.episode_started_at, a.step, a.audience, "
+            "a.outcome, a.decided_at, a.acted_at FROM idle_actions a "
+            "JOIN idle_keys k ON a.entity = k.entity AND a.run_id = k.run_id "
+            f"WHERE a.project = k.project OR EXISTS (SELECT 1 FROM runs r WHERE r.entity = a.entity "
+            f"AND r.project = a.project AND r.run_id = a.run_id AND r.state = '{MOVED}')"
         ).df()
     finally:
         con.unregister("idle_keys")
@@ -259,7 +265,7 @@ def record_decisions(con, seen: list[Seen], policy: IdlePolicy, now: datetime, d
             assert s.episode is not None and ledger is not None
             mine = ledger[
                 (ledger["entity"] == s.run.entity)
-                & (ledger["project"] == s.run.project)
+                & (ledger["for_project"] == s.run.project)
                 & (ledger["run_id"] == s.run.run_id)
             ]
             started_at = _episode_start(mine, s)

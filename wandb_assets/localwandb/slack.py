@@ -62,3 +62,7 @@ class LocalSlack(LoopbackServer):
     @property
     def url(self) -> str:
         return f"{self.base}/api/"
+
+    def messages(self) -> list[dict]:
+        """The messages posted: ``{"channel", "text"}``."""
+        return [c["args"] for c in self.calls if c["method"] == "chat.postMessage" and c.get("ok")]
