@@ -29,8 +29,8 @@ from wandb_assets.lib.gpus import (
     usd_sql,
 )
 from wandb_assets.lib.lake import retry_on_conflict
-from wandb_assets.lib.normalize import MOVED
 from wandb_assets.lib.regressions import find_regressions
+from wandb_assets.lib.runs_lifecycle import moved_copy_sql
 from wandb_assets.lib.sql import (
     ALIVE_SQL,
     ENDED_SQL,
@@ -820,10 +820,10 @@ def reconcile(
         going_on = set(continued.values())
         for key, row in open_alerts.items():
             if key not in holding and key not in going_on and (row["rule"] in evaluated or key in evaluated):
-                details = json.loads(row["details"]) if isinstance(row["details"], str) else row["details"]
+                details = _details_of(row)
                 if (
                     row["rule"] != "project_unreachable"  # (a project no longer mirrored needs no reading)
-                    and (details or {}).get("entity") is not None
+                    and details.get("entity") is not None
                     and (details["entity"], details.get("project")) in unwatched
                 ):  # out of the mirror set: unwatched, not healthy; it goes on under its key when the project returns
                     if not details.get("unwatched"):
@@ -836,11 +836,10 @@ def reconcile(
                     "UPDATE alerts SET resolved_at = $now WHERE alert_key = $key AND resolved_at IS NULL",
                     {"key": key, "now": now},
                 )
-                details = json.loads(row["details"]) if isinstance(row["details"], str) else row["details"]
                 transitions.append(
                     Transition(
                         "resolved",
-                        Condition(row["rule"], row["subject"], row["severity"], row["message"], details or {}),
+                        Condition(row["rule"], row["subject"], row["severity"], row["message"], details),
                     )
                 )
         for transition in transitions:
@@ -861,6 +860,11 @@ def reconcile(
     return transitions
 
 
+def _details_of(row: dict) -> dict:
+    """An alert row's ``details`` as a dict (DuckDB hands JSON back as text; {} when NULL)."""
+    return (json.loads(row["details"]) if isinstance(row["details"], str) else row["details"]) or {}
+
+
 def _continued_after_moves(con, open_alerts: dict[str, dict], holding: dict[str, Condition]) -> dict[str, str]:
     """``{found key: open key}``: a run alert (``RUN_ALERT_RULES``) open on a copy the run lifecycle marked ``moved``
     (``runs_lifecycle.mark_moved``), or already gone on to the project it names, whose rule now holds for the same run
@@ -871,15 +875,15 @@ def _continued_after_moves(con, open_alerts: dict[str, dict], holding: dict[str,
     for key, row in open_alerts.items():
         if row["rule"] not in RUN_ALERT_RULES or key in holding:
             continue
-        details = json.loads(row["details"]) if isinstance(row["details"], str) else row["details"] or {}
+        details = _details_of(row)
         if details.get("entity") is not None and details.get("run_id") is not None:
             stranded[key] = (row["rule"], details["entity"], details.get("project"), details["run_id"])
     if not stranded:
         return {}
     moved = set(
         con.execute(
-            f"SELECT entity, project, run_id FROM runs WHERE state = '{MOVED}' AND (entity, project, run_id) IN "
-            "(SELECT unnest($e::VARCHAR[]), unnest($p::VARCHAR[]), unnest($r::VARCHAR[]))",
+            "SELECT entity, project, run_id FROM (SELECT unnest($e::VARCHAR[]) AS entity, unnest($p::VARCHAR[]) AS "
+            f"project, unnest($r::VARCHAR[]) AS run_id) c WHERE {moved_copy_sql('c')}",
             {
                 "e": [s[1] for s in stranded.values()],
                 "p": [s[2] for s in stranded.values()],

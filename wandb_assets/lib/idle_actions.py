@@ -26,7 +26,7 @@ from wandb_assets.lib.idle import idle_of_run
 from wandb_assets.lib.idle_episodes import Episode
 from wandb_assets.lib.idle_policy import DATADOG, OWNER, STOP, TEAM, Done, IdlePolicy, decide, exemption
 from wandb_assets.lib.lake import retry_on_conflict
-from wandb_assets.lib.normalize import MOVED
+from wandb_assets.lib.runs_lifecycle import moved_copy_sql
 from wandb_assets.lib.sql import MIRRORED_RUNS_SQL, transaction
 
 IDLE_ACTIONS_COLUMNS = {
@@ -138,8 +138,7 @@ def _ledger(con, keys: list[tuple[str, str, str]]) -> pandas.DataFrame:
             "SELECT k.project AS for_project, a.entity, a.project, a.run_id, a.episode_started_at, a.step, a.audience, "
             "a.outcome, a.decided_at, a.acted_at FROM idle_actions a "
             "JOIN idle_keys k ON a.entity = k.entity AND a.run_id = k.run_id "
-            f"WHERE a.project = k.project OR EXISTS (SELECT 1 FROM runs r WHERE r.entity = a.entity "
-            f"AND r.project = a.project AND r.run_id = a.run_id AND r.state = '{MOVED}')"
+            f"WHERE a.project = k.project OR {moved_copy_sql('a')}"
         ).df()
     finally:
         con.unregister("idle_keys")

@@ -92,6 +92,15 @@ MOVED_COPY_SQL = f"""runs.state <> '{MOVED}' AND ({LEFT_BEHIND_SQL}) AND EXISTS 
     AND o.created_at = runs.created_at AND NOT ({LEFT_BEHIND_SQL.replace("runs.", "o.")}))"""
 
 
+def moved_copy_sql(alias: str) -> str:
+    """SQL true when the row ``alias`` (``entity, project, run_id``) names a copy ``mark_moved`` marked: what was
+    recorded of the run there (an open alert, the idle ladder's steps) is the run's wherever W&B holds it now."""
+    return (
+        f"EXISTS (SELECT 1 FROM runs m WHERE m.entity = {alias}.entity AND m.project = {alias}.project "
+        f"AND m.run_id = {alias}.run_id AND m.state = '{MOVED}')"
+    )
+
+
 def mark_moved(con, at: datetime) -> int:
     """A copy left behind (``LEFT_BEHIND_SQL``) of a run whose id and creation time another project of its entity
     holds (and answers for: not left behind there) is ``moved``: it occupies no GPU here and costs nothing here
