@@ -28,7 +28,7 @@ from wandb_assets.lib.downsample import downsample
 from wandb_assets.lib.fetch import METADATA_FILE
 from wandb_assets.lib.normalize import decode_json_object, parse_timestamp, to_naive_utc
 from wandb_assets.localwandb.filters import matches, sort_runs
-from wandb_assets.localwandb.loopback import LoopbackServer
+from wandb_assets.localwandb.loopback import LoopbackServer, QuietHandler
 
 _OPERATION_RE = re.compile(r"\b(?:query|mutation)\s+(\w+)")
 _RUN_FIELDS = (
@@ -796,12 +796,8 @@ def _asks_files(query: str) -> bool:
 
 
 def _handler_for(server: LocalWandbServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    class Handler(QuietHandler):
         disable_nagle_algorithm = True
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence access logs
-            return
 
         def _send(self, status: int, body: bytes, extra: dict[str, str] | None = None) -> None:
             extra = extra or {}
