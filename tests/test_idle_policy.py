@@ -144,13 +144,35 @@ def test_a_run_that_turns_busy_starts_its_next_episode_from_zero():
     assert current_episodes(stream("r", [[0.0], [0.0], [50.0]]), {("e", "p", "r"): 1}, 5.0, 1.0) == []
 
 
-def test_a_node_wide_sample_is_scaled_to_the_run_s_gpus():
-    """A 2-GPU run whose samples see the node's 8 GPUs, 6 idle: 6 x 2/8 = 1.5 idle GPUs of 2 (the one rule of
-    lib/idle.idle_of_run): idle at fraction 0.75, not at 0.8."""
-    rows = stream("r", [[0.0] * 6 + [90.0] * 2] * 2)
-    (episode,) = current_episodes(rows, {("e", "p", "r"): 2}, 5.0, 0.75)
-    assert episode.idle_gpus == 1.5
-    assert current_episodes(rows, {("e", "p", "r"): 2}, 5.0, 0.8) == []
+def test_a_node_wide_sample_cannot_make_a_busy_run_idle_for_the_ladder():
+    """Review E9: a 2-GPU run whose samples see the node's 8 GPUs, its own 2 at 95 % and the other 6 idle. The scaled
+    estimate (lib/idle.idle_of_run) calls it 6 x 2/8 = 1.5 idle GPUs of 2, which at gpu_fraction 0.5 (1.5 >= 1) made
+    an episode and a stop. The sample cannot say which GPUs are the run's, so for the ladder it is idle only when all
+    8 are: no episode at any fraction. All 8 idle: an episode of 2 idle GPUs (8 x 2/8), 10 minutes, 2 x 1/6 h."""
+    busy = stream("r", [[0.0] * 6 + [95.0] * 2] * 2)
+    for fraction in (0.5, 0.75, 1.0):
+        assert current_episodes(busy, {("e", "p", "r"): 2}, 5.0, fraction) == []
+    (episode,) = current_episodes(stream("r", [[0.0] * 8] * 2), {("e", "p", "r"): 2}, 5.0, 1.0)
+    assert (episode.idle_gpus, episode.idle_minutes) == (2.0, 10)
+    assert episode.idle_gpu_hours == pytest.approx(2 / 6)
+
+
+def test_the_ladder_s_candidates_judge_a_node_wide_sample_as_the_episodes_do(memory_con):
+    """The warehouse's candidates (the runs whose latest sample is idle, read each tick) follow the same rule: the
+    2-GPU run beside 6 idle GPUs is not one at fraction 0.5; the same run with all 8 idle is."""
+    from wandb_assets.lib.idle_actions import candidates
+    from wandb_assets.lib.warehouse import ensure_schema
+
+    ensure_schema(memory_con)
+    for run_id, utils in (("busy", [0.0] * 6 + [95.0] * 2), ("idle", [0.0] * 8)):
+        memory_con.execute(
+            "INSERT INTO runs (entity, project, run_id, state, created_at, gpu_count, gpu_model, latest_gpu_sample, "
+            "source) VALUES ('e', 'p', $r, 'running', TIMESTAMP '2026-11-27 06:00', 2, 'H100-80GB', "
+            "list_transform($u, (u, i) -> {'gpu_index': i, 'utilisation': u, 'memory': NULL::DOUBLE}), 'wandb')",
+            {"r": run_id, "u": utils},
+        )
+    policy = IdlePolicy(5.0, gpu_fraction=0.5)
+    assert [c.run_id for c in candidates(memory_con, policy, {})] == ["idle"]
 
 
 @given(st.lists(st.lists(st.sampled_from([0.0, 3.0, 50.0, 99.0]), min_size=1, max_size=4), min_size=1, max_size=12))
@@ -267,7 +289,7 @@ class Recorder:
     def send_event(self, title, text):
         raise AssertionError("not configured")
 
-    def stop_run(self, path):
+    def stop_run(self, path, check):
         from wandb_assets.lib.idle_delivery import StopAnswer
 
         self.stops.append(path)
@@ -505,7 +527,7 @@ def test_a_stop_refused_by_w_and_b_is_told_once_and_never_tried_again(memory_con
     from wandb_assets.lib.idle_delivery import StopAnswer
 
     class Refusing(Recorder):
-        def stop_run(self, path):
+        def stop_run(self, path, check):
             self.stops.append(path)
             return StopAnswer("refused", "permission denied")
 

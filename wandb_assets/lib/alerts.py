@@ -868,7 +868,7 @@ def _details_of(row: dict) -> dict:
 def _continued_after_moves(con, open_alerts: dict[str, dict], holding: dict[str, Condition]) -> dict[str, str]:
     """``{found key: open key}``: a run alert (``RUN_ALERT_RULES``) open on a copy the run lifecycle marked ``moved``
     (``runs_lifecycle.mark_moved``), or already gone on to the project it names, whose rule now holds for the same run
-    (entity, run id) in the project it moved to.
+    (``runs_lifecycle.same_run_sql``: entity, run id and creation time) in the project it moved to.
     The problem did not go away and did not start: the alert goes on under the key it opened with (its message and
     details the new project's), so a move pages neither "resolved" nor "opened"."""
     stranded = {}
@@ -880,29 +880,36 @@ def _continued_after_moves(con, open_alerts: dict[str, dict], holding: dict[str,
             stranded[key] = (row["rule"], details["entity"], details.get("project"), details["run_id"])
     if not stranded:
         return {}
-    moved = set(
-        con.execute(
-            "SELECT entity, project, run_id FROM (SELECT unnest($e::VARCHAR[]) AS entity, unnest($p::VARCHAR[]) AS "
-            f"project, unnest($r::VARCHAR[]) AS run_id) c WHERE {moved_copy_sql('c')}",
-            {
-                "e": [s[1] for s in stranded.values()],
-                "p": [s[2] for s in stranded.values()],
-                "r": [s[3] for s in stranded.values()],
-            },
-        ).fetchall()
-    )
     by_run = {
         (c.rule, c.details.get("entity"), c.details.get("run_id")): found
         for found, c in holding.items()
         if c.rule in RUN_ALERT_RULES and found not in open_alerts
     }
+    pairs = {
+        key: (entity, project, run_id, holding[found].details.get("project"), found)
+        for key, (rule, entity, project, run_id) in stranded.items()
+        if (found := by_run.get((rule, entity, run_id))) is not None
+    }
+    if not pairs:
+        return {}
+    moved = set(
+        con.execute(
+            "SELECT entity, project, run_id, into_project FROM (SELECT unnest($e::VARCHAR[]) AS entity, "
+            "unnest($p::VARCHAR[]) AS project, unnest($r::VARCHAR[]) AS run_id, unnest($i::VARCHAR[]) AS into_project) "
+            f"c WHERE {moved_copy_sql('c', 'c.into_project')}",
+            {
+                "e": [s[0] for s in pairs.values()],
+                "p": [s[1] for s in pairs.values()],
+                "r": [s[2] for s in pairs.values()],
+                "i": [s[3] for s in pairs.values()],
+            },
+        ).fetchall()
+    )
     continued = {}
-    for key, (rule, entity, project, run_id) in stranded.items():
-        found = by_run.get((rule, entity, run_id))
-        # (its details name the project it was last seen in: an alert that went on already says the new project)
-        if found is not None and (
-            (entity, project, run_id) in moved or holding[found].details.get("project") == project
-        ):
+    for key, (entity, project, run_id, into_project, found) in pairs.items():
+        # the same run (entity, id, created_at) moved on; or an alert that went on already (its details name the
+        # project it was last seen in: the new one)
+        if (entity, project, run_id, into_project) in moved or into_project == project:
             continued[found] = key
     return continued
 

@@ -247,22 +247,37 @@ def classify(error: BaseException) -> str:
     return "fatal"
 
 
-def stop_run(api, path: str, secret: str = "") -> tuple[str | None, str | None]:
-    """Ask W&B to stop the run ``entity/project/run_id`` through the official client (``Run.stop()``: wandb-core sends
-    the ``StopRun`` mutation; the run's process sees it at its next status poll). Returns ``("running", None)`` when
-    asked, ``(state, None)`` for a run no longer running (left alone), ``(None, why)`` when W&B refused (a GraphQL
-    error: permission, no such run); raises ``WandbFetchError`` when W&B could not be reached or answered 429/5xx."""
+@dataclass(frozen=True)
+class NotStopped:
+    """Why a stop was not made: ``refused`` (W&B refused it: permission, no such run) or not (the send-time check
+    found a reason: the run ended, is another run, is exempt now)."""
+
+    reason: str
+    refused: bool = False
+
+
+def stop_run(api, path: str, check, secret: str = "") -> tuple[bool, NotStopped | None]:
+    """Read the run ``entity/project/run_id`` from W&B now and, unless ``check(state, created_at, tags, config)`` of it
+    gives a reason (``lib.idle_delivery.SendTimeCheck``), ask W&B to stop it through the official client
+    (``Run.stop()``: wandb-core sends the ``StopRun`` mutation; the run's process sees it at its next status poll).
+    Returns ``(True, None)`` when asked, ``(False, NotStopped)`` otherwise; raises ``WandbFetchError`` when W&B could
+    not be reached or answered 429/5xx."""
+    from wandb_assets.lib.normalize import parse_timestamp
+
     try:
         run = api.run(path)
-        if run.state != "running":
-            return run.state, None
+        created = parse_timestamp(getattr(run, "created_at", None))
+        tags, config = tuple(getattr(run, "tags", None) or ()), dict(getattr(run, "config", None) or {})
+        reason = check(run.state, created, tags, config)
+        if reason is not None:
+            return False, NotStopped(reason)
         run.stop()
-        return "running", None
+        return True, None
     except Exception as exc:  # noqa: BLE001 - the client raises many types; told apart by what they say
         text = _scrub(str(exc), secret).strip()
         if classify(exc) != "fatal":
             raise WandbFetchError(text.splitlines()[0][:300] if text else type(exc).__name__) from None
-        return None, (text.splitlines()[-1][:300] if text else type(exc).__name__)
+        return False, NotStopped(text.splitlines()[-1][:300] if text else type(exc).__name__, refused=True)
 
 
 def _page_bytes(nodes: list[dict]) -> int:

@@ -31,6 +31,18 @@ def idle_of_run(idle: str, sampled: str, gpu_count: str) -> str:
     return f"({idle}) * least(1.0, coalesce(({gpu_count}) / nullif({sampled}, 0), 1.0))"
 
 
+def ladder_idle_sql(idle: str, sampled: str, gpu_count: str) -> str:
+    """The idle GPUs of a run in a sample as the idle ladder judges them, as SQL: the trigger of an action that cannot
+    be undone. A sample that sees no more GPUs than the run holds counts its idle GPUs; one that sees more (NVML lists
+    the whole node) cannot say which GPUs are the run's, so the run counts idle (all its ``gpu_count``) only when every
+    GPU the sample lists is idle, else none (a 2-GPU run at 95 % beside 6 idle GPUs is busy). Idle GPU-hours keep
+    ``idle_of_run``'s scaled estimate."""
+    return (
+        f"(CASE WHEN ({sampled}) > ({gpu_count}) "
+        f"THEN (CASE WHEN ({idle}) >= ({sampled}) THEN ({gpu_count}) ELSE 0 END) ELSE ({idle}) END)"
+    )
+
+
 #: The sampling interval of a stream read with a run's curves: its median gap between samples.
 MEDIAN_GAP = "median(next_at - sampled_at) OVER (PARTITION BY entity, project, run_id)"
 #: The sampling interval of the ticks' stream (``gpu_samples``): the schedule's 15 minutes.

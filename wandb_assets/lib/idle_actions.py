@@ -5,16 +5,24 @@ inserts only what is missing, so two ticks at once decide each row once), then s
 Dagster, no network: the sending is ``lib/idle_delivery.py``'s.
 
 A row's ``outcome``: ``pending`` (waits in the outbox; a channel that failed leaves it pending for the next tick),
-``sending`` (claimed), ``sent``, ``stopped``, ``would_stop`` (the policy's stop step with ``stop_runs`` off: nothing
-reaches W&B), ``not_stopped`` (the run had ended), ``refused`` (W&B refused the stop: recorded and told, never tried
-again), ``skipped`` (nothing to say), ``undeliverable`` (nobody to tell: ``reason`` says why) or ``unknown`` (the
-process sending it ended before it could record whether it went out: never sent again, so never doubled).
+``sending`` (claimed), ``sent`` (``channel`` says where: only ``slack``, the owner's user or the team's channel, counts
+as told), ``stopped``, ``would_stop`` (the policy's stop step with ``stop_runs`` off: nothing reaches W&B),
+``not_stopped`` (the run had ended), ``refused`` (W&B refused the stop: recorded and told, never tried again),
+``skipped`` (nothing to say), ``undeliverable`` (nobody to tell, or Slack will never take it: ``reason`` says why),
+``withdrawn`` (an intent found no longer valid when it was to act: a stop is valid only for the tick that decided it,
+and a message that waited for Slack only while its run is still idle in the same episode; ``reason`` says why; a
+withdrawn step is decided again from scratch) or ``unknown`` (the process sending it ended before it could record
+whether it went out: never sent again, so never doubled).
+
+A run is its entity, run id and creation time (``runs_lifecycle.same_run_sql``): each row records the run's
+``run_created_at``, and a run's ledger is its own rows and those of its copies the lifecycle marked ``moved`` into its
+project, never another run's that happens to share its id.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -22,7 +30,7 @@ import pandas
 
 from wandb_assets.lib.datadog_feed import GAUGE_TYPE
 from wandb_assets.lib.gpus import PRICES_CTE, prices_param, usd_sql
-from wandb_assets.lib.idle import idle_of_run
+from wandb_assets.lib.idle import ladder_idle_sql
 from wandb_assets.lib.idle_episodes import Episode
 from wandb_assets.lib.idle_policy import DATADOG, OWNER, STOP, TEAM, Done, IdlePolicy, decide, exemption
 from wandb_assets.lib.lake import retry_on_conflict
@@ -49,6 +57,7 @@ IDLE_ACTIONS_COLUMNS = {
     "last_error": "VARCHAR",
     "claim": "VARCHAR",
     "claimed_at": "TIMESTAMP",
+    "run_created_at": "TIMESTAMP",
 }
 IDLE_ACTIONS_SQL = (
     f"CREATE TABLE IF NOT EXISTS idle_actions ({', '.join(f'{c} {t}' for c, t in IDLE_ACTIONS_COLUMNS.items())})"
@@ -58,6 +67,7 @@ LEDGER_KEY = ("entity", "project", "run_id", "episode_started_at", "step", "audi
 
 PENDING, SENDING, SENT, STOPPED, WOULD_STOP = "pending", "sending", "sent", "stopped", "would_stop"
 NOT_STOPPED, REFUSED, SKIPPED, UNDELIVERABLE, UNKNOWN = "not_stopped", "refused", "skipped", "undeliverable", "unknown"
+WITHDRAWN = "withdrawn"
 #: ``warehouse_meta`` key every decision writes first: deciders take turns.
 LADDER_TURN_KEY = "idle_ladder_turn"
 #: A claim older than this whose outcome was never recorded: its process ended mid-send.
@@ -65,7 +75,7 @@ STALE_CLAIM = timedelta(minutes=10)
 
 
 def _idle_share(policy: IdlePolicy) -> str:
-    idle = idle_of_run(
+    idle = ladder_idle_sql(
         "len(list_filter(r.latest_gpu_sample, g -> g.utilisation < $pct))",
         "len(list_filter(r.latest_gpu_sample, g -> g.utilisation IS NOT NULL))",
         "r.gpu_count",
@@ -78,7 +88,7 @@ def _idle_share(policy: IdlePolicy) -> str:
 CANDIDATES_SQL = """
 WITH {prices}
 SELECT r.entity, r.project, r.run_id, r.name, r.url, r."user", r.tags, r.config::VARCHAR AS config, r.gpu_count,
-       r.gpu_model, r.gpu_count * {usd} AS usd_per_hour
+       r.gpu_model, r.gpu_count * {usd} AS usd_per_hour, r.created_at
 FROM {runs} r LEFT JOIN prices p ON p.model = r.gpu_model
 WHERE r.state = 'running' AND r.gpu_count > 0 AND len(r.latest_gpu_sample) > 0 AND {idle}
 ORDER BY r.entity, r.project, r.run_id
@@ -98,6 +108,8 @@ class Candidate:
     gpu_count: int
     gpu_model: str | None
     usd_per_hour: float | None
+    #: with entity and run id, the run's identity (``runs_lifecycle.same_run_sql``); None: the warehouse's row says
+    created_at: datetime | None = None
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -123,22 +135,34 @@ class Seen:
     owner_slack: str | None
     team_channel: str | None
     exempt: str | None = None
+    #: False: its stream could not be read this tick (not judged: what waits for it keeps waiting)
+    read: bool = True
 
 
 def exempt_reason(policy: IdlePolicy, run: Candidate, team: str | None) -> str | None:
     return exemption(policy, run.entity, run.project, run.user, team, run.tags, run.config)
 
 
-def _ledger(con, keys: list[tuple[str, str, str]]) -> pandas.DataFrame:
-    """The ledger's rows of each run (``for_project``: the project it is in now): its own, and those of its copies the
-    run lifecycle marked ``moved`` (a run W&B moved mid-episode goes on with its ladder: nobody is told twice)."""
-    con.register("idle_keys", pandas.DataFrame(keys, columns=["entity", "project", "run_id"]))
+def _ledger(con, runs: list[Candidate]) -> pandas.DataFrame:
+    """The ledger's rows of each run (``for_project``: the project it is in now): its own (recorded for this run: the
+    same creation time, or rows written before it was recorded), and those of its copies the run lifecycle marked
+    ``moved`` into this project (``moved_copy_sql``: the same run, so a run W&B moved mid-episode goes on with its
+    ladder and nobody is told twice); never another run's with the same id. Also ``run_created_at``, the run's
+    creation time (the candidate's, else its row's)."""
+    keys = pandas.DataFrame(
+        [(r.entity, r.project, r.run_id, r.created_at) for r in runs],
+        columns=["entity", "project", "run_id", "created_at"],
+    ).astype({"created_at": "datetime64[us]"})
+    con.register("idle_keys", keys)
     try:
         return con.execute(
-            "SELECT k.project AS for_project, a.entity, a.project, a.run_id, a.episode_started_at, a.step, a.audience, "
-            "a.outcome, a.decided_at, a.acted_at FROM idle_actions a "
-            "JOIN idle_keys k ON a.entity = k.entity AND a.run_id = k.run_id "
-            f"WHERE a.project = k.project OR {moved_copy_sql('a')}"
+            "WITH k AS (SELECT k.entity, k.project, k.run_id, coalesce(k.created_at, r.created_at) AS created_at "
+            "FROM idle_keys k LEFT JOIN runs r USING (entity, project, run_id)) "
+            "SELECT k.project AS for_project, k.created_at AS for_created_at, a.entity, a.project, a.run_id, "
+            "a.episode_started_at, a.step, a.audience, a.outcome, a.channel, a.decided_at, a.acted_at "
+            "FROM idle_actions a JOIN k ON a.entity = k.entity AND a.run_id = k.run_id "
+            "WHERE (a.run_created_at IS NULL OR k.created_at IS NULL OR a.run_created_at = k.created_at) "
+            f"AND (a.project = k.project OR {moved_copy_sql('a', 'k.project')})"
         ).df()
     finally:
         con.unregister("idle_keys")
@@ -149,6 +173,7 @@ def _episode_start(rows: pandas.DataFrame, seen: Seen) -> datetime:
     began is still in that episode (its start stays what it was when first recorded, however the stream is sampled
     now); else the start its stream shows."""
     assert seen.episode is not None
+    rows = rows[rows["outcome"] != WITHDRAWN] if not rows.empty else rows
     if not rows.empty:
         recorded = rows["episode_started_at"].max().to_pydatetime()
         if seen.episode.last_busy_at is None or seen.episode.last_busy_at < recorded:
@@ -157,8 +182,13 @@ def _episode_start(rows: pandas.DataFrame, seen: Seen) -> datetime:
 
 
 def _done(rows: pandas.DataFrame) -> Done:
-    told = rows[rows["audience"].isin([OWNER, TEAM]) & (rows["outcome"] == SENT)]["acted_at"].dropna()
-    return Done(frozenset(int(s) for s in rows["step"]), told.min().to_pydatetime() if not told.empty else None)
+    """The steps an episode's rows hold (a withdrawn step is not done: it is decided again), and when its owner or team
+    was first told: a message ``sent`` to the owner's Slack user or the team's channel, never the webhook fallback (a
+    run whose owner and team nobody can reach in Slack is never stopped)."""
+    rows = rows[rows["outcome"] != WITHDRAWN]
+    told = rows[rows["audience"].isin([OWNER, TEAM]) & (rows["outcome"] == SENT) & (rows["channel"] == "slack")]
+    told_at = told["acted_at"].dropna()
+    return Done(frozenset(int(s) for s in rows["step"]), told_at.min().to_pydatetime() if not told_at.empty else None)
 
 
 def _details(seen: Seen, policy: IdlePolicy, step: int, started_at: datetime, next_step, next_at) -> dict[str, Any]:
@@ -208,6 +238,7 @@ def _rows_of_step(
         "idle_usd": round(idle_hours * price, 6) if price is not None else None,
         "details": json.dumps(details, default=str),
         "attempts": 0,
+        "run_created_at": seen.run.created_at,
     }
     rows = [{**base, "audience": audience, "outcome": PENDING} for audience in ladder_step.tell]
     if ladder_step.stop:
@@ -250,16 +281,89 @@ def _take_turn(con, now: datetime) -> None:
     con.execute("UPDATE warehouse_meta SET value = $v WHERE key = $k", {"k": LADDER_TURN_KEY, "v": now.isoformat()})
 
 
+def _created_at(con, runs: list[Candidate]) -> dict[tuple[str, str, str], datetime | None]:
+    """Each run's creation time: the candidate's, else the warehouse row's (with entity and id, its identity)."""
+    known = {r.key: r.created_at for r in runs}
+    missing = [key for key, at in known.items() if at is None]
+    if missing:
+        found = con.execute(
+            "SELECT entity, project, run_id, created_at FROM runs WHERE (entity, project, run_id) IN "
+            "(SELECT unnest($e::VARCHAR[]), unnest($p::VARCHAR[]), unnest($r::VARCHAR[]))",
+            {"e": [k[0] for k in missing], "p": [k[1] for k in missing], "r": [k[2] for k in missing]},
+        ).fetchall()
+        known |= {(e, p, r): at for e, p, r, at in found}
+    return known
+
+
+def _withdraw(con, rows: list[tuple], reason: str, now: datetime) -> None:
+    """Mark these pending rows (``LEDGER_KEY`` tuples) withdrawn, with the reason."""
+    for row in rows:
+        con.execute(
+            f"UPDATE idle_actions SET outcome = '{WITHDRAWN}', reason = $reason, acted_at = $now WHERE outcome = "
+            f"'{PENDING}' AND " + " AND ".join(f"{c} = ${c}" for c in LEDGER_KEY),
+            {"reason": reason, "now": now, **dict(zip(LEDGER_KEY, row, strict=True))},
+        )
+
+
+def _revalidate_waiting(con, seen: list[Seen], created: dict, now: datetime) -> int:
+    """Re-validate what waits in the ledger from an earlier tick, against what this tick saw: a stop (and what its
+    messages were to say) is an intent valid only for the tick that decided it, so one still pending is withdrawn (and
+    its step decided again from scratch below); a telling message that waited for Slack goes out only while its run is
+    still idle in the same episode and not exempt, else it is withdrawn (never a stale "idle for 60 minutes" for a run
+    that went back to work). A run whose stream this tick could not read keeps its messages waiting. Returns the rows
+    withdrawn."""
+    waiting = con.execute(
+        f"SELECT {', '.join(LEDGER_KEY)}, run_created_at, coalesce((details->>'stop_step')::BOOLEAN, false) "
+        f"FROM idle_actions WHERE outcome = '{PENDING}' AND decided_at < $now AND audience IN ('{OWNER}', '{TEAM}', "
+        f"'{STOP}') ORDER BY ALL",
+        {"now": now},
+    ).fetchall()
+    if not waiting:
+        return 0
+    by_identity = {(s.run.entity, s.run.run_id, created.get(s.run.key)): s for s in seen}
+    by_key = {s.run.key: s for s in seen}
+    stale_steps = {tuple(w[:5]) for w in waiting if w[5] == STOP}
+    withdrawn = 0
+    for w in waiting:
+        key, run_created_at, stop_step = tuple(w[: len(LEDGER_KEY)]), w[-2], w[-1]
+        entity, project, run_id, started_at, step, audience = key
+        if audience == STOP or (stop_step and tuple(key[:5]) in stale_steps):
+            why = (
+                f"decided at an earlier tick and not sent then: a stop is valid only for the tick that decided it "
+                f"(decided again from scratch at {now:%H:%M} UTC)"
+            )
+        elif stop_step:
+            continue  # what became of a stop already made: told once Slack takes it
+        else:
+            s = by_identity.get((entity, run_id, run_created_at)) if run_created_at else by_key.get(key[:3])
+            if s is not None and not s.read:
+                continue
+            if s is None or s.episode is None:
+                why = "its run is no longer idle at its latest sample (or no longer running) since it was written"
+            elif s.exempt is not None:
+                why = f"its run is exempt now ({s.exempt})"
+            elif s.episode.last_busy_at is not None and s.episode.last_busy_at >= started_at:  # as _episode_start
+                why = "its run was busy again since it was written (a new idle episode began)"
+            else:
+                continue
+        _withdraw(con, [key], f"not sent: {why}", now)
+        withdrawn += 1
+    return withdrawn
+
+
 @retry_on_conflict
 def record_decisions(con, seen: list[Seen], policy: IdlePolicy, now: datetime, datadog: bool) -> list[dict]:
     """What each seen run's episode is due, written to the ledger in one transaction, each row only if the ledger does
-    not hold it yet; returns the rows written."""
+    not hold it yet; returns the rows written. First what waits from earlier ticks is re-validated against what this
+    tick saw (``_revalidate_waiting``)."""
     _prepare(con)
     written: list[dict] = []
     with transaction(con):
         _take_turn(con, now)
-        acting = [s for s in seen if s.episode is not None and s.exempt is None]
-        ledger = _ledger(con, [s.run.key for s in acting]) if acting else None
+        created = _created_at(con, [s.run for s in seen]) if seen else {}
+        _revalidate_waiting(con, seen, created, now)
+        acting = [s for s in seen if s.episode is not None and s.exempt is None and s.read]
+        ledger = _ledger(con, [replace(s.run, created_at=created.get(s.run.key)) for s in acting]) if acting else None
         for s in acting:
             assert s.episode is not None and ledger is not None
             mine = ledger[
@@ -270,24 +374,30 @@ def record_decisions(con, seen: list[Seen], policy: IdlePolicy, now: datetime, d
             started_at = _episode_start(mine, s)
             episode_rows = mine[mine["episode_started_at"] == pandas.Timestamp(started_at)]
             decision = decide(policy, started_at, s.episode.latest_at, now, _done(episode_rows))
+            run = replace(s, run=replace(s.run, created_at=created.get(s.run.key)))
             for step in decision.act:
-                details = _details(s, policy, step, started_at, decision.next_step, decision.next_at)
-                written += _rows_of_step(s, policy, step, started_at, now, details, datadog)
+                details = _details(run, policy, step, started_at, decision.next_step, decision.next_at)
+                written += _rows_of_step(run, policy, step, started_at, now, details, datadog)
             for step in decision.skip:
-                details = _details(s, policy, step, started_at, decision.next_step, decision.next_at)
-                for row in _rows_of_step(s, policy, step, started_at, now, details, False):
+                details = _details(run, policy, step, started_at, decision.next_step, decision.next_at)
+                for row in _rows_of_step(run, policy, step, started_at, now, details, False):
                     row |= {"outcome": SKIPPED, "acted_at": now, "reason": "due together with a later step"}
                     written.append(row)
         if written:
             frame = pandas.DataFrame(written, columns=list(IDLE_ACTIONS_COLUMNS)).astype(
-                {"episode_started_at": "datetime64[us]", "decided_at": "datetime64[us]", "acted_at": "datetime64[us]"}
+                {
+                    "episode_started_at": "datetime64[us]",
+                    "decided_at": "datetime64[us]",
+                    "acted_at": "datetime64[us]",
+                    "run_created_at": "datetime64[us]",
+                }
             )
             key = " AND ".join(f"a.{c} = f.{c}" for c in LEDGER_KEY)
             con.register("idle_decided", frame)
             try:
                 con.execute(
                     "INSERT INTO idle_actions BY NAME SELECT * REPLACE (details::JSON AS details) FROM idle_decided f "
-                    f"WHERE NOT EXISTS (SELECT 1 FROM idle_actions a WHERE {key})"
+                    f"WHERE NOT EXISTS (SELECT 1 FROM idle_actions a WHERE {key} AND a.outcome <> '{WITHDRAWN}')"
                 )
             finally:
                 con.unregister("idle_decided")
@@ -361,7 +471,7 @@ def stop_outcomes(con, claimed: list[dict]) -> dict[tuple, tuple[str, str | None
         rows = con.execute(
             f"SELECT a.entity, a.project, a.run_id, a.episode_started_at, a.step, a.outcome, a.reason "
             f"FROM idle_actions a JOIN stop_steps USING (entity, project, run_id, episode_started_at, step) "
-            f"WHERE a.audience = '{STOP}' AND a.outcome NOT IN ('{PENDING}', '{SENDING}')"
+            f"WHERE a.audience = '{STOP}' AND a.outcome NOT IN ('{PENDING}', '{SENDING}', '{WITHDRAWN}')"
         ).fetchall()
     finally:
         con.unregister("stop_steps")

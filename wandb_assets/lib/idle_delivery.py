@@ -5,17 +5,28 @@ what each outcome is. No Dagster, no warehouse.
 
 The owner is the run's W&B user: the Slack user the teams file names for them, else the Slack user with the W&B
 user's e-mail (Slack ``users.lookupByEmail``), else the alert webhook with the reason in the ledger. The team is the
-team's channel in the teams file, else the webhook likewise. A channel that fails (an outage, a 5xx, a rate limit)
-leaves the row pending for the next tick; nothing is sent twice.
+team's channel in the teams file, else the webhook likewise. Only a message in Slack to the owner or the team's channel
+counts as told (the webhook is on-call's, not the owner's): a run nobody can reach in Slack is never stopped.
+
+Errors are the notifier's classes (``lib/channels``): a transient one (an outage, a 5xx, a 429) leaves the row
+pending for the next tick and pauses that channel for the rest of this one; a permanent one (an archived channel, a
+bot not in it, a user gone) makes the row ``undeliverable``, said once, and tells the webhook why; it pauses nothing,
+so one bad target never silences the others. Nothing is sent twice.
+
+A stop is an action, not a message: decided at a tick, it is re-validated when it is sent, against the run as W&B
+holds it then (``SendTimeCheck``: still running, the same run, not exempt by its tags or config now), and it never
+waits: W&B unreachable, it is withdrawn and decided again from scratch at the next tick, never sent late on an old
+decision.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
-from wandb_assets.lib.channels import Outage, slack_escape
+from wandb_assets.lib.channels import Outage, Undeliverable, slack_escape
 from wandb_assets.lib.idle_actions import (
     DIGEST,
     NOT_STOPPED,
@@ -25,8 +36,9 @@ from wandb_assets.lib.idle_actions import (
     SKIPPED,
     STOPPED,
     UNDELIVERABLE,
+    WITHDRAWN,
 )
-from wandb_assets.lib.idle_policy import DATADOG, OWNER, STOP, TEAM
+from wandb_assets.lib.idle_policy import DATADOG, OWNER, STOP, TEAM, Exemptions, exempt_by_run
 
 
 @dataclass(frozen=True)
@@ -35,12 +47,46 @@ class StopAnswer:
     reason: str | None = None
 
 
+@dataclass(frozen=True)
+class SendTimeCheck:
+    """What a stop decided at a tick must still hold when it is sent, read from W&B then: the run is running, it is
+    the run the decision was about (the same creation time: a run deleted and made again under its id is another),
+    and neither its tags nor its config exempt it now (its owner may have tagged it after the message)."""
+
+    created_at: datetime | None
+    exempt: Exemptions
+
+    def __call__(
+        self, state: str | None, created_at: datetime | None = None, tags: tuple[str, ...] = (), config: Any = None
+    ) -> str | None:
+        """Why the stop must not be sent now (one phrase), or None, of the run as W&B holds it now."""
+        if state != "running":
+            return f"the run had ended ({state}) before its stop"
+        if self.created_at is not None and created_at is not None and created_at != self.created_at:
+            return (
+                f"W&B's run at that path was created at {created_at:%Y-%m-%d %H:%M} UTC, not "
+                f"{self.created_at:%Y-%m-%d %H:%M}: another run, left alone"
+            )
+        exempt = exempt_by_run(self.exempt, tags, config)
+        return f"the run is exempt now ({exempt})" if exempt else None
+
+
+def send_time_check(row: dict) -> SendTimeCheck:
+    """The ``SendTimeCheck`` of a stop row (its run's creation time; the policy's tags and config keys, as decided)."""
+    d = row["details"]
+    exempt = Exemptions(
+        tags=frozenset(d.get("exempt_tags") or ()), config_keys=tuple(d.get("exempt_config_keys") or ())
+    )
+    return SendTimeCheck(row.get("run_created_at"), exempt)
+
+
 class IdleChannels(Protocol):
     def slack_missing(self) -> str | None:
         """None when Slack's Web API can be used (a bot token is configured), else why not."""
 
     def post_slack(self, channel: str, text: str) -> None:
-        """Post ``text`` to a Slack channel or user id; ``Outage`` when Slack cannot take it now."""
+        """Post ``text`` to a Slack channel or user id; ``Outage`` when Slack cannot take it now, ``Undeliverable``
+        when it never will (archived, not in the channel, the user gone)."""
 
     def slack_user_by_email(self, email: str) -> str | None:
         """The Slack user id with this e-mail, None when Slack has none; ``Outage`` when Slack cannot answer now."""
@@ -56,9 +102,10 @@ class IdleChannels(Protocol):
     def send_event(self, title: str, text: str) -> None:
         """``Outage`` when Datadog cannot take it now."""
 
-    def stop_run(self, path: str) -> StopAnswer:
-        """Ask W&B to stop the run ``entity/project/run_id`` through the official client; ``Outage`` when W&B
-        cannot answer now."""
+    def stop_run(self, path: str, check: SendTimeCheck) -> StopAnswer:
+        """Read the run ``entity/project/run_id`` from W&B and, unless ``check`` of it gives a reason (then
+        ``NOT_STOPPED`` with it), ask W&B to stop it through the official client; ``Outage`` when W&B cannot answer
+        now."""
 
 
 def _hours(minutes: float) -> str:
@@ -163,27 +210,37 @@ def deliver(
         return (row["entity"], row["project"], row["run_id"], row["episode_started_at"], row["step"])
 
     for row in (r for r in rows if r["audience"] == STOP):
+        if row["decided_at"] != now:  # an intent is valid for the tick that decided it alone
+            stops[step_key(row)] = (WITHDRAWN, "decided at an earlier tick: decided again from scratch")
+            outcomes.append(_outcome(row, WITHDRAWN, now, reason=stops[step_key(row)][1]))
+            continue
         if "wandb" in down:
-            outcomes.append(_outcome(row, PENDING, now, error=down["wandb"]))
-            continue
-        try:
-            answer = channels.stop_run(row["recipient"])
-        except Outage as exc:
-            down["wandb"] = str(exc)
-            outcomes.append(_outcome(row, PENDING, now, error=str(exc)))
-            continue
+            answer = StopAnswer(
+                WITHDRAWN, f"W&B could not be reached ({down['wandb']}): not stopped; decided again at the next tick"
+            )
+        else:
+            try:
+                answer = channels.stop_run(row["recipient"], send_time_check(row))
+            except Outage as exc:
+                down["wandb"] = str(exc)
+                answer = StopAnswer(
+                    WITHDRAWN, f"W&B could not be reached ({exc}): not stopped; decided again at the next tick"
+                )
         stops[step_key(row)] = (answer.outcome, answer.reason)
         outcomes.append(_outcome(row, answer.outcome, now, reason=answer.reason))
 
     for row in (r for r in rows if r["audience"] in (OWNER, TEAM)):
         if row["details"].get("stop_step"):
             answer = stops.get(step_key(row))
-            if answer is None:  # its stop waits (W&B down): so does what it will say
+            if answer is None:  # its stop is not known yet (it is being sent by another): what it says waits
                 outcomes.append(_outcome(row, PENDING, now))
+                continue
+            if answer[0] == WITHDRAWN:
+                outcomes.append(_outcome(row, WITHDRAWN, now, reason="its stop was withdrawn: " + (answer[1] or "")))
                 continue
             text = stop_text(row, answer)
             if text is None:
-                why = "the run had ended before its stop" if answer[0] == NOT_STOPPED else "nothing to say"
+                why = f"not stopped: {answer[1]}" if answer[0] == NOT_STOPPED and answer[1] else "nothing to say"
                 outcomes.append(_outcome(row, SKIPPED, now, reason=why))
                 continue
         else:
@@ -209,6 +266,20 @@ def deliver(
     return outcomes
 
 
+def _slack(call: Callable[[], Any], down: dict[str, str]) -> tuple[str, Any]:
+    """``call()`` of Slack, by the notifier's classes: ``("ok", value)``; ``("wait", error)`` (transient: Slack is
+    paused for the rest of this delivery); ``("undeliverable", error)`` (permanent: nothing is paused)."""
+    if "slack" in down:
+        return "wait", down["slack"]
+    try:
+        return "ok", call()
+    except Undeliverable as exc:
+        return "undeliverable", str(exc)
+    except Outage as exc:
+        down["slack"] = str(exc)
+        return "wait", str(exc)
+
+
 def _tell_digest(row: dict, channels: IdleChannels, down: dict[str, str], now: datetime) -> dict:
     """A weekly digest to its Slack user or channel (from the teams file); nobody to send it to is recorded, never
     sent to the webhook (a digest is not an alert)."""
@@ -217,18 +288,17 @@ def _tell_digest(row: dict, channels: IdleChannels, down: dict[str, str], now: d
         who = row["run_id"].replace(":", " ", 1)
         why = missing or f"the teams file gives {who} no Slack {'user' if who.startswith('user') else 'channel'}"
         return _outcome(row, UNDELIVERABLE, now, channel="none", reason=why)
-    if "slack" in down:
-        return _outcome(row, PENDING, now, error=down["slack"])
-    try:
-        channels.post_slack(row["recipient"], row["details"]["text"])
-    except Outage as exc:
-        down["slack"] = str(exc)
-        return _outcome(row, PENDING, now, error=str(exc))
+    said, error = _slack(lambda: channels.post_slack(row["recipient"], row["details"]["text"]), down)
+    if said == "wait":
+        return _outcome(row, PENDING, now, error=error)
+    if said == "undeliverable":
+        return _outcome(row, UNDELIVERABLE, now, channel="none", reason=f"{error} for {row['recipient']}")
     return _outcome(row, SENT, now, channel="slack")
 
 
 def _tell(row: dict, text: str, channels: IdleChannels, down: dict[str, str], now: datetime) -> dict:
-    """Post ``text`` to the row's audience: its Slack user or channel, else the webhook (the reason recorded)."""
+    """Post ``text`` to the row's audience: its Slack user or channel; else (nobody in Slack, or Slack refusing that
+    target for good) the webhook, the reason recorded. Only ``sent`` with channel ``slack`` counts as told."""
     d = row["details"]
     recipient, reason = None, None
     slack_missing = channels.slack_missing()
@@ -237,13 +307,10 @@ def _tell(row: dict, text: str, channels: IdleChannels, down: dict[str, str], no
     elif row["audience"] == OWNER:
         recipient = d.get("owner_slack")
         if not recipient and d.get("email"):
-            if "slack" in down:
-                return _outcome(row, PENDING, now, error=down["slack"])
-            try:
-                recipient = channels.slack_user_by_email(d["email"])
-            except Outage as exc:
-                down["slack"] = str(exc)
-                return _outcome(row, PENDING, now, error=str(exc))
+            said, found = _slack(lambda: channels.slack_user_by_email(d["email"]), down)
+            if said == "wait":
+                return _outcome(row, PENDING, now, error=found)
+            recipient = found if said == "ok" else None
             if not recipient:
                 reason = f"no Slack user for {d.get('user')}: not in the teams file, and Slack has none with its e-mail"
         elif not recipient:
@@ -253,23 +320,28 @@ def _tell(row: dict, text: str, channels: IdleChannels, down: dict[str, str], no
         if not recipient:
             team = d.get("team")
             reason = f"team {team} has no channel in the teams file" if team else f"{d.get('user')} is in no team"
+    refused = None
     if recipient:
-        if "slack" in down:
-            return _outcome(row, PENDING, now, error=down["slack"])
-        try:
-            channels.post_slack(recipient, text)
-        except Outage as exc:
-            down["slack"] = str(exc)
-            return _outcome(row, PENDING, now, error=str(exc))
-        return _outcome(row, SENT, now, channel="slack", recipient=recipient)
+        said, error = _slack(lambda: channels.post_slack(recipient, text), down)
+        if said == "ok":
+            return _outcome(row, SENT, now, channel="slack", recipient=recipient)
+        if said == "wait":
+            return _outcome(row, PENDING, now, error=error)
+        refused = reason = f"{error} for {recipient}: Slack will not take it"
     webhook_missing = channels.webhook_missing()
     if webhook_missing:
-        return _outcome(row, UNDELIVERABLE, now, channel="none", reason=f"{reason}; {webhook_missing}")
+        return _outcome(
+            row, UNDELIVERABLE, now, channel="none", recipient=recipient, reason=f"{reason}; {webhook_missing}"
+        )
     if "webhook" in down:
         return _outcome(row, PENDING, now, error=down["webhook"])
     try:
         channels.post_webhook(f"(for the {row['audience']}; {slack_escape(reason or '')}) {text}")
     except Outage as exc:
+        if refused:  # the owner's target is refused for good; the webhook only hears why: nothing waits for it
+            return _outcome(row, UNDELIVERABLE, now, channel="none", recipient=recipient, reason=refused)
         down["webhook"] = str(exc)
         return _outcome(row, PENDING, now, error=str(exc))
+    if refused:
+        return _outcome(row, UNDELIVERABLE, now, channel="webhook", recipient=recipient, reason=refused)
     return _outcome(row, SENT, now, channel="webhook", recipient="alert webhook", reason=reason)

@@ -1,11 +1,12 @@
 """A run's current idle episode, from its own sampled GPU stream (as read with ``lib/curves.gpu_rows``), in SQL on an
 in-memory DuckDB: no warehouse, no Dagster.
 
-A sample is idle when at least ``gpu_fraction`` of the run's GPUs were below ``idle_gpu_pct`` in it: its idle GPUs
-counted by the one rule of ``lib/idle.idle_of_run`` (a sample that sees the whole node is scaled to the run's GPUs),
-over the run's ``gpu_count``. The episode is the unbroken stretch of idle samples that ends with the run's latest
-sample: it starts at the first idle sample after the last sample that was not idle (or at the stream's first), and
-lasts to the latest. A run whose latest sample is not idle has no episode. Its idle GPU-hours: each sample of the
+A sample is idle when at least ``gpu_fraction`` of the run's GPUs were below ``idle_gpu_pct`` in it, its idle GPUs
+counted by the ladder's rule ``lib/idle.ladder_idle_sql`` (a sample that sees more GPUs than the run holds is idle only
+when every GPU it lists is), over the run's ``gpu_count``; the idle GPUs reported and their GPU-hours keep
+``lib/idle.idle_of_run``'s scaled estimate. The episode is the unbroken stretch of idle samples that ends with the run's
+latest sample: it starts at the first idle sample after the last sample that was not idle (or at the stream's first),
+and lasts to the latest. A run whose latest sample is not idle has no episode. Its idle GPU-hours: each sample of the
 episode holds its idle GPUs until the next sample (the latest holds nothing: it is where the episode stands).
 """
 
@@ -17,7 +18,7 @@ from datetime import datetime
 import duckdb
 import pandas
 
-from wandb_assets.lib.idle import idle_of_run
+from wandb_assets.lib.idle import idle_of_run, ladder_idle_sql
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ WITH samples AS (
 ),
 judged AS (
     SELECT s.*, r.gpu_count, {idle_of_run("s.idle", "s.gpus", "r.gpu_count")} AS idle_gpus,
-           {idle_of_run("s.idle", "s.gpus", "r.gpu_count")} >= $fraction * r.gpu_count AS is_idle,
+           {ladder_idle_sql("s.idle", "s.gpus", "r.gpu_count")} >= $fraction * r.gpu_count AS is_idle,
            lead(sampled_at) OVER (PARTITION BY entity, project, run_id ORDER BY sampled_at) AS next_at
     FROM samples s JOIN runs r USING (entity, project, run_id)
     WHERE r.gpu_count > 0

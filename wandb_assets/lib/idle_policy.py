@@ -161,6 +161,12 @@ def exemption(
         return f"team {team} is exempt"
     if project in exempt.projects or f"{entity}/{project}" in exempt.projects:
         return f"project {entity}/{project} is exempt"
+    return exempt_by_run(exempt, tags, config)
+
+
+def exempt_by_run(exempt: Exemptions, tags: Iterable[str] | None, config: Any) -> str | None:
+    """Why the run's own tags or config exempt it (one phrase), or None: what its owner can change in W&B at any time,
+    so read again when a stop is sent."""
     tagged = sorted(set(tags or ()) & exempt.tags)
     if tagged:
         return f"tagged {tagged[0]}"

@@ -85,19 +85,29 @@ LEFT_BEHIND_SQL = (
 )
 
 
+def same_run_sql(a: str, b: str) -> str:
+    """SQL true when the rows ``a`` and ``b`` (``entity, run_id, created_at``) are one run: W&B run ids are unique per
+    project only (``wandb.init(id="baseline")`` recurs), so a run is its entity, id **and** creation time, never its id
+    alone. The one identity of a run: the lifecycle's moves, the idle ladder's ledger, the alert continuation and
+    ``check`` use it."""
+    return f"({a}.entity = {b}.entity AND {a}.run_id = {b}.run_id AND {a}.created_at = {b}.created_at)"
+
+
 #: A row of ``runs`` that is a moved run's old copy not yet marked: left behind, while another project of its entity
-#: holds (and answers for) the same run id and creation time. ``check``'s one_project_per_run lists these.
+#: holds (and answers for) the same run (``same_run_sql``). ``check``'s one_project_per_run lists these.
 MOVED_COPY_SQL = f"""runs.state <> '{MOVED}' AND ({LEFT_BEHIND_SQL}) AND EXISTS (
-    SELECT 1 FROM runs o WHERE o.entity = runs.entity AND o.run_id = runs.run_id AND o.project <> runs.project
-    AND o.created_at = runs.created_at AND NOT ({LEFT_BEHIND_SQL.replace("runs.", "o.")}))"""
+    SELECT 1 FROM runs o WHERE {same_run_sql("o", "runs")} AND o.project <> runs.project
+    AND NOT ({LEFT_BEHIND_SQL.replace("runs.", "o.")}))"""
 
 
-def moved_copy_sql(alias: str) -> str:
-    """SQL true when the row ``alias`` (``entity, project, run_id``) names a copy ``mark_moved`` marked: what was
-    recorded of the run there (an open alert, the idle ladder's steps) is the run's wherever W&B holds it now."""
+def moved_copy_sql(alias: str, into_project: str) -> str:
+    """SQL true when the row ``alias`` (``entity, project, run_id``) names a copy ``mark_moved`` marked of the same run
+    (``same_run_sql``) that the project ``into_project`` (SQL) holds now: what was recorded of the run there (an open
+    alert, the idle ladder's steps) is the run's where W&B holds it now, and never another run's with the same id."""
     return (
-        f"EXISTS (SELECT 1 FROM runs m WHERE m.entity = {alias}.entity AND m.project = {alias}.project "
-        f"AND m.run_id = {alias}.run_id AND m.state = '{MOVED}')"
+        f"EXISTS (SELECT 1 FROM runs m JOIN runs n ON {same_run_sql('m', 'n')} WHERE m.entity = {alias}.entity "
+        f"AND m.project = {alias}.project AND m.run_id = {alias}.run_id AND m.state = '{MOVED}' "
+        f"AND n.project = {into_project} AND n.state <> '{MOVED}')"
     )
 
 

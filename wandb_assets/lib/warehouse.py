@@ -269,6 +269,7 @@ def _create_schema(con, lake: bool, home: tuple[str | None, str | None] | None) 
     con.execute(LEDGER_SQL)
     con.execute(ALERT_SQL)
     con.execute(IDLE_ACTIONS_SQL)
+    con.execute("ALTER TABLE idle_actions ADD COLUMN IF NOT EXISTS run_created_at TIMESTAMP")  # NULL: rows before it
     con.execute(PR_CHECKS_SQL)
     con.execute("ALTER TABLE pr_checks ADD COLUMN IF NOT EXISTS pr_run_urls VARCHAR[]")
     con.execute(GITHUB_DELIVERIES_SQL)

@@ -20,6 +20,7 @@ from wandb_assets.defs.feed.assets import FEED, ClockConfig
 from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource, SlackResource
 from wandb_assets.defs.wandb_runs.resources import WandbResource
 from wandb_assets.defs.warehouse.resources import WarehouseResource
+from wandb_assets.lib.channels import slack_error
 from wandb_assets.lib.fetch import WandbFetchError
 from wandb_assets.lib.idle_actions import (
     NOT_STOPPED,
@@ -39,6 +40,8 @@ from wandb_assets.lib.idle_actions import (
 from wandb_assets.lib.idle_delivery import Outage, StopAnswer, deliver
 from wandb_assets.lib.idle_episodes import current_episodes
 from wandb_assets.settings import ConfigError, PipelineSettings, idle_policy, pipeline_settings
+
+SLACK_TOKEN_SETTING = "WANDB_ASSETS_SLACK_BOT_TOKEN"
 
 
 class LadderChannels:
@@ -76,17 +79,27 @@ class LadderChannels:
         return self._slack_error or "no Slack bot token (WANDB_ASSETS_SLACK_BOT_TOKEN)"
 
     def _slack(self, call, absent: str | None = None):
-        """``call()`` of the Slack client; ``Outage`` when Slack cannot take it now; None when Slack answers the error
-        ``absent`` (what it says of a lookup that found nobody)."""
+        """``call()`` of the Slack client, its errors in the notifier's classes (``lib.channels.slack_error``:
+        ``Outage`` for a 429 with its ``Retry-After``, a 5xx or a time-out; ``AuthRefused`` for the token;
+        ``Undeliverable`` for a target Slack will never take); None when Slack answers the error ``absent`` (what it
+        says of a lookup that found nobody)."""
         from slack_sdk.errors import SlackApiError
 
         try:
             return call()
         except SlackApiError as exc:
-            error = exc.response.get("error") if exc.response is not None else None
+            response = exc.response
+            error = response.get("error") if response is not None else None
             if absent is not None and error == absent:
                 return None
-            raise Outage(f"Slack answered {error or exc.response.status_code}") from None
+            status = getattr(response, "status_code", None)
+            headers = getattr(response, "headers", None) or {}
+            retry = next((v for k, v in headers.items() if k.lower() == "retry-after"), None)
+            try:
+                retry_after = float(retry[0] if isinstance(retry, list) else retry) if retry is not None else None
+            except ValueError:
+                retry_after = None
+            raise slack_error(error, status, retry_after, SLACK_TOKEN_SETTING) from None
         except Exception as exc:  # noqa: BLE001 - connection trouble of any kind: the row waits
             raise Outage(f"Slack unreachable ({type(exc).__name__})") from None
 
@@ -124,16 +137,14 @@ class LadderChannels:
         result = self._datadog.submit_series(self._dd_key, ladder_payload(gauges, now, self._dd_tags))
         return "sent" if result.accepted else f"not sent: Datadog answered {result.status or result.error}"
 
-    def stop_run(self, path: str) -> StopAnswer:
+    def stop_run(self, path: str, check) -> StopAnswer:
         try:
-            state, refused = self._wandb.stop_run(path, self._pipeline)
+            stopped, why = self._wandb.stop_run(path, self._pipeline, check)
         except WandbFetchError as exc:
             raise Outage(str(exc)) from None
-        if refused is not None:
-            return StopAnswer(REFUSED, refused)
-        if state != "running":
-            return StopAnswer(NOT_STOPPED, f"the run had ended ({state}) before its stop")
-        return StopAnswer(STOPPED)
+        if stopped:
+            return StopAnswer(STOPPED)
+        return StopAnswer(REFUSED if why.refused else NOT_STOPPED, why.reason)
 
 
 #: Outcomes logged one line each (every one is in the ledger and the asset's metadata); the rest are counted.
@@ -206,6 +217,7 @@ def idle_actions(
             directory.slack_users.get(c.user or ""),
             directory.channels.get(teams[c.key] or ""),
             exempt[c.key],
+            read=c.key not in unread,
         )
         for c in found
     ]

@@ -169,10 +169,10 @@ class WandbResource(ConfigurableResource):
         )
         return found
 
-    def stop_run(self, path: str, pipeline: PipelineSettings) -> tuple[str | None, str | None]:
-        """``lib.fetch.stop_run`` through this process's client."""
+    def stop_run(self, path: str, pipeline: PipelineSettings, check):
+        """``lib.fetch.stop_run`` through this process's client (``check``: what must hold of the run now)."""
         settings, api, _ = self._client(pipeline)
-        return stop_run(api, path, settings.api_key)
+        return stop_run(api, path, check, settings.api_key)
 
     def runs_metadata(
         self, path: str, urls: dict[str, str | None], downloads, pipeline: PipelineSettings

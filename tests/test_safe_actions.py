@@ -1,0 +1,311 @@
+"""Actions safe to leave switched on (issue 51): the idle ladder's stop re-validated when it is sent and never left
+waiting, one identity of a run, the notifier's error classes, who counts as told, and messages that waited for Slack
+re-validated. The review's findings E1, E2, E3, E7, E10 and E12 (../shared/review/code-review-2026-11e.md), each as a
+test that failed on 5d25e50. Every time and count worked out by hand in the docstrings."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from wandb_assets.lib.channels import Outage, Undeliverable
+from wandb_assets.lib.idle_actions import Candidate, Seen, claim_pending, record_decisions, record_outcomes
+from wandb_assets.lib.idle_delivery import StopAnswer, deliver
+from wandb_assets.lib.idle_episodes import Episode
+from wandb_assets.lib.idle_policy import IdlePolicy, LadderStep
+from wandb_assets.lib.warehouse import ensure_schema
+
+D = lambda h, m=0: datetime(2026, 6, 2, h, m)  # noqa: E731
+STOPPING = IdlePolicy(5.0, stop_runs=True)  # the default ladder: 60 owner, 105 owner+team, 120 stop; grace 15
+CREATED = D(6)
+
+
+class Channels:
+    """``IdleChannels`` as the real ones answer: W&B's run as it is when a stop is sent (``runs``: path -> (state,
+    created_at, tags, config)), ``wandb_down`` (every W&B call an outage), Slack targets refused for good
+    (``refused``: id -> Slack's error), Slack down, and a webhook that records what it hears."""
+
+    def __init__(self) -> None:
+        self.slack: list[tuple[str, str]] = []
+        self.webhook: list[str] = []
+        self.stops: list[str] = []
+        self.runs: dict[str, tuple] = {}
+        self.wandb_down = False
+        self.slack_down = False
+        self.refused: dict[str, str] = {}
+        self.has_webhook = False
+
+    def slack_missing(self):
+        return None
+
+    def post_slack(self, channel, text):
+        if self.slack_down:
+            raise Outage("Slack answered service_unavailable")
+        if channel in self.refused:
+            raise Undeliverable(f"Slack answered {self.refused[channel]}")
+        self.slack.append((channel, text))
+
+    def slack_user_by_email(self, email):
+        return None
+
+    def webhook_missing(self):
+        return None if self.has_webhook else "no alert webhook"
+
+    def post_webhook(self, text):
+        self.webhook.append(text)
+
+    def datadog_missing(self):
+        return "DD_API_KEY not configured"
+
+    def send_event(self, title, text):
+        raise AssertionError("not configured")
+
+    def stop_run(self, path, check):
+        if self.wandb_down:
+            raise Outage("W&B answered 503")
+        state, created, tags, config = self.runs.get(path, ("running", CREATED, (), {}))
+        reason = check(state, created, tags, config)
+        if reason is not None:
+            return StopAnswer("not_stopped", reason)
+        self.stops.append(path)
+        return StopAnswer("stopped")
+
+
+def run(project="p", run_id="r1", user="ana", created=CREATED) -> Candidate:
+    return Candidate("e", project, run_id, f"train-{run_id}", None, user, [], "{}", 8, "H100-80GB", 24.0, created)
+
+
+def idle(candidate: Candidate, start, latest, last_busy=None, owner="U0ANA", channel="C0RESEARCH", **kw) -> Seen:
+    episode = Episode(candidate.entity, candidate.project, candidate.run_id, start, latest, 8.0, 8, 0.0, last_busy)
+    return Seen(candidate, episode, None, "research", owner, channel, **kw)
+
+
+def busy(candidate: Candidate, **kw) -> Seen:
+    return Seen(candidate, None, None, "research", "U0ANA", "C0RESEARCH", **kw)
+
+
+def tick(con, seen, now, channels, policy=STOPPING):
+    ensure_schema(con)
+    record_decisions(con, seen, policy, now, datadog=False)
+    token = f"t{now:%H%M}"
+    claimed = claim_pending(con, token, now)
+    outcomes = deliver(claimed, channels, now)
+    record_outcomes(con, token, outcomes)
+    return sorted((o["project"], o["step"], o["audience"], o["outcome"]) for o in outcomes)
+
+
+def ledger(con, where="true"):
+    return con.execute(
+        f"SELECT project, step, audience, outcome, reason FROM idle_actions WHERE {where} "
+        "ORDER BY decided_at, project, step, audience"
+    ).fetchall()
+
+
+# --- E1: a stop that waited out a W&B outage is never sent on the old decision ---
+
+
+def test_a_stop_that_could_not_reach_w_and_b_is_withdrawn_and_a_run_busy_again_is_never_stopped(memory_con):
+    """Review E1. Idle from 08:00: at 10:00 (120 min) step 2 tells ana and the team (steps 1-2 due together: step 1
+    skipped). 10:20: the grace (15 min) is over, the stop is due, W&B answers 503: the stop and what it was to say are
+    withdrawn, nothing is pending. 10:25 ana restarts training: at 10:35 the stream shows a busy latest sample (no
+    episode): nothing is stopped and nobody is told anything more. On 5d25e50 the stop waited, pending, and was sent
+    at 10:35, and ana heard her run "was stopped after 140 minutes idle"."""
+    channels = Channels()
+    r1 = run()
+    assert tick(memory_con, [idle(r1, D(8), D(10))], D(10), channels) == [
+        ("p", 2, "owner", "sent"),
+        ("p", 2, "team", "sent"),
+    ]
+    channels.wandb_down = True
+    assert tick(memory_con, [idle(r1, D(8), D(10, 20))], D(10, 20), channels) == [
+        ("p", 3, "owner", "withdrawn"),
+        ("p", 3, "stop", "withdrawn"),
+        ("p", 3, "team", "withdrawn"),
+    ]
+    assert memory_con.execute("SELECT count(*) FROM idle_actions WHERE outcome = 'pending'").fetchone()[0] == 0
+    channels.wandb_down = False
+    told = len(channels.slack)
+    assert tick(memory_con, [busy(r1)], D(10, 35), channels) == []
+    assert channels.stops == [] and len(channels.slack) == told == 2
+    (stop,) = ledger(memory_con, "audience = 'stop'")
+    assert stop[3] == "withdrawn" and "W&B could not be reached (W&B answered 503): not stopped" in stop[4]
+
+
+def test_a_withdrawn_stop_is_decided_again_from_scratch_while_the_run_stays_idle(memory_con):
+    """Same history, but the run is still idle at 10:35 (latest sample 10:35, idle since 08:00): the stop is decided
+    again at 10:35 on this tick's evidence and sent once; ana and the team hear it was stopped (155 minutes idle)."""
+    channels = Channels()
+    r1 = run()
+    tick(memory_con, [idle(r1, D(8), D(10))], D(10), channels)
+    channels.wandb_down = True
+    tick(memory_con, [idle(r1, D(8), D(10, 20))], D(10, 20), channels)
+    channels.wandb_down = False
+    assert tick(memory_con, [idle(r1, D(8), D(10, 35))], D(10, 35), channels) == [
+        ("p", 3, "owner", "sent"),
+        ("p", 3, "stop", "stopped"),
+        ("p", 3, "team", "sent"),
+    ]
+    assert channels.stops == ["e/p/r1"]
+    assert "was stopped after 155 minutes idle" in channels.slack[-1][1]
+    assert tick(memory_con, [idle(r1, D(8), D(10, 50))], D(10, 50), channels) == []  # once
+    assert channels.stops == ["e/p/r1"]
+
+
+def test_a_stop_left_pending_by_an_earlier_version_is_withdrawn_never_sent(memory_con):
+    """A warehouse written by 5d25e50 may hold a stop pending from an outage (decided 10:20). At 10:35 the run is
+    busy: the old intent is withdrawn with its messages, and nothing reaches W&B."""
+    channels = Channels()
+    r1 = run()
+    tick(memory_con, [idle(r1, D(8), D(10))], D(10), channels)
+    memory_con.execute(
+        "INSERT INTO idle_actions (entity, project, run_id, episode_started_at, step, audience, decided_at, channel, "
+        "recipient, outcome, details, attempts) VALUES ('e', 'p', 'r1', '2026-06-02 08:00', 3, 'stop', "
+        "'2026-06-02 10:20', 'wandb', 'e/p/r1', 'pending', '{\"stop_step\": true}', 1), "
+        "('e', 'p', 'r1', '2026-06-02 08:00', 3, 'owner', '2026-06-02 10:20', NULL, NULL, 'pending', "
+        "'{\"stop_step\": true}', 1)"
+    )
+    assert tick(memory_con, [busy(r1)], D(10, 35), channels) == []
+    assert channels.stops == []
+    assert [(a, o) for _, s, a, o, _ in ledger(memory_con) if s == 3] == [("owner", "withdrawn"), ("stop", "withdrawn")]
+
+
+def test_the_send_time_check_reads_tags_config_and_identity_from_w_and_b_then(memory_con):
+    """The stop falls due at 10:20 and W&B is asked about the run at that moment: tagged `interactive` since the
+    message (a tag the warehouse has not seen yet): not stopped, the reason said, nobody told "stopped". The run at
+    that path created at another time (deleted and made again under its id): another run, left alone. Ended: left."""
+    for tags, created, state, reason in (
+        (("interactive",), CREATED, "running", "the run is exempt now (tagged interactive)"),
+        ((), D(9), "running", "W&B's run at that path was created at 2026-06-02 09:00 UTC, not 2026-06-02 06:00"),
+        ((), CREATED, "finished", "the run had ended (finished) before its stop"),
+    ):
+        memory_con.execute("DROP TABLE IF EXISTS idle_actions")
+        channels = Channels()
+        channels.runs["e/p/r1"] = (state, created, tags, {})
+        r1 = run()
+        tick(memory_con, [idle(r1, D(8), D(10))], D(10), channels)
+        assert tick(memory_con, [idle(r1, D(8), D(10, 20))], D(10, 20), channels) == [
+            ("p", 3, "owner", "skipped"),
+            ("p", 3, "stop", "not_stopped"),
+            ("p", 3, "team", "skipped"),
+        ]
+        assert channels.stops == [] and len(channels.slack) == 2
+        (stop,) = ledger(memory_con, "audience = 'stop'")
+        assert stop[4].startswith(reason)
+
+
+# --- E2: one identity of a run ---
+
+
+def test_a_run_with_the_same_id_in_another_project_never_inherits_a_moved_run_s_ladder(memory_con):
+    """Review E2. ana's run `baseline` in A (created 06:00) is told at 09:45 (step 2), then W&B moves it to B (A's copy
+    marked moved). bob's own run `baseline` in C (created 20:00 the day before), idle since 09:00, is first seen at
+    10:10 (70 idle minutes): bob is told step 1, nothing is stopped. On 5d25e50 bob's run inherited ana's episode
+    (start 08:00, steps 1-2 done, told 09:45) and was stopped at once, bob never told. ana's run in B goes on with its
+    own ladder (same entity, id and creation time): at 10:10 its stop is due (told 09:45, grace 15 min) and made.
+    ana's ledger rows carry no creation time (as 5d25e50 wrote them): the moved copy's identity decides."""
+    ensure_schema(memory_con)
+    channels = Channels()
+    ana_a = run("A", "baseline", "ana")
+    tick(memory_con, [idle(ana_a, D(8), D(9, 45))], D(9, 45), channels)
+    memory_con.execute("UPDATE idle_actions SET run_created_at = NULL")  # as 5d25e50 wrote them: the move decides
+    memory_con.execute(
+        'INSERT INTO runs (entity, project, run_id, state, created_at, gpu_count, "user", source) VALUES '
+        "('e', 'A', 'baseline', 'moved', '2026-06-02 06:00', 8, 'ana', 'wandb'), "
+        "('e', 'B', 'baseline', 'running', '2026-06-02 06:00', 8, 'ana', 'wandb'), "
+        "('e', 'C', 'baseline', 'running', '2026-06-01 20:00', 4, 'bob', 'wandb')"
+    )
+    bob = run("C", "baseline", "bob", created=datetime(2026, 6, 1, 20))
+    channels.runs["e/C/baseline"] = ("running", datetime(2026, 6, 1, 20), (), {})
+    ana_b = run("B", "baseline", "ana", created=None)  # its creation time from its warehouse row
+    outcome = tick(
+        memory_con, [idle(bob, D(9), D(10, 10), owner="U0BOB"), idle(ana_b, D(8), D(10, 10))], D(10, 10), channels
+    )
+    assert outcome == [
+        ("B", 3, "owner", "sent"),
+        ("B", 3, "stop", "stopped"),
+        ("B", 3, "team", "sent"),
+        ("C", 1, "owner", "sent"),
+    ]
+    assert channels.stops == ["e/B/baseline"]
+    assert [c for c, _ in channels.slack[-3:]].count("U0BOB") == 1
+    assert memory_con.execute(
+        "SELECT DISTINCT project, strftime(episode_started_at, '%H:%M'), run_created_at FROM idle_actions ORDER BY ALL"
+    ).fetchall() == [
+        ("A", "08:00", None),
+        ("B", "08:00", datetime(2026, 6, 2, 6)),
+        ("C", "09:00", datetime(2026, 6, 1, 20)),
+    ]
+
+
+# --- E3: one target Slack refuses for good never silences the others ---
+
+
+def test_a_channel_slack_refuses_for_good_is_undeliverable_once_and_every_other_message_goes_out(memory_con):
+    """Review E3. Four ticks, 10:00-10:45; ladder: at 60 minutes tell the owner and the team. ana's `old` (idle since
+    08:00) has its team channel archived; each tick one more run becomes due (u0..u3, team channel C0GOOD). The
+    archived channel's row is undeliverable once (the webhook told why); every other message is sent; nothing is
+    pending. On 5d25e50 that row stayed pending for ever, headed every claim and marked Slack down: 7 rows pending."""
+    policy = IdlePolicy(5.0, ladder=(LadderStep(60, ("owner", "team")),))
+    channels = Channels()
+    channels.refused["C0ARCHIVED"] = "is_archived"
+    channels.has_webhook = True
+    for i, now in enumerate([D(10), D(10, 15), D(10, 30), D(10, 45)]):
+        runs = [idle(run(run_id="old"), D(8), now, channel="C0ARCHIVED")]
+        runs += [
+            idle(run(run_id=f"new{j}", user=f"u{j}"), D(9), now, owner=f"U{j}", channel="C0GOOD") for j in range(i + 1)
+        ]
+        tick(memory_con, runs, now, channels, policy)
+    assert memory_con.execute("SELECT count(*) FROM idle_actions WHERE outcome = 'pending'").fetchone()[0] == 0
+    assert sorted(c for c, _ in channels.slack) == ["C0GOOD"] * 4 + ["U0", "U0ANA", "U1", "U2", "U3"]
+    assert memory_con.execute(
+        "SELECT run_id, audience, outcome, channel, reason FROM idle_actions WHERE outcome <> 'sent'"
+    ).fetchall() == [
+        ("old", "team", "undeliverable", "webhook", "Slack answered is_archived for C0ARCHIVED: Slack will not take it")
+    ]
+    assert len(channels.webhook) == 1 and "is_archived" in channels.webhook[0]
+
+
+# --- E10: the webhook fallback is not the owner told ---
+
+
+def test_a_run_whose_owner_and_team_nobody_can_reach_in_slack_is_never_stopped(memory_con):
+    """Review E10. ana has no Slack user and her team no channel: steps 1 and 2 go to the on-call webhook (sent,
+    channel webhook). On 5d25e50 that started the grace and the run was stopped at 10:20 with its owner never told;
+    now the webhook does not count as told: at 10:20, 11:00 and 13:00 nothing is stopped."""
+    channels = Channels()
+    channels.has_webhook = True
+    r1 = run()
+    for now in (D(10), D(10, 20), D(11), D(13)):
+        tick(memory_con, [idle(r1, D(8), now, owner=None, channel=None)], now, channels)
+    assert channels.stops == [] and channels.slack == []
+    assert [(s, a, o) for _, s, a, o, _ in ledger(memory_con)] == [
+        (1, "owner", "skipped"),
+        (2, "owner", "sent"),
+        (2, "team", "sent"),
+    ]
+    assert memory_con.execute("SELECT DISTINCT channel FROM idle_actions WHERE outcome = 'sent'").fetchall() == [
+        ("webhook",)
+    ]
+
+
+# --- E12: messages that waited for Slack go out only while their run is still idle ---
+
+
+def test_messages_that_waited_for_slack_are_withdrawn_once_their_run_is_busy_or_ended(memory_con):
+    """Review E12. 11:00: step 1 for r1 and r2 (idle since 10:00), Slack down: both wait. 11:15 Slack is back; r1 is
+    still idle in the same episode: its message goes out; r2 went back to work at 11:05 (no episode): its stale "idle
+    for 60 minutes" is withdrawn, never sent. r3's stream could not be read this tick: not judged, its message goes
+    out as decided."""
+    channels = Channels()
+    channels.slack_down = True
+    r1, r2, r3 = run(run_id="r1"), run(run_id="r2"), run(run_id="r3")
+    tick(memory_con, [idle(r, D(10), D(11)) for r in (r1, r2, r3)], D(11), channels)
+    assert memory_con.execute("SELECT count(*) FROM idle_actions WHERE outcome = 'pending'").fetchone()[0] == 3
+    channels.slack_down = False
+    seen = [idle(r1, D(10), D(11, 15)), busy(r2), Seen(r3, None, None, "research", "U0ANA", "C0RESEARCH", read=False)]
+    assert tick(memory_con, seen, D(11, 15), channels) == [("p", 1, "owner", "sent"), ("p", 1, "owner", "sent")]
+    assert memory_con.execute("SELECT run_id, outcome FROM idle_actions ORDER BY run_id").fetchall() == [
+        ("r1", "sent"),
+        ("r2", "withdrawn"),
+        ("r3", "sent"),
+    ]
+    assert len(channels.slack) == 2
