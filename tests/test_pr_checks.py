@@ -26,10 +26,12 @@ def test_the_t_quantile_matches_the_tables(df, expected):
 
 
 def test_the_boundary_by_hand():
-    """Boundary = 1,000 - t(0.99, 9) x 6.549 x sqrt(1 + 1/10) = 1,000 - 2.821438 x 6.5490 x 1.048809 = 980.62: a PR at
-    850 (-15 %) regresses, one at 995 (-0.5 %, in the noise) does not; three main runs are no baseline."""
-    regressed = judge([850.0], MAIN_SPS)
+    """Boundary = 1,000 - t(0.99, 9) x 6.549 x sqrt(1 + 1/10) = 1,000 - 2.821438 x 6.5490 x 1.048809 = 980.62 with no
+    minimum change; with the default 2 % the width is max(19.38, 20) = 20: 980.0. A PR at 850 (-15 %) regresses, one at
+    995 (-0.5 %, in the noise) does not; three main runs are no baseline."""
+    regressed = judge([850.0], MAIN_SPS, min_change_pct=0)
     assert (regressed.verdict, round(regressed.boundary, 2), regressed.change_pct) == (REGRESSION, 980.62, -15.0)
+    assert round(judge([850.0], MAIN_SPS).boundary, 2) == 980.0
     assert judge([995.0], MAIN_SPS).verdict == NO_CHANGE
     assert judge([990.0, 1000.0], MAIN_SPS).pr_value == 995.0  # two runs of one commit and config: one sample
     assert judge([700.0], MAIN_SPS[:3]).verdict == NO_BASELINE
@@ -58,7 +60,7 @@ def test_a_pr_is_judged_against_main_on_its_own_testbed_only(fleet):
         "8xH100-80GB",
         REGRESSION,
         10,
-        980.62,
+        980.0,  # 2 % of 1,000 (the minimum change) is wider than the t rule's 19.38
     )
     assert seven["baseline_runs"] == [f"m{i}" for i in range(10)]
     assert (eight["pr_value"], eight["pr_n"], eight["verdict"]) == (995.0, 2, NO_CHANGE)
@@ -81,10 +83,13 @@ def test_pr_check_fails_on_the_regressed_pr_only(fleet, pr, code):
     assert lines[1] == "| config | testbed | metric | PR | baseline median [n] | change | boundary | verdict | W&B |"
     if pr == 7:
         assert lines[3] == (
-            "| ppo | 8xH100-80GB | overview/sps | 850.0 [1] | 1,000.0 [10] | -15.0% | 980.6 | regression | "
+            "| ppo | 8xH100-80GB | overview/sps | 850.0 [1] | 1,000.0 [10] | -15.0% | 980.0 | regression | "
             "[p7](https://wandb.example/test-team/test-project/runs/p7) |"
         )
-        assert lines[-1] == "1 metric(s) regressed against main on the same testbed."
+        assert lines[-1] == (
+            "1 metric(s) regressed against main on the same testbed; overview/sps gates (regressed), the others are "
+            "reported."
+        )
 
 
 def snapshot(path, rows) -> None:
@@ -120,7 +125,10 @@ def test_pr_check_waits_until_the_prs_runs_have_ended_in_the_snapshot(tmp_path):
     assert waiting.returncode == 1
     assert out.splitlines()[0] == "PR 7 at deadbeef:"
     assert out.splitlines()[3].startswith("| ppo | 8xH100-80GB | overview/sps | 855.0 [2] | 1,000.0 [10] |")
-    assert out.splitlines()[-1] == "1 metric(s) regressed against main on the same testbed."
+    assert out.splitlines()[-1] == (
+        "1 metric(s) regressed against main on the same testbed; overview/sps gates (regressed), the others are "
+        "reported."
+    )
 
 
 def test_pr_check_without_a_verdict_in_time_fails_the_gate(tmp_path):
@@ -143,7 +151,7 @@ def test_the_baseline_is_main_as_it_stood_when_the_pr_run_ended(memory_con):
     load(memory_con, pr_fleet() + later)
     rows = {r["pr"]: r for r in judge_prs(memory_con, T + timedelta(days=1), "overview/sps")}
     assert rows[7]["baseline_runs"] == [f"m{i}" for i in range(10)]
-    assert (rows[7]["verdict"], round(rows[7]["boundary"], 2)) == (REGRESSION, 980.62)
+    assert (rows[7]["verdict"], round(rows[7]["boundary"], 2)) == (REGRESSION, 980.0)
 
 
 def test_a_config_name_cannot_break_the_table_or_notify_anyone():

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from wandb_assets.lib.channels import Outage, Undeliverable
 from wandb_assets.lib.idle_actions import Candidate, Seen, claim_pending, record_decisions, record_outcomes
 from wandb_assets.lib.idle_delivery import StopAnswer, deliver
@@ -309,3 +312,96 @@ def test_messages_that_waited_for_slack_are_withdrawn_once_their_run_is_busy_or_
         ("r3", "sent"),
     ]
     assert len(channels.slack) == 2
+
+
+# --- the PR checks: a run name is untrusted input (E5, E6, E13, the gate) ---
+
+
+@given(branch=st.text(max_size=16), commit=st.text(max_size=44))
+def test_any_name_gives_a_valid_pr_identity_or_a_reason(branch, commit):
+    """Whatever a run name carries, ``ci_identity`` answers without raising: a PR number of ASCII digits in
+    1..2^31-1 and 7-40 lower-case hex digits, or one reason."""
+    from wandb_assets.lib.pr_checks import PR_MAX, ci_identity
+
+    found = ci_identity("pr" + branch, commit)
+    if isinstance(found, str):
+        assert found.startswith(("the PR number", "the commit"))
+    else:
+        pr, sha = found
+        assert 1 <= pr <= PR_MAX and 7 <= len(sha) <= 40 and set(sha) <= set("0123456789abcdef")
+
+
+def test_odd_and_forged_ci_names_are_skipped_counted_and_never_fail_the_feed(memory_con):
+    """Review E5: `pr99999999999` (> 2^31-1) made every feed fail on INSERT. With the fleet's PR 7 (regressed), runs
+    named pr99999999999, pr + Arabic-Indic digits (not a CI name at all: the name parser takes ASCII digits only), a
+    branch name as commit (`feature-x`), pr0 and pr012: PR 7 is judged and stored, the others skipped with their
+    reasons counted, one per run."""
+    from collections import Counter
+
+    from tests.fleet import ci_run, load, pr_fleet
+    from wandb_assets.lib.naming import parse_ci_name
+    from wandb_assets.lib.pr_checks import judge_prs, record_pr_checks, unjudged
+
+    assert parse_ci_name("github.sky.pr\u0661\u0662.deadbeef.ppo.1764000000") is None
+    odd = [
+        ci_run("x1", "pr99999999999", "deadbeef", 900.0, 1),
+        ci_run("x2", "pr5", "feature-x", 900.0, 1),
+        ci_run("x3", "pr0", "deadbeef", 900.0, 1),
+        ci_run("x4", "pr012", "deadbeef", 900.0, 1),
+    ]
+    load(memory_con, pr_fleet() + odd)
+    skipped: Counter = Counter()
+    rows = unjudged(memory_con, judge_prs(memory_con, datetime(2026, 11, 27, 12), "overview/sps", skipped=skipped))
+    record_pr_checks(memory_con, rows)
+    assert skipped == {
+        "the PR number is out of range": 1,
+        "the commit is not 7 to 40 hex digits": 1,
+        "the PR number is not a number": 2,
+    }
+    assert memory_con.execute("SELECT DISTINCT pr FROM pr_checks ORDER BY pr").fetchall() == [(7,), (8,), (9,)]
+
+
+def test_a_baseline_with_no_spread_needs_the_minimum_change_to_call_a_regression():
+    """Review E6: ten main runs at exactly 1,200 (integer SPS): stdev 0, so the t boundary was 1,200 itself and a PR at
+    1,199 (-0.083 %) failed its check. The boundary is never narrower than 2 % of the mean: 1,176 and 1,224; 1,199 and
+    1,201 are no change; 1,170 (-2.5 %) a regression; with WANDB_ASSETS_PR_MIN_CHANGE_PCT=0 the old rule."""
+    from wandb_assets.lib.pr_checks import IMPROVEMENT, NO_CHANGE, REGRESSION, judge
+
+    flat = [1200.0] * 10
+    assert [judge([v], flat).verdict for v in (1199.0, 1201.0, 1170.0, 1230.0)] == [
+        NO_CHANGE,
+        NO_CHANGE,
+        REGRESSION,
+        IMPROVEMENT,
+    ]
+    assert judge([1199.0], flat).boundary == 1176.0
+    assert judge([1199.0], flat, min_change_pct=0).verdict == REGRESSION
+    assert judge([1150.0], flat, percent=1.0).boundary == 1176.0  # a percent rule narrower than the minimum: widened
+
+
+def test_testbed_unknown_is_no_baseline_never_a_pool_of_all_hardware(memory_con):
+    """Review E13: main runs and a PR run without a GPU model are all testbed `unknown`; the PR run (500 against ten
+    unknown main runs at 1,000) was a regression against whatever hardware they ran on. Now: no baseline."""
+    from tests.fleet import ci_run, load
+    from wandb_assets.lib.pr_checks import NO_BASELINE, judge_prs
+
+    rows = [ci_run(f"u{i}", "main", f"c{i:02d}", 1000.0 + i, 10 - i) | {"gpu_model": None} for i in range(10)]
+    load(memory_con, rows + [ci_run("pu", "pr3", "abcdef12", 500.0, 0.5) | {"gpu_model": None}])
+    (verdict,) = [r for r in judge_prs(memory_con, datetime(2026, 11, 27, 12), "overview/sps") if r["pr"] == 3]
+    assert (verdict["testbed"], verdict["verdict"], verdict["baseline_n"]) == ("unknown", NO_BASELINE, 0)
+
+
+def test_only_the_configured_sps_metric_gates_the_check():
+    """Five SPS keys each judged at 99 % fail a PR within the noise by chance: a regression of `charts/SPS` alone is
+    reported (neutral, said in the title), one of the configured `overview/sps` fails the check."""
+    from wandb_assets.lib.pr_outbox import conclusion
+
+    def row(metric, verdict):
+        return {"metric": metric, "verdict": verdict}
+
+    other = [row("overview/sps", "no change"), row("charts/SPS", "regression")]
+    assert conclusion(other, True, "overview/sps") == (
+        "neutral",
+        "1 of 2 metric(s) regressed against main on the same testbed (reported, not gating: only overview/sps gates)",
+    )
+    assert conclusion([row("overview/sps", "regression")], True, "overview/sps")[0] == "failure"

@@ -174,6 +174,14 @@ class Settings(BaseSettings):
         "without blocking a merge.",
         "true",
     )
+    WANDB_ASSETS_PR_MIN_CHANGE_PCT: float = _var(
+        2.0,
+        "A pull request's throughput is a regression or an improvement only beyond this change against main's mean "
+        "(percent), however tight main's spread: the boundary is never narrower.",
+        "2",
+        ge=0,
+        le=100,
+    )
     WANDB_ASSETS_FETCH_METADATA: bool = _var(
         True,
         "Read W&B's wandb-metadata.json (GPU count and model) once for each run first seen finished, crashed or "

@@ -159,7 +159,7 @@ def cmd_pr_check(args: argparse.Namespace) -> int:
     ``--fail-on-regression``: exit 1 when a metric regressed (a CI job gates on it without the GitHub App);
     ``--wait``: until the snapshot holds ended runs of the PR (the commit) and none still running."""
     from wandb_assets.lib.pr_checks import REGRESSION, format_pr_table, judge_prs, pr_runs_running
-    from wandb_assets.settings import ConfigError, alert_thresholds
+    from wandb_assets.settings import ConfigError, alert_thresholds, load_settings
     from wandb_assets.warehouse import open_snapshot
 
     if args.baseline_runs < 2 or args.min_baseline < 2 or args.min_baseline > args.baseline_runs:
@@ -186,6 +186,7 @@ def cmd_pr_check(args: argparse.Namespace) -> int:
                     min_n=args.min_baseline,
                     percent=args.percent,
                     pr=args.pr,
+                    min_change_pct=load_settings().WANDB_ASSETS_PR_MIN_CHANGE_PCT,
                 )
                 running = pr_runs_running(con, args.pr, args.commit)
             finally:
@@ -218,9 +219,13 @@ def cmd_pr_check(args: argparse.Namespace) -> int:
         print(f"PR {args.pr} at {commit}:")
         print(format_pr_table([r for r in rows if r["commit"] == commit], links=True))
     regressed = [r for r in rows if r["verdict"] == REGRESSION]
+    gating = [r for r in regressed if r["metric"] == metric]
     if regressed:
-        print(f"{len(regressed)} metric(s) regressed against main on the same testbed.")
-    return 1 if regressed and args.fail_on_regression else 0
+        print(
+            f"{len(regressed)} metric(s) regressed against main on the same testbed; {metric} gates "
+            f"({'regressed' if gating else 'did not regress'}), the others are reported."
+        )
+    return 1 if gating and args.fail_on_regression else 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:

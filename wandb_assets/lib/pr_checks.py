@@ -3,24 +3,32 @@ the Student-t boundary, the verdicts and the ``pr_checks`` table. No Dagster, no
 
 A run's **testbed** is its GPU count and model (``8xH100-80GB``; ``unknown`` where either is missing). A PR run
 (``github.sky.pr<N>.<commit>.<config>.<ts>``, ended: finished or crashed, as the SPS regression rule counts) is judged
-per SPS metric against the **baseline**: the last ``k`` main runs of the same config and testbed that had ended when
-the sample's last PR run ended (main as the PR saw it: judging again later gives the same verdict). Several PR runs
-of one commit and config are one sample (their mean). The **boundary** is Bencher's
-``t_test`` lower boundary at ``confidence``: the baseline's mean minus Student's t quantile (n - 1 degrees of freedom)
-times its standard deviation times ``sqrt(1 + 1/n)`` (a new run's prediction interval, not the mean's); or, with
-``percent``, the baseline median less that many percent. Verdicts: ``regression`` (below the lower boundary),
-``improvement`` (above the upper one), ``no change``, ``no baseline`` (fewer than ``min_n`` main runs: said, never
-guessed).
+per SPS metric against the **baseline**: the last ``k`` main runs of the same config and testbed that had ended when the
+sample's last PR run ended (main as the PR saw it: judging again later gives the same verdict). Several PR runs of one
+commit and config are one sample (their mean). The **boundary** is Bencher's ``t_test`` lower boundary at
+``confidence``: the baseline's mean minus Student's t quantile (n - 1 degrees of freedom) times its standard deviation
+times ``sqrt(1 + 1/n)`` (a new run's prediction interval, not the mean's); or, with ``percent``, the baseline median
+less that many percent. Verdicts: ``regression`` (below the lower boundary), ``improvement`` (above the upper one), ``no
+change``, ``no baseline`` (fewer than ``min_n`` main runs, or testbed ``unknown``: said, never guessed). The boundary is
+never narrower than ``min_change_pct`` of the baseline's mean (``WANDB_ASSETS_PR_MIN_CHANGE_PCT``, 2 %): a baseline with
+no spread (integer or capped SPS) would otherwise make a 0.08 % change a regression.
+
+A CI run's name is untrusted input (anyone who can log a W&B run chooses it): ``ci_identity`` validates the PR number
+(ASCII, 1 to 2^31-1) and the commit (7 to 40 hex digits) before a run is judged; a run that fails is skipped and counted
+with the reason, never failing the asset. Whether the commit is the PR's is GitHub's to say, at delivery
+(``lib/pr_outbox``).
 """
 
 from __future__ import annotations
 
 import math
+import re
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 
-from wandb_assets.lib.gpus import testbed_sql
+from wandb_assets.lib.gpus import UNKNOWN_TESTBED, testbed_sql
 from wandb_assets.lib.normalize import SPS_KEYS
 from wandb_assets.lib.sql import MIRRORED_RUNS_SQL, transaction
 
@@ -113,6 +121,7 @@ def judge(
     min_n: int = 5,
     confidence: float = 0.99,
     percent: float | None = None,
+    min_change_pct: float = 2.0,
 ) -> Verdict:
     """One metric of one PR commit and config against its baseline (see the module)."""
     value = statistics.fmean(pr_values)
@@ -124,13 +133,35 @@ def judge(
     median = statistics.median(baseline)
     change = 100.0 * (value - median) / median if median else None
     if percent is not None:
-        lower, upper = median * (1 - percent / 100), median * (1 + percent / 100)
+        share = max(percent, min_change_pct) / 100
+        lower, upper = median * (1 - share), median * (1 + share)
     else:
         mean, spread = statistics.fmean(baseline), statistics.stdev(baseline)
         width = t_quantile(confidence, n - 1) * spread * math.sqrt(1 + 1 / n)
+        width = max(width, abs(mean) * min_change_pct / 100)
         lower, upper = mean - width, mean + width
     verdict = REGRESSION if value < lower else IMPROVEMENT if value > upper else NO_CHANGE
     return Verdict(value, len(pr_values), median, n, lower, change, verdict)
+
+
+#: The largest PR number ``pr_checks.pr`` (INTEGER) holds; GitHub's are far below it.
+PR_MAX = 2**31 - 1
+_COMMIT_RE = re.compile(r"[0-9a-f]{7,40}")
+
+
+def ci_identity(branch: str | None, commit: str | None) -> tuple[int, str] | str:
+    """A PR run's ``(pr, commit)`` from its parsed name (``pr<N>``, the commit lower-cased), or why it cannot be
+    judged: a PR number that is not ASCII digits in 1..2^31-1 (``pr`` + 12 digits once failed every feed), or a commit
+    that is not 7 to 40 hex digits (a branch name, a tag)."""
+    digits = (branch or "")[2:]
+    if not (branch or "").startswith("pr") or not digits.isascii() or not digits.isdigit() or digits.startswith("0"):
+        return "the PR number is not a number"
+    if len(digits) > 10 or not 1 <= int(digits) <= PR_MAX:
+        return "the PR number is out of range"
+    sha = (commit or "").lower()
+    if not sha.isascii() or not _COMMIT_RE.fullmatch(sha):
+        return "the commit is not 7 to 40 hex digits"
+    return int(digits), sha
 
 
 def _metric_values_sql(sps_metric: str) -> str:
@@ -167,21 +198,29 @@ def judge_prs(
     confidence: float = 0.99,
     percent: float | None = None,
     pr: int | None = None,
+    min_change_pct: float = 2.0,
+    skipped: Counter | None = None,
 ) -> list[dict]:
     """Every PR commit and config with ended runs (``pr``: that PR's alone), judged per metric and testbed; returns
-    the rows of ``pr_checks`` (not written: ``record_pr_checks``)."""
+    the rows of ``pr_checks`` (not written: ``record_pr_checks``). A run whose name fails ``ci_identity`` is skipped,
+    its reason counted in ``skipped`` (one per run)."""
     values = con.execute(_metric_values_sql(sps_metric)).fetchall()
     main: dict[tuple, list[tuple]] = {}
     prs: dict[tuple, list[tuple]] = {}
     urls = {}
+    refused: dict[str, str] = {}
     for run_id, url, branch, commit, config, testbed, ci_at, ended_at, value, metric in values:
         if branch == "main":
             main.setdefault((config, testbed, metric), []).append((ci_at, run_id, value, ended_at))
-        elif pr is None or branch == f"pr{pr}":
-            prs.setdefault((int(branch[2:]), commit, config, testbed, metric), []).append(
-                (ci_at, run_id, value, ended_at)
-            )
+            continue
+        identity = ci_identity(branch, commit)
+        if isinstance(identity, str):
+            refused[run_id] = identity
+        elif pr is None or identity[0] == pr:
+            prs.setdefault((*identity, config, testbed, metric), []).append((ci_at, run_id, value, ended_at))
             urls[run_id] = url
+    if skipped is not None:
+        skipped.update(refused.values())
     rows = []
     for (number, commit, config, testbed, metric), runs in sorted(prs.items()):
         cutoff = min(now, max(r[3] for r in runs))  # main as it stood when the sample's last run ended
@@ -189,7 +228,11 @@ def judge_prs(
             (r for r in main.get((config, testbed, metric), []) if r[3] is not None and r[3] <= cutoff),
             key=lambda r: (r[0], r[1]),
         )[-k:]
-        verdict = judge([v for _, _, v, _ in runs], [v for _, _, v, _ in history], min_n, confidence, percent)
+        if testbed == UNKNOWN_TESTBED:  # no GPU count or model: any hardware; never one baseline for all of it
+            history = []
+        verdict = judge(
+            [v for _, _, v, _ in runs], [v for _, _, v, _ in history], min_n, confidence, percent, min_change_pct
+        )
         rows.append(
             {
                 "repo": repo,

@@ -57,10 +57,16 @@ class GitHubChannel(Protocol):
         """Create or edit the PR's comment carrying ``MARKER``; returns its id."""
 
 
-def conclusion(rows: list[dict], gate: bool) -> tuple[str, str]:
-    """The check's conclusion and title for one commit's verdicts."""
+def conclusion(rows: list[dict], gate: bool, gate_metric: str | None = None) -> tuple[str, str]:
+    """The check's conclusion and title for one commit's verdicts. ``gate_metric``: only that metric's regressions
+    fail the check (``WANDB_ASSETS_SPS_METRIC``; the others are reported): five keys each judged at 99 % would fail a PR
+    within the noise by chance far more often than one in a hundred. None: every metric gates."""
     regressed = sum(r["verdict"] == REGRESSION for r in rows)
+    gating = sum(r["verdict"] == REGRESSION and gate_metric in (None, r["metric"]) for r in rows)
     missing = sum(r["verdict"] == NO_BASELINE for r in rows)
+    if regressed and not gating:
+        title = f"{regressed} of {len(rows)} metric(s) regressed against main on the same testbed"
+        return "neutral", f"{title} (reported, not gating: only {gate_metric} gates)"
     if regressed:
         title = f"{regressed} of {len(rows)} metric(s) regressed against main on the same testbed"
         return ("failure", title) if gate else ("neutral", title + " (not gating: WANDB_ASSETS_PR_GATE is false)")
@@ -71,20 +77,28 @@ def conclusion(rows: list[dict], gate: bool) -> tuple[str, str]:
 
 HOW = (
     "Each metric: the mean of the PR runs of this commit and config against the last ended main runs of the same "
-    "config and testbed (GPU count and model); a regression is below the Student-t lower boundary at 99 % "
-    "(docs/pr-checks.md)."
+    "config and testbed (GPU count and model); a regression is below the Student-t lower boundary at 99 %, never "
+    "closer to main's mean than the minimum change (WANDB_ASSETS_PR_MIN_CHANGE_PCT); testbed `unknown` has no "
+    "baseline (docs/pr-checks.md)."
 )
 
 
-def check_text(rows: list[dict]) -> str:
-    return f"{format_pr_table(rows, links=True)}\n\n{HOW}"
+def how(gate_metric: str | None) -> str:
+    """``HOW``, and which metric gates."""
+    gates = f" Only `{markdown_cell(gate_metric)}` gates the check; the others are reported." if gate_metric else ""
+    return HOW + gates
 
 
-def comment_text(pr: int, commit: str, title: str, rows: list[dict]) -> str:
+def check_text(rows: list[dict], gate_metric: str | None = None) -> str:
+    return f"{format_pr_table(rows, links=True)}\n\n{how(gate_metric)}"
+
+
+def comment_text(pr: int, commit: str, title: str, rows: list[dict], gate_metric: str | None = None) -> str:
     return (
         f"{MARKER}\n### Training throughput against main (wandb-assets)\n\n**{title}** at "
         f"`{markdown_cell(commit).replace('`', '')}`.\n\n"
-        f"{format_pr_table(rows, links=True)}\n\n{HOW} This comment is updated in place as more runs end."
+        f"{format_pr_table(rows, links=True)}\n\n{how(gate_metric)} This comment is updated in place as more runs "
+        "end."
     )
 
 
@@ -107,22 +121,23 @@ class Item:
         return _hash(self.commit, self.conclusion or "", self.title, self.body)
 
 
-def items_for(repo: str, rows: list[dict], gate: bool) -> list[Item]:
+def items_for(repo: str, rows: list[dict], gate: bool, gate_metric: str | None = None) -> list[Item]:
     """What GitHub should show for the verdicts ``rows`` (every row of the PRs concerned): one check per commit, one
-    comment per PR (the commit judged last: latest ``judged_at``, then the latest PR run)."""
+    comment per PR (the commit judged last: latest ``judged_at``, then the latest PR run); ``gate_metric``: see
+    ``conclusion``."""
     by_commit: dict[tuple[int, str], list[dict]] = {}
     for r in sorted(rows, key=lambda r: (r["pr"], r["commit"], r["config"], r["testbed"], r["metric"])):
         by_commit.setdefault((r["pr"], r["commit"]), []).append(r)
     items: list[Item] = []
     last: dict[int, tuple] = {}
     for (pr, commit), judged in by_commit.items():
-        outcome, title = conclusion(judged, gate)
-        items.append(Item(repo, pr, f"check:{commit}", commit, outcome, title, check_text(judged)))
+        outcome, title = conclusion(judged, gate, gate_metric)
+        items.append(Item(repo, pr, f"check:{commit}", commit, outcome, title, check_text(judged, gate_metric)))
         newest = max(r["judged_at"] for r in judged)
         if pr not in last or newest > last[pr][0]:
             last[pr] = (newest, commit, title, judged)
     for pr, (_, commit, title, judged) in sorted(last.items()):
-        items.append(Item(repo, pr, COMMENT, commit, None, title, comment_text(pr, commit, title, judged)))
+        items.append(Item(repo, pr, COMMENT, commit, None, title, comment_text(pr, commit, title, judged, gate_metric)))
     return items
 
 

@@ -17,7 +17,7 @@ from wandb_assets.lib.pr_checks import (
     unjudged,
 )
 from wandb_assets.lib.pr_outbox import items_for, queue
-from wandb_assets.settings import alert_thresholds, github_target
+from wandb_assets.settings import alert_thresholds, github_target, load_settings
 
 
 @asset(
@@ -26,20 +26,27 @@ from wandb_assets.settings import alert_thresholds, github_target
     "boundary at 99 % (Bencher's t_test); regression, improvement, no change, or no baseline (fewer than 5 main "
     "runs). A verdict is given when a PR run ends (a run more of the same commit judges it again) and then stands. "
     "With WANDB_ASSETS_GITHUB_REPO, what GitHub should show is queued for `github_checks`. `wandb-assets pr-check "
-    "--pr N` prints the same from the snapshot.",
+    "--pr N` prints the same from the snapshot. A run whose name is not a valid PR number and hex commit is skipped "
+    "and counted (skipped_runs).",
     kinds={"duckdb"},
     **FEED,
 )
 def pr_checks(config: ClockConfig, warehouse: WarehouseResource) -> MaterializeResult:
-    now, target = config.resolve(), github_target()
+    now, target, metric = config.resolve(), github_target(), alert_thresholds().sps_metric
+    skipped: Counter = Counter()
     with warehouse.get_connection() as con:
-        rows = unjudged(con, judge_prs(con, now, alert_thresholds().sps_metric, repo=target and target.repo))
-        record_pr_checks(con, rows)
-        queued = (
-            queue(con, items_for(target.repo, held_verdicts(con, sorted({r["pr"] for r in rows})), target.gate), now)
-            if target is not None
-            else 0
+        judged = judge_prs(
+            con,
+            now,
+            metric,
+            repo=target and target.repo,
+            min_change_pct=load_settings().WANDB_ASSETS_PR_MIN_CHANGE_PCT,
+            skipped=skipped,
         )
+        rows = unjudged(con, judged)
+        record_pr_checks(con, rows)
+        verdicts = held_verdicts(con, sorted({r["pr"] for r in rows}))
+        queued = queue(con, items_for(target.repo, verdicts, target.gate, metric), now) if target is not None else 0
         latest = latest_verdicts(con)
     return MaterializeResult(
         metadata={
@@ -47,6 +54,7 @@ def pr_checks(config: ClockConfig, warehouse: WarehouseResource) -> MaterializeR
             "queued_for_github": queued if target is not None else "off (WANDB_ASSETS_GITHUB_REPO not set)",
             "by_verdict": MetadataValue.json(dict(Counter(r["verdict"] for r in rows))),
             "regressions": sum(r["verdict"] == REGRESSION for r in rows),
+            "skipped_runs": MetadataValue.json(dict(skipped)),  # names that cannot be a PR run: never judged
             "latest_verdicts": MetadataValue.md(format_pr_table(latest) if latest else "(no PR run has ended yet)"),
         }
     )
