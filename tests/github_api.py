@@ -39,6 +39,10 @@ class LocalGitHub(LoopbackServer):
         self.issued: set[str] = set()
         self.commits: list[str] = []
         self.pulls: dict[int, str] = {}
+        #: each pull request's commits (GET /pulls/N/commits), its head among them
+        self.pull_commits: dict[int, list[str]] = {}
+        #: the App's slug (its comments' author is ``<slug>[bot]``) and the personal token's user
+        self.app_slug, self.token_user = "wandb-assets", "ci-user"
         self.check_runs: dict[int, dict] = {}
         self.statuses: list[dict] = []
         self.comments: dict[int, dict] = {}
@@ -68,6 +72,7 @@ class LocalGitHub(LoopbackServer):
         self.commits.append(sha)
         if pr is not None:
             self.pulls[pr] = sha
+            self.pull_commits.setdefault(pr, []).append(sha)
         return sha
 
     def calls_to(self, method: str, pattern: str) -> list[dict]:
@@ -99,6 +104,12 @@ class LocalGitHub(LoopbackServer):
             return "token"
         return None
 
+    def add_comment(self, pr: int, body: str, login: str) -> int:
+        """A comment someone else wrote on a pull request."""
+        comment_id = next(self._ids)
+        self.comments[comment_id] = {"id": comment_id, "issue": pr, "body": body, "user": {"login": login}}
+        return comment_id
+
     def answer(self, method: str, target: str, authorization: str, body) -> tuple[int, object]:
         parts = urlsplit(target)
         path, query = parts.path, parse_qs(parts.query)
@@ -121,8 +132,16 @@ class LocalGitHub(LoopbackServer):
             token = "ghs_" + secrets.token_hex(18)
             self.issued.add(token)
             return 201, {"token": token, "expires_at": "2099-01-01T00:00:00Z", "permissions": {"checks": "write"}}
+        if path == "/app" and method == "GET":
+            if who != "app":
+                return 401, {"message": "A JSON web token could not be decoded"}
+            return 200, {"id": self.app_id, "slug": self.app_slug, "name": self.app_slug}
         if who == "app":
             return 403, {"message": "An App's JWT cannot do this: use an installation token"}
+        if path == "/user" and method == "GET":
+            if who != "token":
+                return 403, {"message": "Resource not accessible by integration"}
+            return 200, {"login": self.token_user, "id": 7}
         if path == repo and method == "GET":
             owner, name = self.repo.split("/")
             return 200, {
@@ -166,6 +185,12 @@ class LocalGitHub(LoopbackServer):
         if (m := re.fullmatch(r"/statuses/([0-9a-f]{40})", rest)) and method == "POST":
             self.statuses.append({**body, "sha": m[1]})
             return 201, {**body, "id": next(self._ids), "url": self._url(path)}
+        if m := re.fullmatch(r"/pulls/(\d+)/commits", rest):
+            if int(m[1]) not in self.pulls:
+                return 404, {"message": "Not Found"}
+            return 200, [
+                {"sha": sha, "url": self._url(f"{repo}/commits/{sha}")} for sha in self.pull_commits[int(m[1])]
+            ]
         if m := re.fullmatch(r"/pulls/(\d+)", rest):
             head = self.pulls.get(int(m[1]))
             if head is None:
@@ -186,6 +211,7 @@ class LocalGitHub(LoopbackServer):
                 "id": comment_id,
                 "issue": number,
                 "body": body["body"],
+                "user": {"login": f"{self.app_slug}[bot]" if who == "installation" else self.token_user},
                 "url": self._url(f"{repo}/issues/comments/{comment_id}"),
                 "html_url": f"https://github.example/{self.repo}/pull/{number}#issuecomment-{comment_id}",
             }

@@ -111,10 +111,12 @@ def test_each_commit_gets_one_check_each_pr_one_comment_and_a_second_run_edits_t
     comments = {c["issue"]: c for c in github.comments.values()}
     assert sorted(comments) == [7, 8, 9]
     assert comments[7]["body"].startswith(MARKER) and PR7_ROW in comments[7]["body"]
-    # the App: one JWT call for the installation, one token exchange; every repository call with that token
+    # the App: one JWT call for the installation, one token exchange, one for its slug (its comments' author);
+    # every repository call with that token
     assert [c["path"] for c in github.calls if c["who"] == "app"] == [
         "/repos/acme/trainer/installation",
         "/app/installations/4242/access_tokens",
+        "/app",
     ]
     assert {
         c["who"] for c in github.calls if c["path"].startswith("/repos/acme/trainer/") and "install" not in c["path"]

@@ -405,3 +405,55 @@ def test_only_the_configured_sps_metric_gates_the_check():
         "1 of 2 metric(s) regressed against main on the same testbed (reported, not gating: only overview/sps gates)",
     )
     assert conclusion([row("overview/sps", "regression")], True, "overview/sps")[0] == "failure"
+
+
+# --- E4, E11: GitHub decides whose commit it is, and which comment is ours ---
+
+
+def test_a_run_named_for_another_pr_never_writes_that_pr_s_check_nor_another_s_comment(memory_con, monkeypatch):
+    """Review E4 and E11, through PyGithub as a GitHub App against the loopback GitHub. PR 5's head aaaa... has a
+    failing check (its run regressed). A W&B run named `github.sky.pr9.aaaaaaa...` with good SPS queues a success for
+    PR 9 on that commit: GitHub lists aaaa... as none of PR 9's commits, so the item is refused with the reason and
+    PR 5's check stays `failure` (on 5d25e50 it became `success`). A comment on PR 5 that someone else wrote quoting
+    the marker is left as it was; this deployment writes its own."""
+    from tests.github_api import LocalGitHub, app_private_key
+    from wandb_assets.defs.feed.github import PyGitHubChannel
+    from wandb_assets.lib.pr_outbox import CHECK_NAME, MARKER, Item, claim, deliver, queue, record
+    from wandb_assets.settings import github_target
+
+    key = app_private_key()
+    server = LocalGitHub(app_id=77, private_key=key)
+    try:
+        five, nine = "a" * 40, "b" * 40
+        server.add_commit(five, pr=5)
+        server.add_commit(nine, pr=9)
+        human = server.add_comment(5, f"{MARKER} my own notes", "mallory")
+        for name, value in (("REPO", "acme/trainer"), ("APP_ID", "77"), ("APP_PRIVATE_KEY", key)):
+            monkeypatch.setenv(f"WANDB_ASSETS_GITHUB_{name}", value)
+        monkeypatch.setenv("WANDB_ASSETS_GITHUB_API_URL", server.base)
+        monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+        channel = PyGitHubChannel(github_target(), 10, 0.0, app_key=key)
+        now = datetime(2026, 11, 27, 12)
+
+        def send(items, token):
+            queue(memory_con, items, now)
+            outcomes = deliver(claim(memory_con, "acme/trainer", token, now), channel, now)
+            record(memory_con, token, outcomes)
+            return {(o["pr"], o["item"]): (o["state"], o.get("error")) for o in outcomes}
+
+        five_check = Item("acme/trainer", 5, "check:aaaaaaa", "aaaaaaa", "failure", "1 of 1 regressed", "table")
+        assert send([five_check, Item("acme/trainer", 5, "comment", "aaaaaaa", None, "t", f"{MARKER}\nPR 5")], "a") == {
+            (5, "check:aaaaaaa"): ("delivered", None),
+            (5, "comment"): ("delivered", None),
+        }
+        forged = Item("acme/trainer", 9, "check:aaaaaaa", "aaaaaaa", "success", "No regression", "table")
+        ((state, error),) = send([forged], "b").values()
+        assert state == "refused" and "commit aaaaaaaaaaaa is not a commit of PR 9" in error
+        assert [(r["name"], r["conclusion"]) for r in server.check_runs.values() if r["head_sha"] == five] == [
+            (CHECK_NAME, "failure")
+        ]
+        assert server.comments[human]["body"] == f"{MARKER} my own notes"
+        ours = [c for c in server.comments.values() if c["user"]["login"] == "wandb-assets[bot]"]
+        assert [c["body"] for c in ours] == [f"{MARKER}\nPR 5"]
+    finally:
+        server.stop()

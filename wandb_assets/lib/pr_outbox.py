@@ -4,8 +4,11 @@ and its delivery through a ``GitHubChannel`` (given: the REST client lives in ``
 Two kinds of item per pull request: ``check:<commit>``, the check run ``wandb-assets / throughput`` on a judged commit
 (``failure`` when a metric regressed and gating is on, ``neutral`` when a metric has no baseline or gating is off,
 ``success`` otherwise), and ``comment``, the PR's one comment (found by its hidden marker), showing the commit judged
-last. An item is queued again when what it says changes. Delivery first looks for what it delivered before (the check
-run by its name on the commit, the comment by its marker) and edits it: an outage, a retry or a sender that died
+last. An item is queued again when what it says changes. A check item goes out only on a commit GitHub lists as the PR's
+(its head or one of its commits, ``GET /pulls/N/commits``): the commit comes from a W&B run name, which anyone who can
+log a run chooses, and must never pick whose required check it writes. Delivery first looks for what it delivered
+before (the check run by its name on the commit, the comment by its marker and its author: this deployment) and edits
+it: an outage, a retry or a sender that died
 mid-send never makes a second one. GitHub down: the item waits (``pending``, its error kept) for the next run; GitHub
 refusing it (a commit it does not know, a PR that is not there): ``refused`` with the reason, not tried again until
 what it says changes.
@@ -53,8 +56,12 @@ class GitHubChannel(Protocol):
         """Create or edit the check run ``CHECK_NAME`` on ``sha``; returns its id and the channel used (``check_run``,
         or ``commit_status`` where the credential cannot make check runs)."""
 
+    def pr_commits(self, pr: int) -> set[str]:
+        """The full SHAs of PR ``pr``'s commits, its head among them; ``Refused`` when it is no pull request."""
+
     def upsert_comment(self, pr: int, body: str) -> int:
-        """Create or edit the PR's comment carrying ``MARKER``; returns its id."""
+        """Create or edit the PR's comment carrying ``MARKER`` that this deployment wrote (its author, never another's
+        comment that quotes the marker); returns its id."""
 
 
 def conclusion(rows: list[dict], gate: bool, gate_metric: str | None = None) -> tuple[str, str]:
@@ -208,7 +215,7 @@ def claim(con, repo: str, token: str, now: datetime) -> list[dict]:
 def deliver(claimed: list[dict], channel: GitHubChannel, now: datetime) -> list[dict]:
     """Send each claimed item; returns its outcome (``{key..., body_hash, state, target_id, head_sha, channel,
     error}``). After an outage the rest are not tried (they would time out too): they wait, pending."""
-    outcomes, shas, down = [], {}, None
+    outcomes, shas, members, down = [], {}, {}, None
     for it in claimed:
         out = {c: it[c] for c in (*OUTBOX_KEY, "body_hash")} | {"delivered_at": None, "head_sha": None}
         if down is not None:
@@ -221,6 +228,13 @@ def deliver(claimed: list[dict], channel: GitHubChannel, now: datetime) -> list[
                 if it["commit"] not in shas:
                     shas[it["commit"]] = channel.full_sha(it["commit"])
                 out["head_sha"] = shas[it["commit"]]
+                if it["pr"] not in members:
+                    members[it["pr"]] = channel.pr_commits(it["pr"])
+                if out["head_sha"] not in members[it["pr"]]:  # a run name says which commit: GitHub says whose
+                    raise Refused(
+                        f"commit {out['head_sha'][:12]} is not a commit of PR {it['pr']} (neither its head nor one of "
+                        "its commits): its check is not written from a run name"
+                    )
                 target, how = channel.upsert_check(out["head_sha"], it["conclusion"], it["title"], it["body"])
             outcomes.append(out | {"state": DELIVERED, "target_id": target, "channel": how, "delivered_at": now})
         except Outage as exc:

@@ -31,11 +31,13 @@ from wandb_assets.defs.feed.assets import ClockConfig
 from wandb_assets.defs.feed.jobs import feed_job
 from wandb_assets.defs.wandb_runs.resources import WandbResource
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
-from wandb_assets.lib.channels import Outage
+from wandb_assets.lib.channels import Outage, Undeliverable, http_error
 from wandb_assets.lib.pr_outbox import CHECK_NAME, DELIVERED, MARKER, PENDING, REFUSED, Refused, claim, deliver, record
 from wandb_assets.settings import ConfigError, GitHubTarget, github_target, pem_text
 
 GITHUB_CHECKS_JOB = "github_delivery"
+#: What a refused credential names.
+CREDENTIAL_SETTINGS = "WANDB_ASSETS_GITHUB_APP_ID and WANDB_ASSETS_GITHUB_APP_PRIVATE_KEY, or WANDB_ASSETS_GITHUB_TOKEN"
 #: GitHub's limit on a check run's summary, characters.
 SUMMARY_LIMIT = 65_535
 _CONCLUSION_TO_STATUS = {"failure": "failure", "neutral": "success", "success": "success"}
@@ -91,8 +93,13 @@ class PyGitHubChannel:
         self._repo = None
         self._commits: dict[str, object] = {}
         self._statuses_only = False
+        self._login: str | None = None
 
     def _call(self, what: str, call):
+        """``call()`` of PyGithub, its errors in the notifier's classes (``lib.channels.http_error``): 429, 5xx and
+        rate limits wait (``Outage``), 401/403 name the credential's settings (``AuthRefused``, waiting too), any other
+        4xx is ``Refused``; an answer the client cannot read is "GitHub answered unexpectedly", not an outage of
+        the network."""
         from github import GithubException, RateLimitExceededException
 
         try:
@@ -101,12 +108,14 @@ class PyGitHubChannel:
             raise Outage(f"GitHub's rate limit was reached ({what})") from None
         except GithubException as exc:
             message = exc.data.get("message") if isinstance(exc.data, dict) else None
-            said = f"GitHub answered {exc.status}" + (f": {str(message)[:200]}" if message else "") + f" ({what})"
-            if exc.status in (401, 429) or exc.status >= 500 or (exc.status == 403 and "rate limit" in said):
-                raise Outage(said) from None
-            raise Refused(said) from None
+            error = http_error("GitHub", exc.status, message, what, CREDENTIAL_SETTINGS)
+            if isinstance(error, Undeliverable):
+                raise Refused(str(error)) from None
+            raise error from None
         except (Outage, Refused):
             raise
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # an answer PyGithub cannot read
+            raise Outage(f"GitHub answered unexpectedly ({type(exc).__name__}; {what})") from None
         except Exception as exc:  # noqa: BLE001 - connection trouble of any kind: the item waits
             raise Outage(f"GitHub unreachable ({type(exc).__name__}; {what})") from None
 
@@ -174,10 +183,35 @@ class PyGitHubChannel:
         )
         return status.id, "commit_status"
 
-    def upsert_comment(self, pr: int, body: str) -> int:
+    def pr_commits(self, pr: int) -> set[str]:
         repo = self._repository()
+        pull = self._call(f"PR {pr}", lambda: repo.get_pull(pr))
+        return {pull.head.sha} | set(self._call(f"PR {pr}'s commits", lambda: [c.sha for c in pull.get_commits()]))
+
+    def _author(self) -> str:
+        """Who this deployment writes as: the App's bot (``<slug>[bot]``), or the token's user."""
+        if self._login is None:
+            self._repository()
+            self._login = self._call("who this deployment is", self._who)
+        return self._login
+
+    def _who(self) -> str:
+        from github import Auth, Github, GithubIntegration
+
+        common = {"base_url": self._target.api_url, "timeout": self._timeout, "retry": None}
+        if self._app_key is not None:
+            app = GithubIntegration(auth=Auth.AppAuth(self._target.app_id, self._app_key), **common)
+            return f"{app.get_app().slug}[bot]"
+        return Github(auth=Auth.Token(self._token), **common).get_user().login
+
+    def upsert_comment(self, pr: int, body: str) -> int:
+        repo, me = self._repository(), self._author()
+        self._call(f"PR {pr}", lambda: repo.get_pull(pr))  # a pull request, never a plain issue of that number
         issue = self._call(f"PR {pr}", lambda: repo.get_issue(pr))
-        held = self._call(f"PR {pr}'s comments", lambda: [c for c in issue.get_comments() if MARKER in (c.body or "")])
+        held = self._call(
+            f"PR {pr}'s comments",
+            lambda: [c for c in issue.get_comments() if MARKER in (c.body or "") and c.user and c.user.login == me],
+        )
         if held:
             self._call(f"PR {pr}'s comment", lambda: held[0].edit(body))
             return held[0].id
