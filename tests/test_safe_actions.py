@@ -457,3 +457,27 @@ def test_a_run_named_for_another_pr_never_writes_that_pr_s_check_nor_another_s_c
         assert [c["body"] for c in ours] == [f"{MARKER}\nPR 5"]
     finally:
         server.stop()
+
+
+def test_the_weekly_digest_shows_run_ids_users_and_teams_as_written_never_as_live_mrkdwn(memory_con):
+    """Review E7: a run id `<!channel>` (wandb.init(id=...) allows it) was live mrkdwn in its owner's digest, paging a
+    channel. Week of Mon 2026-11-16: ana 8 idle GPU-hours ($24.00) in team `<@U0CEO>`; her worst run e/p/<!channel>.
+    Every name shows as written, escaped."""
+    from wandb_assets.lib.idle_actions import digest_rows
+    from wandb_assets.lib.teams import parse_team_directory
+
+    ensure_schema(memory_con)
+    memory_con.execute(
+        "INSERT INTO gpu_usage (day, username, team, entity, project, idle_gpu_hours, idle_cost_usd) VALUES "
+        "(DATE '2026-11-17', 'ana', '<@U0CEO>', 'e', 'p', 8.0, 24.0)"
+    )
+    memory_con.execute(
+        "INSERT INTO idle_actions (entity, project, run_id, episode_started_at, step, audience, outcome, "
+        "idle_gpu_hours, details) VALUES ('e', 'p', '<!channel>', '2026-11-17 10:00', 1, 'owner', 'sent', 8.0, "
+        '\'{"user": "ana"}\')'
+    )
+    directory = parse_team_directory({"<@U0CEO>": {"channel": "C0T", "users": [{"user": "ana", "slack": "U0A"}]}}, "t")
+    owner, team = digest_rows(memory_con, datetime(2026, 11, 16).date(), datetime(2026, 11, 24, 9), directory)
+    assert owner["details"].count("&lt;!channel&gt;") == 1 and "<!channel>" not in owner["details"]
+    assert "Worst: e/p/&lt;!channel&gt; (8.0 idle GPU-h)." in owner["details"]
+    assert "Team &lt;@U0CEO&gt;, idle GPUs" in team["details"] and "<@U0CEO>" not in team["details"]

@@ -28,6 +28,7 @@ from typing import Any
 
 import pandas
 
+from wandb_assets.lib.channels import slack_text
 from wandb_assets.lib.datadog_feed import GAUGE_TYPE
 from wandb_assets.lib.gpus import PRICES_CTE, prices_param, usd_sql
 from wandb_assets.lib.idle import ladder_idle_sql
@@ -590,7 +591,7 @@ episodes AS (
     GROUP BY ALL
 )
 SELECT u.username, u.team, u.idle_gpu_hours, u.idle_usd,
-       (SELECT list(e.run || ' (' || round(e.idle_gpu_hours, 1) || ' idle GPU-h)' ORDER BY e.idle_gpu_hours DESC)[:3]
+       (SELECT list((e.run, e.idle_gpu_hours) ORDER BY e.idle_gpu_hours DESC)[:3]
         FROM episodes e WHERE e.username = u.username) AS worst
 FROM usage u ORDER BY u.team, u.idle_gpu_hours DESC, u.username
 """
@@ -609,17 +610,33 @@ def digest_rows(con, week: date, now: datetime, directory) -> list[dict]:
     span = f"{week:%Y-%m-%d} to {week + timedelta(days=6):%Y-%m-%d}"
     for user, team, hours, usd, worst in found:
         by_team.setdefault(team, []).append((user, hours, usd))
-        text = f":bar_chart: Your idle GPUs, week of {span} (UTC): {hours:,.1f} idle GPU-hours, {_usd(usd)}." + (
-            f" Worst: {'; '.join(worst)}." if worst else ""
+        text = slack_text(
+            ":bar_chart: Your idle GPUs, week of {span} (UTC): {hours} idle GPU-hours, {usd}.",
+            span=span,
+            hours=f"{hours:,.1f}",
+            usd=_usd(usd),
         )
+        if worst:  # run paths are anyone's to choose (wandb.init(id=...)): escaped, never live mrkdwn
+            runs = [slack_text("{run} ({hours} idle GPU-h)", run=run, hours=round(h, 1)) for run, h in worst]
+            text += f" Worst: {'; '.join(runs)}."
         rows.append(_digest_row(f"user:{user}", week, now, text, directory.slack_users.get(user), user, hours, usd))
     for team, members in by_team.items():
         hours = sum(h for _, h, _ in members)
         priced = [u for _, _, u in members if u is not None]
         usd = sum(priced) if priced else None
-        lines = ", ".join(f"{user} {h:,.1f} GPU-h ({_usd(u)})" for user, h, u in members[:10])
+        lines = ", ".join(
+            slack_text("{user} {hours} GPU-h ({usd})", user=user, hours=f"{h:,.1f}", usd=_usd(u))
+            for user, h, u in members[:10]
+        )
         text = (
-            f":bar_chart: Team {team}, idle GPUs, week of {span} (UTC): {hours:,.1f} GPU-hours, {_usd(usd)}: {lines}."
+            slack_text(
+                ":bar_chart: Team {team}, idle GPUs, week of {span} (UTC): {hours} GPU-hours, {usd}: ",
+                team=team,
+                span=span,
+                hours=f"{hours:,.1f}",
+                usd=_usd(usd),
+            )
+            + f"{lines}."
         )
         rows.append(_digest_row(f"team:{team}", week, now, text, directory.channels.get(team), None, hours, usd))
     return rows
