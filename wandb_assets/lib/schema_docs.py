@@ -347,9 +347,11 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "acted_at": "when it went out, was stopped or was recorded, UTC; NULL while it waits",
             "channel": "slack, webhook (nobody found: see reason), wandb (a stop), datadog_event, or none",
             "recipient": "Slack user or channel id, the alert webhook, or the run's entity/project/run_id",
-            "outcome": "pending, sending, sent, stopped, would_stop (stop_runs off), not_stopped (the run had ended), "
-            "refused (W&B refused the stop), skipped, undeliverable or unknown (its sender ended mid-send: never sent "
-            "again)",
+            "outcome": "pending, sending, sent (channel slack: told; webhook: on-call only), stopped, would_stop "
+            "(stop_runs off), not_stopped (the send-time check: ended, another run, exempt now), refused (W&B refused "
+            "the stop), skipped, undeliverable (nobody to tell, or Slack refuses the target for good), withdrawn (an "
+            "intent no longer valid when it was to act: decided again) or unknown (its sender ended mid-send: never "
+            "sent again)",
             "reason": "why this channel or outcome, one line",
             "idle_gpu_hours": "idle GPU-hours of the episode when decided (idle GPUs x idle hours)",
             "idle_usd": "their dollars at the run's price (NULL: no price)",
@@ -359,6 +361,8 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "last_error": "last failure of a send, one line",
             "claim": "the sender holding it while it goes out; NULL otherwise",
             "claimed_at": "when that sender took it, UTC",
+            "run_created_at": "the run's creation time, UTC: with entity and run_id its identity (NULL: rows written "
+            "before it was kept)",
         },
     ),
     "pr_checks": (
