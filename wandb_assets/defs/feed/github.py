@@ -31,7 +31,7 @@ from wandb_assets.defs.feed.assets import ClockConfig
 from wandb_assets.defs.feed.jobs import feed_job
 from wandb_assets.defs.wandb_runs.resources import WandbResource
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
-from wandb_assets.lib.channels import Outage, Undeliverable, http_error
+from wandb_assets.lib.channels import AuthRefused, Outage, Undeliverable, http_error
 from wandb_assets.lib.pr_outbox import CHECK_NAME, DELIVERED, MARKER, PENDING, REFUSED, Refused, claim, deliver, record
 from wandb_assets.settings import ConfigError, GitHubTarget, github_target, pem_text
 
@@ -171,7 +171,7 @@ class PyGitHubChannel:
                     ),
                 )
                 return made.id, "check_run"
-            except Refused as exc:
+            except (Refused, AuthRefused) as exc:  # GitHub's 403 to a personal token making a check run
                 if self._token is None or " 403" not in str(exc):
                     raise
                 self._statuses_only = True  # a personal token cannot make check runs: a commit status instead
