@@ -411,11 +411,11 @@ def test_only_the_configured_sps_metric_gates_the_check():
 
 
 def test_a_run_named_for_another_pr_never_writes_that_pr_s_check_nor_another_s_comment(memory_con, monkeypatch):
-    """Review E4 and E11, through PyGithub as a GitHub App against the loopback GitHub. PR 5's head aaaa... has a
-    failing check (its run regressed). A W&B run named `github.sky.pr9.aaaaaaa...` with good SPS queues a success for
-    PR 9 on that commit: GitHub lists aaaa... as none of PR 9's commits, so the item is refused with the reason and
-    PR 5's check stays `failure` (on 5d25e50 it became `success`). A comment on PR 5 that someone else wrote quoting
-    the marker is left as it was; this deployment writes its own."""
+    """Review E4 and E11, through PyGithub (an App) against the loopback GitHub. PR 5's head aaaa... has a failing
+    check (its run regressed). A W&B run named `github.sky.pr9.aaaaaaa...` with good SPS queues a success for PR 9
+    on that commit: GitHub lists aaaa... as none of PR 9's commits, so the item is refused with the reason and PR
+    5's check stays `failure` (on 5d25e50 it became `success`); nor is PR 9 commented on about it. A comment on PR 5
+    that someone else wrote quoting the marker is left as it was; this deployment writes its own."""
     from tests.github_api import LocalGitHub, app_private_key
     from wandb_assets.defs.feed.github import PyGitHubChannel
     from wandb_assets.lib.pr_outbox import CHECK_NAME, MARKER, Item, claim, deliver, queue, record
@@ -447,8 +447,12 @@ def test_a_run_named_for_another_pr_never_writes_that_pr_s_check_nor_another_s_c
             (5, "comment"): ("delivered", None),
         }
         forged = Item("acme/trainer", 9, "check:aaaaaaa", "aaaaaaa", "success", "No regression", "table")
-        ((state, error),) = send([forged], "b").values()
-        assert state == "refused" and "commit aaaaaaaaaaaa is not a commit of PR 9" in error
+        forged_comment = Item("acme/trainer", 9, "comment", "aaaaaaa", None, "t", f"{MARKER}\nPR 9")
+        answers = send([forged, forged_comment], "b")
+        assert sorted(answers) == [(9, "check:aaaaaaa"), (9, "comment")]
+        for state, error in answers.values():
+            assert state == "refused" and "commit aaaaaaaaaaaa is not a commit of PR 9" in error
+        assert [c for c in server.comments.values() if c["issue"] == 9] == []
         assert [(r["name"], r["conclusion"]) for r in server.check_runs.values() if r["head_sha"] == five] == [
             (CHECK_NAME, "failure")
         ]

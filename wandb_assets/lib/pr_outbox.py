@@ -222,19 +222,20 @@ def deliver(claimed: list[dict], channel: GitHubChannel, now: datetime) -> list[
             outcomes.append(out | {"state": PENDING, "error": f"not tried: {down}"})
             continue
         try:
+            # a run name says which commit; GitHub says whose: neither the check nor the comment goes out otherwise
+            if it["commit"] not in shas:
+                shas[it["commit"]] = channel.full_sha(it["commit"])
+            if it["pr"] not in members:
+                members[it["pr"]] = channel.pr_commits(it["pr"])
+            if shas[it["commit"]] not in members[it["pr"]]:
+                raise Refused(
+                    f"commit {shas[it['commit']][:12]} is not a commit of PR {it['pr']} (neither its head nor one of "
+                    "its commits): nothing is written from a run name"
+                )
             if it["item"] == COMMENT:
                 target, how = channel.upsert_comment(it["pr"], it["body"]), "comment"
             else:
-                if it["commit"] not in shas:
-                    shas[it["commit"]] = channel.full_sha(it["commit"])
                 out["head_sha"] = shas[it["commit"]]
-                if it["pr"] not in members:
-                    members[it["pr"]] = channel.pr_commits(it["pr"])
-                if out["head_sha"] not in members[it["pr"]]:  # a run name says which commit: GitHub says whose
-                    raise Refused(
-                        f"commit {out['head_sha'][:12]} is not a commit of PR {it['pr']} (neither its head nor one of "
-                        "its commits): its check is not written from a run name"
-                    )
                 target, how = channel.upsert_check(out["head_sha"], it["conclusion"], it["title"], it["body"])
             outcomes.append(out | {"state": DELIVERED, "target_id": target, "channel": how, "delivered_at": now})
         except Outage as exc:
