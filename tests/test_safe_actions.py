@@ -5,13 +5,23 @@ test that failed on 5d25e50. Every time and count worked out by hand in the docs
 
 from __future__ import annotations
 
-from datetime import datetime
+import re
+from dataclasses import replace
+from datetime import datetime, timedelta
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from wandb_assets.lib.channels import Outage, Undeliverable
-from wandb_assets.lib.idle_actions import Candidate, Seen, claim_pending, record_decisions, record_outcomes
+from wandb_assets.lib.idle_actions import (
+    Candidate,
+    Seen,
+    claim_pending,
+    record_decisions,
+    record_outcomes,
+    stop_outcomes,
+)
 from wandb_assets.lib.idle_delivery import StopAnswer, deliver
 from wandb_assets.lib.idle_episodes import Episode
 from wandb_assets.lib.idle_policy import IdlePolicy, LadderStep
@@ -91,7 +101,7 @@ def tick(con, seen, now, channels, policy=STOPPING):
     record_decisions(con, seen, policy, now, datadog=False)
     token = f"t{now:%H%M}"
     claimed = claim_pending(con, token, now)
-    outcomes = deliver(claimed, channels, now)
+    outcomes = deliver(claimed, channels, now, stop_outcomes(con, claimed))  # as the asset: earlier stops' outcomes
     record_outcomes(con, token, outcomes)
     return sorted((o["project"], o["step"], o["audience"], o["outcome"]) for o in outcomes)
 
@@ -485,3 +495,153 @@ def test_the_weekly_digest_shows_run_ids_users_and_teams_as_written_never_as_liv
     assert owner["details"].count("&lt;!channel&gt;") == 1 and "<!channel>" not in owner["details"]
     assert "Worst: e/p/&lt;!channel&gt; (8.0 idle GPU-h)." in owner["details"]
     assert "Team &lt;@U0CEO&gt;, idle GPUs" in team["details"] and "<@U0CEO>" not in team["details"]
+
+
+# --- the ladder's histories against its promises (a Hypothesis state machine) ---
+
+
+class LadderHistories(RuleBasedStateMachine):
+    """Runs idle, busy again, ended, re-tagged `interactive` in W&B (the warehouse sees both only at its next refresh),
+    the same id
+    in two projects; Slack up, down or rate-limited, one team channel archived; W&B down at stop time; ticks every
+    15 minutes, sometimes two at the same moment. After every tick: no stop of a run that was not idle, running and
+    not exempt at send time; none without its owner or team told in Slack at least the grace before; each message at
+    most once; and with Slack up, nothing to a reachable target left waiting."""
+
+    RUNS = (("p", "r1", "ana", "C0RES"), ("q", "r1", "bo", "C0ARCHIVED"), ("p", "r2", "cy", "C0RES"))
+    #: a short ladder, so that histories of a few ticks reach the stop: owner at 30, owner and team at 45, stop at 60
+    POLICY = IdlePolicy(
+        5.0,
+        ladder=(LadderStep(30, ("owner",)), LadderStep(45, ("owner", "team")), LadderStep(60, (), True)),
+        stop_runs=True,
+    )
+
+    def __init__(self):
+        super().__init__()
+        import duckdb
+
+        self.con = duckdb.connect()
+        ensure_schema(self.con)
+        self.channels = Channels()
+        self.channels.refused["C0ARCHIVED"] = "is_archived"
+        self.now = D(8)
+        self.idle_since: dict[str, datetime | None] = {}
+        self.last_busy: dict[str, datetime] = {}
+        self.ended: set[str] = set()
+        self.seen_ended: set[str] = set()
+        self.tags: dict[str, tuple] = {}
+        self.seen_tags: dict[str, tuple] = {}
+        self.limited = False
+        for project, run_id, _, _ in self.RUNS:
+            path = f"e/{project}/{run_id}"
+            self.idle_since[path], self.tags[path] = None, ()
+            created = CREATED if project == "p" else D(7)
+            self.channels.runs[path] = ("running", created, (), {})
+
+    def _candidates(self):
+        for project, run_id, user, channel in self.RUNS:
+            path = f"e/{project}/{run_id}"
+            if path in self.seen_ended or self.idle_since[path] is None:
+                continue
+            candidate = replace(run(project, run_id, user), created_at=self.channels.runs[path][1])
+            yield path, candidate, channel
+
+    @rule(path=st.sampled_from([f"e/{p}/{r}" for p, r, _, _ in RUNS]))
+    def goes_idle(self, path):
+        if self.idle_since[path] is None and path not in self.seen_ended:
+            self.idle_since[path] = self.now
+
+    @rule(path=st.sampled_from([f"e/{p}/{r}" for p, r, _, _ in RUNS]))
+    def goes_busy(self, path):
+        self.idle_since[path] = None
+        self.last_busy[path] = self.now
+
+    @rule(path=st.sampled_from([f"e/{p}/{r}" for p, r, _, _ in RUNS]))
+    def ends(self, path):
+        self.ended.add(path)
+        _, created, tags, config = self.channels.runs[path]
+        self.channels.runs[path] = ("finished", created, tags, config)
+
+    @rule(path=st.sampled_from([f"e/{p}/{r}" for p, r, _, _ in RUNS]), on=st.booleans())
+    def retagged(self, path, on):
+        self.tags[path] = ("interactive",) if on else ()
+        state, created, _, config = self.channels.runs[path]
+        self.channels.runs[path] = (state, created, self.tags[path], config)
+
+    @rule()
+    def refresh(self):
+        """The warehouse catches up with W&B: the tags and the ended runs it shows the ladder."""
+        self.seen_tags = dict(self.tags)
+        self.seen_ended = set(self.ended)
+        for path in self.ended:
+            self.idle_since[path] = None
+
+    @rule(slack=st.sampled_from(["up", "down", "limited"]), wandb_down=st.booleans())
+    def outages(self, slack, wandb_down):
+        self.channels.slack_down = slack == "down"
+        self.limited = slack == "limited"
+        self.channels.wandb_down = wandb_down
+
+    @rule(minutes=st.sampled_from([0, 15, 15, 30]))
+    def tick(self, minutes):
+        from wandb_assets.lib.idle_policy import exemption
+
+        self.now += timedelta(minutes=minutes)
+        seen = []
+        for path, candidate, channel in self._candidates():
+            exempt = exemption(self.POLICY, "e", candidate.project, candidate.user, "t", self.seen_tags.get(path), "{}")
+            started = self.idle_since[path]
+            episode = Episode(
+                "e", candidate.project, candidate.run_id, started, self.now, 8.0, 8, 0.0, self.last_busy.get(path)
+            )
+            owner = {"ana": "U0ANA", "bo": "U0BO", "cy": "U0CY"}[candidate.user]
+            seen.append(Seen(candidate, episode, None, "t", owner, channel, exempt))
+        idle_now = {path for path, _, _ in self._candidates()}
+        if self.limited:
+            self.channels.slack_down = True
+        stops_before, posts_before = list(self.channels.stops), len(self.channels.slack)
+        tick(self.con, seen, self.now, self.channels, self.POLICY)
+        if not self.channels.slack_down and not self.limited:  # Slack up: nothing to a reachable target waits
+            assert (
+                self.con.execute(
+                    "SELECT count(*) FROM idle_actions WHERE outcome = 'pending' AND audience IN ('owner', 'team')"
+                ).fetchone()[0]
+                == 0
+            )
+        for _, text in self.channels.slack[posts_before:]:  # a message that an idle run is idle: only while it is
+            if text.startswith(":hourglass:"):
+                where, run_id = re.search(r"\((e/\w+), id (\w+)\)", text).groups()
+                assert f"{where}/{run_id}" in idle_now, text
+        if self.limited:
+            self.channels.slack_down = False
+        for path in self.channels.stops[len(stops_before) :]:
+            assert path in idle_now and path not in self.ended and "interactive" not in self.tags[path], path
+            project, run_id = path.split("/")[1:]
+            told = self.con.execute(
+                "SELECT min(acted_at) FROM idle_actions WHERE project = $p AND run_id = $r AND outcome = 'sent' "
+                "AND channel = 'slack' AND audience IN ('owner', 'team') AND episode_started_at = $s",
+                {"p": project, "r": run_id, "s": self.idle_since[path]},
+            ).fetchone()[0]
+            assert told is not None and told <= self.now - timedelta(minutes=self.POLICY.grace_minutes), path
+
+    @invariant()
+    def each_message_at_most_once(self):
+        sent = self.con.execute(
+            "SELECT count(*) FROM idle_actions WHERE outcome = 'sent' AND channel = 'slack'"
+        ).fetchone()[0]
+        assert len(self.channels.slack) == sent
+        assert len(set(self.channels.slack)) == len(self.channels.slack)
+        assert len(set(self.channels.stops)) == len(self.channels.stops) or self._stopped_in_two_episodes()
+
+    def _stopped_in_two_episodes(self) -> bool:
+        return self.con.execute(
+            "SELECT count(*) = count(DISTINCT (project, run_id, episode_started_at)) FROM idle_actions "
+            "WHERE audience = 'stop' AND outcome = 'stopped'"
+        ).fetchone()[0]
+
+    def teardown(self):
+        self.con.close()
+
+
+LadderHistories.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+test_ladder_histories_keep_the_ladder_s_promises = LadderHistories.TestCase

@@ -307,7 +307,8 @@ def _withdraw(con, rows: list[tuple], reason: str, now: datetime) -> None:
 
 
 def _revalidate_waiting(con, seen: list[Seen], created: dict, now: datetime) -> int:
-    """Re-validate what waits in the ledger from an earlier tick, against what this tick saw: a stop (and what its
+    """Re-validate what waits in the ledger from an earlier decision (an earlier tick, or one at the same moment),
+    against what this tick saw: a stop (and what its
     messages were to say) is an intent valid only for the tick that decided it, so one still pending is withdrawn (and
     its step decided again from scratch below); a telling message that waited for Slack goes out only while its run is
     still idle in the same episode and not exempt, else it is withdrawn (never a stale "idle for 60 minutes" for a run
@@ -315,9 +316,7 @@ def _revalidate_waiting(con, seen: list[Seen], created: dict, now: datetime) -> 
     withdrawn."""
     waiting = con.execute(
         f"SELECT {', '.join(LEDGER_KEY)}, run_created_at, coalesce((details->>'stop_step')::BOOLEAN, false) "
-        f"FROM idle_actions WHERE outcome = '{PENDING}' AND decided_at < $now AND audience IN ('{OWNER}', '{TEAM}', "
-        f"'{STOP}') ORDER BY ALL",
-        {"now": now},
+        f"FROM idle_actions WHERE outcome = '{PENDING}' AND audience IN ('{OWNER}', '{TEAM}', '{STOP}') ORDER BY ALL",
     ).fetchall()
     if not waiting:
         return 0
