@@ -141,7 +141,19 @@ def test_pr_check_without_a_verdict_in_time_fails_the_gate(tmp_path):
     )
     assert done.returncode == 1
     assert done.stdout == "No ended run of PR 7 in the warehouse snapshot after waiting 0.01 minute(s).\n"
-    assert done.stderr.splitlines()[-1] == "No verdict: the gate cannot pass without one."
+    assert done.stderr.splitlines()[-1] == "No verdict: the gate cannot pass without one (--allow-missing lets it)."
+
+
+def test_pr_check_gating_a_pr_with_no_ended_run_fails_unless_allowed(fleet):
+    """Issue 51: `--fail-on-regression` on a PR with no ended run in the snapshot (PR 10 has none) exits 1, without
+    --wait too (it exited 0 on 5d25e50: a gate that passes on nothing); `--allow-missing` lets it pass."""
+    con, path = fleet
+    con.close()
+    base = [sys.executable, "-m", "wandb_assets.cli", "pr-check", "--pr", "10", "--fail-on-regression"]
+    base += ["--warehouse", str(path)]
+    for extra, code in (([], 1), (["--allow-missing"], 0)):
+        done = subprocess.run(base + extra, capture_output=True, text=True, timeout=60)
+        assert (done.returncode, done.stdout) == (code, "No ended run of PR 10 in the warehouse snapshot.\n")
 
 
 def test_the_baseline_is_main_as_it_stood_when_the_pr_run_ended(memory_con):

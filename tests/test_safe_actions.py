@@ -298,6 +298,15 @@ def test_a_run_whose_owner_and_team_nobody_can_reach_in_slack_is_never_stopped(m
     assert memory_con.execute("SELECT DISTINCT channel FROM idle_actions WHERE outcome = 'sent'").fetchall() == [
         ("webhook",)
     ]
+    # `wandb-assets idle` says why nothing will happen
+    from wandb_assets.lib.idle_actions import OPEN_EPISODES_SQL, format_idle
+
+    memory_con.execute(
+        "INSERT INTO runs (entity, project, run_id, state, created_at, gpu_count, source) VALUES "
+        "('e', 'p', 'r1', 'running', '2026-06-02 06:00', 8, 'wandb')"
+    )
+    text = format_idle(STOPPING, True, memory_con.execute(OPEN_EPISODES_SQL).fetchall(), [])
+    assert "nobody reachable in Slack (owner or team channel): will not stop" in text
 
 
 # --- E12: messages that waited for Slack go out only while their run is still idle ---

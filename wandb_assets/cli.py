@@ -242,6 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
     pr_check.add_argument("--percent", type=float, help="a percentage threshold instead of the t-test")
     pr_check.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a metric regressed")
     pr_check.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="with --fail-on-regression: exit 0 when the PR has no ended run in the snapshot (else no verdict exits 1)",
+    )
+    pr_check.add_argument(
         "--wait",
         type=float,
         metavar="MINUTES",

@@ -209,8 +209,8 @@ def cmd_pr_check(args: argparse.Namespace) -> int:
     if not rows:
         waited = f" after waiting {args.wait:g} minute(s)" if args.wait else ""
         print(f"No ended run of {where} in the warehouse snapshot{waited}.")
-        if args.wait is not None and args.fail_on_regression:
-            print("No verdict: the gate cannot pass without one.", file=sys.stderr)
+        if args.fail_on_regression and not args.allow_missing:
+            print("No verdict: the gate cannot pass without one (--allow-missing lets it).", file=sys.stderr)
             return 1
         return 0
     if running:

@@ -487,7 +487,10 @@ WITH latest AS (
 SELECT a.entity, a.project, a.run_id, a.episode_started_at,
        string_agg(a.step || ' ' || a.audience || ': ' || a.outcome, ', ' ORDER BY a.step, a.audience) AS done,
        arg_max(a.details::VARCHAR, a.decided_at) AS details, max(a.idle_gpu_hours) AS idle_gpu_hours,
-       max(a.idle_usd) AS idle_usd
+       max(a.idle_usd) AS idle_usd,
+       bool_or(a.audience IN ('{OWNER}', '{TEAM}') AND a.outcome = '{SENT}' AND a.channel = 'slack') AS told_in_slack,
+       bool_or(a.audience IN ('{OWNER}', '{TEAM}') AND a.outcome NOT IN ('{PENDING}', '{SENDING}', '{SKIPPED}',
+               '{WITHDRAWN}')) AS tried
 FROM idle_actions a JOIN latest USING (entity, project, run_id, episode_started_at)
 JOIN runs r USING (entity, project, run_id)
 WHERE r.state = 'running' AND a.audience <> '{DATADOG}'
@@ -510,7 +513,7 @@ def format_idle(
             f"policy would: {ladder} (stopping off)."
         )
     lines = [head, f"Open idle episodes: {len(episodes)}"]
-    for entity, project, run_id, started, done, details_text, hours, usd in episodes:
+    for entity, project, run_id, started, done, details_text, hours, usd, told_in_slack, tried in episodes:
         d = json.loads(details_text or "{}")
         cost = f", ${usd:,.2f}" if usd is not None else ""
         following = (
@@ -518,6 +521,8 @@ def format_idle(
             if d.get("next_step")
             else "no step left"
         )
+        if tried and not told_in_slack and policy.stop_runs and any(step.stop for step in policy.ladder):
+            following += "; nobody reachable in Slack (owner or team channel): will not stop"
         lines.append(
             f"  {entity}/{project}/{run_id} of {d.get('user') or 'unknown user'}: idle since {started:%Y-%m-%d %H:%M} "
             f"UTC ({d.get('idle_gpus', 0):g} of {d.get('gpu_count')} GPUs, {hours or 0:.2f} idle GPU-hours{cost}); "
