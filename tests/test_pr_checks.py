@@ -186,3 +186,26 @@ def test_a_config_name_cannot_break_the_table_or_notify_anyone():
         line == "| ppo\\|@\u200bacme/core | 8xH100-80GB | overview/sps | 850.0 [1] | - [0] | - | - | no baseline | p7 |"
     )
     assert row["config"] in format_pr_table([row]).replace("\\|", "|").replace("\u200b", "")
+
+
+def test_pr_check_dry_run_prints_the_check_and_the_comment_it_would_post(fleet):
+    """Issue 51: see before switching it on. `pr-check --pr 7 --dry-run` prints, after the table, the check run on
+    deadbeef (failure: PR 7 regressed on the gating metric) and the comment with its marker; nothing is sent."""
+    con, path = fleet
+    con.close()
+    done = subprocess.run(
+        [sys.executable, "-m", "wandb_assets.cli", "pr-check", "--pr", "7", "--dry-run", "--warehouse", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert (
+        "Dry run: what the GitHub delivery would post to (WANDB_ASSETS_GITHUB_REPO not set) (nothing is sent):" in lines
+    )
+    assert (
+        "check run 'wandb-assets / throughput' on deadbeef: failure: 1 of 1 metric(s) regressed against main on the "
+        "same testbed" in lines
+    )
+    assert "<!-- wandb-assets:throughput -->" in lines

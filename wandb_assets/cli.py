@@ -253,6 +253,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="wait up to MINUTES for the snapshot to hold ended runs of the PR and none still running (with "
         "--fail-on-regression, no verdict by then exits 1)",
     )
+    pr_check.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="also print the check run and the PR comment the GitHub delivery would post for these verdicts (sends "
+        "nothing; pr-check never does)",
+    )
     pr_check.add_argument("--poll-seconds", type=float, default=30.0, help=argparse.SUPPRESS)
     pr_check.add_argument("--warehouse", help="warehouse file or ducklake: string (default WANDB_ASSETS_DUCKDB)")
     pr_check.set_defaults(func=cmd_pr_check)

@@ -218,6 +218,8 @@ def cmd_pr_check(args: argparse.Namespace) -> int:
     for commit in dict.fromkeys(r["commit"] for r in rows):
         print(f"PR {args.pr} at {commit}:")
         print(format_pr_table([r for r in rows if r["commit"] == commit], links=True))
+    if args.dry_run:
+        print_github_items(args.pr, rows, metric)
     regressed = [r for r in rows if r["verdict"] == REGRESSION]
     gating = [r for r in regressed if r["metric"] == metric]
     if regressed:
@@ -226,6 +228,22 @@ def cmd_pr_check(args: argparse.Namespace) -> int:
             f"({'regressed' if gating else 'did not regress'}), the others are reported."
         )
     return 1 if gating and args.fail_on_regression else 0
+
+
+def print_github_items(pr: int, rows: list[dict], metric: str) -> None:
+    """What the GitHub delivery would post for ``rows`` (``lib/pr_outbox.items_for``, the gate as configured): each
+    check run with its commit, conclusion and title, and the PR comment. Nothing is sent."""
+    from wandb_assets.lib.pr_outbox import CHECK_NAME, COMMENT, items_for
+    from wandb_assets.settings import github_target
+
+    target = github_target()
+    repo, gate = (target.repo, target.gate) if target is not None else ("(WANDB_ASSETS_GITHUB_REPO not set)", True)
+    print(f"\nDry run: what the GitHub delivery would post to {repo} (nothing is sent):")
+    for item in items_for(repo, [r | {"pr": pr} for r in rows], gate, metric):
+        if item.item == COMMENT:
+            print(f"PR {pr}'s comment (edited in place, or made once):\n{item.body}")
+        else:
+            print(f"check run {CHECK_NAME!r} on {item.commit}: {item.conclusion}: {item.title}")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
