@@ -145,11 +145,10 @@ def exempt_reason(policy: IdlePolicy, run: Candidate, team: str | None) -> str |
 
 
 def _ledger(con, runs: list[Candidate]) -> pandas.DataFrame:
-    """The ledger's rows of each run (``for_project``: the project it is in now): its own (recorded for this run: the
-    same creation time, or rows written before it was recorded), and those of its copies the run lifecycle marked
-    ``moved`` into this project (``moved_copy_sql``: the same run, so a run W&B moved mid-episode goes on with its
-    ladder and nobody is told twice); never another run's with the same id. Also ``run_created_at``, the run's
-    creation time (the candidate's, else its row's)."""
+    """The ledger's rows of each run (``for_project``: the project it is in now; ``runs`` carry their creation time):
+    its own (recorded for this run: the same creation time, or rows written before it was recorded), and those of its
+    copies the run lifecycle marked ``moved`` into this project (``moved_copy_sql``: the same run, so a run W&B moved
+    mid-episode goes on with its ladder and nobody is told twice); never another run's with the same id."""
     keys = pandas.DataFrame(
         [(r.entity, r.project, r.run_id, r.created_at) for r in runs],
         columns=["entity", "project", "run_id", "created_at"],
@@ -157,11 +156,9 @@ def _ledger(con, runs: list[Candidate]) -> pandas.DataFrame:
     con.register("idle_keys", keys)
     try:
         return con.execute(
-            "WITH k AS (SELECT k.entity, k.project, k.run_id, coalesce(k.created_at, r.created_at) AS created_at "
-            "FROM idle_keys k LEFT JOIN runs r USING (entity, project, run_id)) "
-            "SELECT k.project AS for_project, k.created_at AS for_created_at, a.entity, a.project, a.run_id, "
-            "a.episode_started_at, a.step, a.audience, a.outcome, a.channel, a.decided_at, a.acted_at "
-            "FROM idle_actions a JOIN k ON a.entity = k.entity AND a.run_id = k.run_id "
+            "SELECT k.project AS for_project, a.entity, a.project, a.run_id, a.episode_started_at, a.step, a.audience, "
+            "a.outcome, a.channel, a.decided_at, a.acted_at FROM idle_actions a "
+            "JOIN idle_keys k ON a.entity = k.entity AND a.run_id = k.run_id "
             "WHERE (a.run_created_at IS NULL OR k.created_at IS NULL OR a.run_created_at = k.created_at) "
             f"AND (a.project = k.project OR {moved_copy_sql('a', 'k.project')})"
         ).df()
@@ -296,34 +293,31 @@ def _created_at(con, runs: list[Candidate]) -> dict[tuple[str, str, str], dateti
     return known
 
 
-def _withdraw(con, rows: list[tuple], reason: str, now: datetime) -> None:
-    """Mark these pending rows (``LEDGER_KEY`` tuples) withdrawn, with the reason."""
-    for row in rows:
-        con.execute(
-            f"UPDATE idle_actions SET outcome = '{WITHDRAWN}', reason = $reason, acted_at = $now WHERE outcome = "
-            f"'{PENDING}' AND " + " AND ".join(f"{c} = ${c}" for c in LEDGER_KEY),
-            {"reason": reason, "now": now, **dict(zip(LEDGER_KEY, row, strict=True))},
-        )
+def _withdraw(con, key: tuple, reason: str, now: datetime) -> None:
+    """Mark this pending row (its ``LEDGER_KEY`` values) withdrawn, with the reason."""
+    con.execute(
+        f"UPDATE idle_actions SET outcome = '{WITHDRAWN}', reason = $reason, acted_at = $now WHERE outcome = "
+        f"'{PENDING}' AND " + " AND ".join(f"{c} = ${c}" for c in LEDGER_KEY),
+        {"reason": reason, "now": now, **dict(zip(LEDGER_KEY, key, strict=True))},
+    )
 
 
-def _revalidate_waiting(con, seen: list[Seen], created: dict, now: datetime) -> int:
+def _revalidate_waiting(con, seen: list[Seen], now: datetime) -> None:
     """Re-validate what waits in the ledger from an earlier decision (an earlier tick, or one at the same moment),
-    against what this tick saw: a stop (and what its
-    messages were to say) is an intent valid only for the tick that decided it, so one still pending is withdrawn (and
-    its step decided again from scratch below); a telling message that waited for Slack goes out only while its run is
-    still idle in the same episode and not exempt, else it is withdrawn (never a stale "idle for 60 minutes" for a run
-    that went back to work). A run whose stream this tick could not read keeps its messages waiting. Returns the rows
-    withdrawn."""
+    against what this tick saw (``seen``: their creation times filled in): a stop (and what its messages were to say)
+    is an intent valid only for the tick that decided it, so one still pending is withdrawn (and its step decided again
+    from scratch); a telling message that waited for Slack goes out only while its run is still idle in the same
+    episode and not exempt, else it is withdrawn (never a stale "idle for 60 minutes" for a run that went back to
+    work). A run whose stream this tick could not read keeps its messages waiting."""
     waiting = con.execute(
         f"SELECT {', '.join(LEDGER_KEY)}, run_created_at, coalesce((details->>'stop_step')::BOOLEAN, false) "
         f"FROM idle_actions WHERE outcome = '{PENDING}' AND audience IN ('{OWNER}', '{TEAM}', '{STOP}') ORDER BY ALL",
     ).fetchall()
     if not waiting:
-        return 0
-    by_identity = {(s.run.entity, s.run.run_id, created.get(s.run.key)): s for s in seen}
+        return
+    by_identity = {(s.run.entity, s.run.run_id, s.run.created_at): s for s in seen}
     by_key = {s.run.key: s for s in seen}
     stale_steps = {tuple(w[:5]) for w in waiting if w[5] == STOP}
-    withdrawn = 0
     for w in waiting:
         key, run_created_at, stop_step = tuple(w[: len(LEDGER_KEY)]), w[-2], w[-1]
         entity, project, run_id, started_at, step, audience = key
@@ -346,9 +340,7 @@ def _revalidate_waiting(con, seen: list[Seen], created: dict, now: datetime) -> 
                 why = "its run was busy again since it was written (a new idle episode began)"
             else:
                 continue
-        _withdraw(con, [key], f"not sent: {why}", now)
-        withdrawn += 1
-    return withdrawn
+        _withdraw(con, key, f"not sent: {why}", now)
 
 
 @retry_on_conflict
@@ -361,9 +353,10 @@ def record_decisions(con, seen: list[Seen], policy: IdlePolicy, now: datetime, d
     with transaction(con):
         _take_turn(con, now)
         created = _created_at(con, [s.run for s in seen]) if seen else {}
-        _revalidate_waiting(con, seen, created, now)
+        seen = [replace(s, run=replace(s.run, created_at=created.get(s.run.key))) for s in seen]
+        _revalidate_waiting(con, seen, now)
         acting = [s for s in seen if s.episode is not None and s.exempt is None and s.read]
-        ledger = _ledger(con, [replace(s.run, created_at=created.get(s.run.key)) for s in acting]) if acting else None
+        ledger = _ledger(con, [s.run for s in acting]) if acting else None
         for s in acting:
             assert s.episode is not None and ledger is not None
             mine = ledger[
@@ -374,13 +367,12 @@ def record_decisions(con, seen: list[Seen], policy: IdlePolicy, now: datetime, d
             started_at = _episode_start(mine, s)
             episode_rows = mine[mine["episode_started_at"] == pandas.Timestamp(started_at)]
             decision = decide(policy, started_at, s.episode.latest_at, now, _done(episode_rows))
-            run = replace(s, run=replace(s.run, created_at=created.get(s.run.key)))
             for step in decision.act:
-                details = _details(run, policy, step, started_at, decision.next_step, decision.next_at)
-                written += _rows_of_step(run, policy, step, started_at, now, details, datadog)
+                details = _details(s, policy, step, started_at, decision.next_step, decision.next_at)
+                written += _rows_of_step(s, policy, step, started_at, now, details, datadog)
             for step in decision.skip:
-                details = _details(run, policy, step, started_at, decision.next_step, decision.next_at)
-                for row in _rows_of_step(run, policy, step, started_at, now, details, False):
+                details = _details(s, policy, step, started_at, decision.next_step, decision.next_at)
+                for row in _rows_of_step(s, policy, step, started_at, now, details, False):
                     row |= {"outcome": SKIPPED, "acted_at": now, "reason": "due together with a later step"}
                     written.append(row)
         if written:

@@ -4,14 +4,14 @@ and its delivery through a ``GitHubChannel`` (given: the REST client lives in ``
 Two kinds of item per pull request: ``check:<commit>``, the check run ``wandb-assets / throughput`` on a judged commit
 (``failure`` when a metric regressed and gating is on, ``neutral`` when a metric has no baseline or gating is off,
 ``success`` otherwise), and ``comment``, the PR's one comment (found by its hidden marker), showing the commit judged
-last. An item is queued again when what it says changes. A check item goes out only on a commit GitHub lists as the PR's
-(its head or one of its commits, ``GET /pulls/N/commits``): the commit comes from a W&B run name, which anyone who can
-log a run chooses, and must never pick whose required check it writes. Delivery first looks for what it delivered
-before (the check run by its name on the commit, the comment by its marker and its author: this deployment) and edits
-it: an outage, a retry or a sender that died
-mid-send never makes a second one. GitHub down: the item waits (``pending``, its error kept) for the next run; GitHub
-refusing it (a commit it does not know, a PR that is not there): ``refused`` with the reason, not tried again until
-what it says changes.
+last. An item is queued again when what it says changes. An item, check or comment, goes out only when GitHub lists its
+commit as the PR's (its head or one of its commits, ``GET /pulls/N/commits``): the commit comes from a W&B run name,
+which anyone who can log a run chooses, and must never pick whose required check or conversation it writes. Delivery
+first looks for what it delivered before (the check run by its name on the commit, the comment by its marker and its
+author: this deployment) and edits it: an outage, a retry or a sender that died mid-send never makes a second one.
+GitHub down: the item waits (``pending``, its error kept) for the next run; GitHub refusing it (a commit it does not
+know, a PR that is not there, a commit not the PR's): ``refused`` with the reason, not tried again until what it says
+changes.
 """
 
 from __future__ import annotations
@@ -71,11 +71,10 @@ def conclusion(rows: list[dict], gate: bool, gate_metric: str | None = None) -> 
     regressed = sum(r["verdict"] == REGRESSION for r in rows)
     gating = sum(r["verdict"] == REGRESSION and gate_metric in (None, r["metric"]) for r in rows)
     missing = sum(r["verdict"] == NO_BASELINE for r in rows)
-    if regressed and not gating:
-        title = f"{regressed} of {len(rows)} metric(s) regressed against main on the same testbed"
-        return "neutral", f"{title} (reported, not gating: only {gate_metric} gates)"
     if regressed:
         title = f"{regressed} of {len(rows)} metric(s) regressed against main on the same testbed"
+        if not gating:
+            return "neutral", f"{title} (reported, not gating: only {gate_metric} gates)"
         return ("failure", title) if gate else ("neutral", title + " (not gating: WANDB_ASSETS_PR_GATE is false)")
     if missing:
         return "neutral", f"{missing} of {len(rows)} metric(s) have no baseline on their testbed yet; none regressed"

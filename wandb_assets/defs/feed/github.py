@@ -94,6 +94,8 @@ class PyGitHubChannel:
         self._commits: dict[str, object] = {}
         self._statuses_only = False
         self._login: str | None = None
+        self._app = self._client = None  # made with the repository (``_repository``)
+        self._pulls: dict[int, object] = {}
 
     def _call(self, what: str, call):
         """``call()`` of PyGithub, its errors in the notifier's classes (``lib.channels.http_error``): 429, 5xx and
@@ -130,13 +132,13 @@ class PyGitHubChannel:
                 "seconds_between_writes": self._pace,
             }
             if self._app_key is not None:
-                app = GithubIntegration(auth=Auth.AppAuth(self._target.app_id, self._app_key), **common)
+                app = self._app = GithubIntegration(auth=Auth.AppAuth(self._target.app_id, self._app_key), **common)
                 owner, name = self._target.repo.split("/")
                 installation = self._call("the App's installation", lambda: app.get_repo_installation(owner, name))
-                client = app.get_github_for_installation(installation.id)
+                self._client = app.get_github_for_installation(installation.id)
             else:
-                client = Github(auth=Auth.Token(self._token), **common)
-            self._repo = self._call("the repository", lambda: client.get_repo(self._target.repo))
+                self._client = Github(auth=Auth.Token(self._token), **common)
+            self._repo = self._call("the repository", lambda: self._client.get_repo(self._target.repo))
         return self._repo
 
     def _commit(self, commit: str):
@@ -183,9 +185,15 @@ class PyGitHubChannel:
         )
         return status.id, "commit_status"
 
+    def _pull(self, pr: int):
+        """PR ``pr`` (asked once per channel): a pull request, never a plain issue of that number."""
+        if pr not in self._pulls:
+            repo = self._repository()
+            self._pulls[pr] = self._call(f"PR {pr}", lambda: repo.get_pull(pr))
+        return self._pulls[pr]
+
     def pr_commits(self, pr: int) -> set[str]:
-        repo = self._repository()
-        pull = self._call(f"PR {pr}", lambda: repo.get_pull(pr))
+        pull = self._pull(pr)
         return {pull.head.sha} | set(self._call(f"PR {pr}'s commits", lambda: [c.sha for c in pull.get_commits()]))
 
     def _author(self) -> str:
@@ -196,17 +204,13 @@ class PyGitHubChannel:
         return self._login
 
     def _who(self) -> str:
-        from github import Auth, Github, GithubIntegration
-
-        common = {"base_url": self._target.api_url, "timeout": self._timeout, "retry": None}
-        if self._app_key is not None:
-            app = GithubIntegration(auth=Auth.AppAuth(self._target.app_id, self._app_key), **common)
-            return f"{app.get_app().slug}[bot]"
-        return Github(auth=Auth.Token(self._token), **common).get_user().login
+        if self._app is not None:
+            return f"{self._app.get_app().slug}[bot]"
+        return self._client.get_user().login
 
     def upsert_comment(self, pr: int, body: str) -> int:
         repo, me = self._repository(), self._author()
-        self._call(f"PR {pr}", lambda: repo.get_pull(pr))  # a pull request, never a plain issue of that number
+        self._pull(pr)
         issue = self._call(f"PR {pr}", lambda: repo.get_issue(pr))
         held = self._call(
             f"PR {pr}'s comments",

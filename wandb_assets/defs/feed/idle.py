@@ -76,7 +76,7 @@ class LadderChannels:
     def slack_missing(self) -> str | None:
         if self._client is not None:
             return None
-        return self._slack_error or "no Slack bot token (WANDB_ASSETS_SLACK_BOT_TOKEN)"
+        return self._slack_error or f"no Slack bot token ({SLACK_TOKEN_SETTING})"
 
     def _slack(self, call, absent: str | None = None):
         """``call()`` of the Slack client, its errors in the notifier's classes (``lib.channels.slack_error``:
