@@ -7,6 +7,7 @@ import pytest
 
 from tests.capture import CaptureServer
 from tests.fleet import fleet_row, load
+from wandb_assets.lib.acting.channels import post_webhook
 from wandb_assets.lib.alerts import (
     PIPELINE_FAILURE,
     RULE_FUNCTIONS,
@@ -22,7 +23,6 @@ from wandb_assets.lib.alerts import (
     record_change_points,
     sps_regression,
 )
-from wandb_assets.lib.channels import post_webhook
 from wandb_assets.lib.sql import reusing
 from wandb_assets.settings import alert_thresholds
 

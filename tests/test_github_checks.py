@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import put_secret
 from tests.fleet import T, ci_run, load, pr_fleet
 from tests.github_api import LocalGitHub, app_private_key
-from wandb_assets.lib.pr_outbox import CHECK_NAME, MARKER, STALE_CLAIM, claim, deliver
+from wandb_assets.lib.acting.pr_outbox import CHECK_NAME, MARKER, STALE_CLAIM, claim, deliver
 from wandb_assets.ticks import execute_feed, execute_github_checks
 
 #: The PR commits' full SHAs: the run names carry the first 8 hex digits.

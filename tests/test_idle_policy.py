@@ -8,9 +8,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wandb_assets.lib.errors import ConfigError
-from wandb_assets.lib.idle_episodes import current_episodes
-from wandb_assets.lib.idle_policy import (
+from wandb_assets.lib.acting.idle_episodes import current_episodes
+from wandb_assets.lib.acting.idle_policy import (
     DEFAULT_LADDER,
     Done,
     IdlePolicy,
@@ -19,6 +18,7 @@ from wandb_assets.lib.idle_policy import (
     exemption,
     parse_idle_policy,
 )
+from wandb_assets.lib.errors import ConfigError
 from wandb_assets.lib.teams import parse_team_directory
 
 T = datetime(2026, 11, 27, 12, 0)
@@ -160,7 +160,7 @@ def test_a_node_wide_sample_cannot_make_a_busy_run_idle_for_the_ladder():
 def test_the_ladder_s_candidates_judge_a_node_wide_sample_as_the_episodes_do(memory_con):
     """The warehouse's candidates (the runs whose latest sample is idle, read each tick) follow the same rule: the
     2-GPU run beside 6 idle GPUs is not one at fraction 0.5; the same run with all 8 idle is."""
-    from wandb_assets.lib.idle_actions import candidates
+    from wandb_assets.lib.acting.idle_actions import candidates
     from wandb_assets.lib.warehouse import ensure_schema
 
     ensure_schema(memory_con)
@@ -253,7 +253,7 @@ def test_a_stop_step_that_also_tells_still_waits_for_an_earlier_message():
     assert decide(policy, T - minutes(45), T, T, Done(frozenset({1}), T)).act == (2,)
 
 
-# --- the ledger: each step once per episode, the outbox, the claims (lib/idle_actions, lib/idle_delivery) ---
+# --- the ledger: each step once per episode, the outbox, the claims (acting/idle_actions, acting/idle_delivery) ---
 
 
 class Recorder:
@@ -268,7 +268,7 @@ class Recorder:
         return None
 
     def post_slack(self, channel, text):
-        from wandb_assets.lib.idle_delivery import Outage
+        from wandb_assets.lib.acting.idle_delivery import Outage
 
         if self.slack_down:
             raise Outage("Slack answered service_unavailable")
@@ -290,15 +290,15 @@ class Recorder:
         raise AssertionError("not configured")
 
     def stop_run(self, path, check):
-        from wandb_assets.lib.idle_delivery import StopAnswer
+        from wandb_assets.lib.acting.idle_delivery import StopAnswer
 
         self.stops.append(path)
         return StopAnswer("stopped")
 
 
 def seen_run(started: datetime, latest: datetime, last_busy: datetime | None = None, project: str = "p"):
-    from wandb_assets.lib.idle_actions import Candidate, Seen
-    from wandb_assets.lib.idle_episodes import Episode
+    from wandb_assets.lib.acting.idle_actions import Candidate, Seen
+    from wandb_assets.lib.acting.idle_episodes import Episode
 
     run = Candidate("e", project, "r", "train", None, "ana", [], "{}", 8, "H100-80GB", 23.92)
     hours = 8 * (latest - started).total_seconds() / 3600
@@ -307,8 +307,8 @@ def seen_run(started: datetime, latest: datetime, last_busy: datetime | None = N
 
 
 def tick(con, seen, policy, now, channels, token="t"):
-    from wandb_assets.lib.idle_actions import claim_pending, record_decisions, record_outcomes, stop_outcomes
-    from wandb_assets.lib.idle_delivery import deliver
+    from wandb_assets.lib.acting.idle_actions import claim_pending, record_decisions, record_outcomes, stop_outcomes
+    from wandb_assets.lib.acting.idle_delivery import deliver
     from wandb_assets.lib.warehouse import ensure_schema
 
     ensure_schema(con)  # the ledger is read beside runs (a moved run's copies)
@@ -386,7 +386,7 @@ def test_a_run_moved_mid_episode_goes_on_with_its_ladder_and_nobody_is_told_twic
 def test_a_slack_outage_delays_a_message_and_doubles_none_and_a_lost_claim_is_never_resent(memory_con):
     """Slack down: the message waits (pending, its error kept); back up: it goes once. A claim whose sender died (no
     outcome recorded 10 minutes later) is marked unknown and never sent again."""
-    from wandb_assets.lib.idle_actions import claim_pending
+    from wandb_assets.lib.acting.idle_actions import claim_pending
 
     channels = Recorder()
     channels.slack_down = True
@@ -402,7 +402,7 @@ def test_a_slack_outage_delays_a_message_and_doubles_none_and_a_lost_claim_is_ne
     assert len(channels.slack) == 1 and outcomes(memory_con) == [("10:00", 1, "owner", "sent")]
 
     later = seen_run(T - minutes(120), T - minutes(15))  # step 2 falls due; its sender dies after claiming it
-    from wandb_assets.lib.idle_actions import record_decisions
+    from wandb_assets.lib.acting.idle_actions import record_decisions
 
     record_decisions(memory_con, [later], POLICY, T + minutes(31), datadog=False)
     assert len(claim_pending(memory_con, "died", T + minutes(31))) == 2
@@ -420,7 +420,7 @@ def test_two_ticks_deciding_at_once_send_each_message_once(tmp_path, monkeypatch
 
     import duckdb
 
-    import wandb_assets.lib.idle_actions as idle_actions
+    import wandb_assets.lib.acting.idle_actions as idle_actions
     from wandb_assets.lib.warehouse import ensure_schema
 
     path = str(tmp_path / "w.duckdb")
@@ -469,7 +469,7 @@ def test_the_weekly_digest_tells_each_owner_and_team_once(memory_con):
     """Week of Mon 2026-11-16: ana 3 idle GPU-hours ($8.97) over two days, bo 1.5 (unpriced), carol none; ana's
     episodes of that week: r1 (2.0 idle GPU-h) and r2 (0.5). On Tuesday 11-24 each gets one digest: ana by her Slack
     id, bo has none in the teams file (recorded, not sent), research's channel its total; a second tick sends none."""
-    from wandb_assets.lib.idle_actions import record_digest
+    from wandb_assets.lib.acting.idle_digest import record_digest
     from wandb_assets.lib.teams import parse_team_directory
     from wandb_assets.lib.warehouse import ensure_schema
 
@@ -494,8 +494,8 @@ def test_the_weekly_digest_tells_each_owner_and_team_once(memory_con):
     tuesday = datetime(2026, 11, 24, 9, 0)
     assert record_digest(memory_con, tuesday, directory) == 3
     assert record_digest(memory_con, tuesday + minutes(15), directory) == 0
-    from wandb_assets.lib.idle_actions import claim_pending, record_outcomes
-    from wandb_assets.lib.idle_delivery import deliver
+    from wandb_assets.lib.acting.idle_actions import claim_pending, record_outcomes
+    from wandb_assets.lib.acting.idle_delivery import deliver
 
     for token in ("one", "two"):
         claimed = claim_pending(memory_con, token, tuesday)
@@ -524,7 +524,7 @@ def test_the_weekly_digest_tells_each_owner_and_team_once(memory_con):
 def test_a_stop_refused_by_w_and_b_is_told_once_and_never_tried_again(memory_con):
     """stop_runs on; told at 12:00 (step 2); at 12:16 the stop is refused: the owner and the team hear it once, and at
     12:31 nothing is tried or sent again."""
-    from wandb_assets.lib.idle_delivery import StopAnswer
+    from wandb_assets.lib.acting.idle_delivery import StopAnswer
 
     class Refusing(Recorder):
         def stop_run(self, path, check):

@@ -9,7 +9,7 @@ import duckdb
 import pytest
 
 from tests.fleet import MAIN_SPS, T, ci_run, load, pr_fleet
-from wandb_assets.lib.pr_checks import (
+from wandb_assets.lib.acting.pr_checks import (
     NO_BASELINE,
     NO_CHANGE,
     REGRESSION,

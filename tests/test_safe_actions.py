@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from wandb_assets.lib.channels import Outage, Undeliverable
-from wandb_assets.lib.idle_actions import (
+from wandb_assets.lib.acting.channels import Outage, Undeliverable
+from wandb_assets.lib.acting.idle_actions import (
     Candidate,
     Seen,
     claim_pending,
@@ -22,9 +22,9 @@ from wandb_assets.lib.idle_actions import (
     record_outcomes,
     stop_outcomes,
 )
-from wandb_assets.lib.idle_delivery import StopAnswer, deliver
-from wandb_assets.lib.idle_episodes import Episode
-from wandb_assets.lib.idle_policy import IdlePolicy, LadderStep
+from wandb_assets.lib.acting.idle_delivery import StopAnswer, deliver
+from wandb_assets.lib.acting.idle_episodes import Episode
+from wandb_assets.lib.acting.idle_policy import IdlePolicy, LadderStep
 from wandb_assets.lib.warehouse import ensure_schema
 
 D = lambda h, m=0: datetime(2026, 6, 2, h, m)  # noqa: E731
@@ -299,7 +299,7 @@ def test_a_run_whose_owner_and_team_nobody_can_reach_in_slack_is_never_stopped(m
         ("webhook",)
     ]
     # `wandb-assets idle` says why nothing will happen
-    from wandb_assets.lib.idle_actions import OPEN_EPISODES_SQL, format_idle
+    from wandb_assets.lib.acting.idle_readout import OPEN_EPISODES_SQL, format_idle
 
     memory_con.execute(
         "INSERT INTO runs (entity, project, run_id, state, created_at, gpu_count, source) VALUES "
@@ -340,7 +340,7 @@ def test_messages_that_waited_for_slack_are_withdrawn_once_their_run_is_busy_or_
 def test_any_name_gives_a_valid_pr_identity_or_a_reason(branch, commit):
     """Whatever a run name carries, ``ci_identity`` answers without raising: a PR number of ASCII digits in
     1..2^31-1 and 7-40 lower-case hex digits, or one reason."""
-    from wandb_assets.lib.pr_checks import PR_MAX, ci_identity
+    from wandb_assets.lib.acting.pr_checks import PR_MAX, ci_identity
 
     found = ci_identity("pr" + branch, commit)
     if isinstance(found, str):
@@ -358,8 +358,8 @@ def test_odd_and_forged_ci_names_are_skipped_counted_and_never_fail_the_feed(mem
     from collections import Counter
 
     from tests.fleet import ci_run, load, pr_fleet
+    from wandb_assets.lib.acting.pr_checks import judge_prs, record_pr_checks, unjudged
     from wandb_assets.lib.naming import parse_ci_name
-    from wandb_assets.lib.pr_checks import judge_prs, record_pr_checks, unjudged
 
     assert parse_ci_name("github.sky.pr\u0661\u0662.deadbeef.ppo.1764000000") is None
     odd = [
@@ -384,7 +384,7 @@ def test_a_baseline_with_no_spread_needs_the_minimum_change_to_call_a_regression
     """Review E6: ten main runs at exactly 1,200 (integer SPS): stdev 0, so the t boundary was 1,200 itself and a PR at
     1,199 (-0.083 %) failed its check. The boundary is never narrower than 2 % of the mean: 1,176 and 1,224; 1,199 and
     1,201 are no change; 1,170 (-2.5 %) a regression; with WANDB_ASSETS_PR_MIN_CHANGE_PCT=0 the old rule."""
-    from wandb_assets.lib.pr_checks import IMPROVEMENT, NO_CHANGE, REGRESSION, judge
+    from wandb_assets.lib.acting.pr_checks import IMPROVEMENT, NO_CHANGE, REGRESSION, judge
 
     flat = [1200.0] * 10
     assert [judge([v], flat).verdict for v in (1199.0, 1201.0, 1170.0, 1230.0)] == [
@@ -402,7 +402,7 @@ def test_testbed_unknown_is_no_baseline_never_a_pool_of_all_hardware(memory_con)
     """Review E13: main runs and a PR run without a GPU model are all testbed `unknown`; the PR run (500 against ten
     unknown main runs at 1,000) was a regression against whatever hardware they ran on. Now: no baseline."""
     from tests.fleet import ci_run, load
-    from wandb_assets.lib.pr_checks import NO_BASELINE, judge_prs
+    from wandb_assets.lib.acting.pr_checks import NO_BASELINE, judge_prs
 
     rows = [ci_run(f"u{i}", "main", f"c{i:02d}", 1000.0 + i, 10 - i) | {"gpu_model": None} for i in range(10)]
     load(memory_con, rows + [ci_run("pu", "pr3", "abcdef12", 500.0, 0.5) | {"gpu_model": None}])
@@ -413,7 +413,7 @@ def test_testbed_unknown_is_no_baseline_never_a_pool_of_all_hardware(memory_con)
 def test_only_the_configured_sps_metric_gates_the_check():
     """Five SPS keys each judged at 99 % fail a PR within the noise by chance: a regression of `charts/SPS` alone is
     reported (neutral, said in the title), one of the configured `overview/sps` fails the check."""
-    from wandb_assets.lib.pr_outbox import conclusion
+    from wandb_assets.lib.acting.pr_outbox import conclusion
 
     def row(metric, verdict):
         return {"metric": metric, "verdict": verdict}
@@ -437,7 +437,7 @@ def test_a_run_named_for_another_pr_never_writes_that_pr_s_check_nor_another_s_c
     that someone else wrote quoting the marker is left as it was; this deployment writes its own."""
     from tests.github_api import LocalGitHub, app_private_key
     from wandb_assets.defs.feed.github import PyGitHubChannel
-    from wandb_assets.lib.pr_outbox import CHECK_NAME, MARKER, Item, claim, deliver, queue, record
+    from wandb_assets.lib.acting.pr_outbox import CHECK_NAME, MARKER, Item, claim, deliver, queue, record
     from wandb_assets.settings import github_target
 
     key = app_private_key()
@@ -486,7 +486,7 @@ def test_the_weekly_digest_shows_run_ids_users_and_teams_as_written_never_as_liv
     """Review E7: a run id `<!channel>` (wandb.init(id=...) allows it) was live mrkdwn in its owner's digest, paging a
     channel. Week of Mon 2026-11-16: ana 8 idle GPU-hours ($24.00) in team `<@U0CEO>`; her worst run e/p/<!channel>.
     Every name shows as written, escaped."""
-    from wandb_assets.lib.idle_actions import digest_rows
+    from wandb_assets.lib.acting.idle_digest import digest_rows
     from wandb_assets.lib.teams import parse_team_directory
 
     ensure_schema(memory_con)
@@ -593,7 +593,7 @@ class LadderHistories(RuleBasedStateMachine):
 
     @rule(minutes=st.sampled_from([0, 15, 15, 30]))
     def tick(self, minutes):
-        from wandb_assets.lib.idle_policy import exemption
+        from wandb_assets.lib.acting.idle_policy import exemption
 
         self.now += timedelta(minutes=minutes)
         seen = []

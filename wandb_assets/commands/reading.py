@@ -123,8 +123,9 @@ def cmd_alerts(args: argparse.Namespace) -> int:
 def cmd_idle(args: argparse.Namespace) -> int:
     """The idle ladder from the warehouse snapshot: the policy, each open episode (done, next, when), and the runs idle
     at their latest sample that the ladder has not judged (exempt, or not judged yet)."""
-    from wandb_assets.lib.idle_actions import OPEN_EPISODES_SQL, candidates, exempt_reason, format_idle
-    from wandb_assets.lib.idle_policy import IdlePolicy
+    from wandb_assets.lib.acting.idle_actions import candidates, exempt_reason
+    from wandb_assets.lib.acting.idle_policy import IdlePolicy
+    from wandb_assets.lib.acting.idle_readout import OPEN_EPISODES_SQL, format_idle
     from wandb_assets.lib.warehouse import has_table
     from wandb_assets.settings import alert_thresholds, idle_policy, pipeline_settings
 
@@ -155,10 +156,10 @@ def cmd_idle(args: argparse.Namespace) -> int:
 
 
 def cmd_pr_check(args: argparse.Namespace) -> int:
-    """A pull request's throughput verdicts from the warehouse snapshot (``lib/pr_checks.py``), as a Markdown table;
+    """A pull request's throughput verdicts from the warehouse snapshot (``acting/pr_checks.py``), as a Markdown table;
     ``--fail-on-regression``: exit 1 when a metric regressed (a CI job gates on it without the GitHub App);
     ``--wait``: until the snapshot holds ended runs of the PR (the commit) and none still running."""
-    from wandb_assets.lib.pr_checks import REGRESSION, format_pr_table, judge_prs, pr_runs_running
+    from wandb_assets.lib.acting.pr_checks import REGRESSION, format_pr_table, judge_prs, pr_runs_running
     from wandb_assets.settings import ConfigError, alert_thresholds, load_settings
     from wandb_assets.warehouse import open_snapshot
 
@@ -231,9 +232,9 @@ def cmd_pr_check(args: argparse.Namespace) -> int:
 
 
 def print_github_items(pr: int, rows: list[dict], metric: str) -> None:
-    """What the GitHub delivery would post for ``rows`` (``lib/pr_outbox.items_for``, the gate as configured): each
+    """What the GitHub delivery would post for ``rows`` (``acting/pr_outbox.items_for``, the gate as configured): each
     check run with its commit, conclusion and title, and the PR comment. Nothing is sent."""
-    from wandb_assets.lib.pr_outbox import CHECK_NAME, COMMENT, items_for
+    from wandb_assets.lib.acting.pr_outbox import CHECK_NAME, COMMENT, items_for
     from wandb_assets.settings import github_target
 
     target = github_target()

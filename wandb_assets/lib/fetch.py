@@ -258,7 +258,7 @@ class NotStopped:
 
 def stop_run(api, path: str, check, secret: str = "") -> tuple[bool, NotStopped | None]:
     """Read the run ``entity/project/run_id`` from W&B now and, unless ``check(state, created_at, tags, config)`` of it
-    gives a reason (``lib.idle_delivery.SendTimeCheck``), ask W&B to stop it through the official client
+    gives a reason (``lib.acting.idle_delivery.SendTimeCheck``), ask W&B to stop it through the official client
     (``Run.stop()``: wandb-core sends the ``StopRun`` mutation; the run's process sees it at its next status poll).
     Returns ``(True, None)`` when asked, ``(False, NotStopped)`` otherwise; raises ``WandbFetchError`` when W&B could
     not be reached or answered 429/5xx."""

@@ -17,7 +17,7 @@ CATEGORIES = (PUSH_TO_MAIN, SWEEP, REGULAR)
 
 CI_PREFIX = "github.sky."
 #: ``main`` or ``pr`` and ASCII digits (``\d`` would take any script's digits); the number's range is judged where it
-#: is used (``lib/pr_checks.ci_identity``): a run name is anyone's to choose.
+#: is used (``lib/acting/pr_checks.ci_identity``): a run name is anyone's to choose.
 _BRANCH_RE = re.compile(r"^(main|pr[0-9]+)$")
 
 

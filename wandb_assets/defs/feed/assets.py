@@ -23,6 +23,7 @@ from dagster import (
 from wandb_assets.defs.feed.notify import Notifier
 from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
+from wandb_assets.lib.acting.idle_readout import OPEN_EPISODES_SQL
 from wandb_assets.lib.alerts import (
     RULE_FUNCTIONS,
     evaluate_rules,
@@ -34,7 +35,6 @@ from wandb_assets.lib.alerts import (
 )
 from wandb_assets.lib.clock import configured_time, utc_now
 from wandb_assets.lib.datadog_feed import deliver_pending, enqueue_snapshots, record_dry_run
-from wandb_assets.lib.idle_actions import OPEN_EPISODES_SQL
 from wandb_assets.settings import ConfigError, alert_thresholds
 
 FLEET_SNAPSHOT = AssetKey("fleet_snapshot")

@@ -1,5 +1,5 @@
 """The pull requests' verdicts delivered to GitHub (``github_checks``): after each feed that judged PR runs, the items
-``pr_checks`` queued (``lib/pr_outbox.py``) go out as check runs and one comment per PR, through PyGithub, as a
+``pr_checks`` queued (``lib/acting/pr_outbox.py``) go out as check runs and one comment per PR, through PyGithub, as a
 GitHub App (a JWT exchanged for an installation token) or with a token. The warehouse is closed while GitHub is asked.
 
 PyGithub, not githubkit or ghapi: it is synchronous as these assets are, adds two small packages (githubkit adds
@@ -31,8 +31,18 @@ from wandb_assets.defs.feed.assets import ClockConfig
 from wandb_assets.defs.feed.jobs import feed_job
 from wandb_assets.defs.wandb_runs.resources import WandbResource
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
-from wandb_assets.lib.channels import AuthRefused, Outage, Undeliverable, http_error
-from wandb_assets.lib.pr_outbox import CHECK_NAME, DELIVERED, MARKER, PENDING, REFUSED, Refused, claim, deliver, record
+from wandb_assets.lib.acting.channels import AuthRefused, Outage, Undeliverable, http_error
+from wandb_assets.lib.acting.pr_outbox import (
+    CHECK_NAME,
+    DELIVERED,
+    MARKER,
+    PENDING,
+    REFUSED,
+    Refused,
+    claim,
+    deliver,
+    record,
+)
 from wandb_assets.settings import ConfigError, GitHubTarget, github_target, pem_text
 
 GITHUB_CHECKS_JOB = "github_delivery"
@@ -81,7 +91,7 @@ class GitHubResource(ConfigurableResource):
 
 
 class PyGitHubChannel:
-    """``lib.pr_outbox.GitHubChannel`` over PyGithub. Errors become ``Outage`` (GitHub unreachable, 5xx, rate limits,
+    """``acting.pr_outbox.GitHubChannel`` over PyGithub. Errors become ``Outage`` (GitHub unreachable, 5xx, rate limits,
     credentials refused: the item waits) or ``Refused`` (any other 4xx); their text is GitHub's status and message,
     never a request's headers."""
 
@@ -98,7 +108,7 @@ class PyGitHubChannel:
         self._pulls: dict[int, object] = {}
 
     def _call(self, what: str, call):
-        """``call()`` of PyGithub, its errors in the notifier's classes (``lib.channels.http_error``): 429, 5xx and
+        """``call()`` of PyGithub, its errors in the notifier's classes (``acting.channels.http_error``): 429, 5xx and
         rate limits wait (``Outage``), 401/403 name the credential's settings (``AuthRefused``, waiting too), any other
         4xx is ``Refused``; an answer the client cannot read is "GitHub answered unexpectedly", not an outage of
         the network."""

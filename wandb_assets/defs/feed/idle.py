@@ -20,9 +20,8 @@ from wandb_assets.defs.feed.assets import FEED, ClockConfig
 from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource, SlackResource
 from wandb_assets.defs.wandb_runs.resources import WandbResource
 from wandb_assets.defs.warehouse.resources import WarehouseResource
-from wandb_assets.lib.channels import slack_error
-from wandb_assets.lib.fetch import WandbFetchError
-from wandb_assets.lib.idle_actions import (
+from wandb_assets.lib.acting.channels import slack_error
+from wandb_assets.lib.acting.idle_actions import (
     NOT_STOPPED,
     REFUSED,
     STOPPED,
@@ -30,22 +29,22 @@ from wandb_assets.lib.idle_actions import (
     candidates,
     claim_pending,
     exempt_reason,
-    ladder_gauges,
-    ladder_payload,
     record_decisions,
-    record_digest,
     record_outcomes,
     stop_outcomes,
 )
-from wandb_assets.lib.idle_delivery import Outage, StopAnswer, deliver
-from wandb_assets.lib.idle_episodes import current_episodes
+from wandb_assets.lib.acting.idle_delivery import Outage, StopAnswer, deliver
+from wandb_assets.lib.acting.idle_digest import record_digest
+from wandb_assets.lib.acting.idle_episodes import current_episodes
+from wandb_assets.lib.acting.idle_readout import ladder_gauges, ladder_payload
+from wandb_assets.lib.fetch import WandbFetchError
 from wandb_assets.settings import ConfigError, PipelineSettings, idle_policy, pipeline_settings
 
 SLACK_TOKEN_SETTING = "WANDB_ASSETS_SLACK_BOT_TOKEN"
 
 
 class LadderChannels:
-    """``lib.idle_delivery.IdleChannels`` over the resources: Slack's Web API, the alert webhook, Datadog events, W&B
+    """``acting.idle_delivery.IdleChannels`` over the resources: Slack's Web API, the alert webhook, Datadog events, W&B
     stops. Nothing secret leaves: errors are Slack's error codes and the client's own sentences."""
 
     def __init__(
@@ -79,7 +78,7 @@ class LadderChannels:
         return self._slack_error or f"no Slack bot token ({SLACK_TOKEN_SETTING})"
 
     def _slack(self, call, absent: str | None = None):
-        """``call()`` of the Slack client, its errors in the notifier's classes (``lib.channels.slack_error``:
+        """``call()`` of the Slack client, its errors in the notifier's classes (``lib.acting.channels.slack_error``:
         ``Outage`` for a 429 with its ``Retry-After``, a 5xx or a time-out; ``AuthRefused`` for the token;
         ``Undeliverable`` for a target Slack will never take); None when Slack answers the error ``absent`` (what it
         says of a lookup that found nobody)."""

@@ -1,5 +1,5 @@
 """Pull requests' throughput verdicts after each snapshot (``pr_checks``): every PR commit and config with ended runs,
-judged per SPS metric against main on the same testbed (``lib/pr_checks.py``), the table replaced row by row."""
+judged per SPS metric against main on the same testbed (``lib/acting/pr_checks.py``), the table replaced row by row."""
 
 from collections import Counter
 
@@ -7,7 +7,7 @@ from dagster import MaterializeResult, MetadataValue, asset
 
 from wandb_assets.defs.feed.assets import FEED, ClockConfig
 from wandb_assets.defs.warehouse.resources import WarehouseResource
-from wandb_assets.lib.pr_checks import (
+from wandb_assets.lib.acting.pr_checks import (
     REGRESSION,
     format_pr_table,
     held_verdicts,
@@ -16,7 +16,7 @@ from wandb_assets.lib.pr_checks import (
     record_pr_checks,
     unjudged,
 )
-from wandb_assets.lib.pr_outbox import items_for, queue
+from wandb_assets.lib.acting.pr_outbox import items_for, queue
 from wandb_assets.settings import alert_thresholds, github_target, load_settings
 
 

@@ -4,7 +4,7 @@
 from dagster import ConfigurableResource, ResourceDependency
 
 from wandb_assets.defs.wandb_runs.resources import WandbResource
-from wandb_assets.lib.channels import datadog_escape, post_webhook
+from wandb_assets.lib.acting.channels import datadog_escape, post_webhook
 from wandb_assets.lib.datadog_feed import SendResult, feed_tags
 from wandb_assets.settings import load_settings, pipeline_settings
 

@@ -2,7 +2,7 @@
 the Datadog event), written once (``record_decisions``: inside one transaction it reads what the ledger holds and
 inserts only what is missing, so two ticks at once decide each row once), then sent from it as from an outbox
 (``claim_pending``: a row is claimed before it goes out, so it goes out at most once; ``record_outcomes``). No
-Dagster, no network: the sending is ``lib/idle_delivery.py``'s.
+Dagster, no network: the sending is ``lib/acting/idle_delivery.py``'s.
 
 A row's ``outcome``: ``pending`` (waits in the outbox; a channel that failed leaves it pending for the next tick),
 ``sending`` (claimed), ``sent`` (``channel`` says where: only ``slack``, the owner's user or the team's channel, counts
@@ -23,17 +23,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from datetime import UTC, date, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pandas
 
-from wandb_assets.lib.channels import slack_text
-from wandb_assets.lib.datadog_feed import GAUGE_TYPE
+from wandb_assets.lib.acting.idle_episodes import Episode
+from wandb_assets.lib.acting.idle_policy import DATADOG, OWNER, STOP, TEAM, Done, IdlePolicy, decide, exemption
 from wandb_assets.lib.gpus import PRICES_CTE, prices_param, usd_sql
 from wandb_assets.lib.idle import ladder_idle_sql
-from wandb_assets.lib.idle_episodes import Episode
-from wandb_assets.lib.idle_policy import DATADOG, OWNER, STOP, TEAM, Done, IdlePolicy, decide, exemption
 from wandb_assets.lib.lake import retry_on_conflict
 from wandb_assets.lib.runs_lifecycle import moved_copy_sql
 from wandb_assets.lib.sql import MIRRORED_RUNS_SQL, transaction
@@ -69,6 +67,9 @@ LEDGER_KEY = ("entity", "project", "run_id", "episode_started_at", "step", "audi
 PENDING, SENDING, SENT, STOPPED, WOULD_STOP = "pending", "sending", "sent", "stopped", "would_stop"
 NOT_STOPPED, REFUSED, SKIPPED, UNDELIVERABLE, UNKNOWN = "not_stopped", "refused", "skipped", "undeliverable", "unknown"
 WITHDRAWN = "withdrawn"
+#: The digest's rows in the ledger: audience ``digest``, step 0, ``episode_started_at`` the week's Monday, ``run_id``
+#: ``user:<name>`` or ``team:<name>`` (entity and project empty): each once per week like every step.
+DIGEST = "digest"
 #: ``warehouse_meta`` key every decision writes first: deciders take turns.
 LADDER_TURN_KEY = "idle_ladder_turn"
 #: A claim older than this whose outcome was never recorded: its process ended mid-send.
@@ -243,7 +244,7 @@ def _rows_of_step(
         path = f"{seen.run.entity}/{seen.run.project}/{seen.run.run_id}"
         if policy.stop_runs:
             rows.append({**base, "audience": STOP, "channel": "wandb", "recipient": path, "outcome": PENDING})
-            # the owner and the team hear what became of the stop, once it is known (lib/idle_delivery)
+            # the owner and the team hear what became of the stop, once it is known (lib/acting/idle_delivery)
             rows += [{**base, "audience": audience, "outcome": PENDING} for audience in (OWNER, TEAM)]
         else:
             rows.append(
@@ -262,8 +263,8 @@ def _rows_of_step(
     return rows
 
 
-def _prepare(con) -> None:
-    """The ledger, and the deciders' turn row (``_take_turn``), made if missing."""
+def prepare_ledger(con) -> None:
+    """The ledger, and the deciders' turn row (``take_turn``), made if missing."""
     con.execute(IDLE_ACTIONS_SQL)
     con.execute("CREATE TABLE IF NOT EXISTS warehouse_meta (key VARCHAR, value VARCHAR)")
     con.execute(
@@ -272,7 +273,7 @@ def _prepare(con) -> None:
     )
 
 
-def _take_turn(con, now: datetime) -> None:
+def take_turn(con, now: datetime) -> None:
     """Every decider writes this one row first in its transaction: two deciding at once conflict here (DuckLake, or
     two connections of one process), and the one that loses decides again from what the other wrote
     (``retry_on_conflict``). Across processes a DuckDB file admits one writer at a time anyway."""
@@ -348,10 +349,10 @@ def record_decisions(con, seen: list[Seen], policy: IdlePolicy, now: datetime, d
     """What each seen run's episode is due, written to the ledger in one transaction, each row only if the ledger does
     not hold it yet; returns the rows written. First what waits from earlier ticks is re-validated against what this
     tick saw (``_revalidate_waiting``)."""
-    _prepare(con)
+    prepare_ledger(con)
     written: list[dict] = []
     with transaction(con):
-        _take_turn(con, now)
+        take_turn(con, now)
         created = _created_at(con, [s.run for s in seen]) if seen else {}
         seen = [replace(s, run=replace(s.run, created_at=created.get(s.run.key))) for s in seen]
         _revalidate_waiting(con, seen, now)
@@ -468,222 +469,3 @@ def stop_outcomes(con, claimed: list[dict]) -> dict[tuple, tuple[str, str | None
     finally:
         con.unregister("stop_steps")
     return {tuple(row[:5]): (row[5], row[6]) for row in rows}
-
-
-#: Each running run's latest episode in the ledger: what was done (step, audience, outcome), and what its latest
-#: decision said comes next.
-OPEN_EPISODES_SQL = f"""
-WITH latest AS (
-    SELECT entity, project, run_id, max(episode_started_at) AS episode_started_at FROM idle_actions GROUP BY ALL
-)
-SELECT a.entity, a.project, a.run_id, a.episode_started_at,
-       string_agg(a.step || ' ' || a.audience || ': ' || a.outcome, ', ' ORDER BY a.step, a.audience) AS done,
-       arg_max(a.details::VARCHAR, a.decided_at) AS details, max(a.idle_gpu_hours) AS idle_gpu_hours,
-       max(a.idle_usd) AS idle_usd,
-       bool_or(a.audience IN ('{OWNER}', '{TEAM}') AND a.outcome = '{SENT}' AND a.channel = 'slack') AS told_in_slack,
-       bool_or(a.audience IN ('{OWNER}', '{TEAM}') AND a.outcome NOT IN ('{PENDING}', '{SENDING}', '{SKIPPED}',
-               '{WITHDRAWN}')) AS tried
-FROM idle_actions a JOIN latest USING (entity, project, run_id, episode_started_at)
-JOIN runs r USING (entity, project, run_id)
-WHERE r.state = 'running' AND a.audience <> '{DATADOG}'
-GROUP BY ALL ORDER BY a.episode_started_at, a.entity, a.project, a.run_id
-"""
-
-
-def format_idle(
-    policy: IdlePolicy, configured: bool, episodes: list[tuple], idle_now: list[tuple[Candidate, str]]
-) -> str:
-    """What ``wandb-assets idle`` prints: the policy, the open episodes (done, next and when), and the runs idle at
-    their latest sample the ladder has not judged (``idle_now``: each with its exemption or why not yet)."""
-    ladder = "; ".join(f"{step.after_minutes:g} min: {step.describe()}" for step in policy.ladder)
-    if configured:
-        head = f"Idle policy: GPUs below {policy.idle_gpu_pct:g}%, {policy.gpu_fraction:g} of a run's GPUs; {ladder}."
-        head += " Stopping is " + ("ON." if policy.stop_runs else "off (the stop step is only recorded).")
-    else:
-        head = (
-            "The idle ladder is off (WANDB_ASSETS_IDLE_POLICY is not set): nothing is sent or stopped. The default "
-            f"policy would: {ladder} (stopping off)."
-        )
-    lines = [head, f"Open idle episodes: {len(episodes)}"]
-    for entity, project, run_id, started, done, details_text, hours, usd, told_in_slack, tried in episodes:
-        d = json.loads(details_text or "{}")
-        cost = f", ${usd:,.2f}" if usd is not None else ""
-        following = (
-            f"next: {d['next_step_does']} at {datetime.fromisoformat(d['next_at']):%Y-%m-%d %H:%M} UTC (if still idle)"
-            if d.get("next_step")
-            else "no step left"
-        )
-        if tried and not told_in_slack and policy.stop_runs and any(step.stop for step in policy.ladder):
-            following += "; nobody reachable in Slack (owner or team channel): will not stop"
-        lines.append(
-            f"  {entity}/{project}/{run_id} of {d.get('user') or 'unknown user'}: idle since {started:%Y-%m-%d %H:%M} "
-            f"UTC ({d.get('idle_gpus', 0):g} of {d.get('gpu_count')} GPUs, {hours or 0:.2f} idle GPU-hours{cost}); "
-            f"done: {done}; {following}"
-        )
-    if idle_now:
-        lines.append(f"Idle at their latest sample, not on the ladder: {len(idle_now)}")
-        for run, why in idle_now:
-            lines.append(f"  {run.entity}/{run.project}/{run.run_id} of {run.user or 'unknown user'}: {why}")
-    return "\n".join(lines)
-
-
-#: A stopped run's idle dollars avoided are estimated as the dollars of as long again as it had idled when stopped, at
-#: most this long: nobody knows when its owner would have noticed; this says how the estimate is made.
-AVOIDED_HOURS_MAX = 24.0
-
-#: The ladder's Datadog gauges over the 24 hours before ``$now``: runs whose owner was told, runs stopped, runs that
-#: would have been stopped (stop_runs off), and the idle dollars the stops avoided (``AVOIDED_HOURS_MAX``).
-LADDER_GAUGES_SQL = f"""
-SELECT
-    count(DISTINCT (entity, project, run_id)) FILTER (WHERE audience = '{OWNER}' AND outcome = '{SENT}')
-        AS owners_told_24h,
-    count(DISTINCT (entity, project, run_id)) FILTER (WHERE audience = '{STOP}' AND outcome = '{STOPPED}')
-        AS runs_stopped_24h,
-    count(DISTINCT (entity, project, run_id)) FILTER (WHERE audience = '{STOP}' AND outcome = '{WOULD_STOP}')
-        AS runs_would_stop_24h,
-    coalesce(sum(least(idle_usd, (details->>'usd_per_hour')::DOUBLE * {AVOIDED_HOURS_MAX}))
-        FILTER (WHERE audience = '{STOP}' AND outcome = '{STOPPED}'), 0) AS idle_usd_avoided_24h
-FROM idle_actions WHERE acted_at > $now - INTERVAL 24 HOUR AND acted_at <= $now
-"""
-
-
-def ladder_gauges(con, now: datetime) -> dict[str, float]:
-    """``{wandb.idle_ladder.<gauge>: value}`` (``LADDER_GAUGES_SQL``)."""
-    cursor = con.execute(LADDER_GAUGES_SQL, {"now": now})
-    names = [d[0] for d in cursor.description]
-    return {f"wandb.idle_ladder.{name}": float(value) for name, value in zip(names, cursor.fetchone(), strict=True)}
-
-
-def ladder_payload(gauges: dict[str, float], now: datetime, tags: list[str]) -> dict:
-    """The v2 series payload of the ladder's gauges: one gauge series each, one point at ``now``."""
-    timestamp = int(now.replace(tzinfo=UTC).timestamp())
-    return {
-        "series": [
-            {"metric": name, "type": GAUGE_TYPE, "tags": tags, "points": [{"timestamp": timestamp, "value": value}]}
-            for name, value in gauges.items()
-        ]
-    }
-
-
-# --- the weekly digest: each owner's and team's idle GPU-hours and dollars of the past ISO week, and worst runs ---
-
-#: The digest's rows in the ledger: audience ``digest``, step 0, ``episode_started_at`` the week's Monday, ``run_id``
-#: ``user:<name>`` or ``team:<name>`` (entity and project empty): each once per week like every step.
-DIGEST = "digest"
-
-#: Per user (and team) of the week ``[$week, $week + 7 days)``: gpu_usage's idle GPU-hours and dollars, and the user's
-#: three episodes with the most idle GPU-hours that began that week.
-DIGEST_SQL = f"""
-WITH usage AS (
-    SELECT username, team, sum(idle_gpu_hours) AS idle_gpu_hours, sum(idle_cost_usd) AS idle_usd
-    FROM gpu_usage WHERE day >= $week AND day < $week + INTERVAL 7 DAY AND username IS NOT NULL
-    GROUP BY ALL HAVING sum(idle_gpu_hours) > 0
-),
-episodes AS (
-    SELECT details->>'user' AS username, entity || '/' || project || '/' || run_id AS run,
-           max(idle_gpu_hours) AS idle_gpu_hours
-    FROM idle_actions
-    WHERE audience <> '{DIGEST}' AND episode_started_at >= $week AND episode_started_at < $week + INTERVAL 7 DAY
-    GROUP BY ALL
-)
-SELECT u.username, u.team, u.idle_gpu_hours, u.idle_usd,
-       (SELECT list((e.run, e.idle_gpu_hours) ORDER BY e.idle_gpu_hours DESC)[:3]
-        FROM episodes e WHERE e.username = u.username) AS worst
-FROM usage u ORDER BY u.team, u.idle_gpu_hours DESC, u.username
-"""
-
-
-def _usd(value: float | None) -> str:
-    return "unpriced" if value is None else f"${value:,.2f}"
-
-
-def digest_rows(con, week: date, now: datetime, directory) -> list[dict]:
-    """The digest rows of the week beginning Monday ``week``: one per user with idle GPU-hours (to their Slack user in
-    the teams file) and one per team (to its channel)."""
-    found = con.execute(DIGEST_SQL, {"week": week}).fetchall()
-    rows: list[dict] = []
-    by_team: dict[str, list[tuple]] = {}
-    span = f"{week:%Y-%m-%d} to {week + timedelta(days=6):%Y-%m-%d}"
-    for user, team, hours, usd, worst in found:
-        by_team.setdefault(team, []).append((user, hours, usd))
-        text = slack_text(
-            ":bar_chart: Your idle GPUs, week of {span} (UTC): {hours} idle GPU-hours, {usd}.",
-            span=span,
-            hours=f"{hours:,.1f}",
-            usd=_usd(usd),
-        )
-        if worst:  # run paths are anyone's to choose (wandb.init(id=...)): escaped, never live mrkdwn
-            runs = [slack_text("{run} ({hours} idle GPU-h)", run=run, hours=round(h, 1)) for run, h in worst]
-            text += f" Worst: {'; '.join(runs)}."
-        rows.append(_digest_row(f"user:{user}", week, now, text, directory.slack_users.get(user), user, hours, usd))
-    for team, members in by_team.items():
-        hours = sum(h for _, h, _ in members)
-        priced = [u for _, _, u in members if u is not None]
-        usd = sum(priced) if priced else None
-        lines = ", ".join(
-            slack_text("{user} {hours} GPU-h ({usd})", user=user, hours=f"{h:,.1f}", usd=_usd(u))
-            for user, h, u in members[:10]
-        )
-        text = (
-            slack_text(
-                ":bar_chart: Team {team}, idle GPUs, week of {span} (UTC): {hours} GPU-hours, {usd}: ",
-                team=team,
-                span=span,
-                hours=f"{hours:,.1f}",
-                usd=_usd(usd),
-            )
-            + f"{lines}."
-        )
-        rows.append(_digest_row(f"team:{team}", week, now, text, directory.channels.get(team), None, hours, usd))
-    return rows
-
-
-def _digest_row(key, week, now, text, recipient, user, hours, usd) -> dict:
-    return {
-        "entity": "",
-        "project": "",
-        "run_id": key,
-        "episode_started_at": datetime.combine(week, datetime.min.time()),
-        "step": 0,
-        "audience": DIGEST,
-        "decided_at": now,
-        "recipient": recipient,
-        "outcome": PENDING,
-        "idle_gpu_hours": round(hours, 6),
-        "idle_usd": None if usd is None else round(usd, 6),
-        "details": json.dumps({"text": text, "user": user}),
-        "attempts": 0,
-    }
-
-
-def last_week(now: datetime) -> date:
-    """The Monday of the last whole ISO week before ``now``."""
-    today = now.date()
-    return today - timedelta(days=today.weekday() + 7)
-
-
-@retry_on_conflict
-def record_digest(con, now: datetime, directory) -> int:
-    """The last whole week's digest rows, written once (the deciders' turn row first, as ``record_decisions``)."""
-    week = last_week(now)
-    _prepare(con)
-    with transaction(con):
-        _take_turn(con, now)
-        done = con.execute(
-            f"SELECT count(*) FROM idle_actions WHERE audience = '{DIGEST}' AND episode_started_at = $week",
-            {"week": datetime.combine(week, datetime.min.time())},
-        ).fetchone()[0]
-        if done:
-            return 0
-        rows = digest_rows(con, week, now, directory)
-        if not rows:  # nothing idle: one row says the week was looked at
-            rows = [_digest_row("none", week, now, "", None, None, 0.0, None) | {"outcome": SKIPPED, "acted_at": now}]
-        frame = pandas.DataFrame(rows, columns=list(IDLE_ACTIONS_COLUMNS)).astype(
-            {"episode_started_at": "datetime64[us]", "decided_at": "datetime64[us]", "acted_at": "datetime64[us]"}
-        )
-        con.register("idle_digest", frame)
-        try:
-            con.execute("INSERT INTO idle_actions BY NAME SELECT * REPLACE (details::JSON AS details) FROM idle_digest")
-        finally:
-            con.unregister("idle_digest")
-    return len(rows)

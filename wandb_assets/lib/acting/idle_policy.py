@@ -2,7 +2,7 @@
 Dagster, no environment reads, no warehouse: the decisions alone, from an episode and what the ledger already holds.
 
 An idle **episode** of a run is the unbroken time, up to its latest sample, in which at least ``gpu_fraction`` of its
-GPUs were below ``idle_gpu_pct`` (``lib/idle_episodes.py`` finds it in the run's own sampled stream). The **ladder**
+GPUs were below ``idle_gpu_pct`` (``acting/idle_episodes.py`` finds it in the run's own sampled stream). The **ladder**
 is a list of steps, each at a number of idle minutes: tell the owner, tell the team, stop the run. Each step acts once
 per episode (the ledger, ``idle_actions``, holds what was done); a run that turns busy ends its episode, and the next
 one starts the ladder from the beginning. Steps that fall due together (a run idle for 130 minutes when first seen)

@@ -16,7 +16,7 @@ no spread (integer or capped SPS) would otherwise make a 0.08 % change a regress
 A CI run's name is untrusted input (anyone who can log a W&B run chooses it): ``ci_identity`` validates the PR number
 (ASCII, 1 to 2^31-1) and the commit (7 to 40 hex digits) before a run is judged; a run that fails is skipped and counted
 with the reason, never failing the asset. Whether the commit is the PR's is GitHub's to say, at delivery
-(``lib/pr_outbox``).
+(``lib/acting/pr_outbox``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Sending what the idle ladder's ledger holds (rows claimed by ``lib/idle_actions.claim_pending``): the stops first,
+"""Sending what the idle ladder's ledger holds (rows claimed by ``acting/idle_actions.claim_pending``): the stops first,
 then the messages (a stop step's messages say what became of the stop), then the Datadog events. The channels are
 given (``IdleChannels``: Slack's Web API, the alert webhook, Datadog, W&B); this module only decides who hears what and
 what each outcome is. No Dagster, no warehouse.
@@ -8,7 +8,7 @@ user's e-mail (Slack ``users.lookupByEmail``), else the alert webhook with the r
 team's channel in the teams file, else the webhook likewise. Only a message in Slack to the owner or the team's channel
 counts as told (the webhook is on-call's, not the owner's): a run nobody can reach in Slack is never stopped.
 
-Errors are the notifier's classes (``lib/channels``): a transient one (an outage, a 5xx, a 429) leaves the row
+Errors are the notifier's classes (``lib/acting/channels``): a transient one (an outage, a 5xx, a 429) leaves the row
 pending for the next tick and pauses that channel for the rest of this one; a permanent one (an archived channel, a
 bot not in it, a user gone) makes the row ``undeliverable``, said once, and tells the webhook why; it pauses nothing,
 so one bad target never silences the others. Nothing is sent twice.
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from wandb_assets.lib.channels import Outage, Undeliverable, slack_escape
-from wandb_assets.lib.idle_actions import (
+from wandb_assets.lib.acting.channels import Outage, Undeliverable, slack_escape
+from wandb_assets.lib.acting.idle_actions import (
     DIGEST,
     NOT_STOPPED,
     PENDING,
@@ -38,7 +38,7 @@ from wandb_assets.lib.idle_actions import (
     UNDELIVERABLE,
     WITHDRAWN,
 )
-from wandb_assets.lib.idle_policy import DATADOG, OWNER, STOP, TEAM, Exemptions, exempt_by_run
+from wandb_assets.lib.acting.idle_policy import DATADOG, OWNER, STOP, TEAM, Exemptions, exempt_by_run
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from wandb_assets.lib.channels import Outage
-from wandb_assets.lib.pr_checks import NO_BASELINE, REGRESSION, format_pr_table, markdown_cell
+from wandb_assets.lib.acting.channels import Outage
+from wandb_assets.lib.acting.pr_checks import NO_BASELINE, REGRESSION, format_pr_table, markdown_cell
 from wandb_assets.lib.sql import transaction
 
 CHECK_NAME = "wandb-assets / throughput"
