@@ -306,3 +306,78 @@ def test_slack_down_delays_once_then_the_stop_after_the_grace_a_refusal_told_onc
     details = query_read_only(str(warehouse_path), "SELECT details FROM idle_actions WHERE run_id = 'a' LIMIT 1")
     assert json.loads(details[0][0])["email"] is None
     assert slack.token not in str(query_read_only(str(warehouse_path), "SELECT * FROM idle_actions"))
+
+
+def test_the_preview_says_who_would_be_told_what_and_which_run_stopped_and_sends_nothing(
+    wandb_server, capture, slack, ladder, warehouse_path, instance, capsys, monkeypatch, tmp_path
+):
+    """Before switching the ladder on: the warehouse holds the 12:00 fleet of the test above, no policy set.
+    ``idle --preview --policy`` at 12:00:30 prints each message as it would go out (a: step 2 to ana and research's
+    channel, step 1 skipped; b to bo, found by e-mail, a read of Slack; d to the webhook with the reason) and sends
+    nothing, records nothing. Then, the ladder on since 12:00:30 with stopping on, the preview at 12:16 says a would
+    be stopped now (W&B read as at send time, no StopRun) and what its owner would hear."""
+    ladder(stop_runs=True)
+    policy_file = str(tmp_path / "policy.yaml")
+    monkeypatch.delenv("WANDB_ASSETS_IDLE_POLICY")
+    server = wandb_server(
+        [
+            idle_run("a", "ana", datetime(2026, 6, 2, 9, 50)),
+            idle_run("b", "bo", datetime(2026, 6, 2, 11, 0), email="bo@example.com"),
+            idle_run("c", "ana", CREATED, tags=["interactive"]),
+            idle_run("d", "carol", datetime(2026, 6, 2, 10, 55)),
+        ]
+    )
+    assert all(
+        r.success for r in run_tick(instance, TODAY, snapshot_at="2026-06-02T12:00:00", now="2026-06-02T12:00:30")
+    )
+    code, out, err = cli(capsys, "idle", "--preview", "--policy", policy_file, "--now", "2026-06-02T12:00:30")
+    assert (code, err) == (0, "")
+    link = f"{server.url}/test-team/test-project/runs/"
+    lines = out.splitlines()
+    assert lines[:2] == [
+        f"Preview of the idle ladder (policy {policy_file}) at 2026-06-02 12:00 UTC: nothing is sent, stopped or "
+        "recorded.",
+        "Runs idle at their latest sample: 4; actions due now: 8",
+    ]
+    assert [line.split(" has had ")[0] for line in lines[2:]] == [
+        "  test-team/test-project/a step 1 (owner): skipped: due together with a later step",
+        f"  test-team/test-project/a step 2 (owner): to Slack U0ANA: :hourglass: Your run <{link}a|train-a> "
+        "(test-team/test-project, id a)",
+        f"  test-team/test-project/a step 2 (team): to Slack C0RESEARCH: :hourglass: Run of ana: <{link}a|train-a> "
+        "(test-team/test-project, id a)",
+        f"  test-team/test-project/b step 1 (owner): to Slack U0BO: :hourglass: Your run <{link}b|train-b> "
+        "(test-team/test-project, id b)",
+        f"  test-team/test-project/d step 1 (owner): to the alert webhook: (for the owner; no Slack user for carol: "
+        f"not in the teams file, and W&amp;B gave no e-mail) :hourglass: Your run <{link}d|train-d> "
+        "(test-team/test-project, id d)",
+        "  test-team/test-project/a step 2 (datadog): as a Datadog event: Idle GPUs, step 2: "
+        "test-team/test-project/a: Step 2 (tell the owner and the team) for run train-a of ana: 8 of 8 GPUs idle for "
+        f"130 minutes; 17.33 idle GPU-hours, $51.83. {link}a",
+        "  test-team/test-project/b step 1 (datadog): as a Datadog event: Idle GPUs, step 1: "
+        "test-team/test-project/b: Step 1 (tell the owner) for run train-b of bo: 8 of 8 GPUs idle for 60 minutes; "
+        f"8.00 idle GPU-hours, $23.92. {link}b",
+        "  test-team/test-project/d step 1 (datadog): as a Datadog event: Idle GPUs, step 1: "
+        "test-team/test-project/d: Step 1 (tell the owner) for run train-d of carol: 8 of 8 GPUs idle for 65 "
+        f"minutes; 8.67 idle GPU-hours, $25.91. {link}d",
+    ]
+    assert slack.messages() == [] and hourglass(capture) == [] and ladder_events(capture) == []
+    assert [c["method"] for c in slack.calls] == ["users.lookupByEmail"]
+    assert query_read_only(str(warehouse_path), "SELECT count(*) FROM idle_actions") == [(0,)]
+
+    monkeypatch.setenv("WANDB_ASSETS_IDLE_POLICY", policy_file)
+    assert execute_feed(instance, now="2026-06-02T12:00:30").success
+    told = len(slack.messages())
+    code, out, _ = cli(capsys, "idle", "--preview", "--now", "2026-06-02T12:16:00")
+    assert code == 0
+    assert [line for line in out.splitlines() if "test-team/test-project/a step 3 (" in line][:3] == [
+        "  test-team/test-project/a step 3 (stop): would be stopped now (W&B read now: running, the same run, not "
+        "exempt)",
+        f"  test-team/test-project/a step 3 (owner): to Slack U0ANA: :octagonal_sign: Your run <{link}a|train-a> "
+        "(test-team/test-project, id a) was stopped after 130 minutes idle. To exempt such a run, tag it "
+        "`interactive`.",
+        f"  test-team/test-project/a step 3 (team): to Slack C0RESEARCH: :octagonal_sign: Run of ana: "
+        f"<{link}a|train-a> (test-team/test-project, id a) was stopped after 130 minutes idle. To exempt such a run, "
+        "tag it `interactive`.",
+    ]
+    assert server.stops == [] and len(slack.messages()) == told
+    assert query_read_only(str(warehouse_path), "SELECT count(*) FROM idle_actions WHERE step = 3") == [(0,)]

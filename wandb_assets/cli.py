@@ -270,6 +270,19 @@ def build_parser() -> argparse.ArgumentParser:
         "runs idle at their latest sample that are not on the ladder (exempt, or not judged yet).",
     )
     idle.add_argument("--warehouse", help="warehouse file or ducklake: string (default WANDB_ASSETS_DUCKDB)")
+    idle.add_argument(
+        "--preview",
+        action="store_true",
+        help="what the ladder would do now: who would be told what (each message as it would go out) and which runs "
+        "would be stopped, the idle runs' GPU streams read from W&B and each stop checked against W&B as at send "
+        "time; nothing is sent, stopped or recorded",
+    )
+    idle.add_argument(
+        "--policy",
+        metavar="FILE",
+        help="with --preview: the policy file to try (default WANDB_ASSETS_IDLE_POLICY), before switching it on",
+    )
+    idle.add_argument("--now", default="", help=argparse.SUPPRESS)  # pins the preview's clock (tests)
     idle.set_defaults(func=cmd_idle)
     check = sub.add_parser(
         "check",

@@ -129,6 +129,11 @@ def cmd_idle(args: argparse.Namespace) -> int:
     from wandb_assets.lib.warehouse import has_table
     from wandb_assets.settings import alert_thresholds, idle_policy, pipeline_settings
 
+    if args.policy and not args.preview:
+        print("error: --policy is for --preview (the ladder itself reads WANDB_ASSETS_IDLE_POLICY).", file=sys.stderr)
+        return 2
+    if args.preview:
+        return _idle_preview(args)
     configured = idle_policy()
     policy = configured or IdlePolicy(idle_gpu_pct=alert_thresholds().idle_gpu_pct)
     pipeline = pipeline_settings()
@@ -152,6 +157,49 @@ def cmd_idle(args: argparse.Namespace) -> int:
         if run.key not in on_ladder
     ]
     print(format_idle(policy, configured is not None, episodes, idle_now))
+    return 0
+
+
+def _idle_preview(args: argparse.Namespace) -> int:
+    """``idle --preview``: the ladder's decisions and messages now, under ``--policy`` or the configured policy, sent
+    nowhere (``defs.feed.idle.preview_ladder``)."""
+    import os
+
+    from wandb_assets.lib.clock import configured_time, utc_now
+    from wandb_assets.settings import idle_policy
+
+    environ = {**os.environ, "WANDB_ASSETS_IDLE_POLICY": args.policy} if args.policy else None
+    policy = idle_policy(environ)
+    if policy is None:
+        print(
+            "error: nothing to preview: give a policy file (--policy FILE) or set WANDB_ASSETS_IDLE_POLICY.",
+            file=sys.stderr,
+        )
+        return 2
+    from wandb_assets.defs.feed.idle import preview_ladder
+    from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource, SlackResource
+    from wandb_assets.defs.wandb_runs.resources import wandb_resource
+    from wandb_assets.lib.warehouse import has_table
+
+    wandb = wandb_resource()
+    resources = {
+        "wandb": wandb,
+        "slack": SlackResource(wandb=wandb),
+        "channels": AlertChannelsResource(),
+        "datadog": DatadogResource(wandb=wandb),
+    }
+    con = snapshot_or_exit(args.warehouse)
+    if con is None:
+        return 2
+    try:
+        if not has_table(con, "runs"):
+            print("error: the warehouse holds no runs yet: run `uv run wandb-assets refresh` first.", file=sys.stderr)
+            return 2
+        where = f"policy {args.policy or os.environ.get('WANDB_ASSETS_IDLE_POLICY')}"
+        now = configured_time(args.now, "--now") or utc_now()
+        print(preview_ladder(con, policy, where, now, resources))
+    finally:
+        con.close()
     return 0
 
 

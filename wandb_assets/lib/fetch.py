@@ -256,12 +256,12 @@ class NotStopped:
     refused: bool = False
 
 
-def stop_run(api, path: str, check, secret: str = "") -> tuple[bool, NotStopped | None]:
+def stop_run(api, path: str, check, secret: str = "", act: bool = True) -> tuple[bool, NotStopped | None]:
     """Read the run ``entity/project/run_id`` from W&B now and, unless ``check(state, created_at, tags, config)`` of it
     gives a reason (``lib.acting.idle_delivery.SendTimeCheck``), ask W&B to stop it through the official client
     (``Run.stop()``: wandb-core sends the ``StopRun`` mutation; the run's process sees it at its next status poll).
-    Returns ``(True, None)`` when asked, ``(False, NotStopped)`` otherwise; raises ``WandbFetchError`` when W&B could
-    not be reached or answered 429/5xx."""
+    Returns ``(True, None)`` when asked (``act`` False: when it would be, nothing asked: the preview),
+    ``(False, NotStopped)`` otherwise; raises ``WandbFetchError`` when W&B could not be reached or answered 429/5xx."""
     from wandb_assets.lib.normalize import parse_timestamp
 
     try:
@@ -271,7 +271,8 @@ def stop_run(api, path: str, check, secret: str = "") -> tuple[bool, NotStopped 
         reason = check(run.state, created, tags, config)
         if reason is not None:
             return False, NotStopped(reason)
-        run.stop()
+        if act:
+            run.stop()
         return True, None
     except Exception as exc:  # noqa: BLE001 - the client raises many types; told apart by what they say
         text = _scrub(str(exc), secret).strip()

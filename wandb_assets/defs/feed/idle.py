@@ -5,6 +5,7 @@ what is due written once to the ledger, then sent (the warehouse closed again) a
 import time
 import uuid
 from collections import Counter
+from dataclasses import dataclass
 
 from dagster import (
     AssetExecutionContext,
@@ -22,6 +23,7 @@ from wandb_assets.defs.wandb_runs.resources import WandbResource
 from wandb_assets.defs.warehouse.resources import WarehouseResource
 from wandb_assets.lib.acting.channels import slack_error
 from wandb_assets.lib.acting.idle_actions import (
+    LEDGER_KEY,
     NOT_STOPPED,
     REFUSED,
     STOPPED,
@@ -36,7 +38,7 @@ from wandb_assets.lib.acting.idle_actions import (
 from wandb_assets.lib.acting.idle_delivery import Outage, StopAnswer, deliver
 from wandb_assets.lib.acting.idle_digest import record_digest
 from wandb_assets.lib.acting.idle_episodes import current_episodes
-from wandb_assets.lib.acting.idle_readout import ladder_gauges, ladder_payload
+from wandb_assets.lib.acting.idle_readout import format_preview, ladder_gauges, ladder_payload, rehearse
 from wandb_assets.lib.fetch import WandbFetchError
 from wandb_assets.settings import ConfigError, PipelineSettings, idle_policy, pipeline_settings
 
@@ -146,6 +148,49 @@ class LadderChannels:
         return StopAnswer(REFUSED if why.refused else NOT_STOPPED, why.reason)
 
 
+@dataclass(frozen=True)
+class Observed:
+    """What the ladder knows of the idle runs at a tick: each run ``Seen`` (its episode from its own sampled stream,
+    its owner's and team's Slack targets, its exemption), by run key the episodes and exemptions, and the runs whose
+    stream could not be read (not judged this tick)."""
+
+    seen: list[Seen]
+    episodes: dict[tuple, object]
+    exempt: dict[tuple, str | None]
+    unread: list[tuple]
+
+
+def observe(found: list, wandb: WandbResource, policy, pipeline: PipelineSettings) -> Observed:
+    """The idle runs ``found`` (``acting.idle_actions.candidates``) judged as the ladder judges them: the unexempt ones'
+    sampled GPU streams read from W&B, their episodes found. The tick and ``wandb-assets idle --preview`` share it."""
+    directory = pipeline.team_directory
+    teams = {c.key: directory.teams.get(c.user or "") for c in found}
+    exempt = {c.key: exempt_reason(policy, c, teams[c.key]) for c in found}
+    to_read = [c.key for c in found if exempt[c.key] is None]
+    streams = wandb.idle_streams(to_read, pipeline) if to_read else {}
+    unread = [key for key in to_read if streams.get(key, {}).get("status") == "failed"]
+    gpu_streams = {key: read.get("gpu", []) for key, read in streams.items()}
+    counts = {c.key: c.gpu_count for c in found}
+    episodes = {
+        (e.entity, e.project, e.run_id): e
+        for e in current_episodes(gpu_streams, counts, policy.idle_gpu_pct, policy.gpu_fraction)
+    }
+    seen = [
+        Seen(
+            c,
+            episodes.get(c.key),
+            streams.get(c.key, {}).get("email"),
+            teams[c.key],
+            directory.slack_users.get(c.user or ""),
+            directory.channels.get(teams[c.key] or ""),
+            exempt[c.key],
+            read=c.key not in unread,
+        )
+        for c in found
+    ]
+    return Observed(seen, episodes, exempt, unread)
+
+
 #: Outcomes logged one line each (every one is in the ledger and the asset's metadata); the rest are counted.
 LOGGED_OUTCOMES = 20
 
@@ -191,35 +236,14 @@ def idle_actions(
 
     with warehouse.get_read_connection() as con:  # short and read-only: closed before any request goes out
         found = candidates(con, policy, pipeline.gpu_prices) if con is not None else []
-    teams = {c.key: directory.teams.get(c.user or "") for c in found}
-    exempt = {c.key: exempt_reason(policy, c, teams[c.key]) for c in found}
-    to_read = [c.key for c in found if exempt[c.key] is None]
     lap("candidates_s")
-    streams = wandb.idle_streams(to_read, pipeline) if to_read else {}
+    observed = observe(found, wandb, policy, pipeline)
     lap("streams_read_s")
-    unread = [key for key in to_read if streams.get(key, {}).get("status") == "failed"]
-    if unread:
-        context.log.warning(f"The GPU stream of {len(unread)} idle run(s) could not be read; judged next tick.")
-    gpu_streams = {key: read.get("gpu", []) for key, read in streams.items()}
-    counts = {c.key: c.gpu_count for c in found}
-    episodes = {
-        (e.entity, e.project, e.run_id): e
-        for e in current_episodes(gpu_streams, counts, policy.idle_gpu_pct, policy.gpu_fraction)
-    }
-    lap("episodes_s")
-    seen = [
-        Seen(
-            c,
-            episodes.get(c.key),
-            streams.get(c.key, {}).get("email"),
-            teams[c.key],
-            directory.slack_users.get(c.user or ""),
-            directory.channels.get(teams[c.key] or ""),
-            exempt[c.key],
-            read=c.key not in unread,
+    if observed.unread:
+        context.log.warning(
+            f"The GPU stream of {len(observed.unread)} idle run(s) could not be read; judged next tick."
         )
-        for c in found
-    ]
+    seen, episodes, exempt = observed.seen, observed.episodes, observed.exempt
     ladder_channels = LadderChannels(slack, channels, datadog, wandb, pipeline)
     token = uuid.uuid4().hex
     with warehouse.get_connection() as con:
@@ -272,3 +296,53 @@ def idle_actions(
             "this_tick": MetadataValue.table(ledger, LEDGER_SCHEMA),
         }
     )
+
+
+class PreviewChannels(LadderChannels):
+    """``LadderChannels`` that read and send nothing: Slack is asked who has an owner's e-mail and W&B is read before a
+    stop (the send-time check), but each message is kept with where it would have gone, and no run is stopped."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.said: list[str] = []
+
+    def post_slack(self, channel: str, text: str) -> None:
+        self.said.append(f"to Slack {channel}: {text}")
+
+    def post_webhook(self, text: str) -> None:
+        self.said.append(f"to the alert webhook: {text}")
+
+    def send_event(self, title: str, text: str) -> None:
+        self.said.append(f"as a Datadog event: {title}: {text}")
+
+    def stop_run(self, path: str, check) -> StopAnswer:
+        try:
+            stopped, why = self._wandb.stop_run(path, self._pipeline, check, act=False)
+        except WandbFetchError as exc:
+            raise Outage(str(exc)) from None
+        if stopped:
+            return StopAnswer(STOPPED)
+        return StopAnswer(REFUSED if why.refused else NOT_STOPPED, why.reason)
+
+
+def preview_ladder(con, policy, where: str, now, resources: dict) -> str:
+    """``wandb-assets idle --preview``: what the ladder would do at ``now`` under ``policy`` (from ``where``), the
+    tick's own code on a scratch copy of the ledger (``acting.idle_readout.rehearse``): the idle runs' streams read
+    from W&B, the decisions made, each message written as it would go out (``deliver`` over ``PreviewChannels``), each
+    stop checked against W&B as at send time. Nothing is sent, stopped or recorded. ``con``: the warehouse, read only;
+    ``resources``: the resources by name (``wandb``, ``slack``, ``channels``, ``datadog``)."""
+    pipeline = pipeline_settings()
+    found = candidates(con, policy, pipeline.gpu_prices)
+    observed = observe(found, resources["wandb"], policy, pipeline)
+    channels = PreviewChannels(
+        resources["slack"], resources["channels"], resources["datadog"], resources["wandb"], pipeline
+    )
+    rows, known = rehearse(con, observed.seen, policy, now, channels.datadog_missing() is None)
+    outcomes = deliver([r for r in rows if r["outcome"] == "sending"], channels, now, known)
+    settled = [r for r in rows if r["outcome"] != "sending"]
+    messages = iter(channels.said)
+    said = {tuple(o[c] for c in LEDGER_KEY): [next(messages)] for o in outcomes if o["outcome"] == "sent"}
+    text = format_preview(where, now, settled + outcomes, said, len(found))
+    if observed.unread:
+        text += f"\nThe GPU stream of {len(observed.unread)} idle run(s) could not be read: not judged."
+    return text

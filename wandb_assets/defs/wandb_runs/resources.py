@@ -169,10 +169,11 @@ class WandbResource(ConfigurableResource):
         )
         return found
 
-    def stop_run(self, path: str, pipeline: PipelineSettings, check):
-        """``lib.fetch.stop_run`` through this process's client (``check``: what must hold of the run now)."""
+    def stop_run(self, path: str, pipeline: PipelineSettings, check, act: bool = True):
+        """``lib.fetch.stop_run`` through this process's client (``check``: what must hold of the run now; ``act``
+        False: only read and checked, the preview)."""
         settings, api, _ = self._client(pipeline)
-        return stop_run(api, path, check, settings.api_key)
+        return stop_run(api, path, check, settings.api_key, act)
 
     def runs_metadata(
         self, path: str, urls: dict[str, str | None], downloads, pipeline: PipelineSettings

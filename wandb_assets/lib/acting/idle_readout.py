@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+import pandas
+
 from wandb_assets.lib.acting.idle_actions import (
+    LEDGER_KEY,
     PENDING,
     SENDING,
     SENT,
@@ -15,6 +18,11 @@ from wandb_assets.lib.acting.idle_actions import (
     WITHDRAWN,
     WOULD_STOP,
     Candidate,
+    Seen,
+    claim_pending,
+    prepare_ledger,
+    record_decisions,
+    stop_outcomes,
 )
 from wandb_assets.lib.acting.idle_policy import DATADOG, OWNER, STOP, TEAM, IdlePolicy
 from wandb_assets.lib.datadog_feed import GAUGE_TYPE
@@ -112,3 +120,91 @@ def ladder_payload(gauges: dict[str, float], now: datetime, tags: list[str]) -> 
             for name, value in gauges.items()
         ]
     }
+
+
+# --- the preview: what the ladder would do now, decided on a scratch copy of the ledger, nothing recorded ---
+
+#: The columns of ``runs`` the ledger's decisions read (a run's creation time; its moved copies).
+_RUN_COLUMNS = {
+    "entity": "VARCHAR",
+    "project": "VARCHAR",
+    "run_id": "VARCHAR",
+    "created_at": "TIMESTAMP",
+    "state": "VARCHAR",
+}
+
+
+def rehearse(con, seen: list[Seen], policy: IdlePolicy, now: datetime, datadog: bool) -> tuple[list[dict], dict]:
+    """What the ladder would decide at ``now`` for the runs ``seen``, decided by the tick's own code
+    (``record_decisions``, ``claim_pending``) on an in-memory copy of what ``con`` (read only) holds of them: their
+    rows of ``runs`` and the ledger, and every row waiting in it. Returns ``(rows, known_stops)``: the rows decided
+    now that need no sending (``would_stop``, ``skipped``) and the rows a tick would send, as ``deliver`` takes them.
+    Nothing is written to ``con``."""
+    import duckdb
+
+    from wandb_assets.lib.warehouse import has_table
+
+    scratch = duckdb.connect()
+    try:
+        prepare_ledger(scratch)
+        scratch.execute(f"CREATE TABLE runs ({', '.join(f'{c} {t}' for c, t in _RUN_COLUMNS.items())})")
+        keys = pandas.DataFrame([(s.run.entity, s.run.run_id) for s in seen], columns=["entity", "run_id"])
+        con.register("preview_keys", keys)
+        try:
+            runs = con.execute(
+                f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs JOIN preview_keys USING (entity, run_id)"
+            ).df()
+            ledger = (
+                con.execute(
+                    f"SELECT * REPLACE (details::VARCHAR AS details) FROM idle_actions a WHERE outcome = '{PENDING}' "
+                    "OR EXISTS (SELECT 1 FROM preview_keys k WHERE k.entity = a.entity AND k.run_id = a.run_id)"
+                ).df()
+                if has_table(con, "idle_actions")
+                else None
+            )
+        finally:
+            con.unregister("preview_keys")
+        for name, frame, cast in (("runs", runs, ""), ("idle_actions", ledger, " REPLACE (details::JSON AS details)")):
+            if frame is None or frame.empty:
+                continue
+            scratch.register("copied", frame)
+            scratch.execute(f"INSERT INTO {name} BY NAME SELECT *{cast} FROM copied")
+            scratch.unregister("copied")
+        record_decisions(scratch, seen, policy, now, datadog)
+        settled = scratch.execute(
+            f"SELECT * FROM idle_actions WHERE decided_at = $now AND outcome IN ('{WOULD_STOP}', '{SKIPPED}') "
+            "ORDER BY entity, project, run_id, step, audience",
+            {"now": now},
+        )
+        names = [d[0] for d in settled.description]
+        decided = [dict(zip(names, row, strict=True)) for row in settled.fetchall()]
+        for row in decided:
+            row["details"] = json.loads(row["details"]) if isinstance(row["details"], str) else row["details"]
+        claimed = claim_pending(scratch, "preview", now)
+        return decided + claimed, stop_outcomes(scratch, claimed)
+    finally:
+        scratch.close()
+
+
+def format_preview(where: str, now: datetime, outcomes: list[dict], said: dict[tuple, list[str]], idle: int) -> str:
+    """What ``wandb-assets idle --preview`` prints: for each row the ladder would act on now, who would hear what (the
+    text as it would go out: ``said`` by the row's ``LEDGER_KEY``) or what would become of the stop."""
+    lines = [
+        f"Preview of the idle ladder ({where}) at {now:%Y-%m-%d %H:%M} UTC: nothing is sent, stopped or recorded.",
+        f"Runs idle at their latest sample: {idle}; actions due now: {len(outcomes)}",
+    ]
+    for o in outcomes:
+        what = f"  {o['entity']}/{o['project']}/{o['run_id']} step {o['step']} ({o['audience']}): "
+        key = tuple(o[c] for c in LEDGER_KEY)
+        if o["audience"] == STOP:
+            if o["outcome"] == STOPPED:
+                lines.append(what + "would be stopped now (W&B read now: running, the same run, not exempt)")
+            else:
+                lines.append(what + f"{o['outcome']}" + (f": {o['reason']}" if o.get("reason") else ""))
+            continue
+        told = said.get(key) or []
+        if not told:
+            lines.append(what + f"{o['outcome']}" + (f": {o['reason']}" if o.get("reason") else ""))
+        for line in told:
+            lines.append(what + line)
+    return "\n".join(lines)
