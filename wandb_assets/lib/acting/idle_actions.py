@@ -413,11 +413,16 @@ def claim_pending(con, token: str, now: datetime) -> list[dict]:
             f"'{PENDING}'",
             {"token": token, "now": now},
         )
-    cursor = con.execute(
-        f"SELECT * FROM idle_actions WHERE claim = $token AND outcome = '{SENDING}' "
-        "ORDER BY decided_at, entity, project, run_id, step, audience",
+    return ledger_rows(
+        con,
+        f"claim = $token AND outcome = '{SENDING}' ORDER BY decided_at, entity, project, run_id, step, audience",
         {"token": token},
     )
+
+
+def ledger_rows(con, where: str, params: dict) -> list[dict]:
+    """The ledger's rows ``WHERE where`` as dicts, ``details`` parsed (what ``deliver`` takes)."""
+    cursor = con.execute(f"SELECT * FROM idle_actions WHERE {where}", params)
     names = [d[0] for d in cursor.description]
     rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
     for row in rows:

@@ -20,6 +20,7 @@ from wandb_assets.lib.acting.idle_actions import (
     Candidate,
     Seen,
     claim_pending,
+    ledger_rows,
     prepare_ledger,
     record_decisions,
     stop_outcomes,
@@ -171,15 +172,12 @@ def rehearse(con, seen: list[Seen], policy: IdlePolicy, now: datetime, datadog: 
             scratch.execute(f"INSERT INTO {name} BY NAME SELECT *{cast} FROM copied")
             scratch.unregister("copied")
         record_decisions(scratch, seen, policy, now, datadog)
-        settled = scratch.execute(
-            f"SELECT * FROM idle_actions WHERE decided_at = $now AND outcome IN ('{WOULD_STOP}', '{SKIPPED}') "
-            "ORDER BY entity, project, run_id, step, audience",
+        decided = ledger_rows(
+            scratch,
+            f"decided_at = $now AND outcome IN ('{WOULD_STOP}', '{SKIPPED}') ORDER BY entity, project, run_id, step, "
+            "audience",
             {"now": now},
         )
-        names = [d[0] for d in settled.description]
-        decided = [dict(zip(names, row, strict=True)) for row in settled.fetchall()]
-        for row in decided:
-            row["details"] = json.loads(row["details"]) if isinstance(row["details"], str) else row["details"]
         claimed = claim_pending(scratch, "preview", now)
         return decided + claimed, stop_outcomes(scratch, claimed)
     finally:
