@@ -381,3 +381,54 @@ def test_the_preview_says_who_would_be_told_what_and_which_run_stopped_and_sends
     ]
     assert server.stops == [] and len(slack.messages()) == told
     assert query_read_only(str(warehouse_path), "SELECT count(*) FROM idle_actions WHERE step = 3") == [(0,)]
+
+
+def test_a_policy_that_tells_without_a_slack_token_slack_takes_exits_2_before_any_run(
+    wandb_server, ladder, monkeypatch, capsys, instance, warehouse_path
+):
+    """Telling steps need Slack: with no bot token, or one Slack refuses (``auth.test`` answers invalid_auth), refresh
+    exits 2 with one sentence before any run (nothing recorded undeliverable); the loopback Slack's own token passes."""
+    ladder(stop_runs=False)
+    wandb_server([idle_run("a", "ana", datetime(2026, 6, 2, 9, 50))])
+    monkeypatch.delenv("WANDB_ASSETS_SLACK_BOT_TOKEN", raising=False)
+    code, _, err = cli(capsys, "refresh")
+    assert (code, err) == (
+        2,
+        "error: WANDB_ASSETS_IDLE_POLICY tells owners or teams (step 1), but no Slack bot token is configured: set "
+        "WANDB_ASSETS_SLACK_BOT_TOKEN (a bot token with chat:write and users:read.email), or take the telling steps "
+        "out of the policy.\n",
+    )
+    slack = LocalSlack()
+    try:
+        monkeypatch.setenv("WANDB_ASSETS_SLACK_API_URL", slack.url)
+        monkeypatch.setenv("WANDB_ASSETS_SLACK_BOT_TOKEN", "xoxb-revoked")
+        code, _, err = cli(capsys, "refresh")
+        assert (code, err) == (
+            2,
+            "error: WANDB_ASSETS_IDLE_POLICY tells owners or teams (step 1), but Slack refused the bot token "
+            "(invalid_auth): check WANDB_ASSETS_SLACK_BOT_TOKEN\n",
+        )
+        assert [c["method"] for c in slack.calls] == ["auth.test"]
+        assert not warehouse_path.exists() and instance.get_runs() == []
+    finally:
+        slack.stop()
+
+
+def test_without_a_slack_token_the_ladder_messages_wait_and_go_out_once_it_is_set(
+    wandb_server, capture, slack, ladder, warehouse_path, instance, monkeypatch
+):
+    """A run started by the UI's daemon has no preflight: with the token unset, b's message waits in the ledger
+    (pending, not undeliverable, nothing to the webhook); the token set, the next tick sends it to bo, once."""
+    ladder(stop_runs=False)
+    wandb_server([idle_run("b", "bo", datetime(2026, 6, 2, 11, 0), email="bo@example.com")])
+    monkeypatch.delenv("WANDB_ASSETS_SLACK_BOT_TOKEN")
+    assert all(
+        r.success for r in run_tick(instance, TODAY, snapshot_at="2026-06-02T12:00:00", now="2026-06-02T12:00:30")
+    )
+    assert ledger(warehouse_path)[1:] == [("b", 1, "owner", "pending", None, None, None)]
+    assert hourglass(capture) == [] and slack.messages() == []
+    monkeypatch.setenv("WANDB_ASSETS_SLACK_BOT_TOKEN", slack.token)
+    for _ in range(2):
+        assert execute_feed(instance, now="2026-06-02T12:05:00").success
+    assert ledger(warehouse_path)[1:] == [("b", 1, "owner", "sent", "slack", "U0BO", None)]
+    assert [m["channel"] for m in slack.messages()] == ["U0BO"]

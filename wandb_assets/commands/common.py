@@ -79,7 +79,14 @@ def preflight(only: list[str] | None = None) -> None:
     from wandb_assets.settings import ConfigError, github_target, idle_policy, pipeline_settings
 
     pipeline = pipeline_settings()
-    idle_policy()  # a policy mistake stops the command before it reads anything
+    policy = idle_policy()  # a policy mistake stops the command before it reads anything
+    telling = [n for n, step in enumerate(policy.ladder if policy else (), start=1) if step.tell]
+    if telling:  # without a token Slack takes (auth.test), every message would wait: said now, once
+        from wandb_assets.defs.feed.resources import SlackResource
+
+        SlackResource(wandb=wandb_resource()).verify(
+            f"WANDB_ASSETS_IDLE_POLICY tells owners or teams (step {telling[0]})"
+        )
     github_target()  # so does a GitHub setting's
     check_writable(pipeline.warehouse, "WANDB_ASSETS_DUCKDB")
     check_writable(pipeline.staging_dir, "WANDB_ASSETS_STAGING_DIR", folder=True)

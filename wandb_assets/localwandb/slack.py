@@ -1,6 +1,6 @@
-"""A local Slack Web API on loopback (``chat.postMessage``, ``users.lookupByEmail``) that records every call, for
-``slack_sdk``'s ``WebClient(base_url=...)``: the demo's Slack and the tests'. ``down``: every call answers 503 (an
-outage); ``users``: e-mail -> Slack user id."""
+"""A local Slack Web API on loopback (``chat.postMessage``, ``users.lookupByEmail``, ``auth.test``) that records
+every call, for ``slack_sdk``'s ``WebClient(base_url=...)``: the demo's Slack and the tests'. ``down``: every call
+answers 503 (an outage); ``users``: e-mail -> Slack user id."""
 
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ class LocalSlack(LoopbackServer):
                     self._reply(200, {"ok": False, "error": "invalid_auth"})
                 elif method == "chat.postMessage":
                     self._reply(200, {"ok": True, "channel": args.get("channel"), "ts": f"{len(slack.calls)}.0001"})
+                elif method == "auth.test":
+                    self._reply(200, {"ok": True, "team": "local", "user": "wandb-assets", "user_id": "U0BOT"})
                 elif method == "users.lookupByEmail":
                     user = slack.users.get(args.get("email", ""))
                     if user is None:

@@ -18,10 +18,15 @@ from dagster import (
 )
 
 from wandb_assets.defs.feed.assets import FEED, ClockConfig
-from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource, SlackResource
+from wandb_assets.defs.feed.resources import (
+    SLACK_TOKEN_SETTING,
+    AlertChannelsResource,
+    DatadogResource,
+    SlackResource,
+    slack_call,
+)
 from wandb_assets.defs.wandb_runs.resources import WandbResource
 from wandb_assets.defs.warehouse.resources import WarehouseResource
-from wandb_assets.lib.acting.channels import slack_error
 from wandb_assets.lib.acting.idle_actions import (
     LEDGER_KEY,
     NOT_STOPPED,
@@ -41,8 +46,6 @@ from wandb_assets.lib.acting.idle_episodes import current_episodes
 from wandb_assets.lib.acting.idle_readout import format_preview, ladder_gauges, ladder_payload, rehearse
 from wandb_assets.lib.fetch import WandbFetchError
 from wandb_assets.settings import ConfigError, PipelineSettings, idle_policy, pipeline_settings
-
-SLACK_TOKEN_SETTING = "WANDB_ASSETS_SLACK_BOT_TOKEN"
 
 
 class LadderChannels:
@@ -80,29 +83,7 @@ class LadderChannels:
         return self._slack_error or f"no Slack bot token ({SLACK_TOKEN_SETTING})"
 
     def _slack(self, call, absent: str | None = None):
-        """``call()`` of the Slack client, its errors in the notifier's classes (``lib.acting.channels.slack_error``:
-        ``Outage`` for a 429 with its ``Retry-After``, a 5xx or a time-out; ``AuthRefused`` for the token;
-        ``Undeliverable`` for a target Slack will never take); None when Slack answers the error ``absent`` (what it
-        says of a lookup that found nobody)."""
-        from slack_sdk.errors import SlackApiError
-
-        try:
-            return call()
-        except SlackApiError as exc:
-            response = exc.response
-            error = response.get("error") if response is not None else None
-            if absent is not None and error == absent:
-                return None
-            status = getattr(response, "status_code", None)
-            headers = getattr(response, "headers", None) or {}
-            retry = next((v for k, v in headers.items() if k.lower() == "retry-after"), None)
-            try:
-                retry_after = float(retry[0] if isinstance(retry, list) else retry) if retry is not None else None
-            except ValueError:
-                retry_after = None
-            raise slack_error(error, status, retry_after, SLACK_TOKEN_SETTING) from None
-        except Exception as exc:  # noqa: BLE001 - connection trouble of any kind: the row waits
-            raise Outage(f"Slack unreachable ({type(exc).__name__})") from None
+        return slack_call(call, absent)
 
     def post_slack(self, channel: str, text: str) -> None:
         self._slack(lambda: self._client.chat_postMessage(channel=channel, text=text, unfurl_links=False))

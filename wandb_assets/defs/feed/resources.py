@@ -4,9 +4,37 @@
 from dagster import ConfigurableResource, ResourceDependency
 
 from wandb_assets.defs.wandb_runs.resources import WandbResource
-from wandb_assets.lib.acting.channels import datadog_escape, post_webhook
+from wandb_assets.lib.acting.channels import AuthRefused, Outage, datadog_escape, post_webhook, slack_error
 from wandb_assets.lib.datadog_feed import SendResult, feed_tags
-from wandb_assets.settings import load_settings, pipeline_settings
+from wandb_assets.settings import ConfigError, load_settings, pipeline_settings
+
+SLACK_TOKEN_SETTING = "WANDB_ASSETS_SLACK_BOT_TOKEN"
+
+
+def slack_call(call, absent: str | None = None):
+    """``call()`` of a ``slack_sdk`` client, its errors in the notifier's classes (``acting.channels.slack_error``:
+    ``Outage`` for a 429 with its ``Retry-After``, a 5xx or a time-out; ``AuthRefused`` for the token;
+    ``Undeliverable`` for a target Slack will never take); None when Slack answers the error ``absent`` (what it says
+    of a lookup that found nobody)."""
+    from slack_sdk.errors import SlackApiError
+
+    try:
+        return call()
+    except SlackApiError as exc:
+        response = exc.response
+        error = response.get("error") if response is not None else None
+        if absent is not None and error == absent:
+            return None
+        status = getattr(response, "status_code", None)
+        headers = getattr(response, "headers", None) or {}
+        retry = next((v for k, v in headers.items() if k.lower() == "retry-after"), None)
+        try:
+            retry_after = float(retry[0] if isinstance(retry, list) else retry) if retry is not None else None
+        except ValueError:
+            retry_after = None
+        raise slack_error(error, status, retry_after, SLACK_TOKEN_SETTING) from None
+    except Exception as exc:  # noqa: BLE001 - connection trouble of any kind: the row waits
+        raise Outage(f"Slack unreachable ({type(exc).__name__})") from None
 
 
 class DatadogResource(ConfigurableResource):
@@ -162,6 +190,23 @@ class SlackResource(ConfigurableResource):
             return None
         secret = self.wandb.load_secret(self.wandb.resolved_secret_name(), "WANDB_ASSETS_SLACK_BOT_TOKEN")
         return (secret.get("WANDB_ASSETS_SLACK_BOT_TOKEN") or "").strip() or None
+
+    def verify(self, why: str) -> None:
+        """``ConfigError`` of one sentence when no bot token is configured, or Slack refuses it (``auth.test``);
+        ``why``: what needs it. Slack unreachable now is no setting's mistake: the messages wait, as at any outage."""
+        token = self.token()
+        if token is None:
+            raise ConfigError(
+                f"{why}, but no Slack bot token is configured: set {SLACK_TOKEN_SETTING} (a bot token with chat:write "
+                "and users:read.email), or take the telling steps out of the policy."
+            )
+        client = self.client(token)
+        try:
+            slack_call(client.auth_test)
+        except AuthRefused as exc:
+            raise ConfigError(f"{why}, but {exc}") from None
+        except Outage:
+            return
 
     def client(self, token: str):
         from slack_sdk import WebClient
