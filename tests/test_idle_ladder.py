@@ -213,7 +213,7 @@ def test_owners_are_told_once_and_with_stopping_off_nothing_reaches_w_and_b(
     assert {operation for operation, _ in server.requests} <= READS  # no StopRun, not even a Run lookup
     assert server.stops == []
 
-    code, out, _ = cli(capsys, "idle")
+    code, out, _ = cli(capsys, "idle", "--now", "2026-06-02T12:16:00")
     assert code == 0
     assert out.splitlines()[0] == (
         "Idle policy: GPUs below 5%, 1 of a run's GPUs; 60 min: tell the owner; 105 min: tell the owner and the team; "
@@ -230,6 +230,11 @@ def test_owners_are_told_once_and_with_stopping_off_nothing_reaches_w_and_b(
         "Idle at their latest sample, not on the ladder: 1",
         "  test-team/test-project/c of ana: tagged interactive",
     ]
+    code, out, _ = cli(capsys, "idle", "--now", "2026-06-02T13:00:00")  # no sample since 12:00: nothing can climb
+    assert out.splitlines()[3].split("done: ")[1] == (
+        "1 owner: sent; next: tell the owner and the team, due since 2026-06-02 12:40 UTC: waiting for a newer GPU "
+        "sample (latest 12:00 UTC)"
+    )
 
 
 def test_a_policy_mistake_exits_2_with_one_sentence_before_any_run(

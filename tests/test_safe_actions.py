@@ -305,7 +305,7 @@ def test_a_run_whose_owner_and_team_nobody_can_reach_in_slack_is_never_stopped(m
         "INSERT INTO runs (entity, project, run_id, state, created_at, gpu_count, source) VALUES "
         "('e', 'p', 'r1', 'running', '2026-06-02 06:00', 8, 'wandb')"
     )
-    text = format_idle(STOPPING, True, memory_con.execute(OPEN_EPISODES_SQL).fetchall(), [])
+    text = format_idle(STOPPING, True, memory_con.execute(OPEN_EPISODES_SQL).fetchall(), [], D(13))
     assert "nobody reachable in Slack (owner or team channel): will not stop" in text
 
 

@@ -282,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="with --preview: the policy file to try (default WANDB_ASSETS_IDLE_POLICY), before switching it on",
     )
-    idle.add_argument("--now", default="", help=argparse.SUPPRESS)  # pins the preview's clock (tests)
+    idle.add_argument("--now", default="", help=argparse.SUPPRESS)  # pins the clock (tests)
     idle.set_defaults(func=cmd_idle)
     check = sub.add_parser(
         "check",

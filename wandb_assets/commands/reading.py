@@ -126,6 +126,7 @@ def cmd_idle(args: argparse.Namespace) -> int:
     from wandb_assets.lib.acting.idle_actions import candidates, exempt_reason
     from wandb_assets.lib.acting.idle_policy import IdlePolicy
     from wandb_assets.lib.acting.idle_readout import OPEN_EPISODES_SQL, format_idle
+    from wandb_assets.lib.clock import configured_time, utc_now
     from wandb_assets.lib.warehouse import has_table
     from wandb_assets.settings import alert_thresholds, idle_policy, pipeline_settings
 
@@ -156,7 +157,8 @@ def cmd_idle(args: argparse.Namespace) -> int:
         for run in idle
         if run.key not in on_ladder
     ]
-    print(format_idle(policy, configured is not None, episodes, idle_now))
+    now = configured_time(args.now, "--now") or utc_now()
+    print(format_idle(policy, configured is not None, episodes, idle_now, now))
     return 0
 
 

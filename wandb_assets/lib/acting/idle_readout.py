@@ -49,10 +49,16 @@ GROUP BY ALL ORDER BY a.episode_started_at, a.entity, a.project, a.run_id
 
 
 def format_idle(
-    policy: IdlePolicy, configured: bool, episodes: list[tuple], idle_now: list[tuple[Candidate, str]]
+    policy: IdlePolicy,
+    configured: bool,
+    episodes: list[tuple],
+    idle_now: list[tuple[Candidate, str]],
+    now: datetime,
 ) -> str:
-    """What ``wandb-assets idle`` prints: the policy, the open episodes (done, next and when), and the runs idle at
-    their latest sample the ladder has not judged (``idle_now``: each with its exemption or why not yet)."""
+    """What ``wandb-assets idle`` prints at ``now``: the policy, the open episodes (done, next and when: a step is
+    judged on the run's GPU samples, so one due by the clock but not taken waits for a newer sample, said with the
+    latest), and the runs idle at their latest sample the ladder has not judged (``idle_now``: each with its exemption
+    or why not yet)."""
     ladder = "; ".join(f"{step.after_minutes:g} min: {step.describe()}" for step in policy.ladder)
     if configured:
         head = f"Idle policy: GPUs below {policy.idle_gpu_pct:g}%, {policy.gpu_fraction:g} of a run's GPUs; {ladder}."
@@ -66,11 +72,18 @@ def format_idle(
     for entity, project, run_id, started, done, details_text, hours, usd, told_in_slack, tried in episodes:
         d = json.loads(details_text or "{}")
         cost = f", ${usd:,.2f}" if usd is not None else ""
-        following = (
-            f"next: {d['next_step_does']} at {datetime.fromisoformat(d['next_at']):%Y-%m-%d %H:%M} UTC (if still idle)"
-            if d.get("next_step")
-            else "no step left"
-        )
+        if not d.get("next_step"):
+            following = "no step left"
+        elif datetime.fromisoformat(d["next_at"]) <= now and d.get("latest_sample_at"):
+            following = (
+                f"next: {d['next_step_does']}, due since {datetime.fromisoformat(d['next_at']):%Y-%m-%d %H:%M} UTC: "
+                f"waiting for a newer GPU sample (latest {datetime.fromisoformat(d['latest_sample_at']):%H:%M} UTC)"
+            )
+        else:
+            following = (
+                f"next: {d['next_step_does']} at {datetime.fromisoformat(d['next_at']):%Y-%m-%d %H:%M} UTC "
+                "(if still idle)"
+            )
         if tried and not told_in_slack and policy.stop_runs and any(step.stop for step in policy.ladder):
             following += "; nobody reachable in Slack (owner or team channel): will not stop"
         lines.append(
