@@ -492,6 +492,11 @@ def test_the_weekly_digest_tells_each_owner_and_team_once(memory_con):
     )
     channels = Recorder()
     tuesday = datetime(2026, 11, 24, 9, 0)
+    memory_con.execute(  # the warehouse holds the week whole: its first run was created the Sunday before
+        "INSERT INTO runs (entity, project, run_id, state, created_at, source) VALUES "
+        "('e', 'p', 'r0', 'finished', '2026-11-15 23:00', 'wandb')"
+    )
+    memory_con.execute("UPDATE idle_actions SET decided_at = '2026-11-17 10:00'")  # the ladder on since then
     assert record_digest(memory_con, tuesday, directory) == 3
     assert record_digest(memory_con, tuesday + minutes(15), directory) == 0
     from wandb_assets.lib.acting.idle_actions import claim_pending, record_outcomes
@@ -539,3 +544,43 @@ def test_a_stop_refused_by_w_and_b_is_told_once_and_never_tried_again(memory_con
     assert [channel for channel, _ in channels.slack] == ["U0ANA", "C0RESEARCH", "U0ANA", "C0RESEARCH"]
     assert "should have been stopped, but W&amp;B refused: permission denied." in channels.slack[2][1]
     assert ("09:50", 3, "stop", "refused") in outcomes(memory_con)
+
+
+def test_the_first_weekly_digest_waits_for_a_tick_after_the_ladder_is_on_and_a_whole_week(memory_con):
+    """The ladder switched on at Tue 11-24 09:00 (its first tick): no digest then, nothing recorded. At 09:15 the
+    week of Mon 11-16 goes out (the warehouse holds runs from Sun 11-15). A warehouse first filled on Wed 11-18 holds
+    part of that week: one skipped row says so and nobody is told a part of a week as a whole."""
+    from wandb_assets.lib.acting.idle_digest import record_digest
+    from wandb_assets.lib.teams import parse_team_directory
+    from wandb_assets.lib.warehouse import ensure_schema
+
+    ensure_schema(memory_con)
+    directory = parse_team_directory({"research": {"users": [{"user": "ana", "slack": "U0ANA"}]}}, "teams")
+    memory_con.execute(
+        "INSERT INTO gpu_usage BY NAME SELECT * FROM (VALUES (DATE '2026-11-18', 'ana', 2.0, 5.98)) "
+        "v(day, username, idle_gpu_hours, idle_cost_usd), (SELECT 'research' AS team, 'e' AS entity, 'p' AS project)"
+    )
+    memory_con.execute(
+        "INSERT INTO runs (entity, project, run_id, state, created_at, source) VALUES "
+        "('e', 'p', 'r1', 'finished', '2026-11-18 08:00', 'wandb')"
+    )
+    tuesday = datetime(2026, 11, 24, 9, 0)
+
+    def digests():
+        return memory_con.execute(
+            "SELECT run_id, outcome, reason FROM idle_actions WHERE audience = 'digest' ORDER BY run_id"
+        ).fetchall()
+
+    assert record_digest(memory_con, tuesday, directory) == 0 and digests() == []
+    assert record_digest(memory_con, tuesday + minutes(15), directory) == 1
+    assert digests() == [
+        (
+            "none",
+            "skipped",
+            "the warehouse holds from 2026-11-18, not the whole week of 2026-11-16: no digest of a part of a week",
+        )
+    ]
+    memory_con.execute("DELETE FROM idle_actions")
+    memory_con.execute("UPDATE runs SET created_at = '2026-11-15 23:00'")
+    assert record_digest(memory_con, tuesday + minutes(30), directory) == 2
+    assert [(r, o) for r, o, _ in digests()] == [("team:research", "pending"), ("user:ana", "pending")]

@@ -72,6 +72,8 @@ WITHDRAWN = "withdrawn"
 DIGEST = "digest"
 #: ``warehouse_meta`` key every decision writes first: deciders take turns.
 LADDER_TURN_KEY = "idle_ladder_turn"
+#: ``warehouse_meta`` key: when the ladder first ran here (its weekly digest never goes out on that tick).
+LADDER_SINCE_KEY = "idle_ladder_since"
 #: A claim older than this whose outcome was never recorded: its process ended mid-send.
 STALE_CLAIM = timedelta(minutes=10)
 
@@ -263,14 +265,26 @@ def _rows_of_step(
     return rows
 
 
-def prepare_ledger(con) -> None:
-    """The ledger, and the deciders' turn row (``take_turn``), made if missing."""
+def prepare_ledger(con, now: datetime) -> None:
+    """The ledger, the deciders' turn row (``take_turn``) and when the ladder was switched on (``LADDER_SINCE_KEY``:
+    ``now`` at its first tick; a ledger older than the key, its first decision), each made if missing."""
     con.execute(IDLE_ACTIONS_SQL)
     con.execute("CREATE TABLE IF NOT EXISTS warehouse_meta (key VARCHAR, value VARCHAR)")
     con.execute(
         "INSERT INTO warehouse_meta SELECT $k, '' WHERE NOT EXISTS (SELECT 1 FROM warehouse_meta WHERE key = $k)",
         {"k": LADDER_TURN_KEY},
     )
+    con.execute(
+        "INSERT INTO warehouse_meta SELECT $k, strftime(coalesce((SELECT min(decided_at) FROM idle_actions), $now), "
+        "'%Y-%m-%dT%H:%M:%S') WHERE NOT EXISTS (SELECT 1 FROM warehouse_meta WHERE key = $k)",
+        {"k": LADDER_SINCE_KEY, "now": now},
+    )
+
+
+def ladder_since(con) -> datetime | None:
+    """When the ladder was switched on in this warehouse (its first tick), None before."""
+    row = con.execute("SELECT value FROM warehouse_meta WHERE key = $k", {"k": LADDER_SINCE_KEY}).fetchone()
+    return datetime.fromisoformat(row[0]) if row and row[0] else None
 
 
 def take_turn(con, now: datetime) -> None:
@@ -349,7 +363,7 @@ def record_decisions(con, seen: list[Seen], policy: IdlePolicy, now: datetime, d
     """What each seen run's episode is due, written to the ledger in one transaction, each row only if the ledger does
     not hold it yet; returns the rows written. First what waits from earlier ticks is re-validated against what this
     tick saw (``_revalidate_waiting``)."""
-    prepare_ledger(con)
+    prepare_ledger(con, now)
     written: list[dict] = []
     with transaction(con):
         take_turn(con, now)

@@ -14,6 +14,7 @@ from wandb_assets.lib.acting.idle_actions import (
     IDLE_ACTIONS_COLUMNS,
     PENDING,
     SKIPPED,
+    ladder_since,
     prepare_ledger,
     take_turn,
 )
@@ -111,22 +112,42 @@ def last_week(now: datetime) -> date:
     return today - timedelta(days=today.weekday() + 7)
 
 
+def uncovered(con, week: date) -> str | None:
+    """Why the warehouse does not hold the whole week beginning Monday ``week`` (None: it does): it holds the week
+    when it holds runs created before the week began (a warehouse first filled mid-week would report part of a
+    week as the whole: a run created on Sunday and idle on Monday is not in it)."""
+    first = con.execute("SELECT min(created_at) FROM runs").fetchone()[0]
+    if first is not None and first.date() < week:
+        return None
+    held = f"from {first:%Y-%m-%d}" if first is not None else "no run"
+    return f"the warehouse holds {held}, not the whole week of {week:%Y-%m-%d}: no digest of a part of a week"
+
+
 @retry_on_conflict
 def record_digest(con, now: datetime, directory) -> int:
-    """The last whole week's digest rows, written once (the deciders' turn row first, as ``record_decisions``)."""
+    """The last whole week's digest rows, written once (the deciders' turn row first, as ``record_decisions``).
+    Never on the tick that switched the ladder on (``ladder_since``), and only of a week the warehouse holds whole
+    (``uncovered``: else one skipped row says why)."""
     week = last_week(now)
-    prepare_ledger(con)
+    prepare_ledger(con, now)
     with transaction(con):
         take_turn(con, now)
+        since = ladder_since(con)
+        if since is None or since >= now:  # the ladder's first tick: a digest then would come out of the blue
+            return 0
         done = con.execute(
             f"SELECT count(*) FROM idle_actions WHERE audience = '{DIGEST}' AND episode_started_at = $week",
             {"week": datetime.combine(week, datetime.min.time())},
         ).fetchone()[0]
         if done:
             return 0
-        rows = digest_rows(con, week, now, directory)
-        if not rows:  # nothing idle: one row says the week was looked at
-            rows = [_digest_row("none", week, now, "", None, None, 0.0, None) | {"outcome": SKIPPED, "acted_at": now}]
+        partial = uncovered(con, week)
+        rows = [] if partial else digest_rows(con, week, now, directory)
+        if not rows:  # nothing idle, or not the whole week: one row says the week was looked at
+            rows = [
+                _digest_row("none", week, now, "", None, None, 0.0, None)
+                | {"outcome": SKIPPED, "acted_at": now, "reason": partial or "nobody had idle GPU-hours"}
+            ]
         frame = pandas.DataFrame(rows, columns=list(IDLE_ACTIONS_COLUMNS)).astype(
             {"episode_started_at": "datetime64[us]", "decided_at": "datetime64[us]", "acted_at": "datetime64[us]"}
         )

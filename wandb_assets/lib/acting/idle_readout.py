@@ -160,7 +160,7 @@ def rehearse(con, seen: list[Seen], policy: IdlePolicy, now: datetime, datadog: 
 
     scratch = duckdb.connect()
     try:
-        prepare_ledger(scratch)
+        prepare_ledger(scratch, now)
         scratch.execute(f"CREATE TABLE runs ({', '.join(f'{c} {t}' for c, t in _RUN_COLUMNS.items())})")
         keys = pandas.DataFrame([(s.run.entity, s.run.run_id) for s in seen], columns=["entity", "run_id"])
         con.register("preview_keys", keys)
