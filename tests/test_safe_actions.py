@@ -42,6 +42,7 @@ class Channels:
         self.webhook: list[str] = []
         self.stops: list[str] = []
         self.runs: dict[str, tuple] = {}
+        self.gone: set[str] = set()
         self.wandb_down = False
         self.slack_down = False
         self.refused: dict[str, str] = {}
@@ -75,6 +76,8 @@ class Channels:
     def stop_run(self, path, check):
         if self.wandb_down:
             raise Outage("W&B answered 503")
+        if path in self.gone:  # W&B holds no run there now: deleted, or moved away (as fetch.stop_run says it)
+            return StopAnswer("not_stopped", "W&B holds no run at that path now (deleted, or moved to another project)")
         state, created, tags, config = self.runs.get(path, ("running", CREATED, (), {}))
         reason = check(state, created, tags, config)
         if reason is not None:
@@ -510,14 +513,18 @@ def test_the_weekly_digest_shows_run_ids_users_and_teams_as_written_never_as_liv
 
 
 class LadderHistories(RuleBasedStateMachine):
-    """Runs idle, busy again, ended, re-tagged `interactive` in W&B (the warehouse sees both only at its next refresh),
-    the same id
-    in two projects; Slack up, down or rate-limited, one team channel archived; W&B down at stop time; ticks every
-    15 minutes, sometimes two at the same moment. After every tick: no stop of a run that was not idle, running and
-    not exempt at send time; none without its owner or team told in Slack at least the grace before; each message at
-    most once; and with Slack up, nothing to a reachable target left waiting."""
+    """Runs idle, busy again, ended, re-tagged `interactive`, moved to another project (the same run: entity, id,
+    creation time) or deleted in W&B (the warehouse sees each only at its next refresh), the same id in two projects;
+    Slack up, down or rate-limited, one team channel archived; W&B down at stop time; ticks every 15 minutes,
+    sometimes two at the same moment. After every tick: no stop of a run that was not idle, running and not exempt at
+    send time, where W&B holds it then; none without its owner or team told in Slack at least the grace before (in
+    whichever project the run was then); each message at most once; and with Slack up, nothing to a reachable target
+    left waiting."""
 
     RUNS = (("p", "r1", "ana", "C0RES"), ("q", "r1", "bo", "C0ARCHIVED"), ("p", "r2", "cy", "C0RES"))
+    KEYS = tuple(f"e/{p}/{r}" for p, r, _, _ in RUNS)
+    #: where W&B moves a run that moves (r2 of p): the same entity, id and creation time
+    MOVED_TO = {"e/p/r2": "e/q2/r2"}
     #: a short ladder, so that histories of a few ticks reach the stop: owner at 30, owner and team at 45, stop at 60
     POLICY = IdlePolicy(
         5.0,
@@ -534,56 +541,98 @@ class LadderHistories(RuleBasedStateMachine):
         self.channels = Channels()
         self.channels.refused["C0ARCHIVED"] = "is_archived"
         self.now = D(8)
+        # by run (its first path): what W&B holds now, and what the warehouse saw at its last refresh
         self.idle_since: dict[str, datetime | None] = {}
         self.last_busy: dict[str, datetime] = {}
         self.ended: set[str] = set()
         self.seen_ended: set[str] = set()
         self.tags: dict[str, tuple] = {}
         self.seen_tags: dict[str, tuple] = {}
+        self.where: dict[str, str] = {}
+        self.seen_where: dict[str, str] = {}
+        self.deleted: set[str] = set()
+        self.seen_deleted: set[str] = set()
         self.limited = False
-        for project, run_id, _, _ in self.RUNS:
-            path = f"e/{project}/{run_id}"
-            self.idle_since[path], self.tags[path] = None, ()
+        for (project, run_id, _, _), key in zip(self.RUNS, self.KEYS, strict=True):
+            self.idle_since[key], self.tags[key] = None, ()
+            self.where[key] = self.seen_where[key] = key
             created = CREATED if project == "p" else D(7)
-            self.channels.runs[path] = ("running", created, (), {})
+            self.channels.runs[key] = ("running", created, (), {})
+            self.con.execute(
+                "INSERT INTO runs (entity, project, run_id, state, created_at, source) VALUES "
+                "('e', $p, $r, 'running', $c, 'wandb')",
+                {"p": project, "r": run_id, "c": created},
+            )
 
     def _candidates(self):
-        for project, run_id, user, channel in self.RUNS:
-            path = f"e/{project}/{run_id}"
-            if path in self.seen_ended or self.idle_since[path] is None:
+        for (_, run_id, user, channel), key in zip(self.RUNS, self.KEYS, strict=True):
+            if key in self.seen_ended or key in self.seen_deleted or self.idle_since[key] is None:
                 continue
-            candidate = replace(run(project, run_id, user), created_at=self.channels.runs[path][1])
-            yield path, candidate, channel
+            project = self.seen_where[key].split("/")[1]
+            created = CREATED if key.split("/")[1] == "p" else D(7)
+            yield key, replace(run(project, run_id, user), created_at=created), channel
 
-    @rule(path=st.sampled_from([f"e/{p}/{r}" for p, r, _, _ in RUNS]))
-    def goes_idle(self, path):
-        if self.idle_since[path] is None and path not in self.seen_ended:
-            self.idle_since[path] = self.now
+    @rule(key=st.sampled_from(KEYS))
+    def goes_idle(self, key):
+        if self.idle_since[key] is None and key not in self.seen_ended:
+            self.idle_since[key] = self.now
 
-    @rule(path=st.sampled_from([f"e/{p}/{r}" for p, r, _, _ in RUNS]))
-    def goes_busy(self, path):
-        self.idle_since[path] = None
-        self.last_busy[path] = self.now
+    @rule(key=st.sampled_from(KEYS))
+    def goes_busy(self, key):
+        self.idle_since[key] = None
+        self.last_busy[key] = self.now
 
-    @rule(path=st.sampled_from([f"e/{p}/{r}" for p, r, _, _ in RUNS]))
-    def ends(self, path):
-        self.ended.add(path)
-        _, created, tags, config = self.channels.runs[path]
-        self.channels.runs[path] = ("finished", created, tags, config)
+    def _in_wandb(self, key, **change):
+        if key in self.deleted:
+            return
+        state, created, tags, config = self.channels.runs[self.where[key]]
+        now = {"state": state, "tags": tags, **change}
+        self.channels.runs[self.where[key]] = (now["state"], created, now["tags"], config)
 
-    @rule(path=st.sampled_from([f"e/{p}/{r}" for p, r, _, _ in RUNS]), on=st.booleans())
-    def retagged(self, path, on):
-        self.tags[path] = ("interactive",) if on else ()
-        state, created, _, config = self.channels.runs[path]
-        self.channels.runs[path] = (state, created, self.tags[path], config)
+    @rule(key=st.sampled_from(KEYS))
+    def ends(self, key):
+        self.ended.add(key)
+        self._in_wandb(key, state="finished")
+
+    @rule(key=st.sampled_from(KEYS), on=st.booleans())
+    def retagged(self, key, on):
+        self.tags[key] = ("interactive",) if on else ()
+        self._in_wandb(key, tags=self.tags[key])
+
+    @rule(key=st.sampled_from(sorted(MOVED_TO)))
+    def moves(self, key):
+        """W&B moves the run to another project of its entity: the same run (entity, id, creation time)."""
+        if key not in self.deleted and self.where[key] == key:
+            self.where[key] = self.MOVED_TO[key]
+            self.channels.runs[self.where[key]] = self.channels.runs.pop(key)
+            self.channels.gone.add(key)
+
+    @rule(key=st.sampled_from(KEYS))
+    def deleted_in_wandb(self, key):
+        if key not in self.deleted:
+            self.deleted.add(key)
+            self.channels.runs.pop(self.where[key])
+            self.channels.gone.add(self.where[key])
 
     @rule()
     def refresh(self):
-        """The warehouse catches up with W&B: the tags and the ended runs it shows the ladder."""
+        """The warehouse catches up with W&B: the tags, the ended and deleted runs, and where each run is now (a moved
+        run's old copy marked moved, as the lifecycle does)."""
         self.seen_tags = dict(self.tags)
         self.seen_ended = set(self.ended)
-        for path in self.ended:
-            self.idle_since[path] = None
+        self.seen_deleted = set(self.deleted)
+        for key in self.ended | self.deleted:
+            self.idle_since[key] = None
+        for key, path in self.where.items():
+            if path != self.seen_where[key] and key not in self.deleted:
+                _, project, run_id = path.split("/")
+                self.con.execute("UPDATE runs SET state = 'moved' WHERE project = 'p' AND run_id = $r", {"r": run_id})
+                self.con.execute(
+                    "INSERT INTO runs (entity, project, run_id, state, created_at, source) VALUES "
+                    "('e', $p, $r, 'running', $c, 'wandb')",
+                    {"p": project, "r": run_id, "c": CREATED},
+                )
+                self.seen_where[key] = path
 
     @rule(slack=st.sampled_from(["up", "down", "limited"]), wandb_down=st.booleans())
     def outages(self, slack, wandb_down):
@@ -597,15 +646,20 @@ class LadderHistories(RuleBasedStateMachine):
 
         self.now += timedelta(minutes=minutes)
         seen = []
-        for path, candidate, channel in self._candidates():
-            exempt = exemption(self.POLICY, "e", candidate.project, candidate.user, "t", self.seen_tags.get(path), "{}")
-            started = self.idle_since[path]
+        for key, candidate, channel in self._candidates():
+            exempt = exemption(self.POLICY, "e", candidate.project, candidate.user, "t", self.seen_tags.get(key), "{}")
+            started = self.idle_since[key]
             episode = Episode(
-                "e", candidate.project, candidate.run_id, started, self.now, 8.0, 8, 0.0, self.last_busy.get(path)
+                "e", candidate.project, candidate.run_id, started, self.now, 8.0, 8, 0.0, self.last_busy.get(key)
             )
             owner = {"ana": "U0ANA", "bo": "U0BO", "cy": "U0CY"}[candidate.user]
             seen.append(Seen(candidate, episode, None, "t", owner, channel, exempt))
-        idle_now = {path for path, _, _ in self._candidates()}
+        judged = {self.seen_where[key] for key, _, _ in self._candidates()}  # the paths the ladder judges idle
+        idle_in_wandb = {  # W&B's paths of the runs idle now, not deleted
+            self.where[key]: key
+            for key, since in self.idle_since.items()
+            if since is not None and key not in self.deleted
+        }
         if self.limited:
             self.channels.slack_down = True
         stops_before, posts_before = list(self.channels.stops), len(self.channels.slack)
@@ -620,16 +674,19 @@ class LadderHistories(RuleBasedStateMachine):
         for _, text in self.channels.slack[posts_before:]:  # a message that an idle run is idle: only while it is
             if text.startswith(":hourglass:"):
                 where, run_id = re.search(r"\((e/\w+), id (\w+)\)", text).groups()
-                assert f"{where}/{run_id}" in idle_now, text
+                assert f"{where}/{run_id}" in judged, text
         if self.limited:
             self.channels.slack_down = False
         for path in self.channels.stops[len(stops_before) :]:
-            assert path in idle_now and path not in self.ended and "interactive" not in self.tags[path], path
-            project, run_id = path.split("/")[1:]
+            key = idle_in_wandb.get(path)
+            assert key is not None and key not in self.ended and "interactive" not in self.tags[key], path
+            run_id = path.split("/")[2]
+            projects = sorted({key.split("/")[1], path.split("/")[1]})  # where it was told: before or after a move
             told = self.con.execute(
-                "SELECT min(acted_at) FROM idle_actions WHERE project = $p AND run_id = $r AND outcome = 'sent' "
-                "AND channel = 'slack' AND audience IN ('owner', 'team') AND episode_started_at = $s",
-                {"p": project, "r": run_id, "s": self.idle_since[path]},
+                "SELECT min(acted_at) FROM idle_actions WHERE list_contains($ps, project) AND run_id = $r "
+                "AND outcome = 'sent' AND channel = 'slack' AND audience IN ('owner', 'team') "
+                "AND episode_started_at = $s",
+                {"ps": projects, "r": run_id, "s": self.idle_since[key]},
             ).fetchone()[0]
             assert told is not None and told <= self.now - timedelta(minutes=self.POLICY.grace_minutes), path
 
@@ -654,3 +711,53 @@ class LadderHistories(RuleBasedStateMachine):
 
 LadderHistories.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
 test_ladder_histories_keep_the_ladder_s_promises = LadderHistories.TestCase
+
+
+def test_a_run_moved_mid_episode_goes_on_where_it_is_and_a_deleted_one_is_never_stopped():
+    """Two histories of the machine above, written out (the search reaches them rarely). r2 of p idle from 08:00: told
+    at 08:30 and 08:45 in p; W&B moves it to q2 at 08:45; the warehouse sees the move; at 09:00 its stop goes to
+    e/q2/r2 (the same run: its ladder continues, nobody told twice). r1 of p idle from 08:00 is deleted in W&B at
+    08:55, before the warehouse sees it: its 09:00 stop finds no run there and is not sent (nothing said of it)."""
+    moved = LadderHistories()
+    moved.goes_idle("e/p/r2")
+    for minutes in (15, 15, 15):
+        moved.tick(minutes)
+    moved.moves("e/p/r2")
+    moved.refresh()
+    moved.tick(15)
+    assert moved.channels.stops == ["e/q2/r2"]
+    assert ledger(moved.con, "run_id = 'r2'") == [
+        ("p", 1, "owner", "sent", None),
+        ("p", 2, "owner", "sent", None),
+        ("p", 2, "team", "sent", None),
+        ("q2", 3, "owner", "sent", None),
+        ("q2", 3, "stop", "stopped", None),
+        ("q2", 3, "team", "sent", None),
+    ]
+    moved.teardown()
+
+    deleted = LadderHistories()
+    deleted.goes_idle("e/p/r1")
+    for minutes in (15, 15, 15):
+        deleted.tick(minutes)
+    deleted.deleted_in_wandb("e/p/r1")
+    deleted.tick(15)
+    assert deleted.channels.stops == []
+    assert ledger(deleted.con, "step = 3") == [
+        (
+            "p",
+            3,
+            "owner",
+            "skipped",
+            "not stopped: W&B holds no run at that path now (deleted, or moved to another project)",
+        ),
+        ("p", 3, "stop", "not_stopped", "W&B holds no run at that path now (deleted, or moved to another project)"),
+        (
+            "p",
+            3,
+            "team",
+            "skipped",
+            "not stopped: W&B holds no run at that path now (deleted, or moved to another project)",
+        ),
+    ]
+    deleted.teardown()

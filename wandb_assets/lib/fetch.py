@@ -262,10 +262,15 @@ def stop_run(api, path: str, check, secret: str = "", act: bool = True) -> tuple
     (``Run.stop()``: wandb-core sends the ``StopRun`` mutation; the run's process sees it at its next status poll).
     Returns ``(True, None)`` when asked (``act`` False: when it would be, nothing asked: the preview),
     ``(False, NotStopped)`` otherwise; raises ``WandbFetchError`` when W&B could not be reached or answered 429/5xx."""
+    from wandb.apis.public.runs import RunNotFoundError
+
     from wandb_assets.lib.normalize import parse_timestamp
 
     try:
-        run = api.run(path)
+        try:
+            run = api.run(path)
+        except RunNotFoundError:  # deleted, or moved to another project: not this stop's to chase
+            return False, NotStopped("W&B holds no run at that path now (deleted, or moved to another project)")
         created = parse_timestamp(getattr(run, "created_at", None))
         tags, config = tuple(getattr(run, "tags", None) or ()), dict(getattr(run, "config", None) or {})
         reason = check(run.state, created, tags, config)
