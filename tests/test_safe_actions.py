@@ -440,7 +440,16 @@ def test_a_run_named_for_another_pr_never_writes_that_pr_s_check_nor_another_s_c
     that someone else wrote quoting the marker is left as it was; this deployment writes its own."""
     from tests.github_api import LocalGitHub, app_private_key
     from wandb_assets.defs.feed.github import PyGitHubChannel
-    from wandb_assets.lib.acting.pr_outbox import CHECK_NAME, MARKER, Item, claim, deliver, queue, record
+    from wandb_assets.lib.acting.pr_outbox import (
+        CHECK_NAME,
+        MARKER,
+        Item,
+        claim,
+        deliver,
+        delivered_checks,
+        queue,
+        record,
+    )
     from wandb_assets.settings import github_target
 
     key = app_private_key()
@@ -459,7 +468,8 @@ def test_a_run_named_for_another_pr_never_writes_that_pr_s_check_nor_another_s_c
 
         def send(items, token):
             queue(memory_con, items, now)
-            outcomes = deliver(claim(memory_con, "acme/trainer", token, now), channel, now)
+            claimed = claim(memory_con, "acme/trainer", token, now)
+            outcomes = deliver(claimed, channel, now, delivered_checks(memory_con, "acme/trainer", claimed))
             record(memory_con, token, outcomes)
             return {(o["pr"], o["item"]): (o["state"], o.get("error")) for o in outcomes}
 
@@ -481,6 +491,19 @@ def test_a_run_named_for_another_pr_never_writes_that_pr_s_check_nor_another_s_c
         assert server.comments[human]["body"] == f"{MARKER} my own notes"
         ours = [c for c in server.comments.values() if c["user"]["login"] == "wandb-assets[bot]"]
         assert [c["body"] for c in ours] == [f"{MARKER}\nPR 5"]
+
+        # PR 11, stacked on PR 5, holds aaaa... too: its verdict joins PR 5's in the one check run on that commit,
+        # the worst conclusion standing; neither PR's verdict overwrites the other's
+        server.add_commit("c" * 40, pr=11)
+        server.pull_commits[11].insert(0, five)
+        stacked = Item("acme/trainer", 11, "check:aaaaaaa", "aaaaaaa", "success", "No regression", "table 11")
+        assert send([stacked], "c") == {(11, "check:aaaaaaa"): ("delivered", None)}
+        (only,) = [r for r in server.check_runs.values() if r["head_sha"] == five]
+        assert (only["conclusion"], only["output"]["title"]) == (
+            "failure",
+            "PR #5: 1 of 1 regressed; PR #11: No regression",
+        )
+        assert only["output"]["summary"] == "#### PR #5\n\ntable\n\n#### PR #11\n\ntable 11"
     finally:
         server.stop()
 

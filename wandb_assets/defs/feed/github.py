@@ -41,6 +41,7 @@ from wandb_assets.lib.acting.pr_outbox import (
     Refused,
     claim,
     deliver,
+    delivered_checks,
     record,
 )
 from wandb_assets.settings import ConfigError, GitHubTarget, github_target, pem_text
@@ -252,7 +253,8 @@ def github_checks(
     now, token = config.resolve(), uuid.uuid4().hex
     with warehouse.get_connection() as con:
         claimed = claim(con, target.repo, token, now)
-    outcomes = deliver(claimed, github.channel(target), now) if claimed else []
+        delivered = delivered_checks(con, target.repo, claimed)
+    outcomes = deliver(claimed, github.channel(target), now, delivered) if claimed else []
     with warehouse.get_connection() as con:
         record(con, token, outcomes)
     waiting = {

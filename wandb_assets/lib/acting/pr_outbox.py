@@ -1,17 +1,18 @@
 """The pull requests' verdicts on their way to GitHub (issue 45): the outbox ``github_deliveries``, what each item says,
 and its delivery through a ``GitHubChannel`` (given: the REST client lives in ``defs``). No Dagster, no network here.
 
-Two kinds of item per pull request: ``check:<commit>``, the check run ``wandb-assets / throughput`` on a judged commit
-(``failure`` when a metric regressed and gating is on, ``neutral`` when a metric has no baseline or gating is off,
-``success`` otherwise), and ``comment``, the PR's one comment (found by its hidden marker), showing the commit judged
-last. An item is queued again when what it says changes. An item, check or comment, goes out only when GitHub lists its
-commit as the PR's (its head or one of its commits, ``GET /pulls/N/commits``): the commit comes from a W&B run name,
-which anyone who can log a run chooses, and must never pick whose required check or conversation it writes. Delivery
-first looks for what it delivered before (the check run by its name on the commit, the comment by its marker and its
-author: this deployment) and edits it: an outage, a retry or a sender that died mid-send never makes a second one.
-GitHub down: the item waits (``pending``, its error kept) for the next run; GitHub refusing it (a commit it does not
-know, a PR that is not there, a commit not the PR's): ``refused`` with the reason, not tried again until what it says
-changes.
+Two kinds of item per pull request: ``check:<commit>``, the verdict on a judged commit (``failure`` when a metric
+regressed and gating is on, ``neutral`` when a metric has no baseline or gating is off, ``success`` otherwise), and
+``comment``, the PR's one comment (found by its hidden marker), showing the commit judged last. A commit has one check
+run, ``wandb-assets / throughput``, holding the verdicts of every PR whose item names it and that GitHub lists it for
+(``compose_check``: two PRs on one commit never overwrite each other's verdict; the worst conclusion stands). An item is
+queued again when what it says changes. An item, check or comment, goes out only when GitHub lists its commit as the
+PR's (its head or one of its commits, ``GET /pulls/N/commits``): the commit comes from a W&B run name, which anyone who
+can log a run chooses, and must never pick whose required check or conversation it writes. Delivery first looks for what
+it delivered before (the check run by its name on the commit, the comment by its marker and its author: this deployment)
+and edits it: an outage, a retry or a sender that died mid-send never makes a second one. GitHub down: the item waits
+(``pending``, its error kept) for the next run; GitHub refusing it (a commit it does not know, a PR that is not there, a
+commit not the PR's): ``refused`` with the reason, not tried again until what it says changes.
 """
 
 from __future__ import annotations
@@ -211,37 +212,100 @@ def claim(con, repo: str, token: str, now: datetime) -> list[dict]:
     return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
-def deliver(claimed: list[dict], channel: GitHubChannel, now: datetime) -> list[dict]:
+#: A check run's conclusion when several PRs' verdicts name its commit: the worst of theirs.
+_SEVERITY = {"success": 0, "neutral": 1, "failure": 2}
+
+
+def delivered_checks(con, repo: str, claimed: list[dict]) -> list[dict]:
+    """The checks already delivered on the commits of the ``claimed`` checks, for other PRs: the one check run on a
+    commit holds every PR's verdicts naming it (``compose_check``), so a claimed one is written with them."""
+    commits = sorted({it["commit"] for it in claimed if it["item"] != COMMENT})
+    if not commits:
+        return []
+    cursor = con.execute(
+        f"SELECT * FROM github_deliveries WHERE repo = $repo AND item <> '{COMMENT}' AND state = '{DELIVERED}' "
+        'AND list_contains($commits, "commit") ORDER BY pr',
+        {"repo": repo, "commits": commits},
+    )
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def compose_check(items: list[dict]) -> tuple[str, str, str]:
+    """The conclusion, title and text of the one check run on a commit, from every PR's check item naming it (each
+    validated as that PR's commit): the worst conclusion, each PR's title and table under its number. Two PRs on one
+    commit (a stacked branch, a re-opened PR) share one check run, and neither overwrites the other's verdict."""
+    if len(items) == 1:
+        return items[0]["conclusion"], items[0]["title"], items[0]["body"]
+    items = sorted(items, key=lambda it: it["pr"])
+    worst = max((it["conclusion"] for it in items), key=lambda c: _SEVERITY.get(c, 1))
+    title = "; ".join(f"PR #{it['pr']}: {it['title']}" for it in items)
+    body = "\n\n".join(f"#### PR #{it['pr']}\n\n{it['body']}" for it in items)
+    return worst, title[:1000], body
+
+
+def deliver(claimed: list[dict], channel: GitHubChannel, now: datetime, delivered: list[dict] = ()) -> list[dict]:
     """Send each claimed item; returns its outcome (``{key..., body_hash, state, target_id, head_sha, channel,
-    error}``). After an outage the rest are not tried (they would time out too): they wait, pending."""
+    error}``). The checks go out one per commit (``compose_check`` of the claimed ones that are their PR's and those
+    ``delivered`` before for other PRs on the same commit: ``delivered_checks``). After an outage the rest are not
+    tried (they would time out too): they wait, pending."""
     outcomes, shas, members, down = [], {}, {}, None
-    for it in claimed:
-        out = {c: it[c] for c in (*OUTBOX_KEY, "body_hash")} | {"delivered_at": None, "head_sha": None}
-        if down is not None:
-            outcomes.append(out | {"state": PENDING, "error": f"not tried: {down}"})
-            continue
+    valid: dict[str, list[dict]] = {}  # commit -> the claimed checks that are their PR's
+
+    def validated(it: dict) -> str:
+        """The item's full SHA, once GitHub lists it as the PR's commit; ``Refused`` otherwise."""
+        # a run name says which commit; GitHub says whose: neither the check nor the comment goes out otherwise
+        if it["commit"] not in shas:
+            shas[it["commit"]] = channel.full_sha(it["commit"])
+        if it["pr"] not in members:
+            members[it["pr"]] = channel.pr_commits(it["pr"])
+        if shas[it["commit"]] not in members[it["pr"]]:
+            raise Refused(
+                f"commit {shas[it['commit']][:12]} is not a commit of PR {it['pr']} (neither its head nor one of "
+                "its commits): nothing is written from a run name"
+            )
+        return shas[it["commit"]]
+
+    def base(it: dict) -> dict:
+        return {c: it[c] for c in (*OUTBOX_KEY, "body_hash")} | {"delivered_at": None, "head_sha": None}
+
+    def attempt(items: list[dict], send) -> bool:
+        """``send()`` for ``items`` (its fields are their outcome; None: no outcome yet); False when it did not go."""
+        nonlocal down
         try:
-            # a run name says which commit; GitHub says whose: neither the check nor the comment goes out otherwise
-            if it["commit"] not in shas:
-                shas[it["commit"]] = channel.full_sha(it["commit"])
-            if it["pr"] not in members:
-                members[it["pr"]] = channel.pr_commits(it["pr"])
-            if shas[it["commit"]] not in members[it["pr"]]:
-                raise Refused(
-                    f"commit {shas[it['commit']][:12]} is not a commit of PR {it['pr']} (neither its head nor one of "
-                    "its commits): nothing is written from a run name"
-                )
-            if it["item"] == COMMENT:
-                target, how = channel.upsert_comment(it["pr"], it["body"]), "comment"
-            else:
-                out["head_sha"] = shas[it["commit"]]
-                target, how = channel.upsert_check(out["head_sha"], it["conclusion"], it["title"], it["body"])
-            outcomes.append(out | {"state": DELIVERED, "target_id": target, "channel": how, "delivered_at": now})
+            if down is not None:
+                raise Outage(f"not tried: {down}")
+            fields = send()
         except Outage as exc:
-            down = str(exc)
-            outcomes.append(out | {"state": PENDING, "error": down})
+            down = down or str(exc)
+            outcomes.extend(base(it) | {"state": PENDING, "error": str(exc)} for it in items)
+            return False
         except Refused as exc:
-            outcomes.append(out | {"state": REFUSED, "error": str(exc)})
+            outcomes.extend(base(it) | {"state": REFUSED, "error": str(exc)} for it in items)
+            return False
+        if fields is not None:
+            outcomes.extend(base(it) | {"state": DELIVERED, "delivered_at": now} | fields for it in items)
+        return True
+
+    def check(commit: str, mine: list[dict]) -> dict:
+        claimed_prs = {it["pr"] for it in mine}
+        together = mine + [d for d in delivered if d["commit"] == commit and d["pr"] not in claimed_prs]
+        target, how = channel.upsert_check(shas[commit], *compose_check(together))
+        return {"target_id": target, "channel": how, "head_sha": shas[commit]}
+
+    checks = [it for it in claimed if it["item"] != COMMENT]
+    for it in checks:
+        if attempt([it], lambda it=it: validated(it) and None):
+            valid.setdefault(it["commit"], []).append(it)
+    for commit, mine in valid.items():
+        attempt(mine, lambda commit=commit, mine=mine: check(commit, mine))
+    for it in (it for it in claimed if it["item"] == COMMENT):
+        attempt(
+            [it],
+            lambda it=it: (
+                validated(it) and {"target_id": channel.upsert_comment(it["pr"], it["body"]), "channel": "comment"}
+            ),
+        )
     return outcomes
 
 
