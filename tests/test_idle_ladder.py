@@ -437,3 +437,24 @@ def test_without_a_slack_token_the_ladder_messages_wait_and_go_out_once_it_is_se
         assert execute_feed(instance, now="2026-06-02T12:05:00").success
     assert ledger(warehouse_path)[1:] == [("b", 1, "owner", "sent", "slack", "U0BO", None)]
     assert [m["channel"] for m in slack.messages()] == ["U0BO"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "outcome"),
+    [(400, ("undeliverable", "none")), (403, ("pending", "datadog_event")), (503, ("pending", "datadog_event"))],
+)
+def test_a_datadog_event_follows_the_notifier_s_classes(
+    wandb_server, capture, slack, ladder, warehouse_path, instance, answer, outcome
+):
+    """Datadog answering the ladder's event 400 (it will never take it as it is): undeliverable with the reason, said
+    once, nothing paused (bo is told in Slack all the same); 403 (the key) or 503: the event waits for the next tick."""
+    ladder(stop_runs=False)
+    wandb_server([idle_run("b", "bo", datetime(2026, 6, 2, 11, 0), email="bo@example.com")])
+    capture.answer = str(answer)
+    assert all(
+        r.success for r in run_tick(instance, TODAY, snapshot_at="2026-06-02T12:00:00", now="2026-06-02T12:00:30")
+    )
+    (event, owner) = ledger(warehouse_path)
+    assert (event[3], event[4]) == outcome and owner[3:5] == ("sent", "slack")
+    if answer == 400:
+        assert event[6].startswith("Datadog answered 400") and "(an idle-ladder event)" in event[6]

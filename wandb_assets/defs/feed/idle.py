@@ -27,6 +27,7 @@ from wandb_assets.defs.feed.resources import (
 )
 from wandb_assets.defs.wandb_runs.resources import WandbResource
 from wandb_assets.defs.warehouse.resources import WarehouseResource
+from wandb_assets.lib.acting.channels import Outage, http_error
 from wandb_assets.lib.acting.idle_actions import (
     LEDGER_KEY,
     NOT_STOPPED,
@@ -40,7 +41,7 @@ from wandb_assets.lib.acting.idle_actions import (
     record_outcomes,
     stop_outcomes,
 )
-from wandb_assets.lib.acting.idle_delivery import Outage, StopAnswer, deliver
+from wandb_assets.lib.acting.idle_delivery import StopAnswer, deliver
 from wandb_assets.lib.acting.idle_digest import record_digest
 from wandb_assets.lib.acting.idle_episodes import current_episodes
 from wandb_assets.lib.acting.idle_readout import format_preview, ladder_gauges, ladder_payload, rehearse
@@ -107,8 +108,10 @@ class LadderChannels:
         if self._dd_tags is None:
             self._dd_tags = self._datadog.tags()
         result = self._datadog.send_event(self._dd_key, title, text, False, [*self._dd_tags, "source:idle_ladder"])
-        if not result.accepted:
-            raise Outage(f"Datadog events answered {result.status or result.error}")
+        if result.status is None:
+            raise Outage(f"Datadog unreachable ({result.error or 'no answer'})")
+        if not result.accepted:  # the notifier's classes: 429/5xx wait, 401/403 name the key, other 4xx never take it
+            raise http_error("Datadog", result.status, result.error, "an idle-ladder event", "DD_API_KEY")
 
     def send_gauges(self, gauges: dict[str, float], now) -> str:
         """The ladder's gauges to Datadog (one point each; the next tick sends fresh ones: nothing waits)."""

@@ -100,7 +100,8 @@ class IdleChannels(Protocol):
     def datadog_missing(self) -> str | None: ...
 
     def send_event(self, title: str, text: str) -> None:
-        """``Outage`` when Datadog cannot take it now."""
+        """``Outage`` when Datadog cannot take it now (``AuthRefused``: the key), ``Undeliverable`` when it never will
+        (a 4xx other than 401/403/429). The resource escapes the text (``channels.datadog_escape``)."""
 
     def stop_run(self, path: str, check: SendTimeCheck) -> StopAnswer:
         """Read the run ``entity/project/run_id`` from W&B and, unless ``check`` of it gives a reason (then
@@ -260,6 +261,8 @@ def deliver(
             try:
                 channels.send_event(event_title(row), event_text(row))
                 outcomes.append(_outcome(row, SENT, now, channel="datadog_event"))
+            except Undeliverable as exc:  # Datadog will never take it as it is: said once, nothing paused
+                outcomes.append(_outcome(row, UNDELIVERABLE, now, channel="none", reason=str(exc)))
             except Outage as exc:
                 down["datadog"] = str(exc)
                 outcomes.append(_outcome(row, PENDING, now, error=str(exc)))
