@@ -39,9 +39,11 @@ exempt: {tags: [interactive]}
 READS = {"Viewer", "GetDefaultEntity", "ServerFeaturesQuery", "Runs", "RunCurves", "RunFiles", "ProjectsActivity"}
 
 
-def idle_run(run_id: str, user: str, idle_from: datetime, *, busy_gpus: int = 0, tags=None, email=None) -> dict:
+def idle_run(
+    run_id: str, user: str, idle_from: datetime, *, busy_gpus: int = 0, tags=None, email=None, metadata=None
+) -> dict:
     """8 H100s sampled every 5 minutes from 08:00 to 12:00: 90 % before ``idle_from``, then 0 % (``busy_gpus`` of
-    them stay at 90 %)."""
+    them stay at 90 %). ``metadata``: its wandb-metadata.json, and no GPU count in its config."""
     events = []
     moment = CREATED
     while moment <= T:
@@ -58,9 +60,10 @@ def idle_run(run_id: str, user: str, idle_from: datetime, *, busy_gpus: int = 0,
         username=user,
         email=email,
         tags=tags,
-        config={"compute": {"gpu_count": 8, "gpu_type": "NVIDIA H100 80GB HBM3"}},
+        config={"compute": {"gpu_type": "NVIDIA H100 80GB HBM3"} | ({} if metadata else {"gpu_count": 8})},
         system_metrics={k: v for k, v in events[-1].items() if k != "_timestamp"},
         events=events,
+        metadata=metadata,
     )
 
 
@@ -458,3 +461,30 @@ def test_a_datadog_event_follows_the_notifier_s_classes(
     assert (event[3], event[4]) == outcome and owner[3:5] == ("sent", "slack")
     if answer == 400:
         assert event[6].startswith("Datadog answered 400") and "(an idle-ladder event)" in event[6]
+
+
+def test_a_running_run_on_a_shared_node_is_judged_by_its_own_gpu_count_from_its_metadata(
+    wandb_server, capture, slack, ladder, warehouse_path, instance
+):
+    """Run g holds 2 GPUs of an 8-GPU node (its wandb-metadata.json says gpu_count 2; its config none); the node's
+    samples list 8 GPUs, all idle from 11:00. Its owner hears of 2 GPUs at $5.98 an hour (2 x $2.99), not 8 at
+    $23.92; the file is read once this tick, for g alone (h's count comes from its config)."""
+    ladder(stop_runs=False)
+    server = wandb_server(
+        [
+            idle_run(
+                "g", "ana", datetime(2026, 6, 2, 11, 0), metadata={"gpu_count": 2, "gpu": "NVIDIA H100 80GB HBM3"}
+            ),
+            idle_run("h", "ana", datetime(2026, 6, 2, 11, 0)),
+        ]
+    )
+    assert all(
+        r.success for r in run_tick(instance, TODAY, snapshot_at="2026-06-02T12:00:00", now="2026-06-02T12:00:30")
+    )
+    texts = {m["text"].split("|")[1].split(">")[0]: m["text"].split(" has had ")[1] for m in slack.messages()}
+    assert texts["train-g"].startswith(
+        "2 of 2 H100-80GB GPUs idle for 60 minutes (since 2026-06-02 11:00 UTC): $5.98 idle so far, $5.98 an hour for "
+        "its 2 GPUs."
+    )
+    assert texts["train-h"].startswith("8 of 8 H100-80GB GPUs idle for 60 minutes")
+    assert server.file_downloads == ["test-team/test-project/g"]

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from wandb_assets.lib.fetch import RUN_METADATA_FILE_FIELD, metadata_file_url
 from wandb_assets.lib.gpus import MAX_GPUS, system_gpus
 
 #: Runs whose curves one request asks for: W&B meters by database time, and pages with curves stay small.
@@ -49,7 +50,7 @@ query RunCurves($project: String!, $entity: String!, $filters: JSONString, $perP
 """
 #: The same, with each run's W&B user and e-mail (the idle ladder tells the owner).
 CURVES_WITH_USER_QUERY = CURVES_QUERY.replace(
-    "events(samples: $samples)", "events(samples: $samples) user { username email }"
+    "events(samples: $samples)", f"events(samples: $samples) user {{ username email }} {RUN_METADATA_FILE_FIELD}"
 )
 
 
@@ -149,6 +150,8 @@ def read_curves(node: Mapping[str, Any], keys: list[str], read_at: datetime) -> 
     user = node.get("user")
     if isinstance(user, Mapping) and isinstance(user.get("email"), str) and "@" in user["email"]:
         read["email"] = user["email"].strip()
+    if "files" in node:  # the ladder's query: where the run's wandb-metadata.json is (its own GPU count)
+        read["metadata_url"] = metadata_file_url(node)
     return read
 
 

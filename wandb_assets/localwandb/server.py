@@ -582,7 +582,7 @@ class LocalWandbServer:
         if operation == "RunFiles":
             return self._run_files(runs, variables)
         if operation == "RunCurves":
-            return self._run_curves(runs, variables, with_user="user {" in query)
+            return self._run_curves(runs, variables, with_user="user {" in query, with_files=_asks_files(query))
         if operation == "StopRun":
             return self._stop_run(variables)
         if operation == "Run":
@@ -615,7 +615,9 @@ class LocalWandbServer:
                 return json.dumps({"data": {"stopRun": {"success": True}}})
         return json.dumps({"errors": [{"message": "run not found", "path": ["stopRun"]}], "data": None})
 
-    def _run_curves(self, runs: _ProjectRuns | None, variables: dict, with_user: bool = False) -> str:
+    def _run_curves(
+        self, runs: _ProjectRuns | None, variables: dict, with_user: bool = False, with_files: bool = False
+    ) -> str:
         """``lib.curves.CURVES_QUERY``: the runs its filters name, each with ``sampledHistory`` (per spec, the rows
         holding every key of the spec, at most ``samples`` of them, the first and last always among them) and
         ``events`` (the system stream sampled the same way, as JSON strings). What is assumed of W&B: the rows are
@@ -636,6 +638,8 @@ class LocalWandbServer:
             answer = {"name": node["name"], "sampledHistory": sampled, "events": events}
             if with_user:
                 answer["user"] = {"username": node["user"]["username"], "email": node["user"].get("email")}
+            if with_files:
+                answer["files"] = self._files(record, variables, [METADATA_FILE])
             edges.append({"node": answer, "cursor": base64.b64encode(f"cursor:{start + i}".encode()).decode()})
         info = {"endCursor": edges[-1]["cursor"] if edges else None, "hasNextPage": start + len(edges) < listed}
         data = {"runCount": listed, "runs": {"edges": edges, "pageInfo": info}}

@@ -40,6 +40,7 @@ from wandb_assets.lib.acting.idle_actions import (
     record_decisions,
     record_outcomes,
     stop_outcomes,
+    with_own_gpu_count,
 )
 from wandb_assets.lib.acting.idle_delivery import StopAnswer, deliver
 from wandb_assets.lib.acting.idle_digest import record_digest
@@ -144,6 +145,29 @@ class Observed:
     unread: list[tuple]
 
 
+def own_gpu_counts(found: list, streams: dict, wandb: WandbResource, pipeline: PipelineSettings) -> list:
+    """The candidates whose GPU count came from their node's sample (or the default), with their own count read from
+    their ``wandb-metadata.json`` (``acting.idle_actions.with_own_gpu_count``): the files the stream's request located,
+    ``WANDB_ASSETS_METADATA_DOWNLOADS`` at a time; only those candidates', each tick (few: idle and running)."""
+    from wandb_assets.lib.gpus import SOURCE_DEFAULT, SOURCE_SYSTEM_METRICS
+    from wandb_assets.lib.throttle import Throttle
+
+    wanted: dict[str, dict[str, str]] = {}
+    for c in found:
+        url = streams.get(c.key, {}).get("metadata_url")
+        if url and c.gpu_count_source in (SOURCE_SYSTEM_METRICS, SOURCE_DEFAULT):
+            wanted.setdefault(f"{c.entity}/{c.project}", {})[c.run_id] = url
+    if not wanted:
+        return found
+    downloads = Throttle(pipeline.metadata_downloads)
+    read = {
+        (*path.split("/", 1), run_id): answer
+        for path, urls in wanted.items()
+        for run_id, answer in wandb.runs_metadata(path, urls, downloads, pipeline).items()
+    }
+    return [with_own_gpu_count(c, read.get(c.key)) for c in found]
+
+
 def observe(found: list, wandb: WandbResource, policy, pipeline: PipelineSettings) -> Observed:
     """The idle runs ``found`` (``acting.idle_actions.candidates``) judged as the ladder judges them: the unexempt ones'
     sampled GPU streams read from W&B, their episodes found. The tick and ``wandb-assets idle --preview`` share it."""
@@ -152,6 +176,7 @@ def observe(found: list, wandb: WandbResource, policy, pipeline: PipelineSetting
     exempt = {c.key: exempt_reason(policy, c, teams[c.key]) for c in found}
     to_read = [c.key for c in found if exempt[c.key] is None]
     streams = wandb.idle_streams(to_read, pipeline) if to_read else {}
+    found = own_gpu_counts(found, streams, wandb, pipeline)
     unread = [key for key in to_read if streams.get(key, {}).get("status") == "failed"]
     gpu_streams = {key: read.get("gpu", []) for key, read in streams.items()}
     counts = {c.key: c.gpu_count for c in found}

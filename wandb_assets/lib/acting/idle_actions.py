@@ -92,7 +92,7 @@ def _idle_share(policy: IdlePolicy) -> str:
 CANDIDATES_SQL = """
 WITH {prices}
 SELECT r.entity, r.project, r.run_id, r.name, r.url, r."user", r.tags, r.config::VARCHAR AS config, r.gpu_count,
-       r.gpu_model, r.gpu_count * {usd} AS usd_per_hour, r.created_at
+       r.gpu_model, r.gpu_count * {usd} AS usd_per_hour, r.created_at, r.gpu_count_source
 FROM {runs} r LEFT JOIN prices p ON p.model = r.gpu_model
 WHERE r.state = 'running' AND r.gpu_count > 0 AND len(r.latest_gpu_sample) > 0 AND {idle}
 ORDER BY r.entity, r.project, r.run_id
@@ -114,10 +114,28 @@ class Candidate:
     usd_per_hour: float | None
     #: with entity and run id, the run's identity (``runs_lifecycle.same_run_sql``); None: the warehouse's row says
     created_at: datetime | None = None
+    #: where ``gpu_count`` came from (``gpus.gpu_count``): a running run's ``system_metrics`` count is its node's
+    gpu_count_source: str | None = None
 
     @property
     def key(self) -> tuple[str, str, str]:
         return (self.entity, self.project, self.run_id)
+
+
+def with_own_gpu_count(run: Candidate, metadata: dict | None) -> Candidate:
+    """The candidate with its own GPU count, from its ``wandb-metadata.json`` (``metadata``: what was read of it,
+    ``fetch.read_metadata_file``), where its count came from its node's system sample or the default: a 2-GPU run on
+    an 8-GPU node is 2 GPUs (its dollars an hour with it), never 8. A count from its config stands (it comes first in
+    ``gpus.gpu_count`` too); an unread or unusable file changes nothing."""
+    from wandb_assets.lib.gpus import SOURCE_DEFAULT, SOURCE_METADATA, SOURCE_SYSTEM_METRICS, valid_gpu_count
+
+    if run.gpu_count_source not in (SOURCE_SYSTEM_METRICS, SOURCE_DEFAULT) or not metadata:
+        return run
+    count = valid_gpu_count(metadata.get("gpu_count")) if metadata.get("status") == "read" else None
+    if count is None or count == run.gpu_count:
+        return run
+    usd = None if run.usd_per_hour is None else run.usd_per_hour * count / run.gpu_count
+    return replace(run, gpu_count=count, usd_per_hour=usd, gpu_count_source=SOURCE_METADATA)
 
 
 def candidates(con, policy: IdlePolicy, prices: dict[str, float]) -> list[Candidate]:
