@@ -641,3 +641,21 @@ def test_a_metadata_file_that_lands_after_its_run_ended_is_read_by_a_later_fetch
     assert execute_backfill(instance, day, day).success
     assert server.file_downloads == ["test-team/test-project/late"]  # "old" was settled: not asked again
     assert query_read_only(warehouse_path, rows) == [("late", 8, "read"), ("old", 1, "missing")]
+
+
+def test_two_price_keys_naming_one_gpu_model_exit_2_naming_both(tmp_path, monkeypatch, capsys, instance):
+    """`H100-80GB: 2.49` and `H100-SXM: 2.10` are one model: read as one, the last won silently (10 days of H100s
+    billed at $2.10 instead of $2.49, `check` passing). Now the file cannot mean two things: exit 2 naming both keys,
+    before any run."""
+    from tests.conftest import cli
+
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("H100-80GB: 2.49\nA100-80GB: 1.79\nH100-SXM: 2.10\n")
+    monkeypatch.setenv("WANDB_ASSETS_GPU_PRICES", str(prices))
+    code, _, err = cli(capsys, "refresh")
+    assert (code, err) == (
+        2,
+        f"error: WANDB_ASSETS_GPU_PRICES ({prices}) prices 'H100-80GB' and 'H100-SXM', which name the same GPU model "
+        "(H100-80GB): keep one of them.\n",
+    )
+    assert instance.get_runs() == []

@@ -273,11 +273,18 @@ def parse_prices(document: Any, where: str) -> dict[str, float]:
     if not isinstance(document, Mapping) or not document:
         raise ConfigError(f"{where} must map GPU models to USD per GPU-hour (such as H100-80GB: 2.99).")
     prices: dict[str, float] = {}
+    keys: dict[str, str] = {}  # canonical model -> the key that priced it
     for raw, usd in document.items():
         model, _ = canonical_gpu_model(str(raw))
         if isinstance(usd, bool) or not isinstance(usd, (int, float)) or not math.isfinite(usd) or usd < 0:
             raise ConfigError(f"{where} gives {raw!r} the price {usd!r}: a price is a number of USD, 0 or more.")
-        prices[model or str(raw)] = float(usd)
+        name = model or str(raw)
+        if name in keys:  # read as one model, the last would silently win: the file cannot mean two things
+            raise ConfigError(
+                f"{where} prices {keys[name]!r} and {raw!r}, which name the same GPU model ({name}): keep one of them."
+            )
+        keys[name] = str(raw)
+        prices[name] = float(usd)
     return prices
 
 
