@@ -146,6 +146,12 @@ def test_costs_state_the_unpriced_share_and_a_fallback_price_prices_the_rest_lab
     assert lines[1] == (
         f"GPU cost by model, {day.date()} to {day.date() + timedelta(days=1)} UTC (2 days, the last one so far):"
     )
+    wide = _costs_cli(warehouse_path, "--by", "model", "--days", "30").stdout.splitlines()[1]
+    assert wide == (  # a window reaching before the warehouse's first day says how much of it the warehouse holds
+        f"GPU cost by model, {day.date() - timedelta(days=28)} to {day.date() + timedelta(days=1)} UTC (30 days, the "
+        f"last one so far; the warehouse holds 2 of them, from {day.date()}: the dollars of the days before are not "
+        "in it):"
+    )
     assert [line.split() for line in lines[2:8]] == [
         ["model", "GPU-hours", "USD", "priced", "fallback", "GPU-h", "unpriced", "GPU-h", "idle", "GPU-h"],
         ["H100-80GB", "8.0", "$20.00", "100%", "0.0", "0.0", "0.0"],

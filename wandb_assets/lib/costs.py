@@ -65,6 +65,9 @@ class CostSummary:
     #: Runs of these days without a GPU model because their wandb-metadata.json could not be read, by cause
     #: (``(cause, runs)``, most first): "no model recorded" is then a failed read, not absence.
     unread_models: tuple[tuple[str, int], ...] = ()
+    #: The first day the warehouse holds (``gpu_usage``'s first), None: it holds none; a window reaching before it
+    #: says how many of its days the warehouse holds.
+    held_from: date | None = None
 
 
 def _has_price_basis(con) -> bool:
@@ -98,6 +101,7 @@ def cost_summary(con, by: str, today: date, days: int) -> CostSummary:
         total=CostLine(*total[0]) if total else CostLine("total", 0.0, None, 0.0, 0.0, 0.0),
         unpriced_models=tuple((name, hours) for name, hours, *_ in sorted(unpriced, key=lambda r: -r[1])),
         unread_models=tuple(unread),
+        held_from=con.execute("SELECT min(day) FROM gpu_usage").fetchone()[0],
     )
 
 
@@ -154,9 +158,16 @@ def coverage_sentence(summary: CostSummary) -> str:
 
 def format_costs(summary: CostSummary) -> str:
     """The summary as a text table with a total line and the coverage sentence."""
+    last_day = summary.first_day + timedelta(days=summary.days - 1)
+    held = ""
+    if summary.held_from is not None and summary.first_day < summary.held_from <= last_day:
+        held = (
+            f"; the warehouse holds {(last_day - summary.held_from).days + 1} of them, from {summary.held_from}: "
+            "the dollars of the days before are not in it"
+        )
     title = (
-        f"GPU cost by {summary.by}, {summary.first_day} to {summary.first_day + timedelta(days=summary.days - 1)} "
-        f"UTC ({summary.days} days, the last one so far):"
+        f"GPU cost by {summary.by}, {summary.first_day} to {last_day} UTC ({summary.days} days, the last one so "
+        f"far{held}):"
     )
     if not summary.lines:
         return f"{title}\n  no GPU-hours in these days."
