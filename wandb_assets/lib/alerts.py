@@ -39,6 +39,7 @@ from wandb_assets.lib.sql import (
     RATED_SQL,
     SPS_SQL_STATES,
     Connect,
+    dict_rows,
     transaction,
 )
 
@@ -140,12 +141,6 @@ class Condition:
         return f"{self.rule}:{self.subject}"
 
 
-def _rows(con, sql: str, params: dict) -> list[dict]:
-    cursor = con.execute(sql, params)
-    names = [d[0] for d in cursor.description]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-
-
 #: Rated push-to-main runs (finished, failed, crashed) per project in the 24 h before ``$t``.
 _RATED_SQL = f"""
 SELECT entity, project, count(*) AS rated FROM {MIRRORED_RUNS_SQL} runs
@@ -157,7 +152,7 @@ AND ended_at > $t - INTERVAL 24 HOUR AND ended_at <= $t AND created_at <= $t GRO
 def _push_to_main_rates(con, at: datetime, th: AlertThresholds) -> list[dict]:
     """``[{entity, project, rate, rated}]``: the push-to-main success rate at ``at`` (the gauge's own definition)
     and how many rated runs it covers, per project with ``by_project``, else one row for the whole fleet."""
-    rated = {(r["entity"], r["project"]): r["rated"] for r in _rows(con, _RATED_SQL, {"t": at})}
+    rated = {(r["entity"], r["project"]): r["rated"] for r in dict_rows(con, _RATED_SQL, {"t": at})}
     name = "wandb.push_to_main.success_rate_pct"
     if not th.by_project:
         return [
@@ -318,7 +313,7 @@ def find_change_points(con, at: datetime, metric: str) -> list[dict]:
     keys = ("entity", "project", "ci_config", "testbed", "position")
     named = {
         tuple(row[key] for key in keys): row
-        for row in _rows(
+        for row in dict_rows(
             con, _SERIES_RUNS_AT_SQL, params | {"wanted": json.dumps([dict(zip(keys, w, strict=True)) for w in wanted])}
         )
     }
@@ -416,7 +411,7 @@ def change_points(con, at: datetime, metric: str) -> list[dict]:
     (the same metric, runs and latest time: a tick and every reader after it until the next load), else found
     now. At a million runs the detector takes over a second; reading the table, milliseconds."""
     if _recorded_mark(con) == _series_mark(con, at, metric):
-        return _rows(con, "SELECT * FROM sps_change_points ORDER BY ordinal", {})
+        return dict_rows(con, "SELECT * FROM sps_change_points ORDER BY ordinal", {})
     return find_change_points(con, at, metric)
 
 
@@ -475,7 +470,7 @@ def failure_spike(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     """More than ``failure_spike_pct`` of the runs that ended in the last 24 h failed or crashed (per project
     with ``by_project``, else over the whole fleet)."""
     by = "entity, project" if th.by_project else "NULL AS entity, NULL AS project"
-    counts = _rows(
+    counts = dict_rows(
         con,
         f"SELECT {by}, count(*) AS ended, count(*) FILTER (WHERE state IN ({FAILED_SQL})) AS failed "
         f"FROM {MIRRORED_RUNS_SQL} runs "
@@ -546,7 +541,7 @@ def stalled_run(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     and the reason is worked out in the same query (no second opinion in Python).
     """
     record_progress(con, at)
-    found = _rows(
+    found = dict_rows(
         con,
         STALLED_SQL,
         {
@@ -576,7 +571,7 @@ def ci_silent(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     """No push-to-main run created for ``ci_silent_hours``. With ``by_project``, per project that has ever had
     one (a research project without CI is not silent CI); when none has, once, as for one project."""
     by = "entity, project" if th.by_project else "NULL AS entity, NULL AS project"
-    latest = _rows(
+    latest = dict_rows(
         con,
         f"SELECT {by}, max(created_at) AS latest FROM {MIRRORED_RUNS_SQL} runs "
         "WHERE category = 'push_to_main' AND created_at <= $t "
@@ -599,7 +594,7 @@ def ci_silent(con, at: datetime, th: AlertThresholds) -> list[Condition]:
 def long_running(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     """Runs alive (running, pending, preempting) for longer than ``long_running_hours``: a zombie on the
     server, or a job stuck in a queue. The tick refreshes them by id instead of re-reading their days."""
-    found = _rows(
+    found = dict_rows(
         con,
         f"SELECT entity, project, run_id, name, url, log_path, state, created_at FROM {MIRRORED_RUNS_SQL} runs "
         f"WHERE state IN ({ALIVE_SQL}) AND created_at <= $cutoff ORDER BY entity, project, run_id",
@@ -652,7 +647,7 @@ def idle_gpus(con, at: datetime, th: AlertThresholds) -> list[Condition]:
     """A running run whose GPUs were all below ``idle_gpu_pct`` on every sample (``gpu_samples``, one per
     snapshot) for at least ``idle_gpu_minutes``, sampled at this snapshot too. A run without system metrics has
     no samples and is never called idle; one busy GPU of eight keeps a run busy."""
-    found = _rows(
+    found = dict_rows(
         con,
         IDLE_GPUS_SQL,
         {
@@ -698,7 +693,7 @@ def project_unreachable(con, at: datetime, th: AlertThresholds) -> list[Conditio
     ).fetchone()[0]
     if not exists:
         return []
-    found = _rows(
+    found = dict_rows(
         con,
         "SELECT entity, project, failing_since, last_fetched_at, last_error FROM wandb_projects "
         "WHERE mirrored AND last_error IS NOT NULL ORDER BY entity, project",
@@ -786,7 +781,7 @@ def reconcile(
     with transaction(con):
         open_alerts = {
             r["alert_key"]: r
-            for r in _rows(
+            for r in dict_rows(
                 con,
                 "SELECT alert_key, rule, subject, severity, message, details FROM alerts WHERE resolved_at IS NULL",
                 {},

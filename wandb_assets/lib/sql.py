@@ -95,6 +95,13 @@ def reusing(con) -> Connect:
     return lambda: nullcontext(con)
 
 
+def dict_rows(con, sql: str, params: dict) -> list[dict]:
+    """The rows of ``sql`` as dicts by column name."""
+    cursor = con.execute(sql, params)
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
 @contextmanager
 def transaction(con) -> Iterator[None]:
     """``BEGIN`` ... ``COMMIT``, or ``ROLLBACK`` when the body raises (so a failed write changes nothing)."""

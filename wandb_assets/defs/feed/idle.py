@@ -47,12 +47,16 @@ from wandb_assets.lib.acting.idle_digest import record_digest
 from wandb_assets.lib.acting.idle_episodes import current_episodes
 from wandb_assets.lib.acting.idle_readout import format_preview, ladder_gauges, ladder_payload, rehearse
 from wandb_assets.lib.fetch import WandbFetchError
+from wandb_assets.lib.throttle import Throttle
 from wandb_assets.settings import ConfigError, PipelineSettings, idle_policy, pipeline_settings
 
 
 class LadderChannels:
     """``acting.idle_delivery.IdleChannels`` over the resources: Slack's Web API, the alert webhook, Datadog events, W&B
     stops. Nothing secret leaves: errors are Slack's error codes and the client's own sentences."""
+
+    #: False: a stop reads the run and checks it as at send time, and asks W&B for nothing (the preview)
+    acts = True
 
     def __init__(
         self,
@@ -125,7 +129,7 @@ class LadderChannels:
 
     def stop_run(self, path: str, check) -> StopAnswer:
         try:
-            stopped, why = self._wandb.stop_run(path, self._pipeline, check)
+            stopped, why = self._wandb.stop_run(path, self._pipeline, check, act=self.acts)
         except WandbFetchError as exc:
             raise Outage(str(exc)) from None
         if stopped:
@@ -149,13 +153,10 @@ def own_gpu_counts(found: list, streams: dict, wandb: WandbResource, pipeline: P
     """The candidates whose GPU count came from their node's sample (or the default), with their own count read from
     their ``wandb-metadata.json`` (``acting.idle_actions.with_own_gpu_count``): the files the stream's request located,
     ``WANDB_ASSETS_METADATA_DOWNLOADS`` at a time; only those candidates', each tick (few: idle and running)."""
-    from wandb_assets.lib.gpus import SOURCE_DEFAULT, SOURCE_SYSTEM_METRICS
-    from wandb_assets.lib.throttle import Throttle
-
     wanted: dict[str, dict[str, str]] = {}
     for c in found:
         url = streams.get(c.key, {}).get("metadata_url")
-        if url and c.gpu_count_source in (SOURCE_SYSTEM_METRICS, SOURCE_DEFAULT):
+        if url and c.count_may_be_its_nodes:
             wanted.setdefault(f"{c.entity}/{c.project}", {})[c.run_id] = url
     if not wanted:
         return found
@@ -311,6 +312,8 @@ class PreviewChannels(LadderChannels):
     """``LadderChannels`` that read and send nothing: Slack is asked who has an owner's e-mail and W&B is read before a
     stop (the send-time check), but each message is kept with where it would have gone, and no run is stopped."""
 
+    acts = False
+
     def __init__(self, *args) -> None:
         super().__init__(*args)
         self.said: list[str] = []
@@ -323,15 +326,6 @@ class PreviewChannels(LadderChannels):
 
     def send_event(self, title: str, text: str) -> None:
         self.said.append(f"as a Datadog event: {title}: {text}")
-
-    def stop_run(self, path: str, check) -> StopAnswer:
-        try:
-            stopped, why = self._wandb.stop_run(path, self._pipeline, check, act=False)
-        except WandbFetchError as exc:
-            raise Outage(str(exc)) from None
-        if stopped:
-            return StopAnswer(STOPPED)
-        return StopAnswer(REFUSED if why.refused else NOT_STOPPED, why.reason)
 
 
 def preview_ladder(con, policy, where: str, now, resources: dict) -> str:

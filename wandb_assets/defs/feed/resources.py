@@ -188,8 +188,8 @@ class SlackResource(ConfigurableResource):
             return token.get_secret_value().strip() or None
         if not self.wandb.secret_in_use():
             return None
-        secret = self.wandb.load_secret(self.wandb.resolved_secret_name(), "WANDB_ASSETS_SLACK_BOT_TOKEN")
-        return (secret.get("WANDB_ASSETS_SLACK_BOT_TOKEN") or "").strip() or None
+        secret = self.wandb.load_secret(self.wandb.resolved_secret_name(), SLACK_TOKEN_SETTING)
+        return (secret.get(SLACK_TOKEN_SETTING) or "").strip() or None
 
     def verify(self, why: str) -> None:
         """``ConfigError`` of one sentence when no bot token is configured, or Slack refuses it (``auth.test``);

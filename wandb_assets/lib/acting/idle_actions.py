@@ -30,11 +30,19 @@ import pandas
 
 from wandb_assets.lib.acting.idle_episodes import Episode
 from wandb_assets.lib.acting.idle_policy import DATADOG, OWNER, STOP, TEAM, Done, IdlePolicy, decide, exemption
-from wandb_assets.lib.gpus import PRICES_CTE, prices_param, usd_sql
+from wandb_assets.lib.gpus import (
+    PRICES_CTE,
+    SOURCE_DEFAULT,
+    SOURCE_METADATA,
+    SOURCE_SYSTEM_METRICS,
+    prices_param,
+    usd_sql,
+    valid_gpu_count,
+)
 from wandb_assets.lib.idle import ladder_idle_sql
 from wandb_assets.lib.lake import retry_on_conflict
 from wandb_assets.lib.runs_lifecycle import moved_copy_sql
-from wandb_assets.lib.sql import MIRRORED_RUNS_SQL, transaction
+from wandb_assets.lib.sql import MIRRORED_RUNS_SQL, dict_rows, transaction
 
 IDLE_ACTIONS_COLUMNS = {
     "entity": "VARCHAR",
@@ -121,15 +129,19 @@ class Candidate:
     def key(self) -> tuple[str, str, str]:
         return (self.entity, self.project, self.run_id)
 
+    @property
+    def count_may_be_its_nodes(self) -> bool:
+        """Its GPU count came from its node's system sample (or the default), not from the run itself: a 2-GPU run on
+        an 8-GPU node counts 8 (``with_own_gpu_count`` reads its own)."""
+        return self.gpu_count_source in (SOURCE_SYSTEM_METRICS, SOURCE_DEFAULT)
+
 
 def with_own_gpu_count(run: Candidate, metadata: dict | None) -> Candidate:
     """The candidate with its own GPU count, from its ``wandb-metadata.json`` (``metadata``: what was read of it,
     ``fetch.read_metadata_file``), where its count came from its node's system sample or the default: a 2-GPU run on
     an 8-GPU node is 2 GPUs (its dollars an hour with it), never 8. A count from its config stands (it comes first in
     ``gpus.gpu_count`` too); an unread or unusable file changes nothing."""
-    from wandb_assets.lib.gpus import SOURCE_DEFAULT, SOURCE_METADATA, SOURCE_SYSTEM_METRICS, valid_gpu_count
-
-    if run.gpu_count_source not in (SOURCE_SYSTEM_METRICS, SOURCE_DEFAULT) or not metadata:
+    if not run.count_may_be_its_nodes or not metadata:
         return run
     count = valid_gpu_count(metadata.get("gpu_count")) if metadata.get("status") == "read" else None
     if count is None or count == run.gpu_count:
@@ -454,9 +466,7 @@ def claim_pending(con, token: str, now: datetime) -> list[dict]:
 
 def ledger_rows(con, where: str, params: dict) -> list[dict]:
     """The ledger's rows ``WHERE where`` as dicts, ``details`` parsed (what ``deliver`` takes)."""
-    cursor = con.execute(f"SELECT * FROM idle_actions WHERE {where}", params)
-    names = [d[0] for d in cursor.description]
-    rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    rows = dict_rows(con, f"SELECT * FROM idle_actions WHERE {where}", params)
     for row in rows:
         row["details"] = json.loads(row["details"]) if isinstance(row["details"], str) else (row["details"] or {})
     return rows

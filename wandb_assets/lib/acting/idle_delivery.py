@@ -255,31 +255,29 @@ def deliver(
         missing = channels.datadog_missing()
         if missing:
             outcomes.append(_outcome(row, UNDELIVERABLE, now, reason=missing))
-        elif "datadog" in down:
-            outcomes.append(_outcome(row, PENDING, now, error=down["datadog"]))
-        else:
-            try:
-                channels.send_event(event_title(row), event_text(row))
-                outcomes.append(_outcome(row, SENT, now, channel="datadog_event"))
-            except Undeliverable as exc:  # Datadog will never take it as it is: said once, nothing paused
-                outcomes.append(_outcome(row, UNDELIVERABLE, now, channel="none", reason=str(exc)))
-            except Outage as exc:
-                down["datadog"] = str(exc)
-                outcomes.append(_outcome(row, PENDING, now, error=str(exc)))
+            continue
+        said, error = _through("datadog", lambda row=row: channels.send_event(event_title(row), event_text(row)), down)
+        if said == "ok":
+            outcomes.append(_outcome(row, SENT, now, channel="datadog_event"))
+        elif said == "wait":
+            outcomes.append(_outcome(row, PENDING, now, error=error))
+        else:  # Datadog will never take it as it is: said once, nothing paused
+            outcomes.append(_outcome(row, UNDELIVERABLE, now, channel="none", reason=error))
     return outcomes
 
 
-def _slack(call: Callable[[], Any], down: dict[str, str]) -> tuple[str, Any]:
-    """``call()`` of Slack, by the notifier's classes: ``("ok", value)``; ``("wait", error)`` (transient: Slack is
-    paused for the rest of this delivery); ``("undeliverable", error)`` (permanent: nothing is paused)."""
-    if "slack" in down:
-        return "wait", down["slack"]
+def _through(channel: str, call: Callable[[], Any], down: dict[str, str]) -> tuple[str, Any]:
+    """``call()`` of ``channel`` (``slack``, ``datadog``), by the notifier's classes: ``("ok", value)``;
+    ``("wait", error)`` (transient: the channel is paused for the rest of this delivery); ``("undeliverable", error)``
+    (permanent: nothing is paused)."""
+    if channel in down:
+        return "wait", down[channel]
     try:
         return "ok", call()
     except Undeliverable as exc:
         return "undeliverable", str(exc)
     except Outage as exc:
-        down["slack"] = str(exc)
+        down[channel] = str(exc)
         return "wait", str(exc)
 
 
@@ -293,7 +291,7 @@ def _tell_digest(row: dict, channels: IdleChannels, down: dict[str, str], now: d
         who = row["run_id"].replace(":", " ", 1)
         why = f"the teams file gives {who} no Slack {'user' if who.startswith('user') else 'channel'}"
         return _outcome(row, UNDELIVERABLE, now, channel="none", reason=why)
-    said, error = _slack(lambda: channels.post_slack(row["recipient"], row["details"]["text"]), down)
+    said, error = _through("slack", lambda: channels.post_slack(row["recipient"], row["details"]["text"]), down)
     if said == "wait":
         return _outcome(row, PENDING, now, error=error)
     if said == "undeliverable":
@@ -312,7 +310,7 @@ def _tell(row: dict, text: str, channels: IdleChannels, down: dict[str, str], no
     if row["audience"] == OWNER:
         recipient = d.get("owner_slack")
         if not recipient and d.get("email"):
-            said, found = _slack(lambda: channels.slack_user_by_email(d["email"]), down)
+            said, found = _through("slack", lambda: channels.slack_user_by_email(d["email"]), down)
             if said == "wait":
                 return _outcome(row, PENDING, now, error=found)
             recipient = found if said == "ok" else None
@@ -327,7 +325,7 @@ def _tell(row: dict, text: str, channels: IdleChannels, down: dict[str, str], no
             reason = f"team {team} has no channel in the teams file" if team else f"{d.get('user')} is in no team"
     refused = None
     if recipient:
-        said, error = _slack(lambda: channels.post_slack(recipient, text), down)
+        said, error = _through("slack", lambda: channels.post_slack(recipient, text), down)
         if said == "ok":
             return _outcome(row, SENT, now, channel="slack", recipient=recipient)
         if said == "wait":

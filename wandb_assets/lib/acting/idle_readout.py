@@ -206,16 +206,11 @@ def format_preview(where: str, now: datetime, outcomes: list[dict], said: dict[t
     ]
     for o in outcomes:
         what = f"  {o['entity']}/{o['project']}/{o['run_id']} step {o['step']} ({o['audience']}): "
-        key = tuple(o[c] for c in LEDGER_KEY)
-        if o["audience"] == STOP:
-            if o["outcome"] == STOPPED:
-                lines.append(what + "would be stopped now (W&B read now: running, the same run, not exempt)")
-            else:
-                lines.append(what + f"{o['outcome']}" + (f": {o['reason']}" if o.get("reason") else ""))
-            continue
-        told = said.get(key) or []
-        if not told:
-            lines.append(what + f"{o['outcome']}" + (f": {o['reason']}" if o.get("reason") else ""))
-        for line in told:
-            lines.append(what + line)
+        told = said.get(tuple(o[c] for c in LEDGER_KEY))
+        if o["audience"] == STOP and o["outcome"] == STOPPED:
+            lines.append(what + "would be stopped now (W&B read now: running, the same run, not exempt)")
+        elif told:
+            lines += [what + line for line in told]
+        else:
+            lines.append(what + o["outcome"] + (f": {o['reason']}" if o.get("reason") else ""))
     return "\n".join(lines)

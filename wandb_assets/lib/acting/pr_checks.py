@@ -30,7 +30,7 @@ from datetime import datetime
 
 from wandb_assets.lib.gpus import UNKNOWN_TESTBED, testbed_sql
 from wandb_assets.lib.normalize import SPS_KEYS
-from wandb_assets.lib.sql import MIRRORED_RUNS_SQL, transaction
+from wandb_assets.lib.sql import MIRRORED_RUNS_SQL, dict_rows, transaction
 
 REGRESSION, IMPROVEMENT, NO_CHANGE, NO_BASELINE = "regression", "improvement", "no change", "no baseline"
 
@@ -284,17 +284,13 @@ def held_verdicts(con, prs: list[int]) -> list[dict]:
     """Every stored verdict of these PRs (what their checks and comments show)."""
     if not prs:
         return []
-    cursor = con.execute("SELECT * FROM pr_checks WHERE list_contains($prs, pr)", {"prs": prs})
-    names = [d[0] for d in cursor.description]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    return dict_rows(con, "SELECT * FROM pr_checks WHERE list_contains($prs, pr)", {"prs": prs})
 
 
 def latest_verdicts(con, n: int = 20) -> list[dict]:
     """The ``n`` verdicts judged last (the asset's view in the UI)."""
     con.execute(PR_CHECKS_SQL)
-    cursor = con.execute("SELECT * FROM pr_checks ORDER BY judged_at DESC, pr DESC, config, metric LIMIT $n", {"n": n})
-    names = [d[0] for d in cursor.description]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    return dict_rows(con, "SELECT * FROM pr_checks ORDER BY judged_at DESC, pr DESC, config, metric LIMIT $n", {"n": n})
 
 
 def markdown_cell(text: str) -> str:

@@ -25,7 +25,7 @@ from typing import Protocol
 
 from wandb_assets.lib.acting.channels import Outage
 from wandb_assets.lib.acting.pr_checks import NO_BASELINE, REGRESSION, format_pr_table, markdown_cell
-from wandb_assets.lib.sql import transaction
+from wandb_assets.lib.sql import dict_rows, transaction
 
 CHECK_NAME = "wandb-assets / throughput"
 #: The comment's hidden marker: the comment carrying it is this project's, edited in place.
@@ -203,13 +203,12 @@ def claim(con, repo: str, token: str, now: datetime) -> list[dict]:
             f"'{PENDING}' AND repo = $repo",
             {"token": token, "now": now, "repo": repo},
         )
-    cursor = con.execute(
+    return dict_rows(
+        con,
         f"SELECT * FROM github_deliveries WHERE claim = $token AND state = '{SENDING}' "
         f"ORDER BY item = '{COMMENT}', queued_at, pr, item",
         {"token": token},
     )
-    names = [d[0] for d in cursor.description]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
 #: A check run's conclusion when several PRs' verdicts name its commit: the worst of theirs.
@@ -222,13 +221,12 @@ def delivered_checks(con, repo: str, claimed: list[dict]) -> list[dict]:
     commits = sorted({it["commit"] for it in claimed if it["item"] != COMMENT})
     if not commits:
         return []
-    cursor = con.execute(
+    return dict_rows(
+        con,
         f"SELECT * FROM github_deliveries WHERE repo = $repo AND item <> '{COMMENT}' AND state = '{DELIVERED}' "
         'AND list_contains($commits, "commit") ORDER BY pr',
         {"repo": repo, "commits": commits},
     )
-    names = [d[0] for d in cursor.description]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
 def compose_check(items: list[dict]) -> tuple[str, str, str]:
@@ -252,8 +250,8 @@ def deliver(claimed: list[dict], channel: GitHubChannel, now: datetime, delivere
     outcomes, shas, members, down = [], {}, {}, None
     valid: dict[str, list[dict]] = {}  # commit -> the claimed checks that are their PR's
 
-    def validated(it: dict) -> str:
-        """The item's full SHA, once GitHub lists it as the PR's commit; ``Refused`` otherwise."""
+    def validate(it: dict) -> None:
+        """``Refused`` unless GitHub lists the item's commit (its full SHA kept in ``shas``) as the PR's."""
         # a run name says which commit; GitHub says whose: neither the check nor the comment goes out otherwise
         if it["commit"] not in shas:
             shas[it["commit"]] = channel.full_sha(it["commit"])
@@ -264,7 +262,6 @@ def deliver(claimed: list[dict], channel: GitHubChannel, now: datetime, delivere
                 f"commit {shas[it['commit']][:12]} is not a commit of PR {it['pr']} (neither its head nor one of "
                 "its commits): nothing is written from a run name"
             )
-        return shas[it["commit"]]
 
     def base(it: dict) -> dict:
         return {c: it[c] for c in (*OUTBOX_KEY, "body_hash")} | {"delivered_at": None, "head_sha": None}
@@ -287,6 +284,10 @@ def deliver(claimed: list[dict], channel: GitHubChannel, now: datetime, delivere
             outcomes.extend(base(it) | {"state": DELIVERED, "delivered_at": now} | fields for it in items)
         return True
 
+    def comment(it: dict) -> dict:
+        validate(it)
+        return {"target_id": channel.upsert_comment(it["pr"], it["body"]), "channel": "comment"}
+
     def check(commit: str, mine: list[dict]) -> dict:
         claimed_prs = {it["pr"] for it in mine}
         together = mine + [d for d in delivered if d["commit"] == commit and d["pr"] not in claimed_prs]
@@ -295,17 +296,12 @@ def deliver(claimed: list[dict], channel: GitHubChannel, now: datetime, delivere
 
     checks = [it for it in claimed if it["item"] != COMMENT]
     for it in checks:
-        if attempt([it], lambda it=it: validated(it) and None):
+        if attempt([it], lambda it=it: validate(it)):
             valid.setdefault(it["commit"], []).append(it)
     for commit, mine in valid.items():
         attempt(mine, lambda commit=commit, mine=mine: check(commit, mine))
     for it in (it for it in claimed if it["item"] == COMMENT):
-        attempt(
-            [it],
-            lambda it=it: (
-                validated(it) and {"target_id": channel.upsert_comment(it["pr"], it["body"]), "channel": "comment"}
-            ),
-        )
+        attempt([it], lambda it=it: comment(it))
     return outcomes
 
 
