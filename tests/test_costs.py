@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from wandb_assets.lib.costs import cost_summary, coverage_sentence, format_costs
+from wandb_assets.lib.accounting.costs import cost_summary, coverage_sentence, format_costs
 from wandb_assets.lib.errors import ConfigError
 from wandb_assets.settings import SHIPPED_GPU_PRICES, pipeline_settings
 
@@ -210,7 +210,7 @@ def test_a_fallback_price_that_is_no_price_is_one_sentence(value):
 
 
 def test_the_shipped_price_list_covers_current_gpus_and_says_when_and_where_from():
-    from wandb_assets.lib.gpus import canonical_gpu_model
+    from wandb_assets.lib.accounting.gpus import canonical_gpu_model
 
     prices = pipeline_settings({"WANDB_PROJECT": "p"}).gpu_prices
     recorded = [  # names W&B records for current data-centre and workstation GPUs

@@ -4,7 +4,7 @@ from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
-from wandb_assets.lib.gpus import canonical_gpu_model, gpu_count, mean_utilisation, system_gpus
+from wandb_assets.lib.accounting.gpus import canonical_gpu_model, gpu_count, mean_utilisation, system_gpus
 
 STALL = timedelta(minutes=30)
 
@@ -161,9 +161,9 @@ def test_gpu_usage_costs_by_day_user_team_and_model_hand_worked(memory_con):
     import yaml
 
     from tests.fleet import load
+    from wandb_assets.lib.accounting.gpus import parse_prices
+    from wandb_assets.lib.accounting.teams import parse_teams
     from wandb_assets.lib.derived import rebuild_gpu_usage
-    from wandb_assets.lib.gpus import parse_prices
-    from wandb_assets.lib.teams import parse_teams
 
     prices = parse_prices(yaml.safe_load("NVIDIA H100 80GB HBM3: 3.0\nA100-SXM4-40GB: 1.5\n"), "prices")
     assert prices == {"H100-80GB": 3.0, "A100-40GB": 1.5}
@@ -199,16 +199,16 @@ def test_gpu_usage_costs_by_day_user_team_and_model_hand_worked(memory_con):
 def test_a_malformed_price_file_is_one_sentence(text, says):
     import yaml
 
+    from wandb_assets.lib.accounting.gpus import parse_prices
     from wandb_assets.lib.errors import ConfigError
-    from wandb_assets.lib.gpus import parse_prices
 
     with pytest.raises(ConfigError, match=says):
         parse_prices(yaml.safe_load(text), "WANDB_ASSETS_GPU_PRICES (p.yaml)")
 
 
 def test_a_user_in_two_teams_is_refused():
+    from wandb_assets.lib.accounting.teams import parse_teams
     from wandb_assets.lib.errors import ConfigError
-    from wandb_assets.lib.teams import parse_teams
 
     with pytest.raises(ConfigError, match="puts 'alice' in two teams"):
         parse_teams({"vision": ["alice"], "infra": ["alice"]}, "WANDB_ASSETS_TEAMS")
@@ -458,7 +458,7 @@ def test_an_offline_log_gives_its_idle_gpu_hours_from_its_own_stats_records(
     tmp_path, warehouse_path, instance, monkeypatch
 ):
     """Two GPUs sampled every 10 min from 23:40 to 00:20 UTC (end at +40 min): idle GPUs per sample 1, 2 | 1, 2,
-    each held 600 s (the one hold rule, lib/idle.py, as an online run's stream: the log's GPU stream is loaded even
+    each held 600 s (the one hold rule, lib/accounting/idle.py, as an online run's stream: the log's GPU stream is loaded even
     with curves off), so 0.5 idle GPU-hours on each day; GPU-hours 2 GPUs x 20 min = 0.6667 per day. The count and
     model come from the client's wandb-metadata.json beside the log; without it, from the stats records."""
     import duckdb

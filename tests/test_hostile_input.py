@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import API_KEY
+from wandb_assets.lib.accounting.gpus import MAX_GPUS, whole_count
 from wandb_assets.lib.fetch import FetchPolicy, Slice, created_between, fetch_slices, get_api
-from wandb_assets.lib.gpus import MAX_GPUS, whole_count
 from wandb_assets.lib.normalize import run_row
 from wandb_assets.lib.warehouse import ensure_schema, load_runs_window, stage_rows
 from wandb_assets.localwandb import LocalWandbServer, make_run_node

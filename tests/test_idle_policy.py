@@ -8,6 +8,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from wandb_assets.lib.accounting.teams import parse_team_directory
 from wandb_assets.lib.acting.idle_episodes import current_episodes
 from wandb_assets.lib.acting.idle_policy import (
     DEFAULT_LADDER,
@@ -19,7 +20,6 @@ from wandb_assets.lib.acting.idle_policy import (
     parse_idle_policy,
 )
 from wandb_assets.lib.errors import ConfigError
-from wandb_assets.lib.teams import parse_team_directory
 
 T = datetime(2026, 11, 27, 12, 0)
 POLICY = IdlePolicy(idle_gpu_pct=5.0)
@@ -469,8 +469,8 @@ def test_the_weekly_digest_tells_each_owner_and_team_once(memory_con):
     """Week of Mon 2026-11-16: ana 3 idle GPU-hours ($8.97) over two days, bo 1.5 (unpriced), carol none; ana's
     episodes of that week: r1 (2.0 idle GPU-h) and r2 (0.5). On Tuesday 11-24 each gets one digest: ana by her Slack
     id, bo has none in the teams file (recorded, not sent), research's channel its total; a second tick sends none."""
+    from wandb_assets.lib.accounting.teams import parse_team_directory
     from wandb_assets.lib.acting.idle_digest import record_digest
-    from wandb_assets.lib.teams import parse_team_directory
     from wandb_assets.lib.warehouse import ensure_schema
 
     ensure_schema(memory_con)
@@ -550,8 +550,8 @@ def test_the_first_weekly_digest_waits_for_a_tick_after_the_ladder_is_on_and_a_w
     """The ladder switched on at Tue 11-24 09:00 (its first tick): no digest then, nothing recorded. At 09:15 the
     week of Mon 11-16 goes out (the warehouse holds runs from Sun 11-15). A warehouse first filled on Wed 11-18 holds
     part of that week: one skipped row says so and nobody is told a part of a week as a whole."""
+    from wandb_assets.lib.accounting.teams import parse_team_directory
     from wandb_assets.lib.acting.idle_digest import record_digest
-    from wandb_assets.lib.teams import parse_team_directory
     from wandb_assets.lib.warehouse import ensure_schema
 
     ensure_schema(memory_con)

@@ -512,8 +512,8 @@ def test_the_weekly_digest_shows_run_ids_users_and_teams_as_written_never_as_liv
     """Review E7: a run id `<!channel>` (wandb.init(id=...) allows it) was live mrkdwn in its owner's digest, paging a
     channel. Week of Mon 2026-11-16: ana 8 idle GPU-hours ($24.00) in team `<@U0CEO>`; her worst run e/p/<!channel>.
     Every name shows as written, escaped."""
+    from wandb_assets.lib.accounting.teams import parse_team_directory
     from wandb_assets.lib.acting.idle_digest import digest_rows
-    from wandb_assets.lib.teams import parse_team_directory
 
     ensure_schema(memory_con)
     memory_con.execute(

@@ -19,14 +19,14 @@ from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from wandb_assets.lib import fetch as fetch_rules
+from wandb_assets.lib.accounting.gpus import FALLBACK_PRICE, parse_prices, unknown_price_keys
+from wandb_assets.lib.accounting.teams import TeamDirectory, parse_team_directory
 from wandb_assets.lib.acting.idle_policy import IdlePolicy, parse_idle_policy
 from wandb_assets.lib.alerts import AlertThresholds
 from wandb_assets.lib.errors import ConfigError
-from wandb_assets.lib.gpus import FALLBACK_PRICE, parse_prices, unknown_price_keys
 from wandb_assets.lib.lake import Lake, S3Options, is_lake, parse_catalog
 from wandb_assets.lib.normalize import SPS_KEYS
 from wandb_assets.lib.projects import ProjectSelection, parse_projects
-from wandb_assets.lib.teams import TeamDirectory, parse_team_directory
 
 __all__ = ["ConfigError", "Settings", "load_settings", "pipeline_settings", "resolve_wandb_settings"]
 

@@ -72,7 +72,7 @@ def print_alerts() -> None:
 
 
 def print_costs(by: str = "team", days: int = 30) -> None:
-    from wandb_assets.lib.costs import cost_summary, format_costs
+    from wandb_assets.lib.accounting.costs import cost_summary, format_costs
     from wandb_assets.warehouse import reading
 
     with reading() as con:
@@ -82,9 +82,9 @@ def print_costs(by: str = "team", days: int = 30) -> None:
 
 def cmd_costs(args: argparse.Namespace) -> int:
     """GPU-hours and dollars by team, project, user or model over the last days, with what the dollars leave out."""
-    from wandb_assets.lib.costs import cost_summary, format_costs
+    from wandb_assets.lib.accounting.costs import cost_summary, format_costs
+    from wandb_assets.lib.accounting.gpus import unknown_price_key_warning
     from wandb_assets.lib.derived import settings_since_build
-    from wandb_assets.lib.gpus import unknown_price_key_warning
     from wandb_assets.settings import ConfigError, alert_thresholds, pipeline_settings
 
     if args.days < 1:

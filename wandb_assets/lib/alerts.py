@@ -18,9 +18,7 @@ from typing import Any
 
 import duckdb
 
-from wandb_assets.lib.curves_warehouse import steady_metric
-from wandb_assets.lib.gauges import compute_gauges, compute_project_gauges
-from wandb_assets.lib.gpus import (
+from wandb_assets.lib.accounting.gpus import (
     DEFAULT_IDLE_GPU_PCT,
     PRICES_CTE,
     UNKNOWN_TESTBED,
@@ -28,6 +26,8 @@ from wandb_assets.lib.gpus import (
     testbed_sql,
     usd_sql,
 )
+from wandb_assets.lib.curves_warehouse import steady_metric
+from wandb_assets.lib.gauges import compute_gauges, compute_project_gauges
 from wandb_assets.lib.lake import retry_on_conflict
 from wandb_assets.lib.regressions import find_regressions
 from wandb_assets.lib.runs_lifecycle import moved_copy_sql

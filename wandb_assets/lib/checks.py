@@ -10,11 +10,11 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
+from wandb_assets.lib.accounting.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, usd_sql
 from wandb_assets.lib.alerts import RUN_ALERT_RULES
 from wandb_assets.lib.derived import GPU_USAGE_SQL, daily_gpu_hours_sql
 from wandb_assets.lib.exports import CHARGEBACK_MART, chargeback_sql
 from wandb_assets.lib.gauges import curve_idle_sql
-from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, usd_sql
 from wandb_assets.lib.normalize import VANISHED
 from wandb_assets.lib.runs_lifecycle import MOVED_COPY_SQL, UNMIRRORED, last_prices
 from wandb_assets.lib.sql import (

@@ -21,8 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from wandb_assets.lib.accounting.gpus import MAX_GPUS, system_gpus
 from wandb_assets.lib.fetch import RUN_METADATA_FILE_FIELD, metadata_file_url
-from wandb_assets.lib.gpus import MAX_GPUS, system_gpus
 
 #: Runs whose curves one request asks for: W&B meters by database time, and pages with curves stay small.
 CURVES_RUNS_PER_REQUEST = 20

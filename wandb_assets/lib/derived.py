@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
+from wandb_assets.lib.accounting.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, price_basis_sql, prices_param, usd_sql
+from wandb_assets.lib.accounting.idle import CURVE_IDLE_RUNS_SQL, held_daily_sql
 from wandb_assets.lib.curves_warehouse import rejudge_curve_idle
 from wandb_assets.lib.gauges import held_samples_sql
-from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, price_basis_sql, prices_param, usd_sql
-from wandb_assets.lib.idle import CURVE_IDLE_RUNS_SQL, held_daily_sql
 from wandb_assets.lib.lake import retry_on_conflict
 from wandb_assets.lib.normalize import SPS_KEYS
 from wandb_assets.lib.sql import (

@@ -1017,7 +1017,7 @@ def read_metadata_file(
     temporary file cost several). Redirects are not followed. ``timeout_s`` bounds each socket operation and the
     whole download: a server that drips its bytes is cut off at the deadline. Raises ``WandbFetchError`` when the
     download keeps failing (a later fetch asks again)."""
-    from wandb_assets.lib.gpus import METADATA_MAX_BYTES, machine_metadata
+    from wandb_assets.lib.accounting.gpus import METADATA_MAX_BYTES, machine_metadata
 
     def get() -> bytes:
         deadline = time.monotonic() + timeout_s

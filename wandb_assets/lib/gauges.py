@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, prices_param, usd_sql
-from wandb_assets.lib.idle import CURVE_IDLE_RUNS_SQL, TICK_INTERVAL, held_daily_sql, held_sql, idle_of_run
+from wandb_assets.lib.accounting.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, prices_param, usd_sql
+from wandb_assets.lib.accounting.idle import CURVE_IDLE_RUNS_SQL, TICK_INTERVAL, held_daily_sql, held_sql, idle_of_run
 from wandb_assets.lib.normalize import SPS_KEYS
 from wandb_assets.lib.sql import (
     ENDED_SQL,

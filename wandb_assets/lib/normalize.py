@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from wandb_assets.lib import gpus
+from wandb_assets.lib.accounting import gpus
 from wandb_assets.lib.naming import categorize, parse_ci_name
 
 #: The state sets every rule uses (gauges, derived tables, views, alerts): one definition each.

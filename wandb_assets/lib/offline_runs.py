@@ -39,8 +39,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from wandb_assets.lib.accounting.gpus import METADATA_MAX_BYTES, machine_metadata
 from wandb_assets.lib.fetch import METADATA_FILE
-from wandb_assets.lib.gpus import METADATA_MAX_BYTES, machine_metadata
 from wandb_assets.lib.normalize import ENDED_STATES
 from wandb_assets.lib.projects import ProjectSelection
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
-from wandb_assets.lib.gpus import PRICES_CTE, prices_param, usd_sql
+from wandb_assets.lib.accounting.gpus import PRICES_CTE, prices_param, usd_sql
 from wandb_assets.lib.normalize import MOVED, VANISHED
 from wandb_assets.lib.sql import ALIVE_SQL, MIRRORED_NOW_SQL, meta_value, run_gpu_hours_sql, set_meta
 

@@ -16,6 +16,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from wandb_assets.lib.accounting.gpus import DEFAULT_IDLE_GPU_PCT
 from wandb_assets.lib.acting.idle_actions import IDLE_ACTIONS_SQL
 from wandb_assets.lib.acting.pr_checks import PR_CHECKS_SQL
 from wandb_assets.lib.acting.pr_outbox import GITHUB_DELIVERIES_SQL
@@ -29,7 +30,6 @@ from wandb_assets.lib.gauges import (
     gauge_params,
     project_metrics_sql,
 )
-from wandb_assets.lib.gpus import DEFAULT_IDLE_GPU_PCT
 from wandb_assets.lib.lake import in_lake, retry_on_conflict
 from wandb_assets.lib.normalize import SPS_KEYS, VANISHED
 from wandb_assets.lib.runs_lifecycle import ASK_AGAIN_SQL, mark_moved, price_runs, settle, unmirror

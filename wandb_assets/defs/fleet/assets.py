@@ -16,8 +16,9 @@ from dagster import (
 )
 
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
+from wandb_assets.lib.accounting.costs import cost_cells, cost_summary, coverage_sentence
+from wandb_assets.lib.accounting.gpus import unknown_price_key_warning
 from wandb_assets.lib.clock import configured_time, utc_now
-from wandb_assets.lib.costs import cost_cells, cost_summary, coverage_sentence
 from wandb_assets.lib.derived import (
     rebuild_gpu_hours,
     rebuild_gpu_usage,
@@ -25,7 +26,6 @@ from wandb_assets.lib.derived import (
     rebuild_success_rates,
 )
 from wandb_assets.lib.gauges import GAUGES, format_gauge, gauge_unit
-from wandb_assets.lib.gpus import unknown_price_key_warning
 from wandb_assets.lib.markdown import markdown_table
 from wandb_assets.lib.warehouse import PROJECT_SUMMARY_SQL, record_snapshot
 from wandb_assets.settings import alert_thresholds, pipeline_settings

@@ -19,9 +19,9 @@ from dagster import (
 
 from wandb_assets.defs.wandb_runs.resources import WandbResource
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
+from wandb_assets.lib.accounting.gpus import metadata_settled
 from wandb_assets.lib.clock import utc_now
 from wandb_assets.lib.fetch import Slice, WandbFetchError, id_slices, metadata_file_url, plan_slices
-from wandb_assets.lib.gpus import metadata_settled
 from wandb_assets.lib.markdown import markdown_table
 from wandb_assets.lib.normalize import parse_timestamp, to_naive_utc
 from wandb_assets.lib.progress import FetchProgress, publish

@@ -28,9 +28,7 @@ from typing import Any
 
 import pandas
 
-from wandb_assets.lib.acting.idle_episodes import Episode
-from wandb_assets.lib.acting.idle_policy import DATADOG, OWNER, STOP, TEAM, Done, IdlePolicy, decide, exemption
-from wandb_assets.lib.gpus import (
+from wandb_assets.lib.accounting.gpus import (
     PRICES_CTE,
     SOURCE_DEFAULT,
     SOURCE_METADATA,
@@ -39,7 +37,9 @@ from wandb_assets.lib.gpus import (
     usd_sql,
     valid_gpu_count,
 )
-from wandb_assets.lib.idle import ladder_idle_sql
+from wandb_assets.lib.accounting.idle import ladder_idle_sql
+from wandb_assets.lib.acting.idle_episodes import Episode
+from wandb_assets.lib.acting.idle_policy import DATADOG, OWNER, STOP, TEAM, Done, IdlePolicy, decide, exemption
 from wandb_assets.lib.lake import retry_on_conflict
 from wandb_assets.lib.runs_lifecycle import moved_copy_sql
 from wandb_assets.lib.sql import MIRRORED_RUNS_SQL, dict_rows, transaction

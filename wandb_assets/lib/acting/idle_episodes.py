@@ -18,7 +18,7 @@ from datetime import datetime
 import duckdb
 import pandas
 
-from wandb_assets.lib.idle import idle_of_run, ladder_idle_sql
+from wandb_assets.lib.accounting.idle import idle_of_run, ladder_idle_sql
 
 
 @dataclass(frozen=True)

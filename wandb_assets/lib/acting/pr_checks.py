@@ -28,7 +28,7 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 
-from wandb_assets.lib.gpus import UNKNOWN_TESTBED, testbed_sql
+from wandb_assets.lib.accounting.gpus import UNKNOWN_TESTBED, testbed_sql
 from wandb_assets.lib.normalize import SPS_KEYS
 from wandb_assets.lib.sql import MIRRORED_RUNS_SQL, dict_rows, transaction
 
