@@ -3,14 +3,16 @@ broken on purpose here, one at a time). Every other test's warehouse is checked 
 
 import subprocess
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import duckdb
 import pytest
 
 from tests.fleet import fleet_row, load
+from wandb_assets.lib.accounting.closing import close_month
 from wandb_assets.lib.checks import INVARIANTS, broken, check_warehouse
 from wandb_assets.lib.derived import rebuild_gpu_usage
+from wandb_assets.lib.sql import transaction
 from wandb_assets.lib.warehouse import GPU_SAMPLES_SQL, ensure_schema, load_runs_window, record_projects, stage_rows
 
 NOW = datetime.now(UTC).replace(tzinfo=None)
@@ -31,6 +33,8 @@ def _good(con) -> None:
     con.execute(GPU_SAMPLES_SQL, {"snapshot_at": T + timedelta(hours=1)})
     record_projects(con, [{"entity": "e", "project": p, "error": None} for p in ("p", "q")], T)
     rebuild_gpu_usage(con, T + timedelta(hours=3), {"H100-80GB": 3.0}, {"alice": "vision"})
+    with transaction(con):  # May is closed (it holds no usage), June open
+        close_month(con, date(2026, 5, 1), T)
 
 
 STALE = "; UPDATE warehouse_meta SET value = 'changed since' WHERE key = 'inputs_version'"
@@ -46,7 +50,17 @@ BREAKS = {
         "INSERT INTO alerts VALUES ('stalled_run:e/p:done', 'stalled_run', 'e/p:done', 'warning', 'm', "
         '\'{"run_id": "done", "entity": "e", "project": "p"}\', now(), TIMESTAMP \'2100-01-01\', NULL)'
     ),
-    "gpu_usage_reconciles": "UPDATE gpu_usage SET gpu_hours = gpu_hours + 0.01 WHERE project = 'p'",
+    "gpu_usage_reconciles": "UPDATE gpu_usage SET failed_gpu_hours = failed_gpu_hours + 0.01 WHERE project = 'p'",
+    # June 1 priced at a period that takes effect on June 2 (the period is recorded: only the day's pricing is wrong)
+    "gpu_usage_priced_at_its_day": "INSERT INTO gpu_price_periods VALUES ('H100-80GB', 'list', NULL, [], 1000000, "
+    "DATE '2026-06-02', 2.5, true, 'file, dated', now(), 99); UPDATE gpu_usage SET price_from = DATE '2026-06-02', "
+    "usd_per_gpu_hour = 2.5, cost_usd = gpu_hours * 2.5 WHERE project = 'p'",
+    # the closed May altered: a row added to its record and to what is billed, its totals kept
+    "closed_months_never_move": "INSERT INTO closed_month_charges (month, charge_category, gpu_hours, cost_usd) "
+    "VALUES (DATE '2026-05-01', 'usage', 0, 0); INSERT INTO gpu_charges (month, charge_category, gpu_hours, cost_usd) "
+    "VALUES (DATE '2026-05-01', 'usage', 0, 0)",
+    # a June row billed twice
+    "charges_reconcile_with_usage": "INSERT INTO gpu_charges SELECT * FROM gpu_charges WHERE project = 'p'",
     "one_project_per_run": "INSERT INTO runs SELECT * REPLACE ('p2' AS project, ['vanished'] AS anomalies) "
     "FROM runs WHERE run_id = 'done'" + STALE,
     "no_run_left_unmirrored": "UPDATE runs SET state = 'vanished', anomalies = ['unmirrored'], "
@@ -116,14 +130,16 @@ def test_the_command_exits_0_when_all_hold_1_naming_what_breaks_and_2_without_a_
 
     ok = check()
     assert ok.returncode == 0, ok.stderr
-    assert ok.stdout.splitlines()[-1] == f"11 of 11 invariants hold over 2 runs of {path}."
+    assert (
+        ok.stdout.splitlines()[-1] == f"{len(INVARIANTS)} of {len(INVARIANTS)} invariants hold over 2 runs of {path}."
+    )
     con = duckdb.connect(str(path))
     con.execute(BREAKS["cost_is_hours_times_price"])
     con.close()
     bad = check()
     assert bad.returncode == 1
     assert "FAILED cost_is_hours_times_price: 1 row(s) break" in bad.stdout
-    assert bad.stdout.splitlines()[-1].startswith("10 of 11 invariants hold")
+    assert bad.stdout.splitlines()[-1].startswith(f"{len(INVARIANTS) - 1} of {len(INVARIANTS)} invariants hold")
     path.unlink()
     gone = check()
     assert (gone.returncode, gone.stdout) == (2, "")

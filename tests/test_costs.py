@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from wandb_assets.lib.accounting.costs import cost_summary, coverage_sentence, format_costs
+from wandb_assets.lib.accounting.prices import prices_today
 from wandb_assets.lib.errors import ConfigError
 from wandb_assets.settings import SHIPPED_GPU_PRICES, pipeline_settings
 
@@ -114,7 +115,16 @@ def test_costs_state_the_unpriced_share_and_a_fallback_price_prices_the_rest_lab
         ("t", None),
     ]
 
+    # a fallback price set later holds from the day it is first seen (yesterday's hours stay unpriced); one set on a
+    # warehouse's first record holds since always: the same fleet into a new warehouse
     monkeypatch.setenv("WANDB_ASSETS_GPU_DEFAULT_PRICE", "1.5")
+    backfill()
+    assert query_read_only(warehouse_path, "SELECT run_id, cost_usd FROM runs ORDER BY run_id")[1:] == [
+        ("n", None),
+        ("t", None),
+    ]
+    for leftover in (warehouse_path, warehouse_path.with_suffix(".duckdb.wal")):
+        leftover.unlink(missing_ok=True)
     meta = backfill().asset_materializations_for_node("gpu_usage")[0].metadata
     assert query_read_only(warehouse_path, "SELECT run_id, cost_usd FROM runs ORDER BY run_id") == [
         ("h", 20.0),
@@ -225,7 +235,7 @@ def test_the_shipped_price_list_covers_current_gpus_and_says_when_and_where_from
         "NVIDIA A100-SXM4-80GB",
         "Tesla T4",
     ]
-    assert [name for name in recorded if canonical_gpu_model(name)[0] not in prices] == []
+    assert [name for name in recorded if canonical_gpu_model(name)[0] not in prices_today(prices)] == []
     assert pipeline_settings({"WANDB_PROJECT": "p"}).unknown_price_keys == ()
     header = SHIPPED_GPU_PRICES.read_text().split("\n\n")[0]
     assert "As of 2026-11" in header and "Source:" in header

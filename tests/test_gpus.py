@@ -161,12 +161,12 @@ def test_gpu_usage_costs_by_day_user_team_and_model_hand_worked(memory_con):
     import yaml
 
     from tests.fleet import load
-    from wandb_assets.lib.accounting.gpus import parse_prices
+    from wandb_assets.lib.accounting.prices import parse_prices, prices_today
     from wandb_assets.lib.accounting.teams import parse_teams
     from wandb_assets.lib.derived import rebuild_gpu_usage
 
     prices = parse_prices(yaml.safe_load("NVIDIA H100 80GB HBM3: 3.0\nA100-SXM4-40GB: 1.5\n"), "prices")
-    assert prices == {"H100-80GB": 3.0, "A100-40GB": 1.5}
+    assert prices_today(prices) == {"H100-80GB": 3.0, "A100-40GB": 1.5}
     teams = parse_teams(yaml.safe_load("vision: [alice]\ninfra: [bob]\n"), "teams")
     load(memory_con, _usage_fleet())
     assert rebuild_gpu_usage(memory_con, datetime(2026, 6, 10, 12), prices, teams) == 5
@@ -199,7 +199,7 @@ def test_gpu_usage_costs_by_day_user_team_and_model_hand_worked(memory_con):
 def test_a_malformed_price_file_is_one_sentence(text, says):
     import yaml
 
-    from wandb_assets.lib.accounting.gpus import parse_prices
+    from wandb_assets.lib.accounting.prices import parse_prices
     from wandb_assets.lib.errors import ConfigError
 
     with pytest.raises(ConfigError, match=says):
@@ -260,8 +260,12 @@ def test_the_gpu_usage_asset_reads_the_price_and_team_files_and_lists_models_wit
     ) == [("alice", "vision", "H100-80GB", 8.0, 20.0), ("bob", "unassigned", "T4", 1.0, None)]
     # each run's cost: 4 GPUs x 2 h x $2.5 = 20; the T4 has no price: NULL, never 0
     assert query_read_only(warehouse_path, "SELECT run_id, cost_usd FROM runs ORDER BY 1") == [("h", 20.0), ("t", None)]
-    # a new price list prices every run again on the next load, those not re-read too: 1 GPU-hour x $0.35
+    # an undated price added to the file prices from the day it is first seen: June's T4 hour stays unpriced ...
     (tmp_path / "prices.yaml").write_text("H100-80GB: 2.5\nT4: 0.35\n")
+    assert execute_backfill(instance, date(2026, 5, 31), date(2026, 5, 31)).success
+    assert query_read_only(warehouse_path, "SELECT run_id, cost_usd FROM runs ORDER BY 1") == [("h", 20.0), ("t", None)]
+    # ... and a period dated from June 1 prices it, those runs not re-read too: 1 GPU-hour x $0.35
+    (tmp_path / "prices.yaml").write_text("H100-80GB: 2.5\nT4:\n  - {from: 2026-06-01, usd: 0.35}\n")
     assert execute_backfill(instance, date(2026, 5, 31), date(2026, 5, 31)).success
     assert query_read_only(warehouse_path, "SELECT run_id, cost_usd FROM runs ORDER BY 1") == [("h", 20.0), ("t", 0.35)]
 
@@ -305,10 +309,13 @@ def test_an_idle_run_is_alerted_once_after_30_minutes_of_idle_samples_and_resolv
     from datetime import timedelta
 
     from tests.fleet import load
+    from wandb_assets.lib.accounting.prices import record_prices
     from wandb_assets.lib.alerts import AlertThresholds, idle_gpus, reconcile
-    from wandb_assets.lib.warehouse import record_snapshot
+    from wandb_assets.lib.warehouse import ensure_schema, record_snapshot
 
-    th = AlertThresholds(gpu_prices=(("H100-80GB", 2.99),))
+    th = AlertThresholds()
+    ensure_schema(memory_con)
+    record_prices(memory_con, {"H100-80GB": 2.99}, date(2026, 6, 1), datetime(2026, 6, 1))
     idle, busy = [0.0, 3.0, 1.0, 0.0, 2.0, 0.0, 4.9, 0.0], [90.0] + [0.0] * 7
     one_busy = [0.0, 0.0, 0.0, 97.0, 0.0, 0.0, 0.0, 0.0]
     events = []
@@ -458,7 +465,8 @@ def test_an_offline_log_gives_its_idle_gpu_hours_from_its_own_stats_records(
     tmp_path, warehouse_path, instance, monkeypatch
 ):
     """Two GPUs sampled every 10 min from 23:40 to 00:20 UTC (end at +40 min): idle GPUs per sample 1, 2 | 1, 2,
-    each held 600 s (the one hold rule, lib/accounting/idle.py, as an online run's stream: the log's GPU stream is loaded even
+    each held 600 s (the one hold rule, lib/accounting/idle.py, as an
+    online run's stream: the log's GPU stream is loaded even
     with curves off), so 0.5 idle GPU-hours on each day; GPU-hours 2 GPUs x 20 min = 0.6667 per day. The count and
     model come from the client's wandb-metadata.json beside the log; without it, from the stats records."""
     import duckdb
@@ -480,6 +488,8 @@ def test_an_offline_log_gives_its_idle_gpu_hours_from_its_own_stats_records(
     assert (row["gpu_util_pct"], row["gpu_model"]) == (1.0, None)
 
     (folder / "files" / "wandb-metadata.json").write_text('{"gpu_count": 2, "gpu": "NVIDIA H100 80GB HBM3"}')
+    (tmp_path / "prices.yaml").write_text("H100-80GB: 3.0\n")
+    monkeypatch.setenv("WANDB_ASSETS_GPU_PRICES", str(tmp_path / "prices.yaml"))
     monkeypatch.setenv("WANDB_ASSETS_FETCH_HISTORY", "false")  # no curves asked for: the GPU stream still counts
     monkeypatch.setenv("WANDB_ASSETS_START_DATE", "2023-11-01")
     monkeypatch.setenv("WANDB_ASSETS_IDLE_GPU_PCT", "5")
@@ -513,6 +523,7 @@ def test_the_gpu_gauges_hand_worked(memory_con):
     GPU-hours 4 + 92 + 1 + 8 = 105; USD 4 x 3 + 1 x 1.5 = 13.5; unpriced 92 + 8 = 100;
     idle GPU-hours (0.5 x 2 + 0.5 x 1) + 0.5 x 4 + 1 x 1 = 4.5; idle GPUs now: 1 (a's GPU0; d has no sample)."""
     from tests.fleet import fleet_row, load
+    from wandb_assets.lib.accounting.prices import record_prices
     from wandb_assets.lib.gauges import compute_gauges
     from wandb_assets.lib.warehouse import ensure_schema
 
@@ -546,7 +557,8 @@ def test_the_gpu_gauges_hand_worked(memory_con):
         "INSERT INTO gpu_samples VALUES (?, 'test-team', 'test-project', ?, ?, ?, NULL)",
         [(at, run, i, u) for run, at, values in samples for i, u in enumerate(values)],
     )
-    gauges = compute_gauges(memory_con, t, prices=(("H100-80GB", 3.0), ("A100-40GB", 1.5)), idle_pct=5.0)
+    record_prices(memory_con, {"H100-80GB": 3.0, "A100-40GB": 1.5}, t.date(), t)
+    gauges = compute_gauges(memory_con, t, idle_pct=5.0)
     got = {k: round(v, 4) for k, v in gauges.items() if k.startswith("wandb.gpu.") or "gpu_hours" in k}
     assert got == {
         "wandb.training.total_gpu_hours_24h": 105.0,
@@ -556,7 +568,8 @@ def test_the_gpu_gauges_hand_worked(memory_con):
         "wandb.gpu.idle_gpu_hours_24h": 4.5,
     }
     # a threshold of 1 %: a's 1 % GPU is busy now; idle hours 0.5 x 2 + 0.5 x 1 (b's 0 % GPU) + 0 (c at 2 %)
-    gauges = compute_gauges(memory_con, t, prices=(), idle_pct=1.0)
+    memory_con.execute("DELETE FROM gpu_price_periods")  # and no prices recorded
+    gauges = compute_gauges(memory_con, t, idle_pct=1.0)
     assert (
         gauges["wandb.gpu.idle_gpus"],
         gauges["wandb.gpu.idle_gpu_hours_24h"],

@@ -4,6 +4,7 @@ table, the quickstart, and every link."""
 import re
 from pathlib import Path
 
+from wandb_assets.lib.accounting.prices import prices_today
 from wandb_assets.lib.gauges import GAUGE_NAMES
 from wandb_assets.settings import ENV_VARS, readme_table
 
@@ -89,7 +90,7 @@ def test_the_readmes_setup_for_an_organisation_is_valid_as_written(tmp_path):
     }
     settings = pipeline_settings(environ)
     assert settings.teams == {"alice": "vision", "bob": "vision", "carol": "llm", "dan": "llm", "ci-bot": "ci"}
-    assert settings.gpu_prices == {"H100-80GB": 2.49, "A100-80GB": 1.40, "L40S": 0.95, "": 2.0}
+    assert prices_today(settings.gpu_prices) == {"H100-80GB": 2.49, "A100-80GB": 1.40, "L40S": 0.95, "": 2.0}
     assert settings.unknown_price_keys == ()
     assert settings.projects.whole_entities == ("ml-research",)
     assert settings.projects.includes("ml-platform", "ci-benchmarks") and settings.projects.includes("ml-research", "x")

@@ -100,7 +100,7 @@ def test_a_vanished_run_keeps_its_gpu_hours_and_cost_up_to_its_last_heartbeat_an
     )
     rebuild_gpu_usage(memory_con, now, dict(PRICES), {})
     assert memory_con.execute("SELECT sum(gpu_hours), sum(cost_usd) FROM gpu_usage").fetchone() == (960.0, 2880.0)
-    gauges = compute_gauges(memory_con, now, prices=PRICES)
+    gauges = compute_gauges(memory_con, now)
     assert gauges["wandb.runs.active"] == 0 and gauges["wandb.training.total_gpu_hours_24h"] == 0
     assert unfinished_runs_by_project(memory_con, datetime(2026, 6, 7)) == {}  # not alive: never asked again
 

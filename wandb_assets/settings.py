@@ -19,7 +19,7 @@ from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from wandb_assets.lib import fetch as fetch_rules
-from wandb_assets.lib.accounting.gpus import FALLBACK_PRICE, parse_prices, unknown_price_keys
+from wandb_assets.lib.accounting.prices import PriceList, parse_prices, unknown_price_keys, with_fallback
 from wandb_assets.lib.accounting.teams import TeamDirectory, parse_team_directory
 from wandb_assets.lib.acting.idle_policy import IdlePolicy, parse_idle_policy
 from wandb_assets.lib.alerts import AlertThresholds
@@ -521,7 +521,7 @@ class PipelineSettings:
     gpu_count_keys: tuple[str, ...] = ("compute.gpu_count",)
     #: USD per GPU-hour by canonical model (``WANDB_ASSETS_GPU_PRICES``), the fallback price under ``FALLBACK_PRICE``
     #: (``WANDB_ASSETS_GPU_DEFAULT_PRICE``), and team by username (``WANDB_ASSETS_TEAMS``).
-    gpu_prices: dict[str, float] = field(default_factory=dict)
+    gpu_prices: PriceList = ()
     #: Curves (``WANDB_ASSETS_FETCH_HISTORY``, ``..._HISTORY_KEYS``, ``..._HISTORY_SAMPLES``, ``..._REFRESH_MINUTES``,
     #: ``..._RUNS_PER_TICK``).
     fetch_history: bool = True
@@ -558,8 +558,7 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
             f"WANDB_ASSETS_PAGE_SIZE must be at least {fetch_rules.MIN_PAGE_SIZE} (got '{s.WANDB_ASSETS_PAGE_SIZE}'); "
             "unset it to use the default."
         )
-    if s.WANDB_ASSETS_GPU_DEFAULT_PRICE is not None:
-        prices[FALLBACK_PRICE] = float(s.WANDB_ASSETS_GPU_DEFAULT_PRICE)
+    prices = with_fallback(prices, s.WANDB_ASSETS_GPU_DEFAULT_PRICE)
     directory = (
         parse_team_directory(_yaml(s.WANDB_ASSETS_TEAMS, "WANDB_ASSETS_TEAMS"), "WANDB_ASSETS_TEAMS")
         if s.WANDB_ASSETS_TEAMS
@@ -746,10 +745,9 @@ def alert_thresholds(environ: Mapping[str, str] | None = None) -> AlertThreshold
         **{
             name: getattr(s, _threshold_variable(name))
             for name in AlertThresholds.__dataclass_fields__
-            if name not in ("by_project", "gpu_prices")
+            if name != "by_project"
         },
         by_project=True,  # one project or several: the same alert keys (entity/project in each)
-        gpu_prices=tuple(pipeline_settings(environ).gpu_prices.items()),
     )
 
 

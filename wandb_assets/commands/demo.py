@@ -62,7 +62,7 @@ def _replay_history(now: datetime, hours: int) -> int:
     th = alert_thresholds()
     con = connect(pipeline_settings().warehouse, read_only=False)
     try:
-        return replay_snapshots(con, moments, now, th.gpu_prices, th.idle_gpu_pct)
+        return replay_snapshots(con, moments, now, th.idle_gpu_pct)
     finally:
         con.close()
 

@@ -83,7 +83,7 @@ def print_costs(by: str = "team", days: int = 30) -> None:
 def cmd_costs(args: argparse.Namespace) -> int:
     """GPU-hours and dollars by team, project, user or model over the last days, with what the dollars leave out."""
     from wandb_assets.lib.accounting.costs import cost_summary, format_costs
-    from wandb_assets.lib.accounting.gpus import unknown_price_key_warning
+    from wandb_assets.lib.accounting.prices import unknown_price_key_warning
     from wandb_assets.lib.derived import settings_since_build
     from wandb_assets.settings import ConfigError, alert_thresholds, pipeline_settings
 
@@ -138,12 +138,14 @@ def cmd_idle(args: argparse.Namespace) -> int:
     configured = idle_policy()
     policy = configured or IdlePolicy(idle_gpu_pct=alert_thresholds().idle_gpu_pct)
     pipeline = pipeline_settings()
+    now = configured_time(args.now, "--now") or utc_now()
     con = snapshot_or_exit(args.warehouse)
     if con is None:
         return 2
     try:
         episodes = con.execute(OPEN_EPISODES_SQL).fetchall() if has_table(con, "idle_actions") else []
-        idle = candidates(con, policy, pipeline.gpu_prices) if has_table(con, "runs") else []
+        priced = has_table(con, "runs") and has_table(con, "gpu_price_periods")
+        idle = candidates(con, policy, now) if priced else []
     finally:
         con.close()
     on_ladder = {(e, p, r) for e, p, r, *_ in episodes}
@@ -157,7 +159,6 @@ def cmd_idle(args: argparse.Namespace) -> int:
         for run in idle
         if run.key not in on_ladder
     ]
-    now = configured_time(args.now, "--now") or utc_now()
     print(format_idle(policy, configured is not None, episodes, idle_now, now))
     return 0
 

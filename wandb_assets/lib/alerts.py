@@ -18,14 +18,8 @@ from typing import Any
 
 import duckdb
 
-from wandb_assets.lib.accounting.gpus import (
-    DEFAULT_IDLE_GPU_PCT,
-    PRICES_CTE,
-    UNKNOWN_TESTBED,
-    prices_param,
-    testbed_sql,
-    usd_sql,
-)
+from wandb_assets.lib.accounting.gpus import DEFAULT_IDLE_GPU_PCT, UNKNOWN_TESTBED, testbed_sql
+from wandb_assets.lib.accounting.prices import PRICE_SCHEDULE_CTE, price_on_sql
 from wandb_assets.lib.curves_warehouse import steady_metric
 from wandb_assets.lib.gauges import compute_gauges, compute_project_gauges
 from wandb_assets.lib.lake import retry_on_conflict
@@ -113,8 +107,6 @@ class AlertThresholds:
     idle_gpu_pct: float = DEFAULT_IDLE_GPU_PCT
     #: ... and a running run whose GPUs were all idle on every sample for this long is alerted.
     idle_gpu_minutes: float = 30.0
-    #: USD per GPU-hour by canonical model (``WANDB_ASSETS_GPU_PRICES``), for what an idle run burns.
-    gpu_prices: tuple[tuple[str, float], ...] = ()
 
 
 def scoped(th: AlertThresholds, row: dict, subject: str | None, message: str) -> tuple[str, str]:
@@ -159,13 +151,13 @@ def _push_to_main_rates(con, at: datetime, th: AlertThresholds) -> list[dict]:
             {
                 "entity": None,
                 "project": None,
-                "rate": compute_gauges(con, at, prices=th.gpu_prices, idle_pct=th.idle_gpu_pct)[name],
+                "rate": compute_gauges(con, at, idle_pct=th.idle_gpu_pct)[name],
                 "rated": sum(rated.values()),
             }
         ]
     return [
         {"entity": e, "project": p, "rate": gauges[name], "rated": rated.get((e, p), 0)}
-        for (e, p), gauges in compute_project_gauges(con, at, th.gpu_prices, th.idle_gpu_pct).items()
+        for (e, p), gauges in compute_project_gauges(con, at, th.idle_gpu_pct).items()
     ]
 
 
@@ -634,10 +626,10 @@ idle AS (  -- the first sample after the last busy one: idle on every sample sin
     FROM samples s JOIN last_busy b USING (entity, project, run_id)
     WHERE b.at IS NULL OR s.snapshot_at > b.at GROUP BY ALL
 ),
-{PRICES_CTE}
+{PRICE_SCHEDULE_CTE}
 SELECT r.entity, r.project, r.run_id, r.name, r.url, r.log_path, r."user", r.gpu_count, r.gpu_model, i.since,
-       r.gpu_count * {usd_sql()} AS usd_per_hour
-FROM idle i JOIN {MIRRORED_RUNS_SQL} r USING (entity, project, run_id) LEFT JOIN prices p ON p.model = r.gpu_model
+       r.gpu_count * {price_on_sql("r", "$t::DATE")} AS usd_per_hour
+FROM idle i JOIN {MIRRORED_RUNS_SQL} r USING (entity, project, run_id)
 WHERE r.state = 'running' AND i.latest = $t AND i.since <= $since
 ORDER BY r.entity, r.project, r.run_id
 """
@@ -654,7 +646,6 @@ def idle_gpus(con, at: datetime, th: AlertThresholds) -> list[Condition]:
             "t": at,
             "idle_pct": th.idle_gpu_pct,
             "since": at - timedelta(minutes=th.idle_gpu_minutes),
-            "prices": prices_param(th.gpu_prices),
         },
     )
     conditions = []

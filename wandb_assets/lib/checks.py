@@ -10,21 +10,29 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
-from wandb_assets.lib.accounting.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, usd_sql
+from wandb_assets.lib.accounting.closing import CHARGE_DIGEST_SQL, EMPTY_DIGEST_SQL, USAGE
+from wandb_assets.lib.accounting.gpus import DEFAULT_IDLE_GPU_PCT
+from wandb_assets.lib.accounting.prices import (
+    FALLBACK,
+    FALLBACK_PRICE,
+    PRICE_SCHEDULE_CTE,
+    priced_sql,
+    schedule_token,
+)
 from wandb_assets.lib.alerts import RUN_ALERT_RULES
-from wandb_assets.lib.derived import GPU_USAGE_SQL, daily_gpu_hours_sql
+from wandb_assets.lib.derived import GPU_USAGE_SQL
 from wandb_assets.lib.exports import CHARGEBACK_MART, chargeback_sql
 from wandb_assets.lib.gauges import curve_idle_sql
 from wandb_assets.lib.normalize import VANISHED
-from wandb_assets.lib.runs_lifecycle import MOVED_COPY_SQL, UNMIRRORED, last_prices
+from wandb_assets.lib.runs_lifecycle import MOVED_COPY_SQL, PRICED_WITH_KEY, UNMIRRORED
 from wandb_assets.lib.sql import (
     ALIVE_SQL,
     BUSY_SQL,
     GPU_USAGE_BUILD_KEY,
     INPUTS_KEY,
     MIRRORED_NOW_SQL,
+    daily_gpu_hours_sql,
     meta_value,
-    run_gpu_hours_sql,
 )
 from wandb_assets.lib.warehouse import has_table
 
@@ -41,6 +49,9 @@ class Invariant:
     #: A derived table's build record (``warehouse_meta``): the invariant is computed with the parameters it was
     #: built with, and holds while the table was never built or its inputs changed since (it is then rebuilt).
     built: str | None = None
+    #: Over runs' prices: holds while the runs were never priced, or priced with other periods than those recorded
+    #: (``runs_lifecycle.PRICED_WITH_KEY``: the next load prices them again).
+    priced: bool = False
 
 
 INVARIANTS: tuple[Invariant, ...] = (
@@ -70,15 +81,79 @@ WHERE idle_gpu_hours > gpu_hours * (1 + 1e-9) + 1e-9 OR partly_idle_gpu_hours > 
     ),
     Invariant(
         "cost_is_hours_times_price",
-        "runs.cost_usd = GPU-hours x the model's USD per GPU-hour (NULL without a price)",
-        f"""WITH {PRICES_CTE},
+        "runs.cost_usd = each UTC day's GPU-hours x the USD per GPU-hour in force that day for the run's model and "
+        "cluster (gpu_price_periods), summed (NULL when a day has no price)",
+        f"""WITH {PRICE_SCHEDULE_CTE},
+{daily_gpu_hours_sql("entity, project, run_id, gpu_model, hostname", "runs", "ingested_at")},
+priced AS ({priced_sql("daily", "d.entity, d.project, d.run_id, d.day_start", "d.day_start::DATE")}),
 expected AS (
-    SELECT entity, project, run_id, cost_usd, {run_gpu_hours_sql("ingested_at")} * {usd_sql()} AS should
-    FROM runs LEFT JOIN prices p ON p.model = runs.gpu_model
+    SELECT entity, project, run_id,
+           CASE WHEN bool_and(usd_per_gpu_hour IS NOT NULL) THEN sum(gpu_hours * usd_per_gpu_hour) END AS should
+    FROM priced GROUP BY ALL
 )
-SELECT entity, project, run_id, cost_usd, should FROM expected
+SELECT entity, project, run_id, cost_usd, should FROM runs JOIN expected USING (entity, project, run_id)
 WHERE cost_usd IS DISTINCT FROM should
   AND (cost_usd IS NULL OR should IS NULL OR abs(cost_usd - should) > 1e-6 * greatest(abs(should), 1))""",
+        ("runs", "gpu_price_periods"),
+        priced=True,
+    ),
+    Invariant(
+        "gpu_usage_priced_at_its_day",
+        "every gpu_usage row's dollars are its GPU-hours at a recorded price period of its rule in force on its day "
+        "(gpu_price_periods; fallback: WANDB_ASSETS_GPU_DEFAULT_PRICE's), and a row without a price had none",
+        f"""WITH {PRICE_SCHEDULE_CTE}
+SELECT g.day, g.entity, g.project, g.gpu_model, g.price_basis, g.price_from, g.usd_per_gpu_hour, g.cost_usd
+FROM gpu_usage g
+WHERE (g.price_basis IS NOT NULL AND (
+        g.cost_usd IS NULL OR abs(g.cost_usd - g.gpu_hours * g.usd_per_gpu_hour) > 1e-6 * greatest(abs(g.cost_usd), 1)
+        OR NOT EXISTS (
+            SELECT 1 FROM price_schedule s
+            WHERE s.model = CASE WHEN g.price_basis = '{FALLBACK}' THEN '{FALLBACK_PRICE}' ELSE g.gpu_model END
+              AND s.rule = g.price_basis AND s.price_from IS NOT DISTINCT FROM g.price_from
+              AND s.usd = g.usd_per_gpu_hour AND g.day >= s.start_day AND (s.end_day IS NULL OR g.day < s.end_day))))
+   OR (g.price_basis IS NULL AND (g.cost_usd IS NOT NULL OR EXISTS (
+            SELECT 1 FROM price_schedule s WHERE (s.model = g.gpu_model OR s.model = '{FALLBACK_PRICE}')
+              AND s.match_on IS NULL AND g.day >= s.start_day AND (s.end_day IS NULL OR g.day < s.end_day))))""",
+        ("gpu_usage", "gpu_price_periods"),
+    ),
+    Invariant(
+        "closed_months_never_move",
+        "each closed month's billed rows (gpu_charges) are its record (closed_month_charges) row for row, and the "
+        "record still has the digest, GPU-hours and dollars recorded when the month was closed (closed_months)",
+        f"""WITH record AS (
+    SELECT month, {CHARGE_DIGEST_SQL} AS digest, coalesce(sum(gpu_hours), 0) AS gpu_hours, sum(cost_usd) AS cost_usd
+    FROM closed_month_charges AS closed_row GROUP BY month
+),
+billed AS (SELECT * FROM gpu_charges WHERE month IN (SELECT month FROM closed_months))
+SELECT c.month, 'record changed' AS what FROM closed_months c LEFT JOIN record r USING (month)
+WHERE c.digest IS DISTINCT FROM coalesce(r.digest, {EMPTY_DIGEST_SQL})
+   OR abs(c.gpu_hours - coalesce(r.gpu_hours, 0)) > 1e-9 OR c.cost_usd IS DISTINCT FROM r.cost_usd
+UNION ALL
+SELECT month, 'billed differs from the record' FROM (
+    (SELECT * FROM billed EXCEPT ALL SELECT * FROM closed_month_charges)
+    UNION ALL (SELECT * FROM closed_month_charges EXCEPT ALL SELECT * FROM billed)
+)""",
+        ("gpu_charges", "closed_month_charges", "closed_months"),
+    ),
+    Invariant(
+        "charges_reconcile_with_usage",
+        "each month's usage in gpu_usage equals what gpu_charges bills of it: the month's own rows (or its closed "
+        "record) plus the adjustments of it booked later (GPU-hours to 1e-6, dollars to the cent)",
+        f"""WITH usage AS (
+    SELECT date_trunc('month', day)::DATE AS month, sum(gpu_hours) AS gpu_hours, coalesce(sum(cost_usd), 0) AS usd
+    FROM gpu_usage GROUP BY 1
+),
+billed AS (
+    SELECT coalesce(adjustment_of, month) AS month, sum(gpu_hours) AS gpu_hours, coalesce(sum(cost_usd), 0) AS usd
+    FROM gpu_charges WHERE charge_category = '{USAGE}' OR adjustment_of IS NOT NULL GROUP BY 1
+)
+SELECT coalesce(u.month, b.month) AS month, round(u.gpu_hours, 6), round(b.gpu_hours, 6), round(u.usd, 2),
+       round(b.usd, 2)
+FROM usage u FULL OUTER JOIN billed b USING (month)
+WHERE abs(coalesce(u.gpu_hours, 0) - coalesce(b.gpu_hours, 0)) > 1e-4
+   OR abs(coalesce(u.usd, 0) - coalesce(b.usd, 0)) >= 0.01""",
+        ("gpu_usage", "gpu_charges", "closed_month_charges", "closed_months"),
+        built=GPU_USAGE_BUILD_KEY,
     ),
     Invariant(
         "no_busy_unmirrored_run",
@@ -111,7 +186,8 @@ WHERE a.resolved_at IS NULL AND a.rule IN ({", ".join(f"'{rule}'" for rule in RU
 FROM gpu_usage a FULL OUTER JOIN ({GPU_USAGE_SQL}) b
   ON a.day = b.day AND a.entity = b.entity AND a.project = b.project
  AND a.username IS NOT DISTINCT FROM b.username AND a.team = b.team AND a.category IS NOT DISTINCT FROM b.category
- AND a.gpu_model IS NOT DISTINCT FROM b.gpu_model
+ AND a.gpu_model IS NOT DISTINCT FROM b.gpu_model AND a.price_basis IS NOT DISTINCT FROM b.price_basis
+ AND a.price_from IS NOT DISTINCT FROM b.price_from AND a.usd_per_gpu_hour IS NOT DISTINCT FROM b.usd_per_gpu_hour
 WHERE a.day IS NULL OR b.day IS NULL
    OR abs(a.gpu_hours - b.gpu_hours) > 1e-6 OR abs(a.idle_gpu_hours - b.idle_gpu_hours) > 1e-6
    OR abs(a.partly_idle_gpu_hours - b.partly_idle_gpu_hours) > 1e-6
@@ -233,8 +309,7 @@ def check_warehouse(
 ) -> list[tuple[Invariant, int, list[tuple]]]:
     """Every invariant on ``con`` at ``now`` (naive UTC): ``[(invariant, rows breaking it, a few of them)]``,
     those that hold with 0. An invariant over a table the warehouse does not have yet holds."""
-    prices = last_prices(con) if has_table(con, "warehouse_meta") else None
-    params = {"now": now, "idle_pct": idle_pct, "prices": prices}
+    params = {"now": now, "idle_pct": idle_pct}
     found = []
     for invariant in INVARIANTS:
         given = params
@@ -243,8 +318,10 @@ def check_warehouse(
             if given is None:  # never built, or built from inputs that have changed since: nothing to compare
                 found.append((invariant, 0, []))
                 continue
-        unpriced = "$prices" in invariant.violations_sql and given["prices"] is None  # never priced: no cost
-        if unpriced or not all(
+        if invariant.priced and not _priced_with_recorded_periods(con):
+            found.append((invariant, 0, []))
+            continue
+        if not all(
             has_table(con, *reversed(table.split(".")[-2:])) for table in invariant.tables
         ):  # nothing to hold yet
             found.append((invariant, 0, []))
@@ -253,6 +330,14 @@ def check_warehouse(
         rows = con.execute(f"SELECT * FROM ({invariant.violations_sql})", used).fetchall()
         found.append((invariant, len(rows), rows[:examples]))
     return found
+
+
+def _priced_with_recorded_periods(con) -> bool:
+    return (
+        has_table(con, "warehouse_meta")
+        and has_table(con, "gpu_price_periods")
+        and meta_value(con, PRICED_WITH_KEY) == schedule_token(con)
+    )
 
 
 def _build_params(con, key: str) -> dict | None:
@@ -266,6 +351,8 @@ def _build_params(con, key: str) -> dict | None:
     build = json.loads(text)
     if build.pop("inputs") != meta_value(con, INPUTS_KEY):
         return None
+    if has_table(con, "gpu_price_periods") and build.pop("prices", None) != schedule_token(con):
+        return None  # priced with periods recorded since: rebuilt by the next tick
     return build
 
 

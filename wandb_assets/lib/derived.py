@@ -9,18 +9,22 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from wandb_assets.lib.accounting.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, price_basis_sql, prices_param, usd_sql
+from wandb_assets.lib.accounting.closing import rebuild_charges
+from wandb_assets.lib.accounting.gpus import DEFAULT_IDLE_GPU_PCT
 from wandb_assets.lib.accounting.idle import CURVE_IDLE_RUNS_SQL, held_daily_sql
+from wandb_assets.lib.accounting.prices import PRICE_SCHEDULE_CTE, price_file_token, priced_sql, schedule_token
 from wandb_assets.lib.curves_warehouse import rejudge_curve_idle
 from wandb_assets.lib.gauges import held_samples_sql
 from wandb_assets.lib.lake import retry_on_conflict
 from wandb_assets.lib.normalize import SPS_KEYS
+from wandb_assets.lib.runs_lifecycle import sync_prices
 from wandb_assets.lib.sql import (
     ENDED_SQL,
     FAILED_SQL,
     GPU_USAGE_BUILD_KEY,
     INPUTS_KEY,
     busy_until_sql,
+    daily_gpu_hours_sql,
     meta_value,
     run_gpu_hours_sql,
     set_meta,
@@ -58,27 +62,6 @@ FROM runs
 WHERE state IN ({ENDED_SQL}) AND ended_at IS NOT NULL
 GROUP BY GROUPING SETS ((entity, project, ended_at::DATE), (entity, project, ended_at::DATE, category))
 """
-
-
-def daily_gpu_hours_sql(columns: str) -> str:
-    """CTEs ``spans`` and ``daily``: each run's busy span (``busy_until_sql`` at ``$now``) cut at UTC midnights,
-    one row per run and day with ``day_start`` and ``gpu_hours`` (its GPUs times the hours of that day), carrying
-    the runs ``columns``. The one GPU-hours rule of the gpu_hours and gpu_usage tables."""
-    return f"""
-spans AS (
-    SELECT {columns}, gpu_count, created_at AS span_start, {busy_until_sql("$now::TIMESTAMP")} AS span_end
-    FROM runs WHERE created_at IS NOT NULL
-),
-daily AS (
-    SELECT *, gpu_count * (epoch(least(span_end, day_start + INTERVAL 1 DAY))
-                           - epoch(greatest(span_start, day_start))) / 3600.0 AS gpu_hours
-    FROM (
-        SELECT *,
-               -- range() excludes its end: a span ending exactly at midnight adds no 0-hour day after it
-               unnest(range(date_trunc('day', span_start), span_end, INTERVAL 1 DAY)) AS day_start
-        FROM spans WHERE span_end > span_start
-    )
-)"""
 
 
 GPU_HOURS_SQL = f"""
@@ -122,27 +105,30 @@ idle AS (
 )
 """
 
-#: GPU-hours and dollars per UTC day, project, user, team, category and GPU model (``$prices``: JSON list of
-#: ``{model, usd}``; ``$teams``: JSON list of ``{user, team}``). A model without a price costs the fallback price
-#: (``price_basis`` fallback) or NULL, never 0.
+#: GPU-hours and dollars per UTC day, project, user, team, category, GPU model and price (``$teams``: JSON list of
+#: ``{user, team}``): each day's GPU-hours at the price in force that day for the run's model and cluster
+#: (``prices.priced_sql`` over ``gpu_price_periods``: ``usd_per_gpu_hour``, the rule ``price_basis`` and the period's
+#: first day ``price_from``). A model without a price costs the fallback price (``price_basis`` fallback) or NULL,
+#: never 0.
 GPU_USAGE_SQL = f"""
-WITH {PRICES_CTE},
+WITH {PRICE_SCHEDULE_CTE},
 teams AS (
     SELECT unnest(from_json($teams::JSON, '[{{"user": "VARCHAR", "team": "VARCHAR"}}]'), recursive := true)
 ),
 {IDLE_GPU_HOURS_SQL},
-{daily_gpu_hours_sql('entity, project, run_id, category, "user" AS username, gpu_model, state')}
+{daily_gpu_hours_sql('entity, project, run_id, category, "user" AS username, gpu_model, hostname, state')},
+priced AS ({priced_sql("daily", "d.entity, d.project, d.run_id, d.day_start", "d.day_start::DATE")})
 SELECT day_start::DATE AS day, d.entity, d.project, username, coalesce(t.team, 'unassigned') AS team, category,
-       gpu_model, count(*) AS runs, sum(gpu_hours) AS gpu_hours, sum(gpu_hours * {usd_sql()}) AS cost_usd,
-       coalesce(sum(i.idle_gpu_hours), 0) AS idle_gpu_hours, {price_basis_sql()} AS price_basis,
+       gpu_model, count(*) AS runs, sum(gpu_hours) AS gpu_hours, sum(gpu_hours) * usd_per_gpu_hour AS cost_usd,
+       coalesce(sum(i.idle_gpu_hours), 0) AS idle_gpu_hours, price_basis, price_from, usd_per_gpu_hour,
        coalesce(sum(pi.partly_idle_gpu_hours), 0) AS partly_idle_gpu_hours,
-       coalesce(sum(i.idle_gpu_hours), 0) * {usd_sql()} AS idle_cost_usd,
+       coalesce(sum(i.idle_gpu_hours), 0) * usd_per_gpu_hour AS idle_cost_usd,
        coalesce(sum(gpu_hours) FILTER (WHERE state IN ({FAILED_SQL})), 0) AS failed_gpu_hours,
-       coalesce(sum(gpu_hours) FILTER (WHERE state IN ({FAILED_SQL})), 0) * {usd_sql()} AS failed_cost_usd
-FROM daily d LEFT JOIN prices p ON p.model = d.gpu_model LEFT JOIN teams t ON t.user = d.username
+       coalesce(sum(gpu_hours) FILTER (WHERE state IN ({FAILED_SQL})), 0) * usd_per_gpu_hour AS failed_cost_usd
+FROM priced d LEFT JOIN teams t ON t.user = d.username
 LEFT JOIN idle i USING (entity, project, run_id, day_start)
 LEFT JOIN partly_idle pi USING (entity, project, run_id, day_start)
-GROUP BY day_start, d.entity, d.project, username, team, category, gpu_model, p.usd
+GROUP BY day_start, d.entity, d.project, username, team, category, gpu_model, usd_per_gpu_hour, price_basis, price_from
 """
 
 
@@ -165,29 +151,34 @@ GROUP BY 1 ORDER BY gpu_hours DESC
 
 
 @retry_on_conflict
-def rebuild_gpu_usage(
-    con, now: datetime, prices: dict[str, float], teams: dict[str, str], idle_pct: float = DEFAULT_IDLE_GPU_PCT
-) -> int:
-    """Rebuild ``gpu_usage`` at ``now`` (running runs count up to it) with these prices and teams; a sampled GPU
-    below ``idle_pct`` is idle. Records how it was built (``GPU_USAGE_BUILD_KEY``)."""
+def rebuild_gpu_usage(con, now: datetime, prices, teams: dict[str, str], idle_pct: float = DEFAULT_IDLE_GPU_PCT) -> int:
+    """Rebuild ``gpu_usage`` at ``now`` (running runs count up to it) with these teams, after recording ``prices``
+    as seen on ``now``'s UTC day (``runs_lifecycle.sync_prices``); a sampled GPU below ``idle_pct`` is idle. Then the
+    booked ledger ``gpu_charges`` (``closing.rebuild_charges``: closed months as recorded, the rest as computed).
+    Records how it was built (``GPU_USAGE_BUILD_KEY``)."""
     params = {
         "now": now,
         "idle_pct": idle_pct,
-        "prices": prices_param(prices.items()),
         "teams": json.dumps([{"user": u, "team": t} for u, t in teams.items()]),
     }
     with transaction(con):
+        sync_prices(con, prices, now)
         rejudge_curve_idle(con, idle_pct, now)
         con.execute("DELETE FROM gpu_usage")
         con.execute(f"INSERT INTO gpu_usage BY NAME {GPU_USAGE_SQL}", params)
-        built = {**params, "now": now.isoformat(sep=" "), "inputs": meta_value(con, INPUTS_KEY)}
+        rebuild_charges(con, now)
+        built = {
+            **params,
+            "now": now.isoformat(sep=" "),
+            "prices": schedule_token(con),
+            "price_file": price_file_token(prices),
+            "inputs": meta_value(con, INPUTS_KEY),
+        }
         set_meta(con, GPU_USAGE_BUILD_KEY, json.dumps(built))
     return con.execute("SELECT count(*) FROM gpu_usage").fetchone()[0]
 
 
-def settings_since_build(
-    con, prices: dict[str, float], teams: dict[str, str], idle_pct: float
-) -> tuple[datetime | None, list[str]]:
+def settings_since_build(con, prices, teams: dict[str, str], idle_pct: float) -> tuple[datetime | None, list[str]]:
     """When ``gpu_usage`` was last built, and which of the settings it was built with differ from these (``teams``,
     ``prices``, ``idle threshold``): figures read from it are as of that build until the next refresh."""
     text = meta_value(con, GPU_USAGE_BUILD_KEY) if has_table(con, "warehouse_meta") else None
@@ -199,7 +190,7 @@ def settings_since_build(
         name
         for name, was, now in (
             ("teams", sorted((r["user"], r["team"]) for r in json.loads(build["teams"])), teams_now),
-            ("prices", sorted((r["model"], r["usd"]) for r in json.loads(build["prices"])), sorted(prices.items())),
+            ("prices", build.get("price_file"), price_file_token(prices)),
             ("idle threshold", build["idle_pct"], idle_pct),
         )
         if was != now

@@ -13,13 +13,13 @@ nothing. The part of that span inside W, times ``gpu_count``, is summed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from wandb_assets.lib.accounting.gpus import DEFAULT_IDLE_GPU_PCT, PRICES_CTE, prices_param, usd_sql
+from wandb_assets.lib.accounting.gpus import DEFAULT_IDLE_GPU_PCT
 from wandb_assets.lib.accounting.idle import CURVE_IDLE_RUNS_SQL, TICK_INTERVAL, held_daily_sql, held_sql, idle_of_run
+from wandb_assets.lib.accounting.prices import PRICE_SCHEDULE_CTE, price_on_sql
 from wandb_assets.lib.normalize import SPS_KEYS
 from wandb_assets.lib.sql import (
     ENDED_SQL,
@@ -218,7 +218,6 @@ classified AS (
         {idle_now} AS idle_gpus_now,
         i.idle_gpu_hours_in_w
     FROM {runs} AS runs CROSS JOIN w
-    LEFT JOIN prices p ON p.model = runs.gpu_model
     LEFT JOIN idle_in_w i USING (entity, project, run_id)
     WHERE created_at <= w.t1
 ),
@@ -259,8 +258,8 @@ def gauge_query(as_of: bool = False, by_project: bool = False) -> str:
         busy_until=busy_until_sql("w.t1"),
         runs=runs,
         group=group,
-        prices=PRICES_CTE,
-        usd=usd_sql(),
+        prices=PRICE_SCHEDULE_CTE,
+        usd=price_on_sql("runs", "w.t1::DATE"),
         held=held_samples_sql(
             f"(SELECT * FROM {runs} r WHERE (entity, project, run_id) NOT IN {CURVE_IDLE_RUNS_SQL})",
             "$snapshot_at::TIMESTAMP",
@@ -284,32 +283,30 @@ def project_metrics_sql(as_of: bool = False) -> str:
     return PROJECT_METRICS_SQL.format(query=gauge_query(as_of, by_project=True))
 
 
-def gauge_params(
-    snapshot_at: datetime, prices: Iterable[tuple[str, float]] = (), idle_pct: float = DEFAULT_IDLE_GPU_PCT
-) -> dict[str, Any]:
-    """The parameters of ``gauge_query``: the snapshot time, the GPU prices ``(model, USD per GPU-hour)`` and the
-    utilisation (percent) below which a GPU is idle."""
-    return {"snapshot_at": snapshot_at, "prices": prices_param(prices), "idle_pct": idle_pct}
+def gauge_params(snapshot_at: datetime, idle_pct: float = DEFAULT_IDLE_GPU_PCT) -> dict[str, Any]:
+    """The parameters of ``gauge_query``: the snapshot time and the utilisation (percent) below which a GPU is idle.
+    Dollars are the GPU-hours at the prices in force on the snapshot's UTC day (``gpu_price_periods``, the run's model
+    and cluster): a rate, not a bill (``gpu_usage`` prices each day at its own period)."""
+    return {"snapshot_at": snapshot_at, "idle_pct": idle_pct}
 
 
 def compute_gauges(
     con,
     snapshot_at: datetime,
     as_of: bool = False,
-    prices: Iterable[tuple[str, float]] = (),
     idle_pct: float = DEFAULT_IDLE_GPU_PCT,
 ) -> dict[str, float | None]:
     """Evaluate every gauge against the ``runs`` table of a DuckDB connection (``as_of``: as the runs
-    looked at ``snapshot_at``, see ``RUNS_AS_OF_SQL``; ``prices``, ``idle_pct``: see ``gauge_params``)."""
-    values = con.execute(gauge_query(as_of), gauge_params(snapshot_at, prices, idle_pct)).fetchone()
+    looked at ``snapshot_at``, see ``RUNS_AS_OF_SQL``; ``idle_pct``: see ``gauge_params``)."""
+    values = con.execute(gauge_query(as_of), gauge_params(snapshot_at, idle_pct)).fetchone()
     return dict(zip(GAUGE_NAMES, values, strict=True))
 
 
 def compute_project_gauges(
-    con, snapshot_at: datetime, prices: Iterable[tuple[str, float]] = (), idle_pct: float = DEFAULT_IDLE_GPU_PCT
+    con, snapshot_at: datetime, idle_pct: float = DEFAULT_IDLE_GPU_PCT
 ) -> dict[tuple[str, str], dict[str, float | None]]:
     """``compute_gauges`` per ``(entity, project)``: the same definitions over each project's runs alone."""
-    rows = con.execute(gauge_query(by_project=True), gauge_params(snapshot_at, prices, idle_pct)).fetchall()
+    rows = con.execute(gauge_query(by_project=True), gauge_params(snapshot_at, idle_pct)).fetchall()
     return {(row[0], row[1]): dict(zip(GAUGE_NAMES, row[2:], strict=True)) for row in sorted(rows)}
 
 

@@ -7,12 +7,27 @@ each function runs inside its caller's transaction.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import datetime
 
-from wandb_assets.lib.accounting.gpus import PRICES_CTE, prices_param, usd_sql
+from wandb_assets.lib.accounting.prices import (
+    LEGACY_PRICES_KEY,
+    PRICE_SCHEDULE_CTE,
+    price_on_sql,
+    priced_sql,
+    record_prices,
+    schedule_token,
+)
+from wandb_assets.lib.clock import utc_instant
 from wandb_assets.lib.normalize import MOVED, VANISHED
-from wandb_assets.lib.sql import ALIVE_SQL, MIRRORED_NOW_SQL, meta_value, run_gpu_hours_sql, set_meta
+from wandb_assets.lib.sql import (
+    ALIVE_SQL,
+    MIRRORED_NOW_SQL,
+    busy_until_sql,
+    daily_gpu_hours_sql,
+    meta_value,
+    run_gpu_hours_sql,
+    set_meta,
+)
 
 #: The anomaly of a run marked because its project left the mirror set (not because W&B lost it).
 UNMIRRORED = "unmirrored"
@@ -27,34 +42,58 @@ ASK_AGAIN_SQL = (
 _MARKED = "(entity, project, run_id) IN (SELECT entity, project, run_id FROM just_vanished)"
 
 
-def price_sql(table: str, where: str = "TRUE") -> str:
-    """A run's ``cost_usd``: its GPU-hours up to its end (alive: up to when it was read, ``ingested_at``) times the USD
-    per GPU-hour of its model (``$prices``, ``PRICES_CTE``; ``gpus.usd_sql``: else the fallback price); NULL without
-    a price or without GPU time (pending, moved)."""
-    return f"""WITH {PRICES_CTE}
-UPDATE {table} SET cost_usd = {run_gpu_hours_sql("ingested_at")}
-    * {usd_sql(f"(SELECT usd FROM prices WHERE prices.model = {table}.gpu_model)")} WHERE {where}"""
+def price_sql(table: str, where: str = "TRUE") -> list[str]:
+    """The statements that set a run's ``cost_usd`` in ``table`` (rows ``where``): each UTC day's GPU-hours up to its
+    end (alive: up to when it was read, ``ingested_at``) at the price in force that day for its model and cluster
+    (``prices.priced_sql`` over ``gpu_price_periods``), summed; NULL when a day has no price or without GPU time
+    (pending); a run occupying no time (moved) costs 0 at the price of its first day, NULL without one."""
+    span = busy_until_sql("ingested_at")
+    rows = f"(SELECT * FROM {table} WHERE {where})"
+    return [
+        f"""WITH {PRICE_SCHEDULE_CTE}
+UPDATE {table} SET cost_usd = {run_gpu_hours_sql("ingested_at")} * {price_on_sql(table, "created_at::DATE")}
+WHERE ({where}) AND NOT coalesce({span} > created_at, FALSE)""",
+        f"""WITH {PRICE_SCHEDULE_CTE},
+{daily_gpu_hours_sql("entity, project, run_id, gpu_model, hostname", rows, "ingested_at")},
+priced AS ({priced_sql("daily", "d.entity, d.project, d.run_id, d.day_start", "d.day_start::DATE")}),
+costs AS (
+    SELECT entity, project, run_id,
+           CASE WHEN bool_and(usd_per_gpu_hour IS NOT NULL) THEN sum(gpu_hours * usd_per_gpu_hour) END AS cost
+    FROM priced GROUP BY ALL
+)
+UPDATE {table} SET cost_usd = c.cost FROM costs c
+WHERE {table}.entity = c.entity AND {table}.project = c.project AND {table}.run_id = c.run_id""",
+    ]
 
 
-#: ``warehouse_meta`` key: the prices the warehouse last priced its runs with.
-PRICES_KEY = "gpu_prices"
+#: ``warehouse_meta`` key: the price periods the warehouse last priced its runs with (``prices.schedule_token``).
+PRICED_WITH_KEY = "gpu_price_periods_priced"
 
 
-def last_prices(con) -> str | None:
-    """The prices the warehouse last priced its runs with (``warehouse_meta``), or None."""
-    return meta_value(con, PRICES_KEY)
+def reprice(con, table: str, where: str = "TRUE") -> None:
+    """Set ``cost_usd`` of the rows of ``table`` ``where`` selects (``price_sql``)."""
+    for statement in price_sql(table, where):
+        con.execute(statement)
 
 
-def price_runs(con, prices: Iterable[tuple[str, float]] | None) -> None:
-    """Price the incoming rows (``incoming_runs``) with ``prices``; when the prices differ from those the warehouse
-    last priced with, every run is priced again. None: rows keep what they hold (a caller without settings)."""
+def sync_prices(con, prices, at: datetime) -> None:
+    """Record ``prices`` as seen at ``at`` (``prices.record_prices``); when the recorded periods then differ from those
+    the warehouse last priced its runs with, every run is priced again (a past day moves only when a dated period
+    says so)."""
+    record_prices(con, prices, at.date(), at, legacy=meta_value(con, LEGACY_PRICES_KEY))
+    token = schedule_token(con)
+    if meta_value(con, PRICED_WITH_KEY) != token:
+        reprice(con, "runs")
+        set_meta(con, PRICED_WITH_KEY, token)
+
+
+def price_runs(con, prices, at: datetime | None = None) -> None:
+    """``sync_prices`` as seen at ``at`` (now by default), then price the incoming rows (``incoming_runs``). None:
+    rows keep what they hold (a caller without settings)."""
     if prices is None:
         return
-    param = prices_param(sorted(prices))
-    con.execute(price_sql("incoming_runs"), {"prices": param})
-    if last_prices(con) != param:
-        con.execute(price_sql("runs"), {"prices": param})
-        set_meta(con, PRICES_KEY, param)
+    sync_prices(con, prices, at or utc_instant())
+    reprice(con, "incoming_runs")
 
 
 def settle(con, at: datetime, anomaly: str = VANISHED) -> int:
@@ -62,8 +101,8 @@ def settle(con, at: datetime, anomaly: str = VANISHED) -> int:
     ``vanished`` (last seen at its heartbeat: it occupies no GPU after it); an ended one keeps its state (its success,
     duration and GPU-hours stay as counted). Each carries ``anomaly`` (``vanished``; ``unmirrored`` for a project that
     left the mirror set) and ``state_changed_at = at`` (the row changed without a load: what was evaluated before
-    ``at`` saw it alive). They are re-priced at the prices last priced with. The temp table is dropped. Returns the
-    runs marked. (A load then finds the moves, ``mark_moved``, once its rows are in.)"""
+    ``at`` saw it alive). They are re-priced (``reprice``: their GPU time ends at their last heartbeat). The temp
+    table is dropped. Returns the runs marked. (A load then finds the moves, ``mark_moved``, once its rows are in.)"""
     marked = con.execute("SELECT count(*) FROM just_vanished").fetchone()[0]
     if marked:
         con.execute(
@@ -71,9 +110,7 @@ def settle(con, at: datetime, anomaly: str = VANISHED) -> int:
             f"anomalies = list_append(coalesce(anomalies, []), $anomaly), state_changed_at = $at WHERE {_MARKED}",
             {"anomaly": anomaly, "at": at},
         )
-        prices = last_prices(con)
-        if prices is not None:
-            con.execute(price_sql("runs", _MARKED), {"prices": prices})
+        reprice(con, "runs", _MARKED)
     con.execute("DROP TABLE just_vanished")
     return marked
 
@@ -127,9 +164,7 @@ def mark_moved(con, at: datetime) -> int:
             f"curves_read_at = NULL, curves_final = NULL, sps_steady = NULL, state_changed_at = $at WHERE {keys}",
             {"at": at},
         )
-        prices = last_prices(con)
-        if prices is not None:
-            con.execute(price_sql("runs", keys), {"prices": prices})
+        reprice(con, "runs", keys)
         for table in ("run_curve_idle", "run_history", "run_gpu_samples"):  # its curves are the other copy's now
             con.execute(f"DELETE FROM {table} WHERE {keys}")
     con.execute("DROP TABLE moved_runs")

@@ -70,10 +70,9 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "gpu_model": "canonical GPU model (H100-80GB, A100-40GB, V100-16GB, RTX-4090, T4, ...) from config "
             "compute.gpu_type, else W&B's metadata; an unknown name as recorded; NULL when neither says",
             "gpu_util_pct": "mean utilisation of the run's GPUs in its latest system sample, percent; NULL without one",
-            "cost_usd": "USD: gpu_count x hours from created_at to ended_at (alive: to ingested_at) x the USD per "
-            "GPU-hour of gpu_model (WANDB_ASSETS_GPU_PRICES; a new price list prices every run again at the next "
-            "load); "
-            "NULL when the model has no price (never 0)",
+            "cost_usd": "USD: gpu_count x hours from created_at to ended_at (alive: to ingested_at), each UTC day at "
+            "the USD per GPU-hour in force that day for its model and cluster (gpu_price_periods: an edit of the price "
+            "file takes effect from the day it is first seen); NULL when a day has no price (never 0)",
             "gpu_type": "GPU model, config `compute.gpu_type` (wandb_assets.instrument)",
             "cpu_count": "CPUs given to the job, config `compute.cpu_count`",
             "memory_gb": "memory available to the job, GiB, config `compute.memory_gb`",
@@ -155,15 +154,20 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "gpu_model": "canonical GPU model (runs.gpu_model); NULL when no source names it",
             "runs": "runs that used GPUs that day, count",
             "gpu_hours": "GPUs times busy hours that day (the gpu_hours table's rule)",
-            "cost_usd": "gpu_hours times the model's USD per GPU-hour (WANDB_ASSETS_GPU_PRICES), else the fallback "
-            "price (WANDB_ASSETS_GPU_DEFAULT_PRICE); NULL when neither prices it (never 0)",
+            "cost_usd": "gpu_hours times the USD per GPU-hour in force that day for the runs' model and cluster "
+            "(gpu_price_periods), else the fallback price (WANDB_ASSETS_GPU_DEFAULT_PRICE); NULL when neither prices "
+            "it (never 0)",
             "idle_gpu_hours": "of those, GPU-hours idle (below WANDB_ASSETS_IDLE_GPU_PCT): for a run whose curves were "
             "read after it ended, from its whole sampled GPU stream (run_curve_idle); else in the samples taken "
             "while it ran (gpu_samples); each sample holds until the run's next one, its end or now, at most the "
             "longer of an hour and twice the stream's sampling interval (docs/gpu-accounting.md); for offline runs "
             "from their logs; 0 without samples",
-            "price_basis": "where cost_usd's price came from: list (the model's own price), fallback "
-            "(WANDB_ASSETS_GPU_DEFAULT_PRICE) or NULL (no price)",
+            "price_basis": "the rule that priced cost_usd: list (the model's unmatched price), a match such as "
+            "`hosts cw-*` (WANDB_ASSETS_GPU_PRICES' periods), fallback (WANDB_ASSETS_GPU_DEFAULT_PRICE) or NULL "
+            "(no price)",
+            "price_from": "the first UTC day of the price period that priced this day (gpu_price_periods); NULL: since "
+            "always",
+            "usd_per_gpu_hour": "the USD per GPU-hour in force that day for the rule (NULL: no price)",
             "partly_idle_gpu_hours": "of idle_gpu_hours, those of GPUs idle while another GPU of the same run was "
             "busy (from runs' sampled GPU streams, run_curve_idle; 0 for runs without one)",
             "idle_cost_usd": "idle_gpu_hours at cost_usd's price: the dollars of idle GPUs; NULL when unpriced",
@@ -469,11 +473,99 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "at most one a day",
         },
     ),
+    "gpu_price_periods": (
+        "table",
+        "The history of WANDB_ASSETS_GPU_PRICES (and WANDB_ASSETS_GPU_DEFAULT_PRICE), recorded at each refresh: a "
+        "dated period as dated; an undated price from the UTC day it was first seen (since always on the warehouse's "
+        "first record), so editing the file never re-prices the past (docs/gpu-accounting.md).",
+        {
+            "model": "canonical GPU model; empty: the fallback price",
+            "rule": "list (the model's unmatched price), fallback, or the match: `hosts cw-*`, `projects e/*`, "
+            "`entities e`",
+            "match_on": "hosts (the run's hostname), projects (entity/project) or entities; NULL: no match",
+            "patterns": "the match's glob patterns",
+            "rank": "the rule's place in the file (first match wins; the unmatched price after every rule)",
+            "valid_from": "the UTC day the period takes effect; NULL: since always",
+            "usd": "USD per GPU-hour; NULL: no price of this rule from valid_from (removed from the file)",
+            "dated": "the file dated it (true) or it took effect the day it was first seen (false)",
+            "source": "where the row came from (the file dated it, first seen, since always, removed, or an upgrade)",
+            "recorded_at": "when it was recorded, UTC",
+            "seq": "order of recording",
+        },
+    ),
+    "gpu_charges": (
+        "table",
+        "What is billed, per month, team, project, user, GPU model and price: an open month's usage as gpu_usage "
+        "computes it, a closed month exactly as recorded when it was closed (closed_month_charges), and every later "
+        "change to a closed month's usage as an adjustment booked to the first open month after it. Rebuilt with "
+        "gpu_usage; the chargeback reads it.",
+        {
+            "month": "the calendar month (its first day) the row is billed in",
+            "charge_category": "usage (the month's own GPU-hours) or adjustment (a change to a closed month's usage, "
+            "booked to the first open month after it)",
+            "adjustment_of": "for an adjustment, the closed month (its first day) it restates; else NULL",
+            "first_day": "the first UTC day of usage the row holds (an adjustment: the restated month's first day)",
+            "last_day": "the last UTC day of usage the row holds (an adjustment: the restated month's last day)",
+            "team": "team of the user (WANDB_ASSETS_TEAMS), unassigned when not mapped",
+            **_PROJECT,
+            "username": "W&B user (NULL when W&B names none)",
+            "gpu_model": "canonical GPU model; NULL when no source names it",
+            "price_basis": "the rule that priced it (gpu_usage.price_basis)",
+            "price_from": "the first UTC day of the price period (gpu_usage.price_from)",
+            "usd_per_gpu_hour": "the USD per GPU-hour of that period (NULL: no price)",
+            "gpu_hours": "GPU-hours (an adjustment: the change, may be negative)",
+            "cost_usd": "USD (an adjustment: the change); NULL when unpriced",
+            "idle_gpu_hours": "of gpu_hours, idle",
+            "idle_cost_usd": "the dollars of those idle GPU-hours",
+            "failed_gpu_hours": "of gpu_hours, those of runs that failed or crashed",
+            "failed_cost_usd": "the dollars of failed runs",
+        },
+    ),
+    "closed_month_charges": (
+        "table",
+        "The rows of gpu_charges billed in each closed month, as they were when it was closed (`wandb-assets close`, "
+        "or WANDB_ASSETS_CLOSE_AFTER_DAYS): never changed after.",
+        {
+            "month": "the calendar month (its first day) the row is billed in",
+            "charge_category": "usage (the month's own GPU-hours) or adjustment (a change to a closed month's usage, "
+            "booked to the first open month after it)",
+            "adjustment_of": "for an adjustment, the closed month (its first day) it restates; else NULL",
+            "first_day": "the first UTC day of usage the row holds (an adjustment: the restated month's first day)",
+            "last_day": "the last UTC day of usage the row holds (an adjustment: the restated month's last day)",
+            "team": "team of the user (WANDB_ASSETS_TEAMS), unassigned when not mapped",
+            **_PROJECT,
+            "username": "W&B user (NULL when W&B names none)",
+            "gpu_model": "canonical GPU model; NULL when no source names it",
+            "price_basis": "the rule that priced it (gpu_usage.price_basis)",
+            "price_from": "the first UTC day of the price period (gpu_usage.price_from)",
+            "usd_per_gpu_hour": "the USD per GPU-hour of that period (NULL: no price)",
+            "gpu_hours": "GPU-hours (an adjustment: the change, may be negative)",
+            "cost_usd": "USD (an adjustment: the change); NULL when unpriced",
+            "idle_gpu_hours": "of gpu_hours, idle",
+            "idle_cost_usd": "the dollars of those idle GPU-hours",
+            "failed_gpu_hours": "of gpu_hours, those of runs that failed or crashed",
+            "failed_cost_usd": "the dollars of failed runs",
+        },
+    ),
+    "closed_months": (
+        "table",
+        "The months closed: when, how, the usage days they held and their totals as recorded.",
+        {
+            "month": "the closed month (its first day)",
+            "closed_at": "when it was closed, UTC",
+            "closed_by": "wandb-assets close, or WANDB_ASSETS_CLOSE_AFTER_DAYS",
+            "first_day": "the first UTC day of usage the month held when closed",
+            "last_day": "the last UTC day of usage it held",
+            "gpu_hours": "its GPU-hours as recorded",
+            "cost_usd": "its USD as recorded",
+        },
+    ),
     "warehouse_meta": (
         "table",
-        "Bookkeeping, one value per key: the schema version the comments and views were made for, the GPU prices "
-        "runs.cost_usd was priced with (gpu_prices), the build of gpu_usage (gpu_usage_build: its time, prices, teams "
-        "and idle threshold, JSON), a token renewed by every write to what the derived tables are computed from "
+        "Bookkeeping, one value per key: the schema version the comments and views were made for, the price "
+        "periods runs.cost_usd was priced with (gpu_price_periods_priced), the build of gpu_usage (gpu_usage_build: "
+        "its time, price periods, teams and idle threshold, JSON), a token "
+        "renewed by every write to what the derived tables are computed from "
         "(inputs_version), the steady-SPS metric the curves were read with.",
         {"key": "what the value is", "value": "the value (text; JSON for a build record)"},
     ),
@@ -553,6 +645,8 @@ DBT_SOURCE_ASSETS: dict[str, str] = {
     "success_rates": "success_rates",
     "gpu_hours": "gpu_hours",
     "gpu_usage": "gpu_usage",
+    "gpu_charges": "gpu_usage",
+    "closed_months": "gpu_usage",
     "run_history": "run_curves",
     "run_curve_idle": "run_curves",
     "fleet_metrics": "fleet_snapshot",

@@ -85,6 +85,28 @@ def run_gpu_hours_sql(now: str) -> str:
     return f"gpu_count * greatest(epoch({busy_until_sql(now)}) - epoch(created_at), 0) / 3600.0"
 
 
+def daily_gpu_hours_sql(columns: str, table: str = "runs", until: str = "$now::TIMESTAMP") -> str:
+    """CTEs ``spans`` and ``daily``: each run's busy span (``busy_until_sql`` at ``until``) cut at UTC midnights,
+    one row per run and day with ``day_start`` and ``gpu_hours`` (its GPUs times the hours of that day), carrying
+    the ``columns`` of ``table``. The one GPU-hours rule of the gpu_hours and gpu_usage tables and of each run's
+    cost (priced day by day)."""
+    return f"""
+spans AS (
+    SELECT {columns}, gpu_count, created_at AS span_start, {busy_until_sql(until)} AS span_end
+    FROM {table} WHERE created_at IS NOT NULL
+),
+daily AS (
+    SELECT *, gpu_count * (epoch(least(span_end, day_start + INTERVAL 1 DAY))
+                           - epoch(greatest(span_start, day_start))) / 3600.0 AS gpu_hours
+    FROM (
+        SELECT *,
+               -- range() excludes its end: a span ending exactly at midnight adds no 0-hour day after it
+               unnest(range(date_trunc('day', span_start), span_end, INTERVAL 1 DAY)) AS day_start
+        FROM spans WHERE span_end > span_start
+    )
+)"""
+
+
 #: Opens a warehouse connection for a short ``with`` block. Steps that also talk to the network take one of
 #: these instead of a connection, so that they can close the warehouse before any request goes out.
 Connect = Callable[[], AbstractContextManager]

@@ -16,7 +16,9 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from wandb_assets.lib.accounting.closing import CLOSING_SQL
 from wandb_assets.lib.accounting.gpus import DEFAULT_IDLE_GPU_PCT
+from wandb_assets.lib.accounting.prices import GPU_PRICE_PERIODS_SQL
 from wandb_assets.lib.acting.idle_actions import IDLE_ACTIONS_SQL
 from wandb_assets.lib.acting.pr_checks import PR_CHECKS_SQL
 from wandb_assets.lib.acting.pr_outbox import GITHUB_DELIVERIES_SQL
@@ -135,8 +137,10 @@ CREATE TABLE IF NOT EXISTS gpu_hours (
 CREATE TABLE IF NOT EXISTS gpu_usage (
     day DATE, entity VARCHAR, project VARCHAR, username VARCHAR, team VARCHAR, category VARCHAR, gpu_model VARCHAR,
     runs BIGINT, gpu_hours DOUBLE, cost_usd DOUBLE, idle_gpu_hours DOUBLE, price_basis VARCHAR,
-    partly_idle_gpu_hours DOUBLE, idle_cost_usd DOUBLE, failed_gpu_hours DOUBLE, failed_cost_usd DOUBLE
+    partly_idle_gpu_hours DOUBLE, idle_cost_usd DOUBLE, failed_gpu_hours DOUBLE, failed_cost_usd DOUBLE,
+    price_from DATE, usd_per_gpu_hour DOUBLE
 );
+{GPU_PRICE_PERIODS_SQL}{CLOSING_SQL}
 {CURVES_SCHEMA_SQL}CREATE TABLE IF NOT EXISTS gpu_samples (
     snapshot_at TIMESTAMP, entity VARCHAR, project VARCHAR, run_id VARCHAR, gpu_index INTEGER, utilisation DOUBLE,
     memory DOUBLE
@@ -264,8 +268,9 @@ def _create_schema(con, lake: bool, home: tuple[str | None, str | None] | None) 
     con.execute("ALTER TABLE report_publications ADD COLUMN IF NOT EXISTS artifact VARCHAR")
     con.execute("ALTER TABLE gpu_usage ADD COLUMN IF NOT EXISTS price_basis VARCHAR")  # rebuilt by the next tick
     con.execute("ALTER TABLE gpu_usage ADD COLUMN IF NOT EXISTS partly_idle_gpu_hours DOUBLE")
-    for column in ("idle_cost_usd", "failed_gpu_hours", "failed_cost_usd"):  # the chargeback's; the next tick fills
+    for column in ("idle_cost_usd", "failed_gpu_hours", "failed_cost_usd", "usd_per_gpu_hour"):  # the next tick fills
         con.execute(f"ALTER TABLE gpu_usage ADD COLUMN IF NOT EXISTS {column} DOUBLE")
+    con.execute("ALTER TABLE gpu_usage ADD COLUMN IF NOT EXISTS price_from DATE")
     con.execute(LEDGER_SQL)
     con.execute(ALERT_SQL)
     con.execute(IDLE_ACTIONS_SQL)
@@ -499,7 +504,8 @@ def load_runs_window(
     end: datetime,
     refreshed: list[str] | None = None,
     projects: Iterable[tuple[str, str]] | None = None,
-    prices: Iterable[tuple[str, float]] | None = None,
+    prices=None,
+    priced_at: datetime | None = None,
 ) -> int:
     """Replace every run created in ``[start, end)``, and any other copy of a staged run id, with the rows
     staged in ``paths``: one transaction, so a failure leaves the table as it was. Returns rows loaded.
@@ -521,8 +527,8 @@ def load_runs_window(
 
     A run is (entity, project, run_id). ``projects``: the (entity, project) pairs whose window the files hold
     whole; only their rows in the window may be judged (a project whose fetch failed keeps its rows as they are).
-    None: every project's. ``prices``: ``(model, USD per GPU-hour)``, each run's ``cost_usd``
-    (``runs_lifecycle.price_runs``).
+    None: every project's. ``prices``: the price file (``prices.PriceList``, or ``(model, USD)`` pairs), recorded
+    as seen at ``priced_at`` (now by default) and each run's ``cost_usd`` (``runs_lifecycle.price_runs``).
     """
     ensure_schema(con)
     paths = [paths] if isinstance(paths, str) else list(paths)
@@ -587,7 +593,7 @@ def load_runs_window(
         con.execute(
             "DELETE FROM runs WHERE (entity, project, run_id) IN (SELECT entity, project, run_id FROM incoming_runs)"
         )
-        price_runs(con, prices)
+        price_runs(con, prices, priced_at)
         con.execute(
             f"INSERT INTO runs BY NAME SELECT * REPLACE (coalesce(source, '{SOURCE_WANDB}') AS source) "
             "FROM incoming_runs"
@@ -633,7 +639,7 @@ def load_offline_runs(
     now: datetime,
     vanished_logs: Iterable[str] = (),
     stall_cutoff: datetime | None = None,
-    prices: Iterable[tuple[str, float]] | None = None,
+    prices=None,
     then: Callable[[Any], None] | None = None,
 ) -> dict[str, int]:
     """Load offline runs staged in ``staged_path`` (NDJSON ``runs`` rows) and record the ``files`` read, in one
@@ -673,7 +679,7 @@ def load_offline_runs(
             "SELECT entity, project, run_id FROM incoming_runs EXCEPT SELECT * FROM newer_offline)"
         )
         con.execute("DROP TABLE newer_offline")
-        price_runs(con, prices)
+        price_runs(con, prices, now)
         con.execute(
             f"INSERT INTO runs BY NAME SELECT * REPLACE ('{SOURCE_OFFLINE}' AS source) FROM incoming_runs "
             "WHERE (entity, project, run_id) NOT IN (SELECT entity, project, run_id FROM runs)"
@@ -836,11 +842,10 @@ GPU_SAMPLES_KEPT = timedelta(days=8)
 def record_snapshot(
     con,
     snapshot_at: datetime,
-    prices: Iterable[tuple[str, float]] = (),
     idle_pct: float = DEFAULT_IDLE_GPU_PCT,
     project_metrics_days: int = 0,
 ) -> dict[str, float | None]:
-    """Compute the gauges at ``snapshot_at`` (``prices``, ``idle_pct``: see ``gauges.gauge_params``) and store them as
+    """Compute the gauges at ``snapshot_at`` (``idle_pct``, the prices: see ``gauges.gauge_params``) and store them as
     one ``fleet_metrics`` snapshot (the whole fleet) and one ``project_metrics`` snapshot (the same gauges per
     project), with each running run's GPUs in ``gpu_samples``. The samples are written first: the idle gauges of
     this snapshot count the samples taken at it. ``project_metrics_days`` > 0: older per-project rows are deleted."""
@@ -860,7 +865,7 @@ def record_snapshot(
         if pruned or replaced or earlier:
             inputs_changed(con)
         con.execute(GPU_SAMPLES_SQL, {"snapshot_at": snapshot_at})
-        gauges = compute_gauges(con, snapshot_at, prices=prices, idle_pct=idle_pct)
+        gauges = compute_gauges(con, snapshot_at, idle_pct=idle_pct)
         con.execute("DELETE FROM fleet_metrics WHERE snapshot_at = $t", {"t": snapshot_at})
         con.executemany(
             "INSERT INTO fleet_metrics (snapshot_at, metric, value) VALUES (?, ?, ?)",
@@ -872,9 +877,7 @@ def record_snapshot(
                 "DELETE FROM project_metrics WHERE snapshot_at < $kept",
                 {"kept": snapshot_at - timedelta(days=project_metrics_days)},
             )
-        con.execute(
-            f"INSERT INTO project_metrics BY NAME {project_metrics_sql()}", gauge_params(snapshot_at, prices, idle_pct)
-        )
+        con.execute(f"INSERT INTO project_metrics BY NAME {project_metrics_sql()}", gauge_params(snapshot_at, idle_pct))
     return gauges
 
 
@@ -883,7 +886,6 @@ def replay_snapshots(
     con,
     moments: list[datetime],
     now: datetime,
-    prices: Iterable[tuple[str, float]] = (),
     idle_pct: float = DEFAULT_IDLE_GPU_PCT,
 ) -> int:
     """Store a past snapshot at each of ``moments`` from the runs as they looked then (``RUNS_AS_OF_SQL``), so
@@ -900,11 +902,11 @@ def replay_snapshots(
             )
         for at in sorted(moments):  # samples first (the idle gauges count them), then the gauges as they were then
             con.execute(_GPU_SAMPLES_SQL.format(runs=RUNS_AS_OF_SQL), {"snapshot_at": at})
-            gauges = compute_gauges(con, at, as_of=True, prices=prices, idle_pct=idle_pct)
+            gauges = compute_gauges(con, at, as_of=True, idle_pct=idle_pct)
             rows += [(at, name, value) for name, value in gauges.items()]
             con.execute(
                 f"INSERT INTO project_metrics BY NAME {project_metrics_sql(as_of=True)}",
-                gauge_params(at, prices, idle_pct),
+                gauge_params(at, idle_pct),
             )
         if rows:  # DuckDB refuses executemany with no parameter sets
             con.executemany("INSERT INTO fleet_metrics (snapshot_at, metric, value) VALUES (?, ?, ?)", rows)

@@ -245,7 +245,7 @@ def idle_actions(
         spent[what] = round(clock[-1] - clock[-2], 3)
 
     with warehouse.get_read_connection() as con:  # short and read-only: closed before any request goes out
-        found = candidates(con, policy, pipeline.gpu_prices) if con is not None else []
+        found = candidates(con, policy, now) if con is not None else []
     lap("candidates_s")
     observed = observe(found, wandb, policy, pipeline)
     lap("streams_read_s")
@@ -335,7 +335,7 @@ def preview_ladder(con, policy, where: str, now, resources: dict) -> str:
     stop checked against W&B as at send time. Nothing is sent, stopped or recorded. ``con``: the warehouse, read only;
     ``resources``: the resources by name (``wandb``, ``slack``, ``channels``, ``datadog``)."""
     pipeline = pipeline_settings()
-    found = candidates(con, policy, pipeline.gpu_prices)
+    found = candidates(con, policy, now)
     observed = observe(found, resources["wandb"], policy, pipeline)
     channels = PreviewChannels(
         resources["slack"], resources["channels"], resources["datadog"], resources["wandb"], pipeline

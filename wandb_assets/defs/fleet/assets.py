@@ -17,7 +17,7 @@ from dagster import (
 
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.accounting.costs import cost_cells, cost_summary, coverage_sentence
-from wandb_assets.lib.accounting.gpus import unknown_price_key_warning
+from wandb_assets.lib.accounting.prices import unknown_price_key_warning
 from wandb_assets.lib.clock import configured_time, utc_now
 from wandb_assets.lib.derived import (
     rebuild_gpu_hours,
@@ -228,12 +228,11 @@ def fleet_snapshot(
     context: AssetExecutionContext, config: SnapshotConfig, warehouse: WarehouseResource
 ) -> MaterializeResult:
     snapshot_at = configured_time(config.snapshot_at, "snapshot_at") or utc_now()
-    thresholds = alert_thresholds()  # the GPU prices and idle threshold of the GPU gauges
+    thresholds = alert_thresholds()  # the idle threshold of the GPU gauges
     with warehouse.get_connection() as con:
         gauges = record_snapshot(
             con,
             snapshot_at,
-            thresholds.gpu_prices,
             thresholds.idle_gpu_pct,
             pipeline_settings().project_metrics_days,
         )

@@ -332,7 +332,7 @@ def runs(context: AssetExecutionContext, warehouse: WarehouseResource) -> Materi
             start,
             end,
             [str(refreshed)] if refreshed.exists() else None,
-            prices=pipeline.gpu_prices.items(),
+            prices=pipeline.gpu_prices,
         )
         preview = con.execute(PREVIEW_SQL, {"start": start, "end": end}).fetchall()
         total = con.execute("SELECT count(*) FROM runs").fetchone()[0]

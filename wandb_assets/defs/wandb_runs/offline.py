@@ -121,7 +121,7 @@ def offline_runs(
                 now,
                 report.vanished,
                 now - stall,
-                prices=settings.gpu_prices.items(),
+                prices=settings.gpu_prices,
                 then=with_curves,
             )
     finally:

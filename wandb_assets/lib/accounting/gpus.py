@@ -16,8 +16,6 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from wandb_assets.lib.errors import ConfigError
-
 #: Where a run's GPU count came from, most trusted first.
 SOURCE_CONFIG, SOURCE_METADATA, SOURCE_SYSTEM_METRICS, SOURCE_DEFAULT = (
     "config",
@@ -218,10 +216,9 @@ def canonical_gpu_model(raw: Any) -> tuple[str | None, bool]:
     return text, False
 
 
-# ------------------------------------------------------------------------------------------- prices and teams
+# ------------------------------------------------------------------------------------------------ testbeds
 
 
-#: The CTE ``prices (model, usd)`` from ``$prices`` (``prices_param``): the one way SQL here reads the price table.
 #: The testbed of a run without a GPU count or model.
 UNKNOWN_TESTBED = "unknown"
 
@@ -233,72 +230,6 @@ def testbed_sql(runs: str = "r") -> str:
         f"CASE WHEN {runs}.gpu_count > 0 AND {runs}.gpu_model IS NOT NULL "
         f"THEN {runs}.gpu_count || 'x' || {runs}.gpu_model ELSE '{UNKNOWN_TESTBED}' END"
     )
-
-
-PRICES_CTE = """prices AS (
-    SELECT unnest(from_json($prices::JSON, '[{"model": "VARCHAR", "usd": "DOUBLE"}]'), recursive := true)
-)"""
-
-
-#: The price table's key of the fallback price (``WANDB_ASSETS_GPU_DEFAULT_PRICE``): a run whose model has no price
-#: of its own (no model recorded, an unknown one, or one the list lacks) costs this. No run's model is empty, so the
-#: key never matches one.
-FALLBACK_PRICE = ""
-
-
-_FALLBACK_USD = f"(SELECT usd FROM prices WHERE model = '{FALLBACK_PRICE}')"
-
-
-def usd_sql(listed: str = "p.usd") -> str:
-    """A run's USD per GPU-hour as SQL, given ``listed``, its model's own price in ``prices`` (``p.usd`` after
-    ``LEFT JOIN prices p ON p.model = gpu_model``): that, else the fallback price, else NULL. The one price rule of
-    runs, gpu_usage, the gauges, the alerts and the checks."""
-    return f"coalesce({listed}, {_FALLBACK_USD})"
-
-
-def price_basis_sql(listed: str = "p.usd") -> str:
-    """Where ``usd_sql`` took the price from, as SQL: ``list`` (the model's own price), ``fallback``
-    (``WANDB_ASSETS_GPU_DEFAULT_PRICE``) or NULL (no price: the cost is NULL)."""
-    return f"CASE WHEN {listed} IS NOT NULL THEN 'list' WHEN {_FALLBACK_USD} IS NOT NULL THEN 'fallback' END"
-
-
-def prices_param(prices: Iterable[tuple[str, float]]) -> str:
-    """``$prices`` for ``PRICES_CTE``: ``(canonical model, USD per GPU-hour)`` pairs as JSON."""
-    return json.dumps([{"model": model, "usd": usd} for model, usd in prices])
-
-
-def parse_prices(document: Any, where: str) -> dict[str, float]:
-    """``{canonical model: USD per GPU-hour}`` from a parsed YAML mapping (keys may be raw names W&B records:
-    they are made canonical). One-sentence ``ConfigError`` naming ``where`` for anything else."""
-    if not isinstance(document, Mapping) or not document:
-        raise ConfigError(f"{where} must map GPU models to USD per GPU-hour (such as H100-80GB: 2.99).")
-    prices: dict[str, float] = {}
-    keys: dict[str, str] = {}  # canonical model -> the key that priced it
-    for raw, usd in document.items():
-        model, _ = canonical_gpu_model(str(raw))
-        if isinstance(usd, bool) or not isinstance(usd, (int, float)) or not math.isfinite(usd) or usd < 0:
-            raise ConfigError(f"{where} gives {raw!r} the price {usd!r}: a price is a number of USD, 0 or more.")
-        name = model or str(raw)
-        if name in keys:  # read as one model, the last would silently win: the file cannot mean two things
-            raise ConfigError(
-                f"{where} prices {keys[name]!r} and {raw!r}, which name the same GPU model ({name}): keep one of them."
-            )
-        keys[name] = str(raw)
-        prices[name] = float(usd)
-    return prices
-
-
-def unknown_price_keys(document: Any) -> list[str]:
-    """The keys of a parsed price mapping that name no GPU model this project knows (``H100-80G`` reads as
-    H100-80GB; ``Hopper`` is no model): such a price applies only to runs recording that exact string."""
-    if not isinstance(document, Mapping):
-        return []
-    return [str(raw) for raw in document if not canonical_gpu_model(str(raw))[1]]
-
-
-def unknown_price_key_warning(key: str) -> str:
-    """The one warning about a price key ``unknown_price_keys`` found (no final stop: callers add what follows)."""
-    return f"WANDB_ASSETS_GPU_PRICES prices {key!r}, which names no GPU model this project knows"
 
 
 #: The most of a ``wandb-metadata.json`` read, from W&B or beside an offline log (the file is a few KB; a bigger one

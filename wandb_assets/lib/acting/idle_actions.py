@@ -28,16 +28,9 @@ from typing import Any
 
 import pandas
 
-from wandb_assets.lib.accounting.gpus import (
-    PRICES_CTE,
-    SOURCE_DEFAULT,
-    SOURCE_METADATA,
-    SOURCE_SYSTEM_METRICS,
-    prices_param,
-    usd_sql,
-    valid_gpu_count,
-)
+from wandb_assets.lib.accounting.gpus import SOURCE_DEFAULT, SOURCE_METADATA, SOURCE_SYSTEM_METRICS, valid_gpu_count
 from wandb_assets.lib.accounting.idle import ladder_idle_sql
+from wandb_assets.lib.accounting.prices import PRICE_SCHEDULE_CTE, price_on_sql
 from wandb_assets.lib.acting.idle_episodes import Episode
 from wandb_assets.lib.acting.idle_policy import DATADOG, OWNER, STOP, TEAM, Done, IdlePolicy, decide, exemption
 from wandb_assets.lib.lake import retry_on_conflict
@@ -101,7 +94,7 @@ CANDIDATES_SQL = """
 WITH {prices}
 SELECT r.entity, r.project, r.run_id, r.name, r.url, r."user", r.tags, r.config::VARCHAR AS config, r.gpu_count,
        r.gpu_model, r.gpu_count * {usd} AS usd_per_hour, r.created_at, r.gpu_count_source
-FROM {runs} r LEFT JOIN prices p ON p.model = r.gpu_model
+FROM {runs} r
 WHERE r.state = 'running' AND r.gpu_count > 0 AND len(r.latest_gpu_sample) > 0 AND {idle}
 ORDER BY r.entity, r.project, r.run_id
 """
@@ -150,9 +143,13 @@ def with_own_gpu_count(run: Candidate, metadata: dict | None) -> Candidate:
     return replace(run, gpu_count=count, usd_per_hour=usd, gpu_count_source=SOURCE_METADATA)
 
 
-def candidates(con, policy: IdlePolicy, prices: dict[str, float]) -> list[Candidate]:
-    sql = CANDIDATES_SQL.format(prices=PRICES_CTE, usd=usd_sql(), runs=MIRRORED_RUNS_SQL, idle=_idle_share(policy))
-    params = {"pct": policy.idle_gpu_pct, "fraction": policy.gpu_fraction, "prices": prices_param(prices.items())}
+def candidates(con, policy: IdlePolicy, now: datetime) -> list[Candidate]:
+    """The running runs idle by ``policy`` on their latest sample, with their dollars an hour at today's price for
+    their model and cluster (``now``'s UTC day, ``gpu_price_periods``)."""
+    sql = CANDIDATES_SQL.format(
+        prices=PRICE_SCHEDULE_CTE, usd=price_on_sql("r", "$today"), runs=MIRRORED_RUNS_SQL, idle=_idle_share(policy)
+    )
+    params = {"pct": policy.idle_gpu_pct, "fraction": policy.gpu_fraction, "today": now.date()}
     return [Candidate(*row) for row in con.execute(sql, params).fetchall()]
 
 
