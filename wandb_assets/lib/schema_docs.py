@@ -28,6 +28,29 @@ _PROJECT = {
     "project": "W&B project of the run",
 }
 
+#: The columns of gpu_charges and of the closed months' record (closed_month_charges).
+_CHARGES = {
+    "month": "the calendar month (its first day) the row is billed in",
+    "charge_category": "usage (the month's own GPU-hours) or adjustment (a change to a closed month's usage, "
+    "booked to the first open month after it)",
+    "adjustment_of": "for an adjustment, the closed month (its first day) it restates; else NULL",
+    "first_day": "the first UTC day of usage the row holds (an adjustment: the restated month's first day)",
+    "last_day": "the last UTC day of usage the row holds (an adjustment: the restated month's last day)",
+    "team": "team of the user (WANDB_ASSETS_TEAMS), unassigned when not mapped",
+    **_PROJECT,
+    "username": "W&B user (NULL when W&B names none)",
+    "gpu_model": "canonical GPU model; NULL when no source names it",
+    "price_basis": "the rule that priced it (gpu_usage.price_basis)",
+    "price_from": "the first UTC day of the price period (gpu_usage.price_from)",
+    "usd_per_gpu_hour": "the USD per GPU-hour of that period (NULL: no price)",
+    "gpu_hours": "GPU-hours (an adjustment: the change, may be negative)",
+    "cost_usd": "USD (an adjustment: the change); NULL when unpriced",
+    "idle_gpu_hours": "of gpu_hours, idle",
+    "idle_cost_usd": "the dollars of those idle GPU-hours",
+    "failed_gpu_hours": "of gpu_hours, those of runs that failed or crashed",
+    "failed_cost_usd": "the dollars of failed runs",
+}
+
 #: name -> (kind, description, {column: description})
 SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
     "runs": (
@@ -499,53 +522,13 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
         "computes it, a closed month exactly as recorded when it was closed (closed_month_charges), and every later "
         "change to a closed month's usage as an adjustment booked to the first open month after it. Rebuilt with "
         "gpu_usage; the chargeback reads it.",
-        {
-            "month": "the calendar month (its first day) the row is billed in",
-            "charge_category": "usage (the month's own GPU-hours) or adjustment (a change to a closed month's usage, "
-            "booked to the first open month after it)",
-            "adjustment_of": "for an adjustment, the closed month (its first day) it restates; else NULL",
-            "first_day": "the first UTC day of usage the row holds (an adjustment: the restated month's first day)",
-            "last_day": "the last UTC day of usage the row holds (an adjustment: the restated month's last day)",
-            "team": "team of the user (WANDB_ASSETS_TEAMS), unassigned when not mapped",
-            **_PROJECT,
-            "username": "W&B user (NULL when W&B names none)",
-            "gpu_model": "canonical GPU model; NULL when no source names it",
-            "price_basis": "the rule that priced it (gpu_usage.price_basis)",
-            "price_from": "the first UTC day of the price period (gpu_usage.price_from)",
-            "usd_per_gpu_hour": "the USD per GPU-hour of that period (NULL: no price)",
-            "gpu_hours": "GPU-hours (an adjustment: the change, may be negative)",
-            "cost_usd": "USD (an adjustment: the change); NULL when unpriced",
-            "idle_gpu_hours": "of gpu_hours, idle",
-            "idle_cost_usd": "the dollars of those idle GPU-hours",
-            "failed_gpu_hours": "of gpu_hours, those of runs that failed or crashed",
-            "failed_cost_usd": "the dollars of failed runs",
-        },
+        _CHARGES,
     ),
     "closed_month_charges": (
         "table",
         "The rows of gpu_charges billed in each closed month, as they were when it was closed (`wandb-assets close`, "
         "or WANDB_ASSETS_CLOSE_AFTER_DAYS): never changed after.",
-        {
-            "month": "the calendar month (its first day) the row is billed in",
-            "charge_category": "usage (the month's own GPU-hours) or adjustment (a change to a closed month's usage, "
-            "booked to the first open month after it)",
-            "adjustment_of": "for an adjustment, the closed month (its first day) it restates; else NULL",
-            "first_day": "the first UTC day of usage the row holds (an adjustment: the restated month's first day)",
-            "last_day": "the last UTC day of usage the row holds (an adjustment: the restated month's last day)",
-            "team": "team of the user (WANDB_ASSETS_TEAMS), unassigned when not mapped",
-            **_PROJECT,
-            "username": "W&B user (NULL when W&B names none)",
-            "gpu_model": "canonical GPU model; NULL when no source names it",
-            "price_basis": "the rule that priced it (gpu_usage.price_basis)",
-            "price_from": "the first UTC day of the price period (gpu_usage.price_from)",
-            "usd_per_gpu_hour": "the USD per GPU-hour of that period (NULL: no price)",
-            "gpu_hours": "GPU-hours (an adjustment: the change, may be negative)",
-            "cost_usd": "USD (an adjustment: the change); NULL when unpriced",
-            "idle_gpu_hours": "of gpu_hours, idle",
-            "idle_cost_usd": "the dollars of those idle GPU-hours",
-            "failed_gpu_hours": "of gpu_hours, those of runs that failed or crashed",
-            "failed_cost_usd": "the dollars of failed runs",
-        },
+        _CHARGES,
     ),
     "closed_months": (
         "table",
