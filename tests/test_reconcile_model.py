@@ -31,7 +31,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from tests.reference.model import ENDED, Copy, gpu_gauges_24h, gpu_usage, monthly_chargeback
+from tests.reference.model import ENDED, Copy, PriceHistory, gpu_gauges_24h, gpu_usage, monthly_chargeback
 
 ENTITY = "test-team"
 PROJECTS = ("test-project", "p2", "p3")
@@ -143,6 +143,7 @@ class Organisation(RuleBasedStateMachine):
         self.mirrored: tuple[str, ...] = PROJECTS
         self.prices = {"H100-80GB": 2.5, "A100-80GB": 1.4}
         self.fallback: float | None = None
+        self.price_history: PriceHistory = []  # what the pipeline runs saw of the price file, in order
         self.today = _now().date()
         self._configure()
 
@@ -228,6 +229,13 @@ class Organisation(RuleBasedStateMachine):
         self.prices["H100-80GB"], self.fallback = h100, fallback
         self._configure()
 
+    def _record_prices(self) -> None:
+        """A pipeline run read the price file: an edit since the last one takes effect from today (the first, since
+        always)."""
+        seen = (dict(self.prices), self.fallback)
+        if not self.price_history or self.price_history[-1][1:] != seen:
+            self.price_history.append((None if not self.price_history else _now().date(), *seen))
+
     # -- the pipeline -------------------------------------------------------------------------------------------
     @rule()
     def backfill(self):
@@ -254,7 +262,7 @@ class Organisation(RuleBasedStateMachine):
                 if copy_state == "moved":
                     run.curves_final.pop(project, None)
             run.copy_states = states
-        self.priced = (dict(self.prices), self.fallback)
+        self._record_prices()
 
     @precondition(lambda self: getattr(self, "synced", False))
     @rule()
@@ -263,7 +271,7 @@ class Organisation(RuleBasedStateMachine):
         from wandb_assets.ticks import execute_curves
 
         assert execute_curves(self.instance).success
-        self.priced = (dict(self.prices), self.fallback)  # gpu_usage is rebuilt with the prices in force
+        self._record_prices()  # gpu_usage is rebuilt with the prices in force
         for run in self.runs.values():
             for project, (state, _, _) in run.seen.items():
                 copy_state = self._copy_state(run, project, state)
@@ -310,9 +318,8 @@ class Organisation(RuleBasedStateMachine):
             for point in series["points"]
             if point["timestamp"] == timestamp
         }
-        prices, fallback = self.priced
         mirrored = [c for c in self._copies() if c.project in self.synced_mirrored]
-        expected = gpu_gauges_24h(mirrored, at, prices, IDLE_PCT, fallback)
+        expected = gpu_gauges_24h(mirrored, at, self.price_history, IDLE_PCT)
         for name, want in expected.items():
             for where, got in (("fleet_metrics", stored[name]), ("Datadog", sent.get(name))):
                 context = (name, where, at, f"model copies: {mirrored}")
@@ -348,8 +355,7 @@ class Organisation(RuleBasedStateMachine):
             )
         finally:
             con.close()
-        prices, fallback = self.priced
-        usage = gpu_usage(self._copies(), datetime.fromisoformat(build["now"]), prices, TEAMS, IDLE_PCT, fallback)
+        usage = gpu_usage(self._copies(), datetime.fromisoformat(build["now"]), self.price_history, TEAMS, IDLE_PCT)
         model = {key: value for key, value in monthly_chargeback(usage).items() if value[0] > 0}
         assert sorted(mart) == sorted(model)
         for key, (hours, usd) in mart.items():
@@ -430,8 +436,7 @@ class Organisation(RuleBasedStateMachine):
             ).fetchall()
         finally:
             con.close()
-        prices, fallback = self.priced  # what the last pipeline run priced with
-        model = gpu_usage(self._copies(), now, prices, TEAMS, IDLE_PCT, fallback)
+        model = gpu_usage(self._copies(), now, self.price_history, TEAMS, IDLE_PCT)  # as the pipeline saw the prices
         expected = {
             key: (row.gpu_hours, row.idle_gpu_hours, row.partly_idle_gpu_hours, row.cost_usd)
             for key, row in model.items()
@@ -520,7 +525,7 @@ def test_the_reference_model_is_worked_by_hand():
         Copy(ENTITY, "b", "r", "alice", "H100-80GB", 8, start, "moved", start + timedelta(hours=2)),
         Copy(ENTITY, "a", "v", "carol", None, 1, start, "vanished", None, start + timedelta(hours=1)),
     ]
-    usage = gpu_usage(runs, datetime(2026, 6, 3), {"H100-80GB": 2.0}, TEAMS, IDLE_PCT)
+    usage = gpu_usage(runs, datetime(2026, 6, 3), [(None, {"H100-80GB": 2.0}, None)], TEAMS, IDLE_PCT)
     day1, day2 = date(2026, 6, 1), date(2026, 6, 2)
     got = {(k[0], k[2], k[4]): (u.gpu_hours, u.idle_gpu_hours, u.cost_usd) for k, u in usage.items()}
     assert got == {
@@ -529,6 +534,10 @@ def test_the_reference_model_is_worked_by_hand():
         (day1, "a", "unassigned"): (0.5, 0.0, None),
         (day2, "a", "unassigned"): (0.5, 0.0, None),
     }
+    # $3 seen from June 2: June 1 stays at $2 (4 x 2), June 2 at $3 (12 x 3)
+    history = [(None, {"H100-80GB": 2.0}, None), (day2, {"H100-80GB": 3.0}, None)]
+    dated = gpu_usage(runs, datetime(2026, 6, 3), history, TEAMS, IDLE_PCT)
+    assert [dated[(d, ENTITY, "a", "alice", "vision", "H100-80GB")].cost_usd for d in (day1, day2)] == [8.0, 36.0]
 
 
 def test_each_lifecycle_path_reconciles_with_the_reference_model(

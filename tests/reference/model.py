@@ -116,8 +116,18 @@ class Usage:
     failed_cost_usd: float | None = None
 
 
-def usd_per_gpu_hour(model: str | None, prices: dict[str, float], fallback: float | None) -> float | None:
-    """The model's list price, else the fallback price, else None (unpriced: never 0)."""
+#: What the price file said, in the order the pipeline saw it: ``(first day, {model: USD}, fallback)``, the first
+#: entry since always (``None``), each later one from the UTC day it was first seen.
+PriceHistory = list[tuple[date | None, dict[str, float], float | None]]
+
+
+def usd_per_gpu_hour(model: str | None, history: PriceHistory, day: date) -> float | None:
+    """The price in force on ``day``: of the last entry seen on or before it, the model's list price, else its fallback
+    price, else None (unpriced: never 0); before the first entry, None."""
+    seen = [entry for entry in history if entry[0] is None or entry[0] <= day]
+    if not seen:
+        return None
+    _, prices, fallback = seen[-1]
     if model is not None and model in prices:
         return prices[model]
     return fallback
@@ -126,21 +136,20 @@ def usd_per_gpu_hour(model: str | None, prices: dict[str, float], fallback: floa
 def gpu_usage(
     runs: list[Copy],
     now: datetime,
-    prices: dict[str, float],
+    prices: PriceHistory,
     teams: dict[str, str],
     idle_pct: float,
-    fallback: float | None = None,
 ) -> dict[tuple, Usage]:
     """Per ``(day, entity, project, user, team, gpu_model)``: GPU-hours, idle, partly idle and failed GPU-hours, and
-    their dollars (None when unpriced)."""
+    their dollars at the price in force that day (None when unpriced)."""
     usage: dict[tuple, Usage] = defaultdict(Usage)
     for run in runs:
         span = busy_span(run, now)
         if span is None:
             continue
         idle = idle_by_day(run, now, idle_pct)
-        price = usd_per_gpu_hour(run.gpu_model, prices, fallback)
         for day, hours in by_day(*span):
+            price = usd_per_gpu_hour(run.gpu_model, prices, day)
             row = usage[(day, run.entity, run.project, run.user, teams.get(run.user, "unassigned"), run.gpu_model)]
             gpu_hours = run.gpu_count * hours
             row.gpu_hours += gpu_hours
@@ -166,13 +175,12 @@ def monthly_chargeback(usage: dict[tuple, Usage]) -> dict[tuple, tuple[float, fl
     return {key: (hours, usd) for key, (hours, usd) in months.items()}
 
 
-def gpu_gauges_24h(
-    runs: list[Copy], at: datetime, prices: dict[str, float], idle_pct: float, fallback: float | None = None
-) -> dict[str, float | None]:
+def gpu_gauges_24h(runs: list[Copy], at: datetime, prices: PriceHistory, idle_pct: float) -> dict[str, float | None]:
     """The GPU gauges of a snapshot taken ``at`` (the 24 hours before it) over ``runs``, the copies of the projects
     mirrored then: GPU-hours in the window, their dollars (None when GPU-hours in it have no price and none has one;
-    0 with no GPU-hours), the unpriced GPU-hours, and the idle GPU-hours held in the window (a run's curves' stream
-    once read, ``Copy.samples``; a run the ticks sampled no system metrics of, and whose curves are not read, none)."""
+    0 with no GPU-hours; at the prices in force on the snapshot's day), the unpriced GPU-hours, and the idle GPU-hours
+    held in the window (a run's curves' stream once read, ``Copy.samples``; a run the ticks sampled no system metrics
+    of, and whose curves are not read, none)."""
     start = at - timedelta(hours=24)
     hours = priced = unpriced = usd = idle_hours = 0.0
     for run in runs:
@@ -186,7 +194,7 @@ def gpu_gauges_24h(
             continue
         gpu_hours = run.gpu_count * inside
         hours += gpu_hours
-        price = usd_per_gpu_hour(run.gpu_model, prices, fallback)
+        price = usd_per_gpu_hour(run.gpu_model, prices, at.date())
         if price is None:
             unpriced += gpu_hours
         else:
