@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.fleet import fleet_row
-from wandb_assets.lib.accounting.closing import close_month
+from wandb_assets.lib.accounting.closing import ClosingRefused, close_month
 from wandb_assets.lib.accounting.prices import parse_prices, record_prices
 from wandb_assets.lib.checks import broken
 from wandb_assets.lib.derived import rebuild_gpu_usage
@@ -159,9 +159,11 @@ def test_a_late_run_into_a_closed_month_is_an_adjustment_in_the_first_open_month
         (date(2026, 6, 1), "adjustment", date(2026, 5, 1), "vision", 120.0, 240.0),
     ]
     assert broken(memory_con, datetime(2026, 6, 20)) == []
-    with pytest.raises(ConfigError, match="2026-05 was closed at 2026-06-02 00:00 UTC: a closed month never changes"):
+    with pytest.raises(
+        ClosingRefused, match="2026-05 was closed at 2026-06-02 00:00 UTC: a closed month never changes"
+    ):
         close_month(memory_con, date(2026, 5, 1), datetime(2026, 6, 20))
-    with pytest.raises(ConfigError, match="2026-06 is not over"):
+    with pytest.raises(ClosingRefused, match="2026-06 is not over"):
         close_month(memory_con, date(2026, 6, 1), datetime(2026, 6, 20))
     memory_con.execute("UPDATE closed_month_charges SET cost_usd = 150 WHERE month = '2026-05-01'")
     memory_con.execute("UPDATE gpu_charges SET cost_usd = 150 WHERE month = '2026-05-01'")
@@ -210,3 +212,44 @@ def test_recording_the_same_file_twice_adds_nothing(memory_con):
     assert record_prices(memory_con, prices, date(2026, 6, 1), datetime(2026, 6, 1)) == 2
     assert record_prices(memory_con, prices, date(2026, 6, 2), datetime(2026, 6, 2)) == 0
     assert memory_con.execute("SELECT count(*) FROM gpu_price_periods").fetchone() == (3,)
+
+
+def test_the_close_command_closes_a_past_month_once_and_says_what_it_holds(tmp_path, monkeypatch):
+    """May: 8 H100s x 10 h at $2 (the price file): $160. `close --month
+    2026-05` on June 2: exit 0 naming 80 GPU-hours, $160.00 and the usage days; again: exit 1, closed already; June
+    (not over): exit 1; a missing warehouse: exit 2."""
+    import subprocess
+    import sys
+
+    import duckdb
+
+    (tmp_path / "prices.yaml").write_text("H100-80GB: 2.0\n")
+    monkeypatch.setenv("WANDB_ASSETS_GPU_PRICES", str(tmp_path / "prices.yaml"))
+    path = tmp_path / "w.duckdb"
+    con = duckdb.connect(str(path))
+    ensure_schema(con)
+    _load(con, [_run("may", datetime(2026, 5, 10), 10)], datetime(2026, 5, 11), {"H100-80GB": 2.0})
+    con.close()
+
+    def close(month: str, where=path) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "wandb_assets.cli", "close", "--month", month, "--warehouse", str(where)]
+        return subprocess.run([*command, "--now", "2026-06-02T08:00:00Z"], capture_output=True, text=True, timeout=120)
+
+    done = close("2026-05")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith(
+        "Closed 2026-05 at 2026-06-02 08:00 UTC: 80.0 GPU-hours, $160.00, usage days 2026-05-10 to 2026-05-10."
+    )
+    again = close("2026-05")
+    assert (again.returncode, again.stderr) == (
+        1,
+        "error: 2026-05 was closed at 2026-06-02 08:00 UTC: a closed month never changes.\n",
+    )
+    assert close("2026-06").stderr.startswith("error: 2026-06 is not over (it ends 2026-07-01 00:00 UTC)")
+    assert close("2026-05", tmp_path / "none.duckdb").returncode == 2
+    assert not (tmp_path / "none.duckdb").exists()
+    con = duckdb.connect(str(path), read_only=True)
+    assert con.execute("SELECT month, closed_by, gpu_hours, cost_usd FROM closed_months").fetchall() == [
+        (date(2026, 5, 1), "wandb-assets close", 80.0, 160.0)
+    ]
+    con.close()

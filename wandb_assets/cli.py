@@ -15,6 +15,7 @@ import gc
 import os
 import sys
 
+from wandb_assets.commands.closing import cmd_close
 from wandb_assets.commands.common import quiet_clients
 from wandb_assets.commands.demo import DEMO_DIR, DEMO_WANDB_PORT, cmd_demo
 from wandb_assets.commands.reading import (
@@ -295,6 +296,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--warehouse", help="warehouse file or ducklake: string (default WANDB_ASSETS_DUCKDB)")
     check.set_defaults(func=cmd_check)
+    close = sub.add_parser(
+        "close",
+        help="close a month of the chargeback: it never changes after (later changes are adjustments)",
+        description="Record a month's GPU-hours and dollars per team, project, user and model as closed "
+        "(closed_months): from then on its chargeback re-exports byte for byte, and a late run, a price dated into "
+        "it or a teams-file edit is billed as an adjustment in the first open month (docs/gpu-accounting.md). "
+        "WANDB_ASSETS_CLOSE_AFTER_DAYS closes months automatically. Exit 0 closed, 1 when the month is not over or "
+        "closed already, 2 without a warehouse.",
+    )
+    close.add_argument("--month", required=True, help="the month, YYYY-MM")
+    close.add_argument("--warehouse", help="warehouse file or ducklake: string (default WANDB_ASSETS_DUCKDB)")
+    close.add_argument("--now", default="", help=argparse.SUPPRESS)  # pins the clock (tests)
+    close.set_defaults(func=cmd_close)
     fetch = sub.add_parser(
         "fetch-warehouse",
         help="download a published warehouse artifact",

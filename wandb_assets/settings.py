@@ -109,6 +109,14 @@ class Settings(BaseSettings):
         "costs NULL, never 0.",
         "the shipped `wandb_assets/data/gpu_prices.yaml`",
     )
+    WANDB_ASSETS_CLOSE_AFTER_DAYS: int | None = _var(
+        None,
+        "Close each month automatically this many days after it ends (`closed_months`: from then on a change to it "
+        "is booked as an adjustment in the first open month, docs/gpu-accounting.md). Unset: months are closed by "
+        "`wandb-assets close --month YYYY-MM` only.",
+        "(unset)",
+        ge=0,
+    )
     WANDB_ASSETS_GPU_DEFAULT_PRICE: float | None = _var(
         None,
         "USD per GPU-hour of a run whose GPU model has no price (none recorded, unknown, or missing from the list): "
@@ -522,6 +530,8 @@ class PipelineSettings:
     #: USD per GPU-hour by canonical model (``WANDB_ASSETS_GPU_PRICES``), the fallback price under ``FALLBACK_PRICE``
     #: (``WANDB_ASSETS_GPU_DEFAULT_PRICE``), and team by username (``WANDB_ASSETS_TEAMS``).
     gpu_prices: PriceList = ()
+    #: Months close automatically this many days after they end (``WANDB_ASSETS_CLOSE_AFTER_DAYS``); None: by hand.
+    close_after_days: int | None = None
     #: Curves (``WANDB_ASSETS_FETCH_HISTORY``, ``..._HISTORY_KEYS``, ``..._HISTORY_SAMPLES``, ``..._REFRESH_MINUTES``,
     #: ``..._RUNS_PER_TICK``).
     fetch_history: bool = True
@@ -578,6 +588,7 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
         file_hosts=tuple(h.strip() for h in s.WANDB_ASSETS_FILE_HOSTS.split(",") if h.strip()),
         gpu_count_keys=tuple(k.strip() for k in s.WANDB_ASSETS_GPU_COUNT_KEYS.split(",") if k.strip()),
         gpu_prices=prices,
+        close_after_days=s.WANDB_ASSETS_CLOSE_AFTER_DAYS,
         unknown_price_keys=tuple(unknown_price_keys(price_document)),
         teams=directory.teams,
         team_directory=directory,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from wandb_assets.lib.accounting.closing import rebuild_charges
+from wandb_assets.lib.accounting.closing import CLOSED_BY_SETTING, close_month, months_due, rebuild_charges
 from wandb_assets.lib.accounting.gpus import DEFAULT_IDLE_GPU_PCT
 from wandb_assets.lib.accounting.idle import CURVE_IDLE_RUNS_SQL, held_daily_sql
 from wandb_assets.lib.accounting.prices import PRICE_SCHEDULE_CTE, price_file_token, priced_sql, schedule_token
@@ -151,11 +151,19 @@ GROUP BY 1 ORDER BY gpu_hours DESC
 
 
 @retry_on_conflict
-def rebuild_gpu_usage(con, now: datetime, prices, teams: dict[str, str], idle_pct: float = DEFAULT_IDLE_GPU_PCT) -> int:
+def rebuild_gpu_usage(
+    con,
+    now: datetime,
+    prices,
+    teams: dict[str, str],
+    idle_pct: float = DEFAULT_IDLE_GPU_PCT,
+    close_after_days: int | None = None,
+) -> int:
     """Rebuild ``gpu_usage`` at ``now`` (running runs count up to it) with these teams, after recording ``prices``
     as seen on ``now``'s UTC day (``runs_lifecycle.sync_prices``); a sampled GPU below ``idle_pct`` is idle. Then the
-    booked ledger ``gpu_charges`` (``closing.rebuild_charges``: closed months as recorded, the rest as computed).
-    Records how it was built (``GPU_USAGE_BUILD_KEY``)."""
+    booked ledger ``gpu_charges`` (``closing.rebuild_charges``: closed months as recorded, the rest as computed), and
+    with ``close_after_days`` every month ended that many days ago is closed (``closing.close_month``). Records how
+    it was built (``GPU_USAGE_BUILD_KEY``)."""
     params = {
         "now": now,
         "idle_pct": idle_pct,
@@ -167,6 +175,9 @@ def rebuild_gpu_usage(con, now: datetime, prices, teams: dict[str, str], idle_pc
         con.execute("DELETE FROM gpu_usage")
         con.execute(f"INSERT INTO gpu_usage BY NAME {GPU_USAGE_SQL}", params)
         rebuild_charges(con, now)
+        if close_after_days is not None:
+            for month in months_due(con, now, close_after_days):
+                close_month(con, month, now, CLOSED_BY_SETTING)
         built = {
             **params,
             "now": now.isoformat(sep=" "),

@@ -130,7 +130,7 @@ def gpu_usage(context: AssetExecutionContext, warehouse: WarehouseResource) -> M
     now = utc_now()
     with warehouse.get_connection() as con:
         idle_pct = alert_thresholds().idle_gpu_pct
-        rows = rebuild_gpu_usage(con, now, pipeline.gpu_prices, pipeline.teams, idle_pct)
+        rows = rebuild_gpu_usage(con, now, pipeline.gpu_prices, pipeline.teams, idle_pct, pipeline.close_after_days)
         by_team, by_project = (cost_summary(con, by, now.date(), COST_METADATA_DAYS) for by in ("team", "project"))
         unpriced = con.execute(
             "SELECT coalesce(gpu_model, '(no model)'), round(sum(gpu_hours), 2) FROM gpu_usage "

@@ -13,7 +13,10 @@ from __future__ import annotations
 import json
 from datetime import date, datetime, timedelta
 
-from wandb_assets.lib.errors import ConfigError
+
+class ClosingRefused(Exception):
+    """A month that cannot be closed (not over, or closed already): one sentence."""
+
 
 #: The grain of the ledger: who, where, on what, at which price.
 CHARGE_KEY = (
@@ -145,16 +148,17 @@ CLOSED_BY_SETTING = "WANDB_ASSETS_CLOSE_AFTER_DAYS"
 
 def close_month(con, month: date, now: datetime, closed_by: str = CLOSED_BY_COMMAND) -> dict:
     """Record ``month`` (its first day) as closed at ``now`` (inside the caller's transaction, right after
-    ``gpu_charges`` was rebuilt): its rows of ``gpu_charges`` copied to ``closed_month_charges``, its totals and the
-    days its usage covers to ``closed_months``. One-sentence ``ConfigError`` for a month not over or closed already.
+    ``gpu_charges`` was rebuilt): its rows of ``gpu_charges`` copied to ``closed_month_charges``, its totals, the
+    days its usage covers and the digest of its rows to ``closed_months``. ``ClosingRefused`` for a month not over or
+    closed already.
     Returns the month's record."""
     if month_end(month) > now.date():
-        raise ConfigError(
+        raise ClosingRefused(
             f"{month:%Y-%m} is not over (it ends {month_end(month)} 00:00 UTC): only a past month closes."
         )
     row = con.execute("SELECT closed_at FROM closed_months WHERE month = $m", {"m": month}).fetchone()
     if row:
-        raise ConfigError(f"{month:%Y-%m} was closed at {row[0]:%Y-%m-%d %H:%M} UTC: a closed month never changes.")
+        raise ClosingRefused(f"{month:%Y-%m} was closed at {row[0]:%Y-%m-%d %H:%M} UTC: a closed month never changes.")
     con.execute("INSERT INTO closed_month_charges BY NAME SELECT * FROM gpu_charges WHERE month = $m", {"m": month})
     con.execute(
         "INSERT INTO closed_months SELECT $m, $now, $by, min(first_day), max(last_day), coalesce(sum(gpu_hours), 0), "
