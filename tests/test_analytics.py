@@ -78,6 +78,10 @@ def build_hand_made_warehouse(path: Path, duplicate: str | None = None) -> None:
         con.close()
 
 
+#: November's month, status and the usage days its rows cover, as the chargeback file writes them.
+NOV = ["2026-11", "open", "2026-11-01", "2026-11-03"]
+
+
 def rows(con, sql: str) -> list[tuple]:
     return [tuple(round(v, 6) if isinstance(v, float) else v for v in row) for row in con.execute(sql).fetchall()]
 
@@ -97,7 +101,7 @@ def test_the_dbt_sources_are_our_assets_and_the_models_follow_them():
     checks = {(c.asset_key.to_user_string(), c.name) for c in analytics_models.check_keys}
     assert ("stg_runs", "unique_combination_stg_runs_entity__project__run_id") in checks
     assert not any(asset == "runs" for asset, _ in checks)  # materializing runs in the UI never runs dbt
-    assert ("team_gpu_cost_monthly", "chargeback_matches_gpu_usage") in checks
+    assert ("team_gpu_cost_monthly", "chargeback_matches_gpu_charges") in checks
     # the tick and the backfill never run dbt (its tests on our tables are checks of the analytics job)
     for job in ("refresh", "backfill", "offline", "curves"):
         assert "analytics_models" not in {n.name for n in defs.resolve_job_def(job).graph.node_defs}, job
@@ -120,10 +124,18 @@ def test_the_marts_hold_the_hand_worked_values_and_the_docs_show_them(
     from tests.conftest import cli
 
     evaluations = [e.event_specific_data for e in built.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
-    assert len(evaluations) == 50 and all(e.passed for e in evaluations)
+    assert len(evaluations) == 44 and all(e.passed for e in evaluations)
     con = duckdb.connect(str(warehouse_path), read_only=True)
     try:
-        cost = rows(con, "SELECT * EXCLUDE (last_day) FROM analytics.team_gpu_cost_monthly ORDER BY ALL NULLS LAST")
+        billed = "first_day, last_day, price_from, usd_per_gpu_hour, charge_category, adjustment_of"
+        cost = rows(con, f"SELECT * EXCLUDE ({billed}) FROM analytics.team_gpu_cost_monthly ORDER BY ALL NULLS LAST")
+        # nothing closed: every row is its month's usage, at each model's one (since always) price
+        assert rows(con, f"SELECT DISTINCT {billed} FROM analytics.team_gpu_cost_monthly ORDER BY ALL NULLS LAST")[
+            :2
+        ] == [
+            (date(2026, 10, 31), date(2026, 10, 31), None, 2.99, "usage", None),
+            (date(2026, 11, 1), date(2026, 11, 1), None, 2.99, "usage", None),
+        ]
         # month, team, entity, project, model, price basis, users, GPU-h, $, unpriced GPU-h, idle GPU-h, idle $,
         # failed GPU-h, $
         assert cost == [
@@ -175,24 +187,30 @@ def test_the_marts_hold_the_hand_worked_values_and_the_docs_show_them(
         written = list(csv.reader(f))
     assert written == [
         list(exports.CHARGEBACK_COLUMNS),
-        ["2026-11", "research", "e", "p", "A100-40GB", "list", "1", "6.0", "7.74", "0.0", "0.0", "0.00", "6.0", "7.74"],
+        [*NOV, "research", "e", "p", "A100-40GB", "list", "", "1.29", "usage", "", "1", "6.0", "7.74", "0.0", "0.0"]
+        + ["0.00", "6.0", "7.74"],
+        [*NOV, "research", "e", "p", "H100-80GB", "list", "", "2.99", "usage", "", "1", "4.0", "11.96", "0.0", "1.0"]
+        + ["2.99", "0.0", "0.00"],
         [
-            "2026-11",
-            "research",
+            *NOV,
+            "unassigned",
             "e",
             "p",
-            "H100-80GB",
-            "list",
+            "",
+            "unpriced",
+            "",
+            "",
+            "usage",
+            "",
             "1",
             "4.0",
-            "11.96",
+            "",
+            "4.0",
             "0.0",
-            "1.0",
-            "2.99",
+            "",
             "0.0",
-            "0.00",
+            "",
         ],
-        ["2026-11", "unassigned", "e", "p", "", "unpriced", "1", "4.0", "", "4.0", "0.0", "", "0.0", ""],
     ]
     # a month the warehouse holds nothing of: the (empty) file, and what the warehouse covers
     code, out, err = cli(capsys, "export", "chargeback", "--month", "2026-09", "--out", str(tmp_path))
@@ -235,7 +253,7 @@ def check_docs_page(page, tmp_path: Path) -> None:
         page.goto(f"http://127.0.0.1:{port}/#!/model/model.wandb_analytics.team_gpu_cost_monthly")
         page.wait_for_selector("text=unpriced_gpu_hours", timeout=30_000)
         body = page.inner_text("body")
-        assert "team_gpu_cost_monthly" in body and "stg_gpu_usage" in body  # the model, what it depends on
+        assert "team_gpu_cost_monthly" in body and "stg_gpu_charges" in body  # the model, what it depends on
         assert "of gpu_hours, those without any price" in body  # a column's description
         page.goto(f"http://127.0.0.1:{port}/#!/source/source.wandb_analytics.warehouse.runs")
         page.wait_for_selector("text=curves_status", timeout=30_000)
@@ -358,10 +376,12 @@ def test_the_chargeback_cents_add_up_to_the_months_total_to_the_cent(costs):
         con.execute("CREATE SCHEMA analytics")
         con.execute(
             "CREATE TABLE analytics.team_gpu_cost_monthly (month DATE, team VARCHAR, entity VARCHAR, project VARCHAR, "
-            "gpu_model VARCHAR, price_basis VARCHAR, users BIGINT, gpu_hours DOUBLE, cost_usd DOUBLE, "
-            "unpriced_gpu_hours DOUBLE, idle_gpu_hours DOUBLE, idle_cost_usd DOUBLE, failed_gpu_hours DOUBLE, "
-            "failed_cost_usd DOUBLE)"
+            "gpu_model VARCHAR, price_basis VARCHAR, price_from DATE, usd_per_gpu_hour DOUBLE, "
+            "charge_category VARCHAR DEFAULT 'usage', adjustment_of DATE, users BIGINT, gpu_hours DOUBLE, "
+            "cost_usd DOUBLE, unpriced_gpu_hours DOUBLE, idle_gpu_hours DOUBLE, idle_cost_usd DOUBLE, "
+            "failed_gpu_hours DOUBLE, failed_cost_usd DOUBLE, first_day DATE, last_day DATE)"
         )
+        con.execute("CREATE TABLE closed_months (month DATE)")
         con.executemany(
             "INSERT INTO analytics.team_gpu_cost_monthly (month, team, entity, project, cost_usd) "
             "VALUES ('2026-10-01', ?, 'e', 'p', ?)",
@@ -524,3 +544,55 @@ def test_refresh_says_what_it_does_and_keeps_the_dbt_builds_warnings_out_of_the_
         "Building the analysts' dbt models, their tests and docs (WANDB_ASSETS_ANALYTICS; a minute or two) ...",
     ]
     assert "AssetObservation" not in err and " - WARNING - analytics - " not in err, err[-3000:]
+
+
+def test_a_closed_month_re_exports_byte_for_byte_and_a_later_change_is_an_adjustment_of_it(
+    built, warehouse_path, instance, tmp_path, capsys
+):
+    """October (alice's r1, 4 GPU-hours of H100 at $2.99 = $11.96, team research) is closed on Nov 10; then the
+    teams file moves alice to 'vision'. October's file, written again after the marts are rebuilt, is byte for byte
+    the one written at closing (status closed); November bills the change as a Correction of October: -$11.96
+    research, +$11.96 vision (also in the FOCUS file)."""
+    from tests.conftest import cli
+    from wandb_assets.lib.accounting.closing import close_month
+    from wandb_assets.lib.sql import transaction
+    from wandb_assets.ticks import execute_analytics
+
+    con = duckdb.connect(str(warehouse_path))
+    with transaction(con):
+        close_month(con, date(2026, 10, 1), NOW)
+    con.close()
+    assert execute_analytics(instance).success
+    out = tmp_path / "files"
+    assert cli(capsys, "export", "chargeback", "--month", "2026-10", "--out", str(out))[0] == 0
+    at_closing = (out / "chargeback-2026-10.csv").read_bytes()
+    assert at_closing.splitlines()[1].startswith(b"2026-10,closed,2026-10-31,2026-10-31,research,e,p,H100-80GB,")
+
+    con = duckdb.connect(str(warehouse_path))
+    rebuild_gpu_usage(con, NOW, PRICES, TEAMS | {"alice": "vision"})
+    con.close()
+    assert execute_analytics(instance).success
+    code, _, err = cli(capsys, "export", "chargeback", "--month", "2026-10", "--out", str(out), "--force")
+    assert (code, err) == (0, "")
+    assert (out / "chargeback-2026-10.csv").read_bytes() == at_closing
+    code, _, err = cli(capsys, "export", "chargeback", "--month", "2026-11", "--out", str(out), "--format", "focus")
+    assert (code, err) == (0, "")
+    with open(out / "chargeback-2026-11.focus.csv", newline="") as f:
+        focus = list(csv.DictReader(f))
+    corrections = [
+        (
+            r["ChargeCategory"],
+            r["ChargeClass"],
+            r["ChargePeriodStart"],
+            r["ChargePeriodEnd"],
+            r["x_Team"],
+            r["BilledCost"],
+        )
+        for r in focus
+        if r["ChargeClass"]
+    ]
+    assert sorted(corrections) == [
+        ("Adjustment", "Correction", "2026-10-01T00:00:00Z", "2026-11-01T00:00:00Z", "research", "-11.96"),
+        ("Adjustment", "Correction", "2026-10-01T00:00:00Z", "2026-11-01T00:00:00Z", "vision", "11.96"),
+    ]
+    assert {r["BillingPeriodStart"] for r in focus} == {"2026-11-01T00:00:00Z"}

@@ -75,6 +75,7 @@ def test_definitions_contents():
         "team_budgets",
         "stg_runs",
         "stg_gpu_usage",
+        "stg_gpu_charges",
         "stg_success_rates",
         "stg_run_curve_idle",
         "team_gpu_cost_monthly",

@@ -42,6 +42,7 @@ from wandb_assets.commands.servers import cmd_docs, cmd_ui
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from wandb_assets.lib.exports import CHARGEBACK_FORMATS
     from wandb_assets.lib.exports import FORMATS as EXPORT_FORMATS
 
     parser = argparse.ArgumentParser(prog="wandb-assets", description=__doc__.splitlines()[0])
@@ -135,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
         "chargeback",
         help="one month's GPU-hours and dollars by team, project and GPU model",
         description="Write chargeback-YYYY-MM.<format>: one month of the team_gpu_cost_monthly mart, dollars in "
-        "cents adding up to gpu_usage's month to the cent (columns: docs/analytics.md).",
+        "cents adding up to what gpu_charges bills in the month to the cent, a closed month as it was closed, with "
+        "whether the month is closed and the days it covers (columns: docs/analytics.md).",
     )
     chargeback.add_argument("--month", required=True, help="the UTC month, YYYY-MM")
     chargeback.add_argument("--force", action="store_true", help="write the month's file again where it exists")
@@ -145,8 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write runs-since-YYYY-MM-DD.<format>: every column of the runs created on or after --since.",
     )
     runs_export.add_argument("--since", required=True, help="first UTC day, YYYY-MM-DD")
+    chargeback.add_argument(
+        "--format",
+        choices=CHARGEBACK_FORMATS,
+        help="csv (default), parquet, or focus: the same rows in the FinOps FOCUS columns "
+        "(chargeback-YYYY-MM.focus.csv)",
+    )
+    runs_export.add_argument("--format", choices=EXPORT_FORMATS, help="parquet (default) or csv")
     for command in (chargeback, runs_export):
-        command.add_argument("--format", choices=EXPORT_FORMATS, help="csv (chargeback default) or parquet")
         command.add_argument("--out", default=".", help="folder to write into (default: here)")
         command.add_argument("--warehouse", help="warehouse path or ducklake: string (default WANDB_ASSETS_DUCKDB)")
     export.set_defaults(func=cmd_export)

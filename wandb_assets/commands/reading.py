@@ -331,13 +331,16 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise ConfigError(str(exc)) from None
         cents, usage, gpu_hours = exports.chargeback_totals(con, month)
         covered = None if done.rows else con.execute("SELECT min(day), max(day) FROM gpu_usage").fetchone()
+        coverage = exports.month_coverage(con, month, datetime.now(UTC).date())
     finally:
         con.close()
     total = "no priced GPU-hours" if cents is None else f"${cents:,.2f}"
     print(
         f"Wrote the chargeback of {month:%Y-%m} to {done.path}: {done.rows} rows, {gpu_hours:,.1f} GPU-hours, {total}"
-        + ("" if _same_cents(cents, usage) else f" (gpu_usage says ${usage or 0:,.2f}: rebuild the marts)")
+        + ("" if _same_cents(cents, usage) else f" (gpu_charges says ${usage or 0:,.2f}: rebuild the marts)")
     )
+    if coverage:
+        print(f"note: {coverage}")
     if covered is not None:  # an empty file reads as "nothing was used": say what the warehouse covers
         covers = f"from {covered[0]} to {covered[1]}" if covered[0] else "no GPU usage yet"
         print(

@@ -238,14 +238,14 @@ WHERE w.mirrored AND r.state = '{VANISHED}' AND list_contains(coalesce(r.anomali
     Invariant(
         "marts_reconcile",
         "every month of the money marts (team_gpu_cost_monthly, team_budget_vs_spend) and of the chargeback file "
-        "equals gpu_usage's month (GPU-hours to 1e-6, dollars to the cent; the file's rows in whole cents add up to "
-        "within half a cent of the month, idle and failed cents within each row's), while gpu_usage is the build they "
-        "were made from",
-        f"""WITH usage AS (
-    SELECT date_trunc('month', day)::DATE AS month, sum(gpu_hours) AS gpu_hours, sum(cost_usd) AS usd,
+        "equals what gpu_charges bills in it (GPU-hours to 1e-6, dollars to the cent; the file's rows in whole cents "
+        "add up to within half a cent of the month, idle and failed cents within each row's), while gpu_usage is the "
+        "build they were made from",
+        f"""WITH usage AS (  -- what gpu_charges bills in each month
+    SELECT month, sum(gpu_hours) AS gpu_hours, sum(cost_usd) AS usd,
            sum(idle_gpu_hours) AS idle, sum(idle_cost_usd) AS idle_usd, sum(failed_gpu_hours) AS failed,
            sum(failed_cost_usd) AS failed_usd
-    FROM gpu_usage GROUP BY 1
+    FROM gpu_charges GROUP BY 1
 ),
 mart AS (
     SELECT month, sum(gpu_hours) AS gpu_hours, sum(cost_usd) AS usd, sum(idle_gpu_hours) AS idle,
@@ -254,8 +254,9 @@ mart AS (
 ),
 spend AS (SELECT month, sum(spend_usd) AS usd FROM analytics.team_budget_vs_spend GROUP BY 1),
 file AS (
-    SELECT month, sum(cost_usd) AS usd, count(*) FILTER (WHERE idle_cost_usd > cost_usd OR failed_cost_usd > cost_usd
-           OR idle_gpu_hours > gpu_hours + 0.01 OR failed_gpu_hours > gpu_hours + 0.01) AS rows_over
+    SELECT month, sum(cost_usd) AS usd, count(*) FILTER (WHERE abs(idle_cost_usd) > abs(cost_usd)
+           OR abs(failed_cost_usd) > abs(cost_usd) OR abs(idle_gpu_hours) > abs(gpu_hours) + 0.01
+           OR abs(failed_gpu_hours) > abs(gpu_hours) + 0.01) AS rows_over
     FROM ({chargeback_sql("true")}) GROUP BY 1
 ),
 compared AS (
@@ -285,6 +286,7 @@ WHERE (SELECT value FROM warehouse_meta WHERE key = '{GPU_USAGE_BUILD_KEY}')
       = (SELECT any_value(gpu_usage_build) FROM analytics.marts_build)""",
         (
             "gpu_usage",
+            "gpu_charges",
             "warehouse_meta",
             "analytics.marts_build",
             "analytics.team_gpu_cost_monthly",

@@ -541,6 +541,7 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "last_day": "the last UTC day of usage it held",
             "gpu_hours": "its GPU-hours as recorded",
             "cost_usd": "its USD as recorded",
+            "digest": "md5 of its record's rows (closed_month_charges) when it was closed: `check` compares",
         },
     ),
     "warehouse_meta": (

@@ -1,5 +1,7 @@
--- The chargeback: GPU-hours and dollars per calendar month (UTC), team, project and GPU model, from gpu_usage's
--- rows, so every month's dollars equal gpu_usage's to the cent (tests/chargeback_matches_gpu_usage.sql).
+-- The chargeback: what is billed per calendar month (UTC), team, project, GPU model and price, from gpu_charges: an
+-- open month's usage, a closed month exactly as recorded when it was closed, and the adjustments of closed months
+-- booked to the first open month after them (charge_category adjustment, adjustment_of the month restated), so every
+-- month's dollars equal gpu_charges' to the cent (tests/chargeback_matches_gpu_charges.sql).
 -- `wandb-assets export chargeback --month YYYY-MM` writes one month of it for finance.
 select
     month,
@@ -8,6 +10,10 @@ select
     project,
     gpu_model,
     coalesce(price_basis, 'unpriced') as price_basis,
+    price_from,
+    usd_per_gpu_hour,
+    charge_category,
+    adjustment_of,
     count(distinct username) as users,
     sum(gpu_hours) as gpu_hours,
     sum(cost_usd) as cost_usd,
@@ -16,6 +22,7 @@ select
     sum(idle_cost_usd) as idle_cost_usd,
     sum(failed_gpu_hours) as failed_gpu_hours,
     sum(failed_cost_usd) as failed_cost_usd,
-    max(day) as last_day
-from {{ ref('stg_gpu_usage') }}
+    min(first_day) as first_day,
+    max(last_day) as last_day
+from {{ ref('stg_gpu_charges') }}
 group by all
