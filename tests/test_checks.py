@@ -71,7 +71,9 @@ BREAKS = {
     "coalesce(price_basis, 'unpriced') AS price_basis, sum(gpu_hours) AS gpu_hours, "
     "sum(cost_usd) AS cost_usd, 0.0 AS unpriced_gpu_hours, sum(idle_gpu_hours) + 1 AS idle_gpu_hours, "
     "sum(idle_cost_usd) AS idle_cost_usd, sum(failed_gpu_hours) AS failed_gpu_hours, "
-    "sum(failed_cost_usd) AS failed_cost_usd, 1 AS users FROM gpu_usage GROUP BY ALL; "
+    "sum(failed_cost_usd) AS failed_cost_usd, 1 AS users, NULL::DATE AS price_from, NULL::DOUBLE AS usd_per_gpu_hour, "
+    "'usage' AS charge_category, NULL::DATE AS adjustment_of, min(day) AS first_day, max(day) AS last_day "
+    "FROM gpu_usage GROUP BY ALL; "
     "CREATE TABLE analytics.team_budget_vs_spend AS SELECT month, team, sum(cost_usd) AS spend_usd "
     "FROM analytics.team_gpu_cost_monthly GROUP BY ALL; CREATE TABLE analytics.marts_build AS "
     "SELECT value AS gpu_usage_build FROM warehouse_meta WHERE key = 'gpu_usage_build'",

@@ -172,7 +172,7 @@ def test_the_ladder_s_candidates_judge_a_node_wide_sample_as_the_episodes_do(mem
             {"r": run_id, "u": utils},
         )
     policy = IdlePolicy(5.0, gpu_fraction=0.5)
-    assert [c.run_id for c in candidates(memory_con, policy, {})] == ["idle"]
+    assert [c.run_id for c in candidates(memory_con, policy, datetime(2026, 11, 27))] == ["idle"]
 
 
 @given(st.lists(st.lists(st.sampled_from([0.0, 3.0, 50.0, 99.0]), min_size=1, max_size=4), min_size=1, max_size=12))

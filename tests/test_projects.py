@@ -220,6 +220,8 @@ def test_a_warehouse_written_before_runs_had_a_project_is_migrated_in_place_and_
     assert after.pop("run_curve_idle") == []
     assert after.pop("idle_actions") == [] and after.pop("pr_checks") == []  # new: the ladder's ledger, the PR verdicts
     assert after.pop("github_deliveries") == []  # new: the PR verdicts' outbox to GitHub
+    for table in ("gpu_price_periods", "gpu_charges", "closed_month_charges", "closed_months", "team_budgets"):
+        assert after.pop(table, []) == [], table  # new: the price history, the billed ledger, closed months
     # The two open alerts keep going under the keys every alert has now (with its project), nothing else changed.
     rekeyed = sorted(con.execute("SELECT alert_key, subject FROM alerts").fetchall())
     assert rekeyed == [

@@ -344,8 +344,8 @@ class Organisation(RuleBasedStateMachine):
             mart = {
                 (month.strftime("%Y-%m"), team, entity, project, model): (hours, usd)
                 for month, team, entity, project, model, hours, usd in con.execute(
-                    "SELECT month, team, entity, project, gpu_model, gpu_hours, cost_usd "
-                    "FROM analytics.team_gpu_cost_monthly"
+                    "SELECT month, team, entity, project, gpu_model, sum(gpu_hours), sum(cost_usd) "
+                    "FROM analytics.team_gpu_cost_monthly GROUP BY ALL"
                 ).fetchall()
             }
             file = dict(

@@ -389,17 +389,21 @@ def test_b12_idle_and_failed_cents_follow_the_rows_cents_and_a_month_is_not_expo
         "CREATE TABLE analytics.team_gpu_cost_monthly (month DATE, team VARCHAR, entity VARCHAR, project VARCHAR, "
         "gpu_model VARCHAR, price_basis VARCHAR, users BIGINT, gpu_hours DOUBLE, cost_usd DOUBLE, "
         "unpriced_gpu_hours DOUBLE, idle_gpu_hours DOUBLE, idle_cost_usd DOUBLE, failed_gpu_hours DOUBLE, "
-        "failed_cost_usd DOUBLE, last_day DATE)"
+        "failed_cost_usd DOUBLE, last_day DATE, price_from DATE, usd_per_gpu_hour DOUBLE, "
+        "charge_category VARCHAR DEFAULT 'usage', adjustment_of DATE, first_day DATE DEFAULT DATE '2026-10-01')"
     )
+    con.execute("CREATE TABLE closed_months (month DATE)")
     for model in ("A-model", "B-model"):
         con.execute(
-            "INSERT INTO analytics.team_gpu_cost_monthly VALUES ('2026-10-01', 'research', 'e', 'p', $m, 'list', 1, "
+            "INSERT INTO analytics.team_gpu_cost_monthly (month, team, entity, project, gpu_model, price_basis, users, "
+            "gpu_hours, cost_usd, unpriced_gpu_hours, idle_gpu_hours, idle_cost_usd, failed_gpu_hours, "
+            "failed_cost_usd, last_day) VALUES ('2026-10-01', 'research', 'e', 'p', $m, 'list', 1, "
             "0.002, 0.006, 0, 0.002, 0.006, 0.002, 0.006, '2026-10-31')",
             {"m": model},
         )
     done = export_chargeback(con, date(2026, 10, 1), tmp_path)
     lines = done.path.read_text().splitlines()
-    assert [line.split(",")[4:] for line in lines[1:]] == [
+    assert [line.split(",")[7:9] + line.split(",")[13:] for line in lines[1:]] == [  # model, basis, users, ...
         ["A-model", "list", "1", "0.0", "0.01", "0.0", "0.0", "0.01", "0.0", "0.01"],
         ["B-model", "list", "1", "0.0", "0.00", "0.0", "0.0", "0.00", "0.0", "0.00"],
     ]

@@ -52,6 +52,9 @@ class Invariant:
     #: Over runs' prices: holds while the runs were never priced, or priced with other periods than those recorded
     #: (``runs_lifecycle.PRICED_WITH_KEY``: the next load prices them again).
     priced: bool = False
+    #: Over gpu_usage's prices: holds while gpu_usage was never built by a version that keeps price periods (an
+    #: upgraded warehouse: its next tick rebuilds it).
+    usage_priced: bool = False
 
 
 INVARIANTS: tuple[Invariant, ...] = (
@@ -115,6 +118,7 @@ WHERE (g.price_basis IS NOT NULL AND (
             SELECT 1 FROM price_schedule s WHERE (s.model = g.gpu_model OR s.model = '{FALLBACK_PRICE}')
               AND s.match_on IS NULL AND g.day >= s.start_day AND (s.end_day IS NULL OR g.day < s.end_day))))""",
         ("gpu_usage", "gpu_price_periods"),
+        usage_priced=True,
     ),
     Invariant(
         "closed_months_never_move",
@@ -320,7 +324,9 @@ def check_warehouse(
             if given is None:  # never built, or built from inputs that have changed since: nothing to compare
                 found.append((invariant, 0, []))
                 continue
-        if invariant.priced and not _priced_with_recorded_periods(con):
+        if (invariant.priced and not _priced_with_recorded_periods(con)) or (
+            invariant.usage_priced and not _usage_built_with_periods(con)
+        ):
             found.append((invariant, 0, []))
             continue
         if not all(
@@ -340,6 +346,11 @@ def _priced_with_recorded_periods(con) -> bool:
         and has_table(con, "gpu_price_periods")
         and meta_value(con, PRICED_WITH_KEY) == schedule_token(con)
     )
+
+
+def _usage_built_with_periods(con) -> bool:
+    build = meta_value(con, GPU_USAGE_BUILD_KEY) if has_table(con, "warehouse_meta") else None
+    return build is not None and "price_file" in json.loads(build)
 
 
 def _build_params(con, key: str) -> dict | None:
