@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wandb_assets.lib import exports
+from wandb_assets.lib.accounting.budgets import record_budgets
 from wandb_assets.lib.derived import rebuild_gpu_hours, rebuild_gpu_usage, rebuild_success_rates
 from wandb_assets.lib.schema_docs import DBT_SOURCE_ASSETS
 from wandb_assets.lib.warehouse import ensure_schema
@@ -72,6 +73,7 @@ def build_hand_made_warehouse(path: Path, duplicate: str | None = None) -> None:
             "(3, 'stop', 'would_stop')) v(s, a, o)"
         )
         rebuild_gpu_usage(con, NOW, PRICES, TEAMS)
+        record_budgets(con, [("research", date(2026, 1, 1), 250000.0), ("research", date(2026, 11, 1), 300000.0)])
         rebuild_success_rates(con)
         rebuild_gpu_hours(con, NOW)
     finally:

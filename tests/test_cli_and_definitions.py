@@ -72,7 +72,6 @@ def test_definitions_contents():
         "fleet_report",
         "offline_runs",
         # the analysts' dbt project: its seed, staging views and marts
-        "team_budgets",
         "stg_runs",
         "stg_gpu_usage",
         "stg_gpu_charges",

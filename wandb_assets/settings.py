@@ -19,6 +19,7 @@ from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from wandb_assets.lib import fetch as fetch_rules
+from wandb_assets.lib.accounting.budgets import parse_budgets
 from wandb_assets.lib.accounting.prices import PriceList, parse_prices, unknown_price_keys, with_fallback
 from wandb_assets.lib.accounting.teams import TeamDirectory, parse_team_directory
 from wandb_assets.lib.acting.idle_policy import IdlePolicy, parse_idle_policy
@@ -108,6 +109,12 @@ class Settings(BaseSettings):
         "YAML file mapping GPU models to USD per GPU-hour (such as `H100-80GB: 2.99`); a model without a price "
         "costs NULL, never 0.",
         "the shipped `wandb_assets/data/gpu_prices.yaml`",
+    )
+    WANDB_ASSETS_BUDGETS: Path | None = _var(
+        None,
+        "YAML file of each team's monthly GPU budget in USD: `research: 250000`, or a list of "
+        "`{from: YYYY-MM, usd: N}` each holding from its month (the `team_budget_vs_spend` mart, `team_budgets` table).",
+        "(unset: no budgets)",
     )
     WANDB_ASSETS_CLOSE_AFTER_DAYS: int | None = _var(
         None,
@@ -532,6 +539,8 @@ class PipelineSettings:
     gpu_prices: PriceList = ()
     #: Months close automatically this many days after they end (``WANDB_ASSETS_CLOSE_AFTER_DAYS``); None: by hand.
     close_after_days: int | None = None
+    #: Each team's monthly budget (``WANDB_ASSETS_BUDGETS``): ``(team, first month, USD)``.
+    budgets: tuple[tuple[str, date, float], ...] = ()
     #: Curves (``WANDB_ASSETS_FETCH_HISTORY``, ``..._HISTORY_KEYS``, ``..._HISTORY_SAMPLES``, ``..._REFRESH_MINUTES``,
     #: ``..._RUNS_PER_TICK``).
     fetch_history: bool = True
@@ -589,6 +598,11 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> PipelineSetti
         gpu_count_keys=tuple(k.strip() for k in s.WANDB_ASSETS_GPU_COUNT_KEYS.split(",") if k.strip()),
         gpu_prices=prices,
         close_after_days=s.WANDB_ASSETS_CLOSE_AFTER_DAYS,
+        budgets=tuple(
+            parse_budgets(_yaml(s.WANDB_ASSETS_BUDGETS, "WANDB_ASSETS_BUDGETS"), "WANDB_ASSETS_BUDGETS")
+            if s.WANDB_ASSETS_BUDGETS
+            else ()
+        ),
         unknown_price_keys=tuple(unknown_price_keys(price_document)),
         teams=directory.teams,
         team_directory=directory,

@@ -29,6 +29,17 @@ DEMO_KEY = "local-" + "d" * 40
 
 
 #: The demo's teams: bob (whose run idles eight H100s) has a Slack id, research a channel (the idle ladder tells both).
+#: The demo teams' monthly GPU budgets (WANDB_ASSETS_BUDGETS): research's grows in November.
+DEMO_BUDGETS = """research:
+  - {from: 2026-01, usd: 250000}
+  - {from: 2026-11, usd: 300000}
+applied: 200000
+ci: 20000
+"""
+
+#: The demo's one price change: H100s cost this much less per GPU-hour from this many days ago (a dated period).
+DEMO_H100_CUT, DEMO_H100_CUT_DAYS = 0.50, 10
+
 DEMO_TEAMS = """research:
   channel: C0RESEARCH
   users: [alice, {user: bob, slack: U0BOB}]
@@ -75,6 +86,7 @@ def _demo_environment(folder: Path, warehouse: str | None) -> str:
     import yaml
 
     from wandb_assets.lib.lake import is_lake
+    from wandb_assets.settings import SHIPPED_GPU_PRICES
 
     keep_lake = warehouse is not None and is_lake(warehouse)
     for name in list(os.environ):
@@ -97,6 +109,16 @@ def _demo_environment(folder: Path, warehouse: str | None) -> str:
     warehouse = warehouse or str(folder / "demo.duckdb")
     teams = folder / "teams.yaml"  # the synthetic fleet's users in teams (dollars by team; the idle ladder's Slack)
     teams.write_text(DEMO_TEAMS)
+    budgets = folder / "budgets.yaml"
+    budgets.write_text(DEMO_BUDGETS)
+    prices = folder / "gpu_prices.yaml"  # the shipped list, with one dated change: H100s cheaper from 10 days ago
+    listed = yaml.safe_load(SHIPPED_GPU_PRICES.read_text())
+    cut = (datetime.now(UTC) - timedelta(days=DEMO_H100_CUT_DAYS)).date()
+    listed["H100-80GB"] = [
+        {"usd": listed["H100-80GB"]},
+        {"from": cut.isoformat(), "usd": round(listed["H100-80GB"] - DEMO_H100_CUT, 2)},
+    ]
+    prices.write_text(yaml.safe_dump(listed, sort_keys=False))
     policy = folder / "idle_policy.yaml"  # the documented example: the default ladder, stopping off
     policy.write_text((Path(__file__).resolve().parents[2] / "docs" / "examples" / "idle_policy.yaml").read_text())
     os.environ.update(
@@ -105,6 +127,9 @@ def _demo_environment(folder: Path, warehouse: str | None) -> str:
         WANDB_ASSETS_STAGING_DIR=str(folder / "staging"),
         WANDB_ASSETS_TEAMS=str(teams),
         WANDB_ASSETS_IDLE_POLICY=str(policy),
+        WANDB_ASSETS_BUDGETS=str(budgets),
+        WANDB_ASSETS_GPU_PRICES=str(prices),
+        WANDB_ASSETS_CLOSE_AFTER_DAYS="0",  # last month closes at the backfill: what comes later is an adjustment
     )
     return warehouse
 
@@ -226,6 +251,13 @@ def print_chargeback(month: date, warehouse: str | None = None) -> None:
         if con is None or not has_chargeback(con):
             return
         rows = con.execute(CHARGEBACK_BY_TEAM_SQL, {"month": month}).fetchall()
+        periods = con.execute(
+            "SELECT model, usd, valid_from FROM gpu_price_periods WHERE dated AND match_on IS NULL ORDER BY ALL"
+        ).fetchall()
+        closed = con.execute(
+            "SELECT c.month, c.closed_at, c.closed_by, c.cost_usd, sum(a.cost_usd) FROM closed_months c "
+            "LEFT JOIN gpu_charges a ON a.adjustment_of = c.month GROUP BY ALL ORDER BY c.month"
+        ).fetchall()
     print(
         f"\nChargeback {month:%Y-%m} so far, by team (the analysts' dbt marts; full file: "
         f"uv run wandb-assets export chargeback --month {month:%Y-%m}{where}):"
@@ -235,6 +267,14 @@ def print_chargeback(month: date, warehouse: str | None = None) -> None:
         used = "-" if pct is None else f"{pct:.0f}%"
         print(
             f"  {team:<12} {hours:>10,.1f} {usd(cost):>10} {usd(idle):>8} {usd(failed):>8} {usd(budget):>10} {used:>6}"
+        )
+    for model, price, since in periods:
+        print(f"  Price change: {model} ${price:,.2f} per GPU-hour from {since} (dated; the days before keep theirs).")
+    for closed_month, at, how, cost, adjusted in closed:
+        print(
+            f"  Closed: {closed_month:%Y-%m} at {at:%Y-%m-%d %H:%M} UTC ({how}), {usd(cost)}; changes to it since "
+            f"(idle hours read later, runs that ended after) are billed in {month:%Y-%m} as adjustments: "
+            f"{'none' if adjusted is None else f'${adjusted:,.2f}'}."
         )
 
 

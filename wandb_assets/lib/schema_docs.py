@@ -530,6 +530,16 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
         "or WANDB_ASSETS_CLOSE_AFTER_DAYS): never changed after.",
         _CHARGES,
     ),
+    "team_budgets": (
+        "table",
+        "Each team's monthly GPU budget from WANDB_ASSETS_BUDGETS, replaced at every gpu_usage build: a row holds "
+        "from its month until a later row of the same team (the team_budget_vs_spend mart reads it).",
+        {
+            "team": "team name as in WANDB_ASSETS_TEAMS",
+            "from_month": "first day of the first month the budget holds (1970-01-01: a budget given as one number)",
+            "monthly_budget_usd": "USD a month",
+        },
+    ),
     "closed_months": (
         "table",
         "The months closed: when, how, the usage days they held and their totals as recorded.",
@@ -631,6 +641,7 @@ DBT_SOURCE_ASSETS: dict[str, str] = {
     "gpu_usage": "gpu_usage",
     "gpu_charges": "gpu_usage",
     "closed_months": "gpu_usage",
+    "team_budgets": "gpu_usage",
     "run_history": "run_curves",
     "run_curve_idle": "run_curves",
     "fleet_metrics": "fleet_snapshot",

@@ -16,6 +16,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from wandb_assets.lib.accounting.budgets import TEAM_BUDGETS_SQL
 from wandb_assets.lib.accounting.closing import CLOSING_SQL
 from wandb_assets.lib.accounting.gpus import DEFAULT_IDLE_GPU_PCT
 from wandb_assets.lib.accounting.prices import GPU_PRICE_PERIODS_SQL
@@ -140,7 +141,7 @@ CREATE TABLE IF NOT EXISTS gpu_usage (
     partly_idle_gpu_hours DOUBLE, idle_cost_usd DOUBLE, failed_gpu_hours DOUBLE, failed_cost_usd DOUBLE,
     price_from DATE, usd_per_gpu_hour DOUBLE
 );
-{GPU_PRICE_PERIODS_SQL}{CLOSING_SQL}
+{GPU_PRICE_PERIODS_SQL}{CLOSING_SQL}{TEAM_BUDGETS_SQL}
 {CURVES_SCHEMA_SQL}CREATE TABLE IF NOT EXISTS gpu_samples (
     snapshot_at TIMESTAMP, entity VARCHAR, project VARCHAR, run_id VARCHAR, gpu_index INTEGER, utilisation DOUBLE,
     memory DOUBLE

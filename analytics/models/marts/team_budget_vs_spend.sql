@@ -1,4 +1,4 @@
--- Each team's spend per month against its budget: the budget in force that month is the seed's latest row for the
+-- Each team's spend per month against its budget (WANDB_ASSETS_BUDGETS): the budget in force that month is the latest row for the
 -- team whose from_month is not after it (an ASOF join). A team without a budget has NULL budget columns.
 with spend as (
     select month, team, sum(cost_usd) as spend_usd, sum(unpriced_gpu_hours) as unpriced_gpu_hours
@@ -15,4 +15,4 @@ select
     100.0 * s.spend_usd / nullif(b.monthly_budget_usd, 0) as pct_of_budget,
     s.spend_usd > b.monthly_budget_usd as over_budget
 from spend s
-asof left join {{ ref('team_budgets') }} b on s.team = b.team and s.month >= b.from_month
+asof left join {{ source('warehouse', 'team_budgets') }} b on s.team = b.team and s.month >= b.from_month

@@ -16,6 +16,7 @@ from dagster import (
 )
 
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
+from wandb_assets.lib.accounting.budgets import record_budgets
 from wandb_assets.lib.accounting.costs import cost_cells, cost_summary, coverage_sentence
 from wandb_assets.lib.accounting.prices import unknown_price_key_warning
 from wandb_assets.lib.clock import configured_time, utc_now
@@ -27,6 +28,7 @@ from wandb_assets.lib.derived import (
 )
 from wandb_assets.lib.gauges import GAUGES, format_gauge, gauge_unit
 from wandb_assets.lib.markdown import markdown_table
+from wandb_assets.lib.sql import transaction
 from wandb_assets.lib.warehouse import PROJECT_SUMMARY_SQL, record_snapshot
 from wandb_assets.settings import alert_thresholds, pipeline_settings
 
@@ -131,6 +133,8 @@ def gpu_usage(context: AssetExecutionContext, warehouse: WarehouseResource) -> M
     with warehouse.get_connection() as con:
         idle_pct = alert_thresholds().idle_gpu_pct
         rows = rebuild_gpu_usage(con, now, pipeline.gpu_prices, pipeline.teams, idle_pct, pipeline.close_after_days)
+        with transaction(con):
+            record_budgets(con, list(pipeline.budgets))
         by_team, by_project = (cost_summary(con, by, now.date(), COST_METADATA_DAYS) for by in ("team", "project"))
         unpriced = con.execute(
             "SELECT coalesce(gpu_model, '(no model)'), round(sum(gpu_hours), 2) FROM gpu_usage "
