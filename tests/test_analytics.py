@@ -126,7 +126,7 @@ def test_the_marts_hold_the_hand_worked_values_and_the_docs_show_them(
     from tests.conftest import cli
 
     evaluations = [e.event_specific_data for e in built.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
-    assert len(evaluations) == 44 and all(e.passed for e in evaluations)
+    assert len(evaluations) == 39 and all(e.passed for e in evaluations)
     con = duckdb.connect(str(warehouse_path), read_only=True)
     try:
         billed = "first_day, last_day, price_from, usd_per_gpu_hour, charge_category, adjustment_of"

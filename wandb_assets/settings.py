@@ -113,7 +113,8 @@ class Settings(BaseSettings):
     WANDB_ASSETS_BUDGETS: Path | None = _var(
         None,
         "YAML file of each team's monthly GPU budget in USD: `research: 250000`, or a list of "
-        "`{from: YYYY-MM, usd: N}` each holding from its month (the `team_budget_vs_spend` mart, `team_budgets` table).",
+        "`{from: YYYY-MM, usd: N}` each holding from its month (the `team_budget_vs_spend` mart, `team_budgets` "
+        "table).",
         "(unset: no budgets)",
     )
     WANDB_ASSETS_CLOSE_AFTER_DAYS: int | None = _var(
