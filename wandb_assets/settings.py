@@ -535,7 +535,7 @@ class PipelineSettings:
     project_recheck: timedelta = timedelta(hours=6)
     #: Config keys holding a run's GPU count (``WANDB_ASSETS_GPU_COUNT_KEYS``), first match wins.
     gpu_count_keys: tuple[str, ...] = ("compute.gpu_count",)
-    #: USD per GPU-hour by canonical model (``WANDB_ASSETS_GPU_PRICES``), the fallback price under ``FALLBACK_PRICE``
+    #: The price file's periods (``WANDB_ASSETS_GPU_PRICES``), the fallback price as the model ``FALLBACK_PRICE``'s
     #: (``WANDB_ASSETS_GPU_DEFAULT_PRICE``), and team by username (``WANDB_ASSETS_TEAMS``).
     gpu_prices: PriceList = ()
     #: Months close automatically this many days after they end (``WANDB_ASSETS_CLOSE_AFTER_DAYS``); None: by hand.

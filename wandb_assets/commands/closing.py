@@ -13,6 +13,7 @@ def cmd_close(args: argparse.Namespace) -> int:
     warehouse held), 2 without a warehouse."""
     import duckdb
 
+    from wandb_assets.commands.common import no_warehouse
     from wandb_assets.lib.accounting.closing import ClosingRefused, close_month
     from wandb_assets.lib.clock import configured_time, utc_now
     from wandb_assets.lib.derived import rebuild_gpu_usage
@@ -32,8 +33,7 @@ def cmd_close(args: argparse.Namespace) -> int:
     location = args.warehouse or pipeline.warehouse
     now = configured_time(args.now, "--now") or utc_now()
     if not is_lake(str(location)) and not Path(location).exists():
-        print(f"error: no warehouse at {location}: run a backfill first (or `wandb-assets demo`).", file=sys.stderr)
-        return 2
+        return no_warehouse(location)
     try:
         con = connect(location, read_only=False)
     except (duckdb.IOException, RuntimeError) as exc:
@@ -41,8 +41,7 @@ def cmd_close(args: argparse.Namespace) -> int:
         return 1
     try:
         if not has_table(con, "runs"):
-            print(f"error: no warehouse at {location}: run a backfill first (or `wandb-assets demo`).", file=sys.stderr)
-            return 2
+            return no_warehouse(location)
         rebuild_gpu_usage(con, now, pipeline.gpu_prices, pipeline.teams, alert_thresholds().idle_gpu_pct)
         try:
             with transaction(con):

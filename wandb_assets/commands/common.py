@@ -173,6 +173,12 @@ def warehouse_rows(sql: str) -> list[tuple]:
         return con.execute(sql).fetchall() if con else []
 
 
+def no_warehouse(location) -> int:
+    """Say there is no warehouse at ``location`` (one sentence) and return exit status 2."""
+    print(f"error: no warehouse at {location}: run a backfill first (or `wandb-assets demo`).", file=sys.stderr)
+    return 2
+
+
 def snapshot_or_exit(location: str | None):
     """The warehouse snapshot (read-only; the tick's writer is never blocked), or None after saying why."""
     from wandb_assets.warehouse import open_snapshot

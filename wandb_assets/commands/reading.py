@@ -10,7 +10,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from wandb_assets.commands.common import check_writable, parse_day, snapshot_or_exit, warehouse_rows
+from wandb_assets.commands.common import check_writable, no_warehouse, parse_day, snapshot_or_exit, warehouse_rows
 
 
 def print_gauges() -> None:
@@ -407,8 +407,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     location = args.warehouse or pipeline_settings().warehouse
     with reading(location) as con:
         if con is None:
-            print(f"error: no warehouse at {location}: run a backfill first (or `wandb-assets demo`).", file=sys.stderr)
-            return 2
+            return no_warehouse(location)
         now = datetime.now(UTC).replace(tzinfo=None)
         results = check_warehouse(con, now, alert_thresholds().idle_gpu_pct)
         runs = con.execute("SELECT count(*) FROM runs").fetchone()[0] if results else 0

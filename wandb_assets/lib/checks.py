@@ -16,7 +16,6 @@ from wandb_assets.lib.accounting.prices import (
     FALLBACK,
     FALLBACK_PRICE,
     PRICE_SCHEDULE_CTE,
-    priced_sql,
     schedule_token,
 )
 from wandb_assets.lib.alerts import RUN_ALERT_RULES
@@ -24,7 +23,7 @@ from wandb_assets.lib.derived import GPU_USAGE_SQL
 from wandb_assets.lib.exports import CHARGEBACK_MART, chargeback_sql
 from wandb_assets.lib.gauges import curve_idle_sql
 from wandb_assets.lib.normalize import VANISHED
-from wandb_assets.lib.runs_lifecycle import MOVED_COPY_SQL, PRICED_WITH_KEY, UNMIRRORED
+from wandb_assets.lib.runs_lifecycle import MOVED_COPY_SQL, PRICED_WITH_KEY, UNMIRRORED, run_costs_sql
 from wandb_assets.lib.sql import (
     ALIVE_SQL,
     BUSY_SQL,
@@ -86,14 +85,8 @@ WHERE idle_gpu_hours > gpu_hours * (1 + 1e-9) + 1e-9 OR partly_idle_gpu_hours > 
         "cost_is_hours_times_price",
         "runs.cost_usd = each UTC day's GPU-hours x the USD per GPU-hour in force that day for the run's model and "
         "cluster (gpu_price_periods), summed (NULL when a day has no price)",
-        f"""WITH {PRICE_SCHEDULE_CTE},
-{daily_gpu_hours_sql("entity, project, run_id, gpu_model, hostname", "runs", "ingested_at")},
-priced AS ({priced_sql("daily", "d.entity, d.project, d.run_id, d.day_start", "d.day_start::DATE")}),
-expected AS (
-    SELECT entity, project, run_id,
-           CASE WHEN bool_and(usd_per_gpu_hour IS NOT NULL) THEN sum(gpu_hours * usd_per_gpu_hour) END AS should
-    FROM priced GROUP BY ALL
-)
+        f"""WITH {run_costs_sql("runs")},
+expected AS (SELECT entity, project, run_id, cost AS should FROM costs)
 SELECT entity, project, run_id, cost_usd, should FROM runs JOIN expected USING (entity, project, run_id)
 WHERE cost_usd IS DISTINCT FROM should
   AND (cost_usd IS NULL OR should IS NULL OR abs(cost_usd - should) > 1e-6 * greatest(abs(should), 1))""",

@@ -174,7 +174,7 @@ def rebuild_gpu_usage(
         rejudge_curve_idle(con, idle_pct, now)
         con.execute("DELETE FROM gpu_usage")
         con.execute(f"INSERT INTO gpu_usage BY NAME {GPU_USAGE_SQL}", params)
-        rebuild_charges(con, now)
+        rebuild_charges(con)
         if close_after_days is not None:
             for month in months_due(con, now, close_after_days):
                 close_month(con, month, now, CLOSED_BY_SETTING)

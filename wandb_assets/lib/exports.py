@@ -9,9 +9,10 @@ import os
 import re
 import shutil
 from dataclasses import dataclass
-from datetime import date, timedelta
+from datetime import date
 from pathlib import Path
 
+from wandb_assets.lib.accounting.closing import closed_record, month_end
 from wandb_assets.lib.sql import sql_string
 from wandb_assets.lib.warehouse import has_table
 
@@ -193,10 +194,9 @@ def export_chargeback(con, month: date, out: Path, fmt: str = "csv", force: bool
 def month_coverage(con, month: date, today: date) -> str | None:
     """What a chargeback of ``month`` does not hold, as one sentence (None: a closed month, or a whole one): the month
     is not over, or the warehouse's usage starts after the month's first day."""
-    closed = con.execute("SELECT closed_at FROM closed_months WHERE month = $m", {"m": month}).fetchone()
-    if closed:
+    if closed_record(con, month):
         return None
-    end = (month.replace(day=28) + timedelta(days=4)).replace(day=1)
+    end = month_end(month)
     first = con.execute("SELECT min(day) FROM gpu_usage").fetchone()[0]
     held = f"the warehouse holds usage from {first}" if first else "the warehouse holds no usage yet"
     if today < end:

@@ -48,22 +48,28 @@ def price_sql(table: str, where: str = "TRUE") -> list[str]:
     (``prices.priced_sql`` over ``gpu_price_periods``), summed; NULL when a day has no price or without GPU time
     (pending); a run occupying no time (moved) costs 0 at the price of its first day, NULL without one."""
     span = busy_until_sql("ingested_at")
-    rows = f"(SELECT * FROM {table} WHERE {where})"
     return [
         f"""WITH {PRICE_SCHEDULE_CTE}
 UPDATE {table} SET cost_usd = {run_gpu_hours_sql("ingested_at")} * {price_on_sql(table, "created_at::DATE")}
 WHERE ({where}) AND NOT coalesce({span} > created_at, FALSE)""",
-        f"""WITH {PRICE_SCHEDULE_CTE},
+        f"""WITH {run_costs_sql(f"(SELECT * FROM {table} WHERE {where})")}
+UPDATE {table} SET cost_usd = c.cost FROM costs c
+WHERE {table}.entity = c.entity AND {table}.project = c.project AND {table}.run_id = c.run_id""",
+    ]
+
+
+def run_costs_sql(rows: str) -> str:
+    """CTEs ending in ``costs (entity, project, run_id, cost)``: the dollars of each of ``rows`` (runs rows, SQL) that
+    occupied GPU time, each UTC day's GPU-hours up to its end (alive: to ``ingested_at``) at the price in force that
+    day, summed; NULL when a day has no price. The one cost rule of ``runs.cost_usd`` and of ``check``."""
+    return f"""{PRICE_SCHEDULE_CTE},
 {daily_gpu_hours_sql("entity, project, run_id, gpu_model, hostname", rows, "ingested_at")},
 priced AS ({priced_sql("daily", "d.entity, d.project, d.run_id, d.day_start", "d.day_start::DATE")}),
 costs AS (
     SELECT entity, project, run_id,
            CASE WHEN bool_and(usd_per_gpu_hour IS NOT NULL) THEN sum(gpu_hours * usd_per_gpu_hour) END AS cost
     FROM priced GROUP BY ALL
-)
-UPDATE {table} SET cost_usd = c.cost FROM costs c
-WHERE {table}.entity = c.entity AND {table}.project = c.project AND {table}.run_id = c.run_id""",
-    ]
+)"""
 
 
 #: ``warehouse_meta`` key: the price periods the warehouse last priced its runs with (``prices.schedule_token``).

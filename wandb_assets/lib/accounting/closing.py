@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from datetime import date, datetime, timedelta
 
+from wandb_assets.lib.sql import dict_rows
+
 
 class ClosingRefused(Exception):
     """A month that cannot be closed (not over, or closed already): one sentence."""
@@ -92,6 +94,11 @@ def _key_join(a: str, b: str) -> str:
 _KEYS = ", ".join(CHARGE_KEY)
 _SUMS = ", ".join(f"sum({a}) AS {a}" for a in CHARGE_AMOUNTS)
 
+#: An adjustment's amounts (over ``changed c``): its dollars NULL where neither the usage nor its record had a price.
+_ADJUSTED = ", ".join(
+    f"CASE WHEN c.unpriced THEN NULL ELSE c.{a} END AS {a}" if "cost" in a else f"c.{a}" for a in CHARGE_AMOUNTS
+)
+
 #: ``gpu_charges`` from ``gpu_usage``, ``closed_month_charges`` and ``$booking`` (JSON ``[{month, book}]``).
 CHARGES_SQL = f"""
 WITH booking AS (
@@ -121,15 +128,13 @@ SELECT * FROM closed_month_charges
 UNION ALL BY NAME
 SELECT b.book AS month, '{ADJUSTMENT}' AS charge_category, c.usage_month AS adjustment_of,
        c.usage_month AS first_day, (c.usage_month + INTERVAL 1 MONTH - INTERVAL 1 DAY)::DATE AS last_day, {_KEYS},
-       {
-    ", ".join(f"CASE WHEN c.unpriced AND '{a}' LIKE '%cost%' THEN NULL ELSE c.{a} END AS {a}" for a in CHARGE_AMOUNTS)
-}
+       {_ADJUSTED}
 FROM changed c JOIN booking b ON b.month = c.usage_month
 WHERE {" OR ".join(f"abs(coalesce(c.{a}, 0)) > {EPSILON}" for a in CHARGE_AMOUNTS)}
 """
 
 
-def rebuild_charges(con, now: datetime) -> int:
+def rebuild_charges(con) -> int:
     """Rebuild ``gpu_charges`` from ``gpu_usage`` and the closed months (inside the caller's transaction, after
     ``gpu_usage``). Returns its rows."""
     booking = booking_months(closed_months(con))
@@ -170,10 +175,8 @@ def close_month(con, month: date, now: datetime, closed_by: str = CLOSED_BY_COMM
 
 def closed_record(con, month: date) -> dict:
     """``closed_months``' row of ``month`` as a dict (empty: not closed)."""
-    cursor = con.execute("SELECT * FROM closed_months WHERE month = $m", {"m": month})
-    names = [d[0] for d in cursor.description]
-    row = cursor.fetchone()
-    return dict(zip(names, row, strict=True)) if row else {}
+    found = dict_rows(con, "SELECT * FROM closed_months WHERE month = $m", {"m": month})
+    return found[0] if found else {}
 
 
 def months_due(con, now: datetime, after_days: int) -> list[date]:
