@@ -31,7 +31,17 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from tests.reference.model import ENDED, Copy, PriceHistory, gpu_gauges_24h, gpu_usage, monthly_chargeback
+from tests.reference.model import (
+    ENDED,
+    Copy,
+    PriceHistory,
+    Records,
+    close,
+    gpu_gauges_24h,
+    gpu_usage,
+    ledger,
+    usage_by_price,
+)
 
 ENTITY = "test-team"
 PROJECTS = ("test-project", "p2", "p3")
@@ -100,6 +110,12 @@ class WorldRun:
             for k, utils in enumerate(self.pattern)
         ]
 
+    @property
+    def host(self) -> str:
+        """Its host: 8-GPU runs run on the rented cluster (``cw-*``, which a price rule may match), the rest in the
+        data centre."""
+        return f"{'cw' if self.gpus == 8 else 'dc'}-node-{self.run_id}"
+
     def samples(self) -> list[tuple[datetime, list[float]]]:
         if self.ended_at is None or len(self.pattern) < 2:
             return []
@@ -115,7 +131,7 @@ class WorldRun:
             state=self.state,
             created_at=self.created_at,
             heartbeat_at=self.ended_at or self.heartbeat_at,
-            config={"compute.gpu_count": self.gpus, "compute.gpu_type": self.model},
+            config={"compute.gpu_count": self.gpus, "compute.gpu_type": self.model, "system.hostname": self.host},
             username=self.user,
             events=self.events(),
         )
@@ -143,15 +159,43 @@ class Organisation(RuleBasedStateMachine):
         self.mirrored: tuple[str, ...] = PROJECTS
         self.prices = {"H100-80GB": 2.5, "A100-80GB": 1.4}
         self.fallback: float | None = None
+        self.cluster_price: float | None = None  # the H100s' price on hosts cw-* (None: no such rule)
+        self.dated: dict[tuple[str | None, date], float] = {}  # the H100s' dated periods: (hosts glob, from) -> USD
         self.price_history: PriceHistory = []  # what the pipeline runs saw of the price file, in order
+        self.teams = dict(TEAMS)  # what the teams file says
+        self.built_teams = dict(TEAMS)  # what it said when gpu_usage was last built
+        self.records: Records = {}  # the closed months as the model recorded them
         self.today = _now().date()
         self._configure()
 
     # -- the organisation ---------------------------------------------------------------------------------------
+    def _price_file(self) -> dict:
+        """The price file as the model reads it: the H100s as a list of periods once they have a rule or a date."""
+        h100 = [{"usd": self.prices["H100-80GB"]}]
+        if self.cluster_price is not None:
+            h100.append({"hosts": "cw-*", "usd": self.cluster_price})
+        for (hosts, start), usd in sorted(self.dated.items(), key=str):
+            h100.append({"from": start, "usd": usd, **({"hosts": hosts} if hosts else {})})
+        return {**self.prices, "H100-80GB": h100 if len(h100) > 1 else h100[0]["usd"]}
+
     def _configure(self) -> None:
         os.environ["WANDB_ASSETS_PROJECTS"] = ",".join(f"{ENTITY}/{p}" for p in self.mirrored)
         prices = self.folder / "prices.yaml"
-        prices.write_text("".join(f"{model}: {usd}\n" for model, usd in self.prices.items()))
+        lines = []
+        for model, value in self._price_file().items():
+            if isinstance(value, list):
+                lines.append(f"{model}:\n")
+                lines.extend(
+                    "  - {" + ", ".join(f'{k}: "{v}"' if k == "hosts" else f"{k}: {v}" for k, v in p.items()) + "}\n"
+                    for p in value
+                )
+            else:
+                lines.append(f"{model}: {value}\n")
+        prices.write_text("".join(lines))
+        (self.folder / "teams.yaml").write_text(
+            "".join(f"{team}: [{', '.join(sorted(u for u, t in self.teams.items() if t == team))}]\n"
+                    for team in sorted(set(self.teams.values())))
+        )  # fmt: skip
         os.environ["WANDB_ASSETS_GPU_PRICES"] = str(prices)
         if self.fallback is None:
             os.environ.pop("WANDB_ASSETS_GPU_DEFAULT_PRICE", None)
@@ -223,18 +267,83 @@ class Organisation(RuleBasedStateMachine):
         self.mirrored = tuple(sorted(mirrored))
         self._configure()
 
-    @rule(h100=st.sampled_from([2.5, 3.0]), fallback=st.sampled_from([None, 1.0]))
-    def change_the_prices(self, h100, fallback):
+    @rule(
+        h100=st.sampled_from([2.5, 3.0]),
+        fallback=st.sampled_from([None, 1.0]),
+        cluster=st.sampled_from([None, 2.0, 1.5]),
+    )
+    def change_the_prices(self, h100, fallback, cluster=None):
+        """An undated edit of the price file (the H100s, their price on the cw-* cluster, the fallback)."""
         STATS["steps"]["change_the_prices"] += 1
-        self.prices["H100-80GB"], self.fallback = h100, fallback
+        self.prices["H100-80GB"], self.fallback, self.cluster_price = h100, fallback, cluster
         self._configure()
+
+    @rule(
+        hosts=st.sampled_from([None, "cw-*"]),
+        days_ago=st.integers(-2, DAYS),
+        usd=st.sampled_from([1.0, 3.5]),
+        clear=st.booleans(),
+    )
+    def date_a_price(self, hosts, days_ago, usd, clear):
+        """A dated H100 period (from a day in the history, or one to come), or (``clear``) the dated ones removed."""
+        STATS["steps"]["date_a_price"] += 1
+        if clear:
+            self.dated.clear()
+        else:
+            self.dated[(hosts, _now().date() - timedelta(days=days_ago))] = usd
+        self._configure()
+
+    @rule(alice=st.sampled_from(["vision", "llm"]), carol=st.sampled_from([None, "vision"]))
+    def edit_the_teams(self, alice, carol):
+        """The teams file edited: alice changes team, carol joins one or leaves (bob stays in llm)."""
+        STATS["steps"]["edit_the_teams"] += 1
+        self.teams = {"alice": alice, "bob": "llm", **({"carol": carol} if carol else {})}
+        self._configure()
+
+    @precondition(lambda self: getattr(self, "synced", False))
+    @rule(months_ago=st.sampled_from([1, 2]))
+    def close_a_month(self, months_ago):
+        """`wandb-assets close --month` of one of the two months before this one: closed once (exit 0, its record
+        is the model's ledger of that month then), refused after (exit 1)."""
+        STATS["steps"]["close_a_month"] += 1
+        import argparse
+
+        from wandb_assets.commands.closing import cmd_close
+
+        month = _now().date().replace(day=1)
+        for _ in range(months_ago):
+            month = (month - timedelta(days=1)).replace(day=1)
+        code = cmd_close(argparse.Namespace(month=f"{month:%Y-%m}", warehouse=None, now=None))
+        self._rebuilt()  # the command rebuilds gpu_usage and the ledger first
+        assert code == (1 if month in self.records else 0), (month, sorted(self.records))
+        if code == 0:
+            self.records[month] = close(self._usage_by_price(), self.records, month)
+            STATS["closed_months"] += 1
 
     def _record_prices(self) -> None:
         """A pipeline run read the price file: an edit since the last one takes effect from today (the first, since
         always)."""
-        seen = (dict(self.prices), self.fallback)
+        seen = (self._price_file(), self.fallback)
         if not self.price_history or self.price_history[-1][1:] != seen:
             self.price_history.append((None if not self.price_history else _now().date(), *seen))
+
+    def _rebuilt(self) -> None:
+        """A pipeline run rebuilt gpu_usage: with the price file and the teams file as they are now."""
+        self._record_prices()
+        self.built_teams = dict(self.teams)
+
+    def _build_now(self) -> datetime:
+        con = duckdb.connect(str(self.path), read_only=True)
+        try:
+            meta = con.execute("SELECT value FROM warehouse_meta WHERE key = 'gpu_usage_build'").fetchone()[0]
+        finally:
+            con.close()
+        return datetime.fromisoformat(json.loads(meta)["now"])
+
+    def _usage_by_price(self, now: datetime | None = None) -> dict:
+        """The model's usage per day and price, at the last build's now."""
+        now = now or self._build_now()
+        return usage_by_price(self._copies(), now, self.price_history, self.built_teams, IDLE_PCT)
 
     # -- the pipeline -------------------------------------------------------------------------------------------
     @rule()
@@ -262,7 +371,7 @@ class Organisation(RuleBasedStateMachine):
                 if copy_state == "moved":
                     run.curves_final.pop(project, None)
             run.copy_states = states
-        self._record_prices()
+        self._rebuilt()
 
     @precondition(lambda self: getattr(self, "synced", False))
     @rule()
@@ -271,7 +380,7 @@ class Organisation(RuleBasedStateMachine):
         from wandb_assets.ticks import execute_curves
 
         assert execute_curves(self.instance).success
-        self._record_prices()  # gpu_usage is rebuilt with the prices in force
+        self._rebuilt()  # gpu_usage is rebuilt with the prices and teams in force
         for run in self.runs.values():
             for project, (state, _, _) in run.seen.items():
                 copy_state = self._copy_state(run, project, state)
@@ -355,8 +464,12 @@ class Organisation(RuleBasedStateMachine):
             )
         finally:
             con.close()
-        usage = gpu_usage(self._copies(), datetime.fromisoformat(build["now"]), self.price_history, TEAMS, IDLE_PCT)
-        model = {key: value for key, value in monthly_chargeback(usage).items() if value[0] > 0}
+        booked = ledger(self._usage_by_price(datetime.fromisoformat(build["now"])), self.records)
+        model: dict[tuple, list] = {}
+        for (month, _, _, team, entity, project, _, gpu_model, _, _), amounts in booked.items():
+            total = model.setdefault((month.strftime("%Y-%m"), team, entity, project, gpu_model), [0.0, None])
+            total[0] += amounts[0]
+            total[1] = total[1] if amounts[1] is None else (total[1] or 0.0) + amounts[1]
         assert sorted(mart) == sorted(model)
         for key, (hours, usd) in mart.items():
             assert hours == pytest.approx(model[key][0], abs=1e-6), key
@@ -407,6 +520,7 @@ class Organisation(RuleBasedStateMachine):
                         ended,
                         heartbeat,
                         run.samples() if run.curves_final.get(project) else [],
+                        host=run.host,
                     )
                 )
         return copies
@@ -431,12 +545,17 @@ class Organisation(RuleBasedStateMachine):
                 ).fetchall()
             }
             problems = broken(con, _now())
+            charges = con.execute(
+                "SELECT month, charge_category, adjustment_of, team, entity, project, username, gpu_model, "
+                "price_basis, usd_per_gpu_hour, sum(gpu_hours), sum(cost_usd), sum(idle_gpu_hours), "
+                "sum(idle_cost_usd), sum(failed_gpu_hours), sum(failed_cost_usd) FROM gpu_charges GROUP BY ALL"
+            ).fetchall()
             held = con.execute(
                 "SELECT project, run_id, state, created_at, ended_at, heartbeat_at, anomalies FROM runs ORDER BY ALL"
             ).fetchall()
         finally:
             con.close()
-        model = gpu_usage(self._copies(), now, self.price_history, TEAMS, IDLE_PCT)  # as the pipeline saw the prices
+        model = gpu_usage(self._copies(), now, self.price_history, self.built_teams, IDLE_PCT)  # as the pipeline saw
         expected = {
             key: (row.gpu_hours, row.idle_gpu_hours, row.partly_idle_gpu_hours, row.cost_usd)
             for key, row in model.items()
@@ -453,10 +572,34 @@ class Organisation(RuleBasedStateMachine):
             if usd is not None:
                 assert usd == pytest.approx(want[3], abs=1e-5), key
         assert problems == []
+        self._ledger_reconciles(charges, now)
         STATS["comparisons"] += 1
         STATS["rows"] += len(stored)
         STATS["idle_rows"] += sum(1 for v in stored.values() if v[1] > 0)
         STATS["states"].update(c.state for c in self._copies())
+
+    def _ledger_reconciles(self, charges: list[tuple], now: datetime) -> None:
+        """Every row of the booked ledger (``gpu_charges``, summed per month, category, month restated, team, project,
+        user, GPU model, rule and price) equals the model's ``ledger``: open months as used, closed months as the
+        model recorded them, adjustments booked to the first open month."""
+        stored = {
+            tuple(row[:10]): row[10:]
+            for row in charges
+            if any(abs(value or 0.0) > 1e-6 for value in row[10:])  # rows of one price period that cancel out
+        }
+        expected = ledger(self._usage_by_price(now), self.records)
+        assert sorted(stored, key=str) == sorted(expected, key=str), (
+            f"warehouse only: {sorted(set(stored) - set(expected), key=str)}",
+            f"model only: {sorted(set(expected) - set(stored), key=str)}",
+        )
+        for key, amounts in stored.items():
+            for name, got, want in zip(("hours", "usd", "idle", "idle usd", "failed", "failed usd"), amounts,
+                                       expected[key], strict=True):  # fmt: skip
+                assert (got is None) == (want is None), (key, name, got, want)
+                if got is not None:
+                    assert got == pytest.approx(want, abs=1e-5), (key, name)
+        STATS["ledger_rows"] += len(stored)
+        STATS["adjustment_rows"] += sum(1 for key in stored if key[1] == "adjustment")
 
 
 #: What the runs of the machine compared (the suite asserts it compared something; the soak prints it).
@@ -465,6 +608,9 @@ STATS: dict = {
     "gauge_comparisons": 0,
     "idle_gauges": 0,
     "chargeback_comparisons": 0,
+    "ledger_rows": 0,
+    "adjustment_rows": 0,
+    "closed_months": 0,
     "rows": 0,
     "idle_rows": 0,
     "states": Counter(),
@@ -540,13 +686,66 @@ def test_the_reference_model_is_worked_by_hand():
     assert [dated[(d, ENTITY, "a", "alice", "vision", "H100-80GB")].cost_usd for d in (day1, day2)] == [8.0, 36.0]
 
 
+def test_the_reference_models_prices_and_ledger_are_worked_by_hand():
+    """8 idle GPUs May 31 23:30 -> June 1 01:30: 4 GPU-hours in May, 12 in June. A hosts rule prices its cluster's
+    runs; a dated period prices from its day, also when it was read later; a closed month keeps its record, and a
+    late run and a price dated into it are adjustments booked to June."""
+    start = datetime(2026, 5, 31, 23, 30)
+    samples = [(start + timedelta(hours=k), [0.0] * 8) for k in range(3)]
+    run = Copy(ENTITY, "a", "r", "alice", "H100-80GB", 8, start, "finished", start + timedelta(hours=2), None, samples)
+    rented = Copy(**{**run.__dict__, "run_id": "c", "user": "bob", "host": "cw-node-1"})
+    may, june, now = date(2026, 5, 1), date(2026, 6, 1), datetime(2026, 6, 3)
+    rules = {"H100-80GB": [{"usd": 2.0}, {"hosts": "cw-*", "usd": 1.5}]}
+    usage = usage_by_price([run, rented], now, [(None, rules, None)], TEAMS, IDLE_PCT)
+    assert {(k[0], k[3], k[6], k[7]): (u.gpu_hours, u.cost_usd) for k, u in usage.items()} == {
+        (date(2026, 5, 31), "alice", "list", 2.0): (4.0, 8.0),
+        (june, "alice", "list", 2.0): (12.0, 24.0),
+        (date(2026, 5, 31), "bob", "hosts cw-*", 1.5): (4.0, 6.0),
+        (june, "bob", "hosts cw-*", 1.5): (12.0, 18.0),
+    }
+    # a period dated June 1 in a file first read on June 2: June 1 at $4 (its day), May 31 stays at $2
+    dated = [
+        (None, {"H100-80GB": 2.0}, None),
+        (date(2026, 6, 2), {"H100-80GB": [{"usd": 2.0}, {"from": june, "usd": 4.0}]}, None),
+    ]
+    assert usage_by_price([run], now, dated, TEAMS, IDLE_PCT).keys() == {
+        (date(2026, 5, 31), ENTITY, "a", "alice", "vision", "H100-80GB", "list", 2.0),
+        (june, ENTITY, "a", "alice", "vision", "H100-80GB", "list", 4.0),
+    }
+    # May closed: its record is its ledger rows; June open: its usage
+    prices: PriceHistory = [(None, {"H100-80GB": 2.0}, None)]
+    key = ("vision", ENTITY, "a", "alice", "H100-80GB")
+    carol = ("unassigned", ENTITY, "a", "carol", None, None, None)  # no team, no model, no price
+    records = {may: close(usage_by_price([run], now, prices, TEAMS, IDLE_PCT), {}, may)}
+    assert records[may] == {(may, "usage", None, *key, "list", 2.0): [4.0, 8.0, 4.0, 8.0, 0.0, 0.0]}
+    # then a late unpriced run of carol's in May (1 GPU, 1 hour) and a price of $3 dated May 1
+    late = Copy(ENTITY, "a", "l", "carol", None, 1, datetime(2026, 5, 30), "finished", datetime(2026, 5, 30, 1))
+    prices.append((date(2026, 6, 2), {"H100-80GB": [{"usd": 2.0}, {"from": may, "usd": 3.0}]}, None))
+    booked = ledger(usage_by_price([run, late], now, prices, TEAMS, IDLE_PCT), records)
+    assert booked == {
+        (may, "usage", None, *key, "list", 2.0): [4.0, 8.0, 4.0, 8.0, 0.0, 0.0],  # as recorded
+        (june, "usage", None, *key, "list", 3.0): [12.0, 36.0, 12.0, 36.0, 0.0, 0.0],
+        (june, "adjustment", may, *key, "list", 3.0): [4.0, 12.0, 4.0, 12.0, 0.0, 0.0],  # May restated at $3
+        (june, "adjustment", may, *key, "list", 2.0): [-4.0, -8.0, -4.0, -8.0, 0.0, 0.0],  # less what was billed
+        (june, "adjustment", may, *carol): [1.0, None, 0.0, None, 0.0, None],
+    }
+    # June closed as well: what changes in May from now on is booked to July
+    records[june] = close(usage_by_price([run, late], now, prices, TEAMS, IDLE_PCT), records, june)
+    july = date(2026, 7, 1)
+    moved = ledger(usage_by_price([run], now, prices, TEAMS, IDLE_PCT), records)  # the late run deleted after all
+    assert {k: v for k, v in moved.items() if k[0] == july} == {
+        (july, "adjustment", may, *carol): [-1.0, None, 0.0, None, 0.0, None]
+    }
+
+
 def test_each_lifecycle_path_reconciles_with_the_reference_model(
     wandb_server, warehouse_path, instance, tmp_path, monkeypatch, datadog_capture
 ):
     """The paths the random histories may miss, in one history: a 30-day idle run, a run across midnight, a run moved
     while finished and one while alive, an alive and an ended run deleted, a project leaving with a running run and
-    coming back, a price change and the fallback price; after each backfill and curves run every gpu_usage row equals
-    the model and check holds."""
+    coming back, a price change and the fallback price, a cluster's own price, a closed month, a late run, a dated price
+    and a teams-file edit restating it; after each backfill and curves run every gpu_usage row and every row of the
+    booked ledger equals the model and check holds."""
     org = _one_organisation(wandb_server([]), instance, warehouse_path, tmp_path, monkeypatch, datadog_capture)
     idle = [0.0] * 12
     org.start_a_run(("test-project", "alice", "H100-80GB", 8, 35, 0, 30 * 24, "finished", idle))  # r0: 30 days
@@ -588,6 +787,26 @@ def test_each_lifecycle_path_reconciles_with_the_reference_model(
     org.read_curves()
     org.every_number_reconciles()
     assert org.runs["r0"].curves_final == {"test-project": True}  # (the p2 copy is moved: its curves went)
+    # issue 52: the 8-GPU runs' cluster gets its own H100 price; the month 33 days ago is closed (once: again is
+    # refused); then a run into it arrives late, an H100 price is dated into it and alice changes team: each is an
+    # adjustment of it booked to the first open month, its record stays as closed
+    org.change_the_prices(3.0, 1.0, cluster=2.0)
+    org.backfill()
+    org.every_number_reconciles()
+    today, late = _now().date(), _now().date() - timedelta(days=33)
+    months_ago = (today.year - late.year) * 12 + today.month - late.month
+    org.close_a_month(months_ago)
+    org.every_number_reconciles()
+    org.close_a_month(months_ago)  # exit 1: closed already
+    adjustments = STATS["adjustment_rows"]
+    org.start_a_run(("p2", "bob", "H100-80GB", 2, 33, 0, 5, "finished", [0.0, 90.0]))  # r7: late, into the closed month
+    org.date_a_price(None, 40, 3.5, clear=False)
+    org.date_a_price("cw-*", 40, 1.0, clear=False)  # r0 (8 GPUs, host cw-node-r0) at $1 from 40 days ago
+    org.edit_the_teams("llm", "vision")
+    org.backfill()
+    org.read_curves()
+    org.every_number_reconciles()
+    assert STATS["adjustment_rows"] - adjustments >= 3, STATS
     org.tick()
     org.every_number_reconciles()
     org.analytics_reconcile()  # the marts and the chargeback file of every month, and check with marts_reconcile

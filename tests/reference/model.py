@@ -3,9 +3,12 @@ obviously right. It states the rules of docs/gpu-accounting.md ("The rules every
 what an organisation's history says of each run, so the warehouse can be checked against it.
 
 Input: one ``Copy`` per run and project the warehouse should hold (a run moved between projects has one copy per
-project it was seen in; only the copy where W&B holds it now occupies GPUs), and the time ``now`` the tables were
-computed at. Output: per (UTC day, entity, project, user, team, GPU model) the GPU-hours, idle and partly idle
-GPU-hours and dollars, and per UTC month the chargeback's totals.
+project it was seen in; only the copy where W&B holds it now occupies GPUs), the time ``now`` the tables were
+computed at, and what the price file said each time the pipeline read it. Output: per (UTC day, entity, project, user,
+team, GPU model) the GPU-hours, idle and partly idle GPU-hours and dollars at the price in force that day for the run's
+cluster; per UTC month the chargeback's totals; and the booked ledger (``ledger``): open months as used, closed
+months as recorded when they were closed, and what changed in a closed month since as adjustments in the first open
+month after it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
+from fnmatch import fnmatchcase
 
 ENDED = ("finished", "failed", "crashed", "killed", "preempted")
 FAILED = ("failed", "crashed")
@@ -43,6 +47,8 @@ class Copy:
     samples: list[tuple[datetime, list[float]]] = field(default_factory=list)
     #: The stream's sampling interval (None: the median gap between its samples).
     interval: timedelta | None = None
+    #: The host it ran on (config ``system.hostname``): a price may match it.
+    host: str | None = None
 
 
 def busy_span(run: Copy, now: datetime) -> tuple[datetime, datetime] | None:
@@ -116,32 +122,60 @@ class Usage:
     failed_cost_usd: float | None = None
 
 
-#: What the price file said, in the order the pipeline saw it: ``(first day, {model: USD}, fallback)``, the first
-#: entry since always (``None``), each later one from the UTC day it was first seen.
-PriceHistory = list[tuple[date | None, dict[str, float], float | None]]
+#: What the price file said, in the order the pipeline saw it: ``(first day, {model: prices}, fallback)``, the first
+#: entry since always (``None``), each later one from the UTC day it was first seen. A model's prices are a number
+#: (since always) or the file's list of periods: ``{"usd": 2.49}``, with an optional ``"from"`` (a ``date``) and an
+#: optional ``"hosts"`` glob on the run's hostname.
+PriceHistory = list[tuple[date | None, dict, float | None]]
 
 
-def usd_per_gpu_hour(model: str | None, history: PriceHistory, day: date) -> float | None:
-    """The price in force on ``day``: of the last entry seen on or before it, the model's list price, else its fallback
-    price, else None (unpriced: never 0); before the first entry, None."""
+def _periods(value) -> list[dict]:
+    return value if isinstance(value, list) else [{"usd": value}]
+
+
+def price_on(model: str | None, host: str | None, history: PriceHistory, day: date) -> tuple[float | None, str | None]:
+    """``(USD per GPU-hour, the rule that priced it)`` of a GPU-hour used on ``day`` by a run of ``model`` on ``host``:
+    of the model's hosts rules that match the host and have a price in force that day, the first in the file; else its
+    unmatched price; else the fallback; else ``(None, None)`` (unpriced: never 0). A rule's price in force on a day:
+    its latest dated period from on or before it, in the file as last read (a dated period says what it says, also of
+    the past); before its first one, its undated price in the last file read on or before that day (an edit takes
+    effect from the day it was first seen; absent there: none)."""
+    if not history:
+        return None, None
     seen = [entry for entry in history if entry[0] is None or entry[0] <= day]
-    if not seen:
-        return None
-    _, prices, fallback = seen[-1]
-    if model is not None and model in prices:
-        return prices[model]
-    return fallback
+    latest = history[-1][1].get(model, []) if model is not None else []
+    then = seen[-1][1].get(model, []) if seen and model is not None else []
+    hosts = [p["hosts"] for p in _periods(latest) + _periods(then) if "hosts" in p]
+    for rule in [*dict.fromkeys(hosts), None]:  # the matched rules in the file's order, the unmatched one last
+        if rule is not None and (host is None or not fnmatchcase(host, rule)):
+            continue
+        dated = sorted((p["from"], p["usd"]) for p in _periods(latest) if p.get("hosts") == rule and "from" in p)
+        in_force = [usd for start, usd in dated if start <= day]
+        if in_force:
+            usd = in_force[-1]
+        else:
+            undated = [p["usd"] for p in _periods(then) if p.get("hosts") == rule and "from" not in p]
+            usd = undated[0] if undated else None
+        if usd is not None:
+            return float(usd), "list" if rule is None else f"hosts {rule}"
+    fallback = seen[-1][2] if seen else None
+    return (fallback, "fallback") if fallback is not None else (None, None)
 
 
-def gpu_usage(
+def usd_per_gpu_hour(model: str | None, history: PriceHistory, day: date, host: str | None = None) -> float | None:
+    """The price in force on ``day`` (``price_on``)."""
+    return price_on(model, host, history, day)[0]
+
+
+def usage_by_price(
     runs: list[Copy],
     now: datetime,
     prices: PriceHistory,
     teams: dict[str, str],
     idle_pct: float,
 ) -> dict[tuple, Usage]:
-    """Per ``(day, entity, project, user, team, gpu_model)``: GPU-hours, idle, partly idle and failed GPU-hours, and
-    their dollars at the price in force that day (None when unpriced)."""
+    """Per ``(day, entity, project, user, team, gpu_model, price rule, USD per GPU-hour)``: GPU-hours, idle, partly
+    idle and failed GPU-hours, and their dollars at that price (None when unpriced)."""
     usage: dict[tuple, Usage] = defaultdict(Usage)
     for run in runs:
         span = busy_span(run, now)
@@ -149,8 +183,9 @@ def gpu_usage(
             continue
         idle = idle_by_day(run, now, idle_pct)
         for day, hours in by_day(*span):
-            price = usd_per_gpu_hour(run.gpu_model, prices, day)
-            row = usage[(day, run.entity, run.project, run.user, teams.get(run.user, "unassigned"), run.gpu_model)]
+            price, rule = price_on(run.gpu_model, run.host, prices, day)
+            team = teams.get(run.user, "unassigned")
+            row = usage[(day, run.entity, run.project, run.user, team, run.gpu_model, rule, price)]
             gpu_hours = run.gpu_count * hours
             row.gpu_hours += gpu_hours
             row.idle_gpu_hours += idle.get(day, (0.0, 0.0))[0]
@@ -162,6 +197,100 @@ def gpu_usage(
                 row.idle_cost_usd = row.idle_gpu_hours * price
                 row.failed_cost_usd = row.failed_gpu_hours * price
     return dict(usage)
+
+
+def _add(total: float | None, amount: float | None) -> float | None:
+    """A sum of dollars that stays None while nothing in it is priced."""
+    return total if amount is None else (total or 0.0) + amount
+
+
+def gpu_usage(
+    runs: list[Copy],
+    now: datetime,
+    prices: PriceHistory,
+    teams: dict[str, str],
+    idle_pct: float,
+) -> dict[tuple, Usage]:
+    """Per ``(day, entity, project, user, team, gpu_model)``: GPU-hours, idle, partly idle and failed GPU-hours, and
+    their dollars at the price in force that day for each run's cluster (None when none is priced)."""
+    usage: dict[tuple, Usage] = defaultdict(Usage)
+    for key, part in usage_by_price(runs, now, prices, teams, idle_pct).items():
+        row = usage[key[:6]]
+        row.gpu_hours += part.gpu_hours
+        row.idle_gpu_hours += part.idle_gpu_hours
+        row.partly_idle_gpu_hours += part.partly_idle_gpu_hours
+        row.failed_gpu_hours += part.failed_gpu_hours
+        row.cost_usd = _add(row.cost_usd, part.cost_usd)
+        row.idle_cost_usd = _add(row.idle_cost_usd, part.idle_cost_usd)
+        row.failed_cost_usd = _add(row.failed_cost_usd, part.failed_cost_usd)
+    return dict(usage)
+
+
+#: A ledger row's amounts, in this order: GPU-hours, dollars, idle GPU-hours, idle dollars, failed GPU-hours, failed
+#: dollars (dollars None when unpriced).
+AMOUNTS = ("gpu_hours", "cost_usd", "idle_gpu_hours", "idle_cost_usd", "failed_gpu_hours", "failed_cost_usd")
+#: An adjustment smaller than this in every amount is none (a sum computed again).
+EPSILON = 1e-6
+
+#: What a closed month's record holds: its ledger rows when it was closed, ``{ledger key: amounts}``.
+Records = dict[date, dict[tuple, list]]
+
+
+def _month(day: date) -> date:
+    return day.replace(day=1)
+
+
+def _next_month(month: date) -> date:
+    return date(month.year + month.month // 12, month.month % 12 + 1, 1)
+
+
+def ledger(usage: dict[tuple, Usage], records: Records) -> dict[tuple, list]:
+    """The booked ledger from ``usage_by_price`` and the closed months' records: per ``(booked month, category,
+    adjustment_of, team, entity, project, user, gpu_model, price rule, USD per GPU-hour)`` the ``AMOUNTS``. An open
+    month: its usage (``usage``). A closed month: its record, as it was. What a closed month's usage holds now and its
+    records (its own rows and the adjustments of it) do not: an ``adjustment`` of it, booked to the first month after
+    it that is not closed (dollars None where neither held a price)."""
+    months: dict[date, dict[tuple, list]] = defaultdict(dict)
+    for (day, entity, project, user, team, model, rule, price), row in usage.items():
+        key = (team, entity, project, user, model, rule, price)
+        amounts = months[_month(day)].setdefault(key, [0.0, None, 0.0, None, 0.0, None])
+        for i, name in enumerate(AMOUNTS):
+            value = getattr(row, name)
+            amounts[i] = _add(amounts[i], value) if i % 2 else amounts[i] + value
+    booked: dict[tuple, list] = {}
+    for month, keys in months.items():
+        if month not in records:
+            booked.update({(month, "usage", None, *key): amounts for key, amounts in keys.items()})
+    for record in records.values():
+        booked.update(record)
+    for closed in sorted(records):
+        book = _next_month(closed)
+        while book in records:
+            book = _next_month(book)
+        recorded: dict[tuple, list] = defaultdict(lambda: [0.0, None, 0.0, None, 0.0, None])
+        for record in records.values():
+            for (month, _, adjustment_of, *key), amounts in record.items():
+                if (adjustment_of or month) == closed:
+                    total = recorded[tuple(key)]
+                    for i, value in enumerate(amounts):
+                        total[i] = _add(total[i], value) if i % 2 else total[i] + value
+        now = months.get(closed, {})
+        for key in {*now, *recorded}:
+            was = recorded.get(key, [0.0, None, 0.0, None, 0.0, None])
+            is_ = now.get(key, [0.0, None, 0.0, None, 0.0, None])
+            unpriced = was[1] is None and is_[1] is None
+            change = [
+                (None if unpriced else (is_[i] or 0.0) - (was[i] or 0.0)) if i % 2 else is_[i] - was[i]
+                for i in range(len(AMOUNTS))
+            ]
+            if any(abs(v or 0.0) > EPSILON for v in change):
+                booked[(book, "adjustment", closed, *key)] = change
+    return booked
+
+
+def close(usage: dict[tuple, Usage], records: Records, month: date) -> dict[tuple, list]:
+    """The record of ``month`` closed now: its rows of the ledger."""
+    return {key: list(amounts) for key, amounts in ledger(usage, records).items() if key[0] == month}
 
 
 def monthly_chargeback(usage: dict[tuple, Usage]) -> dict[tuple, tuple[float, float | None]]:
@@ -194,7 +323,7 @@ def gpu_gauges_24h(runs: list[Copy], at: datetime, prices: PriceHistory, idle_pc
             continue
         gpu_hours = run.gpu_count * inside
         hours += gpu_hours
-        price = usd_per_gpu_hour(run.gpu_model, prices, at.date())
+        price = usd_per_gpu_hour(run.gpu_model, prices, at.date(), run.host)
         if price is None:
             unpriced += gpu_hours
         else:
