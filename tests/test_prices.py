@@ -173,6 +173,39 @@ def test_a_late_run_into_a_closed_month_is_an_adjustment_in_the_first_open_month
     ]
 
 
+def test_costs_name_the_periods_and_rules_that_priced_them_and_the_closed_months_they_reach(memory_con):
+    """May (8 x 10 h on a dc host at $2 = $160) is closed on June 2. By June 20 a late May run (8 x 5 h, $80), a June
+    run on the cw cluster (8 x 2 h at its $1.50) and one after the period dated June 15 (1 x 4 h at $3) arrive.
+    `costs` over 45 days names each period and rule with its GPU-hours, and says May bills $160 as closed and its
+    +40 GPU-hours, +$80 are billed as adjustments."""
+    from wandb_assets.lib.accounting.costs import cost_summary, format_costs
+
+    ensure_schema(memory_con)
+    prices = _prices('H100-80GB:\n  - {usd: 2.0}\n  - {hosts: "cw-*", usd: 1.5}\n  - {from: 2026-06-15, usd: 3.0}\n')
+    _load(memory_con, [_run("may1", datetime(2026, 5, 10), 10, hostname="dc-1")], datetime(2026, 5, 11), prices)
+    rebuild_gpu_usage(memory_con, datetime(2026, 6, 2), prices, {})
+    with transaction(memory_con):
+        close_month(memory_con, date(2026, 5, 1), datetime(2026, 6, 2))
+    _load(memory_con, [_run("may2", datetime(2026, 5, 20), 5, hostname="dc-1")], datetime(2026, 6, 20), prices)
+    june = [
+        _run("june1", datetime(2026, 6, 16), 2, hostname="cw-1"),
+        _run("june2", datetime(2026, 6, 16, 5), 4, gpus=1, hostname="dc-2"),
+    ]
+    _load(memory_con, june, datetime(2026, 6, 20), prices)
+    rebuild_gpu_usage(memory_con, datetime(2026, 6, 20), prices, {})
+    text = format_costs(cost_summary(memory_con, "model", date(2026, 6, 20), 45))
+    assert "  H100-80GB      140.0  $276.00    100%" in text  # 120 x 2 + 16 x 1.5 + 4 x 3
+    assert text.splitlines()[-5:] == [
+        "Priced at:",
+        "  H100-80GB: $2.00 an hour (since always), 120.0 GPU-hours",
+        "  H100-80GB: $3.00 an hour (from 2026-06-15), 4.0 GPU-hours",
+        "  H100-80GB: $1.50 an hour (since always, hosts cw-*), 16.0 GPU-hours",
+        "2026-05 is closed (at 2026-06-02 00:00 UTC, by wandb-assets close): its chargeback bills $160.00 as recorded "
+        "then; the figures above are its usage as computed now, and what changed in it since (+40.0 GPU-hours, "
+        "+$80.00) is billed as adjustments in later months.",
+    ]
+
+
 def test_the_upgrade_of_a_warehouse_priced_before_periods_keeps_its_dollars(memory_con):
     """A warehouse that priced its runs at $2 (warehouse_meta gpu_prices, before periods were kept) upgraded while the
     file says $3: the $2 is recorded since always and the $3 from the day of the upgrade; May's $160 stays."""

@@ -6,7 +6,9 @@ share of GPU-hours the dollars leave out. The one cost summary of ``wandb-assets
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
+
+from wandb_assets.lib.warehouse import has_table
 
 #: The group of GPU-hours whose run recorded no GPU model.
 NO_MODEL = "(no model)"
@@ -68,6 +70,34 @@ class CostSummary:
     #: The first day the warehouse holds (``gpu_usage``'s first), None: it holds none; a window reaching before it
     #: says how many of its days the warehouse holds.
     held_from: date | None = None
+    #: The prices the dollars are at: ``PriceLine`` per GPU model, rule and period, in the order people read them.
+    prices: tuple[PriceLine, ...] = ()
+    #: The closed months the window reaches into: ``ClosedLine`` each, oldest first.
+    closed: tuple[ClosedLine, ...] = ()
+
+
+@dataclass(frozen=True)
+class PriceLine:
+    """GPU-hours of the window priced at one period of one rule (``gpu_model`` None: the fallback price)."""
+
+    gpu_model: str | None
+    price_basis: str
+    price_from: date | None
+    usd_per_gpu_hour: float
+    gpu_hours: float
+
+
+@dataclass(frozen=True)
+class ClosedLine:
+    """A closed month the window reaches into: when and how it was closed, what it billed then, and what its usage
+    changed by since (billed as adjustments in later months)."""
+
+    month: date
+    closed_at: datetime
+    closed_by: str
+    billed_usd: float | None
+    adjusted_usd: float | None
+    adjusted_gpu_hours: float
 
 
 def _has_price_basis(con) -> bool:
@@ -102,7 +132,36 @@ def cost_summary(con, by: str, today: date, days: int) -> CostSummary:
         unpriced_models=tuple((name, hours) for name, hours, *_ in sorted(unpriced, key=lambda r: -r[1])),
         unread_models=tuple(unread),
         held_from=con.execute("SELECT min(day) FROM gpu_usage").fetchone()[0],
+        prices=tuple(PriceLine(*row) for row in con.execute(_PRICES_SQL, {"first_day": first_day}).fetchall())
+        if _has_price_basis(con)
+        else (),
+        closed=tuple(
+            ClosedLine(*row) for row in con.execute(_CLOSED_SQL, {"first_day": first_day, "today": today}).fetchall()
+        )
+        if has_table(con, "closed_months")
+        else (),
     )
+
+
+#: The periods that priced the window's GPU-hours: per GPU model (none for the fallback price), rule, period and price.
+_PRICES_SQL = """
+SELECT CASE WHEN price_basis = 'fallback' THEN NULL ELSE gpu_model END AS model, price_basis, price_from,
+       usd_per_gpu_hour, sum(gpu_hours) AS gpu_hours
+FROM gpu_usage WHERE day >= $first_day AND gpu_hours > 0 AND usd_per_gpu_hour IS NOT NULL
+GROUP BY 1, 2, 3, 4 ORDER BY price_basis = 'fallback', model, price_basis <> 'list', price_basis, price_from NULLS FIRST
+"""
+
+#: The closed months that overlap ``[$first_day, $today]``: their record, and what is billed since as adjustments
+#: of them (in ``gpu_charges``, later months' records included).
+_CLOSED_SQL = """
+SELECT c.month, c.closed_at, c.closed_by,
+       (SELECT sum(cost_usd) FROM closed_month_charges r WHERE r.month = c.month AND r.adjustment_of IS NULL),
+       (SELECT sum(cost_usd) FROM gpu_charges a WHERE a.adjustment_of = c.month),
+       (SELECT coalesce(sum(gpu_hours), 0) FROM gpu_charges a WHERE a.adjustment_of = c.month)
+FROM closed_months c
+WHERE c.month <= $today AND c.month + INTERVAL 1 MONTH > $first_day
+ORDER BY c.month
+"""
 
 
 #: Runs busy on or after ``$first_day`` with no GPU model whose wandb-metadata.json read failed, by the failure's cause.
@@ -117,6 +176,10 @@ GROUP BY 1 ORDER BY runs DESC, cause
 
 def _usd(value: float | None) -> str:
     return "-" if value is None else f"${value:,.2f}"
+
+
+def _signed_usd(value: float) -> str:
+    return f"{'-' if value < 0 else '+'}${abs(value):,.2f}"
 
 
 #: The columns of a cost table, as people read them.
@@ -188,4 +251,35 @@ def format_costs(summary: CostSummary) -> str:
             f"{runs:,} run(s)' GPU model could not be read (their wandb-metadata.json: {causes}): their GPU-hours "
             "count as no model recorded until a later fetch reads them."
         )
+    out.extend(price_sentences(summary))
     return "\n".join(out)
+
+
+def price_sentences(summary: CostSummary) -> list[str]:
+    """Which periods and rules priced the dollars, and which months in the window are closed (with what changed in
+    them since, billed elsewhere): one line each, none when there is nothing to say."""
+    out = []
+    if summary.prices:
+        out.append("Priced at:")
+        for line in summary.prices:
+            what = "the fallback price" if line.gpu_model is None else line.gpu_model
+            since = "since always" if line.price_from is None else f"from {line.price_from}"
+            rule = "" if line.price_basis in ("list", "fallback") else f", {line.price_basis}"
+            out.append(
+                f"  {what}: ${line.usd_per_gpu_hour:,.2f} an hour ({since}{rule}), {line.gpu_hours:,.1f} GPU-hours"
+            )
+    for month in summary.closed:
+        billed = "no priced GPU-hours" if month.billed_usd is None else _usd(month.billed_usd)
+        change = (
+            "nothing in it has changed since"
+            if not month.adjusted_gpu_hours and not month.adjusted_usd
+            else f"what changed in it since ({month.adjusted_gpu_hours:+,.1f} GPU-hours, "
+            f"{'unpriced' if month.adjusted_usd is None else _signed_usd(month.adjusted_usd)}) is billed as "
+            "adjustments in later months"
+        )
+        out.append(
+            f"{month.month:%Y-%m} is closed (at {month.closed_at:%Y-%m-%d %H:%M} UTC, by {month.closed_by}): its "
+            f"chargeback bills {billed} as recorded then; the figures above are its usage as computed now, and "
+            f"{change}."
+        )
+    return out
