@@ -205,12 +205,16 @@ class Organisation(RuleBasedStateMachine):
     def _publish(self, run: WorldRun) -> None:
         self.server.upsert_runs([run.node()], entity=ENTITY, project=run.project)
 
-    @initialize(runs=st.lists(RUNS, min_size=3, max_size=6))
-    def an_organisation_mirrored_once(self, runs):
+    @initialize(runs=st.lists(RUNS, min_size=3, max_size=6), close_first=st.booleans())
+    def an_organisation_mirrored_once(self, runs, close_first=False):
+        """The first runs mirrored; in half the histories last month is closed at once, so that every later step
+        (late runs, dated prices, teams edits, moves, deletions) may restate a closed month."""
         for run in runs:
             self.start_a_run(run)
         self.backfill()
         self.read_curves()
+        if close_first:
+            self.close_a_month(1)
 
     @rule(run=RUNS)
     def start_a_run(self, run):
