@@ -61,6 +61,26 @@ class ProjectSelection:
         return sorted(chosen)
 
 
+def unlisted_projects(selection: ProjectSelection, listed: Mapping[str, Iterable[str]]) -> list[ProjectRef]:
+    """The named projects that W&B does not list for their entity (a typo): only where ``listed`` holds the entity's
+    listing (a listing that failed decides nothing)."""
+    return [ref for ref in selection.projects if ref.entity in listed and ref.project not in set(listed[ref.entity])]
+
+
+def unlisted_sentence(ref: ProjectRef, names: Iterable[str]) -> str:
+    """The one sentence that refuses a named project W&B does not list, with what its entity does list."""
+    names = sorted(names)
+    has = (
+        f"{ref.entity} lists {', '.join(names[:8])}{f' and {len(names) - 8} more' if len(names) > 8 else ''}"
+        if names
+        else f"{NO_PROJECT_LISTED} {ref.entity!r}"
+    )
+    return (
+        f"WANDB_ASSETS_PROJECTS names {ref}, which W&B does not list for this key ({has}): check its name; nothing "
+        "was changed."
+    )
+
+
 def _name(text: str, what: str, item: str) -> str:
     if not text or _FORBIDDEN.search(text):
         raise ConfigError(
