@@ -87,3 +87,43 @@ def test_a_named_project_that_w_and_b_does_not_list_exits_2_and_changes_nothing(
             assert err == f"error: WANDB_ASSETS_PROJECTS names {says}: check its name; nothing was changed.\n"
     assert query_read_only(warehouse_path, "SELECT * FROM runs ORDER BY ALL") == held
     assert query_read_only(warehouse_path, "SELECT * FROM wandb_projects ORDER BY ALL") == mirrored
+
+
+def test_a_key_too_short_for_the_client_says_so_not_that_a_server_rejected_it(
+    wandb_server, dagster_home, capsys, monkeypatch
+):
+    """A `local-` key cut short is refused by the wandb client itself (40+ characters after its prefix); the
+    message said "rejected by http://...", sending the newcomer to the server's keys page. Exit 2, the key's length,
+    never the key."""
+    wandb_server(_nodes("r", 1, "llm"))
+    monkeypatch.setenv("WANDB_API_KEY", "local-abc123")
+    code, out, err = cli(capsys, "refresh")
+    assert (code, out) == (2, "")
+    assert err == (
+        "error: WANDB_API_KEY is 6 characters long after its prefix, and a W&B API key has 40 or more: the wandb "
+        "client refuses it before asking any server; check that it was copied whole.\n"
+    )
+
+
+def test_a_reading_command_piped_into_head_ends_without_a_traceback(tmp_path):
+    """`wandb-assets idle | head` ended in a BrokenPipeError traceback. A reader that closes the pipe before the
+    command writes (`| true`) ends the command quietly, with the status a shell gives a process ended by SIGPIPE."""
+    import shutil
+
+    import duckdb
+
+    from wandb_assets.lib.warehouse import ensure_schema
+    from wandb_assets.warehouse import snapshot_file
+
+    path = tmp_path / "w.duckdb"
+    con = duckdb.connect(str(path))
+    ensure_schema(con)
+    con.close()
+    shutil.copy(path, snapshot_file(path))
+    command = f"{sys.executable} -m wandb_assets.cli alerts --warehouse {path}"
+    done = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {command} | true"], capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stderr) == (141, "")
+    whole = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
+    assert whole.returncode == 0 and whole.stdout  # it does print, when read

@@ -351,13 +351,29 @@ def main(argv: list[str] | None = None) -> int:
     from wandb_assets.settings import ConfigError
 
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a reader gone (`| head`) fails here, inside, not in the interpreter's last flush
+        return code
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # the operator's choice, not a failure: the run is canceled, nothing pages
         print("interrupted; run the same command to resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `wandb-assets idle | head`: the reader has what it wanted; no traceback (issue 53)
+        _quiet_closed_stdout()
+        return 141  # as a shell reports a process ended by SIGPIPE
+
+
+def _quiet_closed_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush of what is left does not fail again at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no file descriptor (captured in tests): nothing to flush at exit
+        pass
+    finally:
+        os.close(devnull)
 
 
 def run() -> int:
