@@ -127,3 +127,69 @@ def test_a_reading_command_piped_into_head_ends_without_a_traceback(tmp_path):
     assert (done.returncode, done.stderr) == (141, "")
     whole = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
     assert whole.returncode == 0 and whole.stdout  # it does print, when read
+
+
+def test_a_failed_or_malformed_metadata_read_is_asked_again_after_an_hour_then_six_then_never():
+    """Issue 53: a truncated file or an HTML error page served with 200 was downloaded at every tick for a day. Hand
+    worked from one run that ended at 09:00 and is read at 10:00: malformed; not at 10:15 (an hour's back-off), again
+    at 11:00; not at 16:00 (six hours after that), again at 17:00; then never (3 reads), its cause kept. A network
+    failure the same; a missing file (free: the page says it) is asked until a day after the heartbeat."""
+    from datetime import datetime, timedelta
+
+    from wandb_assets.lib.accounting.gpus import metadata_after_reading, metadata_settled
+
+    ended, first = datetime(2026, 6, 1, 9), datetime(2026, 6, 1, 10)
+    for failure in ({"status": "malformed"}, {"status": "error", "cause": "HTTP 502", "error": "GET https://x failed"}):
+        kept, reads = None, []
+        for minutes in range(0, 48 * 60, 15):  # a tick every 15 minutes for two days
+            at = first + timedelta(minutes=minutes)
+            if not metadata_settled(kept, ended, at):
+                reads.append(at)
+                kept = metadata_after_reading(kept, failure, at)
+        assert reads == [first, first + timedelta(hours=1), first + timedelta(hours=7)], failure
+        assert kept == {
+            **{k: v for k, v in failure.items() if k != "error"},  # the cause kept, never the message (a URL)
+            "attempts": 3,
+            "asked_at": "2026-06-01 17:00:00",
+        }
+    missing = {"status": "missing"}
+    assert metadata_after_reading(None, missing, first) == missing
+    assert not metadata_settled(missing, ended, ended + timedelta(hours=23))
+    assert metadata_settled(missing, ended, ended + timedelta(hours=24))
+    read = {"status": "read", "gpu_count": 8, "gpu": "H100"}
+    assert metadata_after_reading(read, {"status": "error", "cause": "timeout"}, first) == read  # never lost
+    assert metadata_settled(read, ended, first)
+
+
+def test_a_malformed_metadata_file_of_a_run_that_just_ended_is_downloaded_once_not_at_every_tick(
+    wandb_server, warehouse_path, instance
+):
+    """Of the held-out malformed files, a truncated JSON and an HTML "502 Bad Gateway" page served with 200 were
+    downloaded at the backfill and at every tick after (5d25e50). Two runs that ended now: each file is downloaded
+    by the first backfill and not by the next two (the back-off is an hour); both are kept malformed, read once."""
+    from datetime import UTC, date, datetime
+
+    from wandb_assets.localwandb import make_run_node
+    from wandb_assets.ticks import execute_backfill
+
+    now = datetime.now(UTC).replace(tzinfo=None, microsecond=0)
+    at = datetime(2026, 6, 1, 12)
+
+    def node(run_id: str, metadata: str) -> dict:
+        return make_run_node(
+            run_id, display_name=None, state="finished", created_at=at, heartbeat_at=now, metadata=metadata
+        )
+
+    server = wandb_server([node("cut", '{"gpu_count": 8, "gp'), node("html", "<html><h1>502 Bad Gateway</h1></html>")])
+    day = date(2026, 6, 1)
+    downloads = []
+    for _ in range(3):
+        server.file_downloads.clear()
+        assert execute_backfill(instance, day, day).success
+        downloads.append(sorted(server.file_downloads))
+    assert downloads == [["test-team/test-project/cut", "test-team/test-project/html"], [], []]
+    rows = query_read_only(
+        warehouse_path,
+        "SELECT run_id, wandb_metadata->>'status', (wandb_metadata->>'attempts')::INT FROM runs ORDER BY 1",
+    )
+    assert rows == [("cut", "malformed", 1), ("html", "malformed", 1)]
