@@ -193,3 +193,30 @@ def test_a_malformed_metadata_file_of_a_run_that_just_ended_is_downloaded_once_n
         "SELECT run_id, wandb_metadata->>'status', (wandb_metadata->>'attempts')::INT FROM runs ORDER BY 1",
     )
     assert rows == [("cut", "malformed", 1), ("html", "malformed", 1)]
+
+
+def test_projects_lists_the_entities_the_key_reads_and_marks_what_is_mirrored(
+    wandb_server, dagster_home, capsys, monkeypatch
+):
+    """`wandb-assets projects`: the key's entities (its own and its teams') with their projects, a * before each
+    mirrored one; the newcomer had found the second entity through a GraphQL call."""
+    server = wandb_server(_nodes("r", 1, "llm"))
+    server.add_project("lab", "rl", [])
+    server.add_project("lab", "vision", [])
+    server.add_project("test-team", "scratch", [])
+    monkeypatch.setenv("WANDB_ASSETS_PROJECTS", "test-team/test-project,lab/*")
+    code, out, err = cli(capsys, "projects")
+    assert (code, err) == (0, "")
+    assert out.splitlines()[1:] == [
+        "  test-team: 2 project(s)",
+        "      scratch",
+        "    * test-project",
+        "  lab: 2 project(s), mirrored whole (lab/*)",
+        "    * rl",
+        "    * vision",
+        "3 of 4 project(s) mirrored (WANDB_ASSETS_PROJECTS).",
+    ]
+    assert out.startswith(f"Entities and projects this key can read at {server.url} (* mirrored):")
+    monkeypatch.delenv("WANDB_ASSETS_PROJECTS")  # the one project of WANDB_ENTITY/WANDB_PROJECT
+    code, out, _ = cli(capsys, "projects")
+    assert code == 0 and out.splitlines()[-1] == "1 of 4 project(s) mirrored (WANDB_ENTITY/WANDB_PROJECT)."

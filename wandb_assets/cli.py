@@ -27,6 +27,7 @@ from wandb_assets.commands.reading import (
     cmd_fetch_warehouse,
     cmd_idle,
     cmd_pr_check,
+    cmd_projects,
     cmd_regressions,
 )
 from wandb_assets.commands.runs import (
@@ -229,6 +230,13 @@ def build_parser() -> argparse.ArgumentParser:
     costs.add_argument("--days", type=int, default=30, help="the last N UTC days, today included (default 30)")
     costs.add_argument("--warehouse", help="warehouse file or ducklake: string (default WANDB_ASSETS_DUCKDB)")
     costs.set_defaults(func=cmd_costs)
+    projects = sub.add_parser(
+        "projects",
+        help="the entities and projects the key can read, the mirrored ones marked",
+        description="The W&B entities WANDB_API_KEY can read (its own and its teams') and each one's projects, a * "
+        "before each project mirrored now (WANDB_ASSETS_PROJECTS, or WANDB_ENTITY/WANDB_PROJECT). Reads W&B only.",
+    )
+    projects.set_defaults(func=cmd_projects)
     alerts = sub.add_parser(
         "alerts",
         help="the open alerts, with links",

@@ -145,3 +145,30 @@ def changed_projects(
         )
         (unchanged if quiet else fetch).append(project)
     return fetch, unchanged
+
+
+def format_readable_projects(
+    listed: Mapping[str, Iterable[str]],
+    failed: Mapping[str, str],
+    selection: ProjectSelection | None,
+    single: ProjectRef | None,
+    where: str,
+) -> str:
+    """What ``wandb-assets projects`` prints: each entity the key can read with its projects, a ``*`` before each
+    mirrored one (``selection``: ``WANDB_ASSETS_PROJECTS``; else ``single``, WANDB_ENTITY/WANDB_PROJECT), the
+    entities whose listing failed with why, and how many are mirrored."""
+    lines = [f"Entities and projects this key can read at {where} (* mirrored):"]
+    mirrored = total = 0
+    for entity, names in listed.items():
+        names = sorted(names)
+        whole = selection is not None and entity in selection.whole_entities
+        lines.append(f"  {entity}: {len(names)} project(s){', mirrored whole (' + entity + '/*)' if whole else ''}")
+        for name in names:
+            chosen = selection.includes(entity, name) if selection else single == ProjectRef(entity, name)
+            mirrored, total = mirrored + chosen, total + 1
+            lines.append(f"    {'*' if chosen else ' '} {name}")
+    for entity, why in failed.items():
+        lines.append(f"  {entity}: not listed ({why})")
+    how = "WANDB_ASSETS_PROJECTS" if selection is not None else "WANDB_ENTITY/WANDB_PROJECT"
+    lines.append(f"{mirrored} of {total} project(s) mirrored ({how}).")
+    return "\n".join(lines)
