@@ -220,3 +220,26 @@ def test_projects_lists_the_entities_the_key_reads_and_marks_what_is_mirrored(
     monkeypatch.delenv("WANDB_ASSETS_PROJECTS")  # the one project of WANDB_ENTITY/WANDB_PROJECT
     code, out, _ = cli(capsys, "projects")
     assert code == 0 and out.splitlines()[-1] == "1 of 4 project(s) mirrored (WANDB_ENTITY/WANDB_PROJECT)."
+
+
+def test_a_dbt_build_launched_as_the_ui_does_keeps_dbts_lines_and_the_source_test_notes_off_the_terminal(
+    warehouse_path, instance, capfd
+):
+    """The UI's terminal printed 540 dbt progress lines and 24 "Logging an AssetObservation instead of an
+    AssetCheckResult" warnings in 16 minutes (5d25e50): the CLI hid them, a run launched by the daemon did not. The
+    analytics job run as the daemon runs it (no CLI around it): nothing of dbt's on stdout or stderr, no such warning
+    in the run's events; dbt's lines are in DBT_CONSOLE_LOG, each model and test an event of the run."""
+    from tests.test_analytics import build_hand_made_warehouse
+    from wandb_assets.defs.analytics.project import DBT_CONSOLE_LOG
+    from wandb_assets.ticks import ANALYTICS_JOB, _execute
+
+    build_hand_made_warehouse(warehouse_path)
+    capfd.readouterr()
+    result = _execute(instance, ANALYTICS_JOB, {"ops": {"analytics_models": {"config": {"docs": False}}}})
+    assert result.success
+    out, err = capfd.readouterr()
+    assert "dbt" not in out.lower() and "START sql" not in out + err and "PASS" not in out + err, out[:2000]
+    assert "AssetObservation" not in out + err
+    messages = [entry.user_message for entry in instance.all_logs(result.run_id)]
+    assert not [m for m in messages if "Logging an `AssetObservation`" in m]
+    assert "PASS" in DBT_CONSOLE_LOG.read_text()
