@@ -103,6 +103,25 @@ def test_each_invariant_broken_on_purpose_is_named_and_only_it(memory_con, name)
 
 
 @pytest.mark.breaks_invariants
+@pytest.mark.parametrize(
+    "copy",
+    [
+        "('p2' AS project)",  # alive in two mirrored projects at once: 5d25e50 passed it
+        "('p2' AS project, 'finished' AS state, TIMESTAMP '2026-06-01 13:00' AS ended_at)",
+    ],
+)
+def test_a_run_counted_in_two_projects_is_named_whatever_the_states_of_its_copies(memory_con, copy):
+    """Issue 53: one_project_per_run looked only at copies left behind (vanished, unmirrored); a run (entity, id,
+    creation time) alive in two projects at once counts its GPU-hours twice and is named too."""
+    _good(memory_con)
+    memory_con.execute(f"INSERT INTO runs SELECT * REPLACE {copy} FROM runs WHERE run_id = 'live'" + STALE)
+    failing = [(i.name, count) for i, count, _ in check_warehouse(memory_con, NOW) if count]
+    assert ("one_project_per_run", 1) in failing
+    (line,) = [line for line in broken(memory_con, NOW) if line.startswith("one_project_per_run")]
+    assert "e.g. [('e', 'live', datetime.datetime(2026, 6, 1, " in line and "'p2 (" in line
+
+
+@pytest.mark.breaks_invariants
 def test_an_alert_on_a_run_of_a_project_that_just_left_the_mirror_set_is_unwatched_not_broken(memory_con):
     """Found by the reconciliation soak (issue 42): a running run with an open alert whose project leaves the mirror set
     is marked (vanished, unmirrored) by the fetch that records the set; until the next alert evaluation marks the

@@ -12,12 +12,14 @@ With ``WANDB_ASSETS_GPU_DEFAULT_PRICE=1.5``: t $1.50 and n $9.00, labelled fallb
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 
+import duckdb
 import pytest
 
 from wandb_assets.lib.accounting.costs import cost_summary, coverage_sentence, format_costs
@@ -270,16 +272,24 @@ def test_metadata_files_that_fail_are_counted_by_cause_and_costs_says_the_model_
         "from config or the system metrics) until a later fetch reads them; `wandb-assets costs` counts them."
     ]
     stored = "SELECT run_id, gpu_model, wandb_metadata FROM runs ORDER BY 1"
-    assert query_read_only(warehouse_path, stored) == [
-        (f"r{i}", None, '{"status": "error", "cause": "HTTP 404"}') for i in range(3)
-    ]
+    assert [(r, m, json.loads(kept)["status"], json.loads(kept)["cause"], json.loads(kept)["attempts"])
+            for r, m, kept in query_read_only(warehouse_path, stored)] == [
+        (f"r{i}", None, "error", "HTTP 404", 1) for i in range(3)
+    ]  # fmt: skip
     done = _costs_cli(warehouse_path, "--by", "model", "--days", "2")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == (
         "3 run(s)' GPU model could not be read (their wandb-metadata.json: HTTP 404 (3)): their GPU-hours count as no "
         "model recorded until a later fetch reads them."
     )
-    server.faults.file_status = None  # storage answers again: the next fetch reads them
+    server.faults.file_status = None  # storage answers again: a fetch within the hour asks nothing (issue 53) ...
+    server.file_downloads.clear()
+    assert execute_backfill(instance, day.date(), day.date()).success
+    assert server.file_downloads == []
+    con = duckdb.connect(str(warehouse_path))  # ... the next one after it (the reads an hour older) reads them
+    con.execute("UPDATE runs SET wandb_metadata = json_merge_patch(wandb_metadata, "
+                "json_object('asked_at', (now()::TIMESTAMP - INTERVAL 2 HOUR)::VARCHAR))")  # fmt: skip
+    con.close()
     assert execute_backfill(instance, day.date(), day.date()).success
     assert [row[:2] for row in query_read_only(warehouse_path, stored)] == [(f"r{i}", "H100-80GB") for i in range(3)]
     assert "could not be read" not in _costs_cli(warehouse_path, "--by", "model", "--days", "2").stdout

@@ -750,24 +750,30 @@ def test_a_newer_offline_row_of_one_project_never_blocks_the_same_run_id_of_anot
     ensure_schema(memory_con)
     insert = (
         "INSERT INTO runs (entity, project, run_id, state, created_at, heartbeat_at, source, log_path) "
-        "VALUES ('e', $p, 'exp1', $s, TIMESTAMP '2026-06-01 07:00', $hb, 'offline', $log)"
+        "VALUES ('e', $p, 'exp1', $s, $c, $hb, 'offline', $log)"
     )
-    memory_con.execute(insert, {"p": "A", "s": "finished", "hb": datetime(2026, 6, 1, 12), "log": "/A-new/run.wandb"})
-    memory_con.execute(insert, {"p": "B", "s": "running", "hb": datetime(2026, 6, 1, 8), "log": "/B/run.wandb"})
+    # two runs named exp1 (started apart: one run, entity + id + creation time, is never counted in two projects)
+    a_at, b_at = datetime(2026, 6, 1, 7), datetime(2026, 6, 1, 7, 30)
+    memory_con.execute(
+        insert, {"p": "A", "s": "finished", "c": a_at, "hb": datetime(2026, 6, 1, 12), "log": "/A-new/run.wandb"}
+    )
+    memory_con.execute(
+        insert, {"p": "B", "s": "running", "c": b_at, "hb": datetime(2026, 6, 1, 8), "log": "/B/run.wandb"}
+    )
     rows = [
         {
             "entity": "e",
             "project": p,
             "run_id": "exp1",
             "state": s,
-            "created_at": datetime(2026, 6, 1, 7),
+            "created_at": created,
             "heartbeat_at": hb,
             "source": "offline",
             "log_path": log,
         }
-        for p, s, hb, log in (
-            ("A", "running", datetime(2026, 6, 1, 10), "/A-old/run.wandb"),
-            ("B", "finished", datetime(2026, 6, 1, 11), "/B/run.wandb"),
+        for p, s, created, hb, log in (
+            ("A", "running", a_at, datetime(2026, 6, 1, 10), "/A-old/run.wandb"),
+            ("B", "finished", b_at, datetime(2026, 6, 1, 11), "/B/run.wandb"),
         )
     ]
     fd, path = tempfile.mkstemp(suffix=".ndjson")

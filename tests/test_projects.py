@@ -829,7 +829,8 @@ def test_a_tick_over_many_projects_reads_only_those_that_changed(wandb_server, w
     names = ["test-team/test-project"]
     for n in range(7):
         entity = "test-team" if n < 3 else "lab"
-        server.add_project(entity, f"p{n + 1}", _nodes("r", 2, f"p{n + 1}"))
+        # each project's own runs (the same id and creation time in two projects is one run: check counts it once)
+        server.add_project(entity, f"p{n + 1}", _nodes(f"p{n + 1}r", 2, f"p{n + 1}"))
         names.append(f"{entity}/p{n + 1}")
     monkeypatch.setenv("WANDB_ASSETS_PROJECTS", "test-team/*, lab/*")
     day = date(2026, 6, 1)

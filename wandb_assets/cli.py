@@ -27,6 +27,7 @@ from wandb_assets.commands.reading import (
     cmd_fetch_warehouse,
     cmd_idle,
     cmd_pr_check,
+    cmd_projects,
     cmd_regressions,
 )
 from wandb_assets.commands.runs import (
@@ -229,6 +230,13 @@ def build_parser() -> argparse.ArgumentParser:
     costs.add_argument("--days", type=int, default=30, help="the last N UTC days, today included (default 30)")
     costs.add_argument("--warehouse", help="warehouse file or ducklake: string (default WANDB_ASSETS_DUCKDB)")
     costs.set_defaults(func=cmd_costs)
+    projects = sub.add_parser(
+        "projects",
+        help="the entities and projects the key can read, the mirrored ones marked",
+        description="The W&B entities WANDB_API_KEY can read (its own and its teams') and each one's projects, a * "
+        "before each project mirrored now (WANDB_ASSETS_PROJECTS, or WANDB_ENTITY/WANDB_PROJECT). Reads W&B only.",
+    )
+    projects.set_defaults(func=cmd_projects)
     alerts = sub.add_parser(
         "alerts",
         help="the open alerts, with links",
@@ -351,13 +359,29 @@ def main(argv: list[str] | None = None) -> int:
     from wandb_assets.settings import ConfigError
 
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a reader gone (`| head`) fails here, inside, not in the interpreter's last flush
+        return code
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # the operator's choice, not a failure: the run is canceled, nothing pages
         print("interrupted; run the same command to resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `wandb-assets idle | head`: the reader has what it wanted; no traceback (issue 53)
+        _quiet_closed_stdout()
+        return 141  # as a shell reports a process ended by SIGPIPE
+
+
+def _quiet_closed_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush of what is left does not fail again at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no file descriptor (captured in tests): nothing to flush at exit
+        pass
+    finally:
+        os.close(devnull)
 
 
 def run() -> int:

@@ -100,6 +100,15 @@ def preflight(only: list[str] | None = None) -> None:
         empty = [pattern for pattern, why in failures.items() if NO_PROJECT_LISTED in why]
         if empty:
             raise ConfigError(f"WANDB_ASSETS_PROJECTS names {empty[0]}, but {failures[empty[0]]}.")
+        # a named project W&B does not list is a typo as much as an entity's (issue 53): refused before anything
+        # changes, not skipped while the projects it was meant beside leave the mirror set
+        from wandb_assets.lib.projects import unlisted_projects, unlisted_sentence
+
+        named = [ref.entity for ref in pipeline.projects.projects]
+        listed = wandb_resource().project_listings(pipeline, named) if named else {}
+        missing = unlisted_projects(pipeline.projects, listed)
+        if missing:
+            raise ConfigError(unlisted_sentence(missing[0], listed[missing[0].entity]))
         warn_of_projects_leaving(pipeline.warehouse, projects)
     else:
         now = utc_now()
@@ -117,20 +126,22 @@ def preflight(only: list[str] | None = None) -> None:
 def warn_of_projects_leaving(location, projects: list[str]) -> None:
     """Say, before anything changes, which projects the warehouse mirrors now that this configuration drops (one
     line on stderr): their runs are kept, unwatched, and come back when the projects are named again."""
+    import duckdb
+
+    from wandb_assets.defs.warehouse.resources import is_lock_conflict
     from wandb_assets.warehouse import reading
 
-    with reading(location) as con:
-        if con is None:
-            return
-        try:
-            held = [
-                f"{entity}/{project}"
-                for entity, project in con.execute(
-                    "SELECT entity, project FROM wandb_projects WHERE mirrored AND project <> '*' ORDER BY ALL"
-                ).fetchall()
-            ]
-        except Exception:  # noqa: BLE001 - a warehouse without the table yet: nothing mirrored to leave
-            return
+    try:
+        with reading(location) as con:
+            if con is None:
+                return
+            held = _mirrored_now(con)
+    except duckdb.IOException as exc:
+        if not is_lock_conflict(exc):
+            raise
+        # another process writes the warehouse now: the run waits for it as every run does (WANDB_ASSETS_LOCK_WAIT),
+        # says which projects leave when it reads it, and past the wait fails as a run, paged (issue 53)
+        return
     leaving = [name for name in held if name not in projects]
     if leaving:
         shown = ", ".join(leaving[:5]) + (f" and {len(leaving) - 5} more" if len(leaving) > 5 else "")
@@ -140,6 +151,17 @@ def warn_of_projects_leaving(location, projects: list[str]) -> None:
             "marked unwatched) and are read again when the projects are named again.",
             file=sys.stderr,
         )
+
+
+def _mirrored_now(con) -> list[str]:
+    """The projects the warehouse mirrors now (none before its ``wandb_projects`` table exists)."""
+    try:
+        rows = con.execute(
+            "SELECT entity, project FROM wandb_projects WHERE mirrored AND project <> '*' ORDER BY ALL"
+        ).fetchall()
+    except Exception:  # noqa: BLE001 - a warehouse without the table yet: nothing mirrored to leave
+        return []
+    return [f"{entity}/{project}" for entity, project in rows]
 
 
 def parse_day(text: str, option: str) -> date:

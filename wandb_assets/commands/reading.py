@@ -108,6 +108,28 @@ def cmd_costs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_projects(args: argparse.Namespace) -> int:
+    """The entities the key can read and their projects, the mirrored ones marked (issue 53: a newcomer found the
+    second entity through a GraphQL call). Reads W&B alone: no warehouse, no run."""
+    from wandb_assets.defs.wandb_runs.resources import wandb_resource
+    from wandb_assets.lib.projects import ProjectRef, format_readable_projects
+    from wandb_assets.settings import pipeline_settings
+
+    pipeline = pipeline_settings()
+    wandb = wandb_resource()
+    entities, where = wandb.readable_entities(pipeline)
+    if pipeline.projects is not None:
+        entities = list(dict.fromkeys([*entities, *pipeline.projects.entities]))
+    listed = wandb.project_listings(pipeline, entities)
+    failed = {e: "the listing failed: W&B did not answer for it" for e in entities if e not in listed}
+    single = None
+    if pipeline.projects is None:
+        entity, project, _ = wandb.project_path(pipeline)
+        single = ProjectRef(entity, project)
+    print(format_readable_projects(listed, failed, pipeline.projects, single, where))
+    return 0
+
+
 def cmd_alerts(args: argparse.Namespace) -> int:
     """The open alerts, with their links, from the warehouse snapshot."""
     con = snapshot_or_exit(args.warehouse)

@@ -22,8 +22,8 @@ from wandb_assets.lib.alerts import RUN_ALERT_RULES
 from wandb_assets.lib.derived import GPU_USAGE_SQL
 from wandb_assets.lib.exports import CHARGEBACK_MART, chargeback_sql
 from wandb_assets.lib.gauges import curve_idle_sql
-from wandb_assets.lib.normalize import VANISHED
-from wandb_assets.lib.runs_lifecycle import MOVED_COPY_SQL, PRICED_WITH_KEY, UNMIRRORED, run_costs_sql
+from wandb_assets.lib.normalize import MOVED, VANISHED
+from wandb_assets.lib.runs_lifecycle import PRICED_WITH_KEY, UNMIRRORED, run_costs_sql
 from wandb_assets.lib.sql import (
     ALIVE_SQL,
     BUSY_SQL,
@@ -217,9 +217,11 @@ WHERE abs(coalesce(s.idle_gpu_hours, 0) - coalesce(c.idle_gpu_hours, 0)) > 1e-6"
     ),
     Invariant(
         "one_project_per_run",
-        "a run W&B returns from one project is not counted again as a copy left behind in another, vanished or of a "
-        "project no longer mirrored (a moved run's old copy is 'moved': same entity, run id and creation time)",
-        f"""SELECT entity, run_id, created_at, project AS left_in FROM runs WHERE {MOVED_COPY_SQL}""",
+        "a run (its entity, id and creation time) is counted in one project at most, whatever the states of its "
+        "copies: every copy but the one W&B holds it in is 'moved' (alive in two projects at once, or a copy left "
+        "behind vanished or unmirrored, would count its GPU-hours twice)",
+        f"""SELECT entity, run_id, created_at, list(project || ' (' || state || ')' ORDER BY project) AS counted_in
+FROM runs WHERE state <> '{MOVED}' GROUP BY entity, run_id, created_at HAVING count(DISTINCT project) > 1""",
         ("runs", "wandb_projects"),
     ),
     Invariant(

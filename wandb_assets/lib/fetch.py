@@ -117,6 +117,12 @@ def _open_api(wandb_settings: WandbSettings, pipeline: PipelineSettings):
             raise ConfigError(
                 f"Could not reach W&B at {where} to check WANDB_API_KEY: check WANDB_BASE_URL and the network."
             ) from None
+        length = re.search(r"API key must have (\d+)\+ characters, has (\d+)", detail)
+        if length:  # the client refuses it itself: no server was asked (issue 53: it read "rejected by the server")
+            raise ConfigError(
+                f"WANDB_API_KEY is {length[2]} characters long after its prefix, and a W&B API key has {length[1]} or "
+                "more: the wandb client refuses it before asking any server; check that it was copied whole."
+            ) from None
         if type(exc).__name__ == "AuthenticationError" or "not logged in" in detail or "401" in detail:
             raise ConfigError(f"WANDB_API_KEY was rejected by {where}: set a valid W&B API key.") from None
         raise ConfigError(f"Could not connect to W&B at {where} ({detail.splitlines()[0][:200]}).") from None

@@ -61,6 +61,26 @@ class ProjectSelection:
         return sorted(chosen)
 
 
+def unlisted_projects(selection: ProjectSelection, listed: Mapping[str, Iterable[str]]) -> list[ProjectRef]:
+    """The named projects that W&B does not list for their entity (a typo): only where ``listed`` holds the entity's
+    listing (a listing that failed decides nothing)."""
+    return [ref for ref in selection.projects if ref.entity in listed and ref.project not in set(listed[ref.entity])]
+
+
+def unlisted_sentence(ref: ProjectRef, names: Iterable[str]) -> str:
+    """The one sentence that refuses a named project W&B does not list, with what its entity does list."""
+    names = sorted(names)
+    has = (
+        f"{ref.entity} lists {', '.join(names[:8])}{f' and {len(names) - 8} more' if len(names) > 8 else ''}"
+        if names
+        else f"{NO_PROJECT_LISTED} {ref.entity!r}"
+    )
+    return (
+        f"WANDB_ASSETS_PROJECTS names {ref}, which W&B does not list for this key ({has}): check its name; nothing "
+        "was changed."
+    )
+
+
 def _name(text: str, what: str, item: str) -> str:
     if not text or _FORBIDDEN.search(text):
         raise ConfigError(
@@ -125,3 +145,30 @@ def changed_projects(
         )
         (unchanged if quiet else fetch).append(project)
     return fetch, unchanged
+
+
+def format_readable_projects(
+    listed: Mapping[str, Iterable[str]],
+    failed: Mapping[str, str],
+    selection: ProjectSelection | None,
+    single: ProjectRef | None,
+    where: str,
+) -> str:
+    """What ``wandb-assets projects`` prints: each entity the key can read with its projects, a ``*`` before each
+    mirrored one (``selection``: ``WANDB_ASSETS_PROJECTS``; else ``single``, WANDB_ENTITY/WANDB_PROJECT), the
+    entities whose listing failed with why, and how many are mirrored."""
+    lines = [f"Entities and projects this key can read at {where} (* mirrored):"]
+    mirrored = total = 0
+    for entity, names in listed.items():
+        names = sorted(names)
+        whole = selection is not None and entity in selection.whole_entities
+        lines.append(f"  {entity}: {len(names)} project(s){', mirrored whole (' + entity + '/*)' if whole else ''}")
+        for name in names:
+            chosen = selection.includes(entity, name) if selection else single == ProjectRef(entity, name)
+            mirrored, total = mirrored + chosen, total + 1
+            lines.append(f"    {'*' if chosen else ' '} {name}")
+    for entity, why in failed.items():
+        lines.append(f"  {entity}: not listed ({why})")
+    how = "WANDB_ASSETS_PROJECTS" if selection is not None else "WANDB_ENTITY/WANDB_PROJECT"
+    lines.append(f"{mirrored} of {total} project(s) mirrored ({how}).")
+    return "\n".join(lines)

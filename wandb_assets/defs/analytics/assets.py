@@ -2,6 +2,8 @@
 ``warehouse`` pool (dbt writes the warehouse like our assets do: one writer at a time), in a run of its own after
 the feed or a backfill, so a tick never waits for it."""
 
+import contextlib
+import logging
 import os
 import shutil
 import time
@@ -12,7 +14,7 @@ from typing import Any
 from dagster import AssetExecutionContext, AssetKey, Config
 from dagster_dbt import DagsterDbtTranslator, DagsterDbtTranslatorSettings, DbtCliResource, dbt_assets
 
-from wandb_assets.defs.analytics.project import DOCS_SITE, analytics_project, ensure_manifest
+from wandb_assets.defs.analytics.project import DBT_CONSOLE_LOG, DOCS_SITE, analytics_project, ensure_manifest
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL
 from wandb_assets.lib.lake import Lake
 from wandb_assets.settings import warehouse_location
@@ -44,6 +46,19 @@ TRANSLATOR = AnalyticsTranslator(
         enable_source_metadata=False,  # several tables per asset (run_curves, fleet_snapshot): no conflicting deps
     )
 )
+
+
+class _SourceTestNotes(logging.Filter):
+    """Drops dagster-dbt's warning, logged for every test on a source at every build, that it records an observation
+    rather than an asset check: that is this project's choice (``TRANSLATOR``: the sources' tests are observations,
+    so a UI backfill of ``runs`` never runs dbt), and it said nothing new 24 times in 16 minutes of the UI's terminal
+    (issue 53). A failing test still fails the build, and its run pages."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Logging an `AssetObservation` instead of an `AssetCheckResult`")
+
+
+logging.getLogger("dagster.builtin").addFilter(_SourceTestNotes())
 
 
 def dbt_environment(location: Any = None) -> dict[str, str]:
@@ -92,15 +107,19 @@ def publish_docs(page: Path, site: Path = DOCS_SITE) -> Path:
 )
 def analytics_models(context: AssetExecutionContext, dbt: DbtCliResource, config: AnalyticsConfig) -> Iterator:
     os.environ.update(dbt_environment())  # this run's process: the dbt subprocess inherits it
-    build = dbt.cli(["build"], context=context)
-    yield from build.stream()
-    if not config.docs or not docs_due(DOCS_SITE, analytics_project.manifest_path):
-        return
-    # the analysts' browsable docs (every table and model, columns, lineage) as one static page: dbt reads the
-    # catalog now, while the run holds the warehouse slot (the models are compiled by the build already: --no-compile);
-    # `wandb-assets docs` serves the page
-    generated = dbt.cli(
-        ["docs", "generate", "--static", "--no-compile"], target_path=build.target_path, raise_on_error=True
-    ).wait()
+    # dagster-dbt writes each of dbt's lines to stdout (a line per model and test: 540 in 16 minutes of the UI's
+    # terminal, issue 53); they go to DBT_CONSOLE_LOG instead, and each model and test is an event of the run anyway
+    DBT_CONSOLE_LOG.parent.mkdir(parents=True, exist_ok=True)
+    with open(DBT_CONSOLE_LOG, "a") as dbt_lines, contextlib.redirect_stdout(dbt_lines):
+        build = dbt.cli(["build"], context=context)
+        yield from build.stream()
+        if not config.docs or not docs_due(DOCS_SITE, analytics_project.manifest_path):
+            return
+        # the analysts' browsable docs (every table and model, columns, lineage) as one static page: dbt reads the
+        # catalog now, while the run holds the warehouse slot (the models are compiled by the build already:
+        # --no-compile); `wandb-assets docs` serves the page
+        generated = dbt.cli(
+            ["docs", "generate", "--static", "--no-compile"], target_path=build.target_path, raise_on_error=True
+        ).wait()
     site = publish_docs(Path(generated.target_path) / "static_index.html")
     context.log.info(f"dbt docs: {site}")

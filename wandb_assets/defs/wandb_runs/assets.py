@@ -19,7 +19,7 @@ from dagster import (
 
 from wandb_assets.defs.wandb_runs.resources import WandbResource
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
-from wandb_assets.lib.accounting.gpus import metadata_settled
+from wandb_assets.lib.accounting.gpus import metadata_after_reading, metadata_settled
 from wandb_assets.lib.clock import utc_now
 from wandb_assets.lib.fetch import Slice, WandbFetchError, id_slices, metadata_file_url, plan_slices
 from wandb_assets.lib.markdown import markdown_table
@@ -159,9 +159,9 @@ def staged_runs(
 
     def read_metadata(piece: Slice, nodes: list[dict]) -> None:
         """Each run of the page first seen ended: its wandb-metadata.json, once (kept in ``runs.wandb_metadata``),
-        from where the page says it is, ``downloads`` at a time. A failed read is counted and asked again by a
-        later fetch; a file missing or malformed is asked again for a day after its run ended (``metadata_settled``:
-        it may land late)."""
+        from where the page says it is, ``downloads`` at a time. A file missing is asked again for a day after its
+        run ended (it may land late); a read that failed or found it malformed, after a back-off and a few times at
+        most (``metadata_settled``)."""
         now = datetime.now(UTC).replace(tzinfo=None)
         wanted = [
             node
@@ -184,10 +184,8 @@ def staged_runs(
         fetched_at = datetime.now(UTC).replace(tzinfo=None)
         entity, _, project = (piece.project or "").partition("/")
         read_now = [node.pop(FETCHED_METADATA, None) for node in nodes]
-        metadata = [  # a failed read is kept (its cause alone) where nothing better was read before
-            (now if now and now["status"] != "error" else None)
-            or known_metadata.get((piece.project, node.get("name")))
-            or ({"status": "error", "cause": now["cause"]} if now else None)
+        metadata = [  # a failed read is counted, kept with its cause where nothing better was read before
+            metadata_after_reading(known_metadata.get((piece.project, node.get("name"))), now, fetched_at)
             for node, now in zip(nodes, read_now, strict=True)
         ]
         with tally:

@@ -1,7 +1,7 @@
 """The W&B resource: settings from the environment or AWS Secrets Manager, and paged run fetching."""
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from dagster import ConfigurableResource, InitResourceContext, ResourceDependency
 from pydantic import PrivateAttr
@@ -244,6 +244,29 @@ class WandbResource(ConfigurableResource):
                     f"{NO_PROJECT_LISTED} {whole!r} for this key: check the entity's name in WANDB_ASSETS_PROJECTS"
                 )
         return [str(ref) for ref in pipeline.projects.resolve(listed)], failures, url
+
+    def readable_entities(self, pipeline: PipelineSettings) -> tuple[list[str], str]:
+        """``([entity, ...], app_url)``: the key's own entity and its teams', as W&B's viewer says."""
+        from wandb.util import app_url
+
+        settings = self.wandb_settings()
+        api = get_api(settings, pipeline)
+        viewer = api.viewer
+        entities = [viewer._attrs.get("entity"), *(viewer.teams or [])]
+        return [e for e in dict.fromkeys(entities) if e], app_url(api.settings["base_url"])
+
+    def project_listings(self, pipeline: PipelineSettings, entities: Iterable[str]) -> dict[str, list[str]]:
+        """``{entity: [project, ...]}`` as W&B lists them for the key now; an entity whose listing failed (W&B down,
+        a refused key) is left out: what a listing could not say, it does not decide."""
+        settings = self.wandb_settings()
+        api = get_api(settings, pipeline)
+        listed = {}
+        for entity in dict.fromkeys(entities):
+            try:
+                listed[entity] = list_projects(api, entity, settings.api_key)
+            except WandbFetchError:
+                continue
+        return listed
 
 
 def fetch_policy(pipeline: PipelineSettings) -> FetchPolicy:

@@ -166,9 +166,11 @@ ORDER BY c.month
 
 #: Runs busy on or after ``$first_day`` with no GPU model whose wandb-metadata.json read failed, by the failure's cause.
 _UNREAD_MODELS_SQL = """
-SELECT coalesce(json_extract_string(wandb_metadata, '$.cause'), 'unknown') AS cause, count(*) AS runs
+SELECT coalesce(json_extract_string(wandb_metadata, '$.cause'),
+                CASE json_extract_string(wandb_metadata, '$.status') WHEN 'malformed' THEN 'not JSON' END,
+                'unknown') AS cause, count(*) AS runs
 FROM runs
-WHERE gpu_model IS NULL AND json_extract_string(wandb_metadata, '$.status') = 'error'
+WHERE gpu_model IS NULL AND json_extract_string(wandb_metadata, '$.status') IN ('error', 'malformed')
   AND coalesce(ended_at, heartbeat_at, created_at) >= $first_day::TIMESTAMP
 GROUP BY 1 ORDER BY runs DESC, cause
 """

@@ -240,17 +240,62 @@ METADATA_MAX_BYTES = 4 * 1024 * 1024
 #: A run's ``wandb-metadata.json`` found missing or malformed is asked again while its run ended less than this long
 #: ago: the client uploads its files at the end, and a file can land after W&B marks the run ended.
 METADATA_SETTLE = 24 * 3600.0
+#: A read that costs a download and failed (the network or W&B's storage: ``error``; a file that is not JSON, such
+#: as a truncated upload or a proxy's HTML error page served with 200: ``malformed``) is made this many times at most
+#: in all, each after the wait here since the one before (an hour, then six): then what was found is final, kept with
+#: its cause (``costs`` counts such runs by cause).
+METADATA_ATTEMPTS = 3
+METADATA_BACKOFF_S = (3600.0, 6 * 3600.0)
+#: What a failed or unfinished read keeps (besides its status): its cause, how many reads were made, the last when.
+_FAILED = ("missing", "malformed", "error")
 
 
 def metadata_settled(known: Mapping[str, Any] | None, heartbeat: datetime | None, now: datetime) -> bool:
-    """Whether what was read of a run's metadata file is final (not asked again): read (or refused), or missing or
-    malformed for a run whose last heartbeat is ``METADATA_SETTLE`` old (naive UTC); never read, or a read that
-    failed (its cause kept for ``costs``): not final."""
-    if not known or known.get("status") == "error":
+    """Whether a run's metadata file is not to be asked for now (naive UTC): read (or refused) is final; missing (the
+    page says so: asking costs nothing) is asked until the run's last heartbeat is ``METADATA_SETTLE`` old; a read
+    that failed or found it malformed is asked again only after its back-off (``METADATA_BACKOFF_S`` since the last
+    read) and at most ``METADATA_ATTEMPTS`` times in all, and a malformed one no more once the heartbeat is
+    ``METADATA_SETTLE`` old; never read: asked."""
+    if not known:
         return False
-    if known.get("status") not in ("missing", "malformed"):
+    status = known.get("status")
+    if status not in _FAILED:
         return True
-    return heartbeat is not None and (now - heartbeat).total_seconds() >= METADATA_SETTLE
+    old = heartbeat is not None and (now - heartbeat).total_seconds() >= METADATA_SETTLE
+    if status == "missing" or (status == "malformed" and old):
+        return old
+    attempts = int(known.get("attempts") or 1)
+    if attempts >= METADATA_ATTEMPTS:
+        return True
+    asked = known.get("asked_at")
+    if asked is None:  # kept before attempts were counted
+        return False
+    wait = METADATA_BACKOFF_S[min(attempts, len(METADATA_BACKOFF_S)) - 1]
+    return (now - datetime.fromisoformat(asked)).total_seconds() < wait
+
+
+def metadata_after_reading(
+    known: Mapping[str, Any] | None, read: Mapping[str, Any] | None, at: datetime
+) -> dict[str, Any] | None:
+    """What to keep of a run's metadata file after a fetch at ``at``: not asked (``read`` None), what was kept; read,
+    what was read; a failed read (the network), what was found before if it was a file's content, else the failure's
+    cause (never its message: it may hold a URL); either counting the read (``attempts``, ``asked_at``) for
+    ``metadata_settled``."""
+    if read is None:
+        return dict(known) if known else None
+    if read.get("status") not in _FAILED:
+        return dict(read)
+    if known and known.get("status") not in _FAILED:
+        return dict(known)  # a read made before stays
+    attempts = int((known or {}).get("attempts") or (1 if known else 0)) + 1
+    if read["status"] == "error":
+        kept = known if known and known.get("status") in ("missing", "malformed") else None
+        base = dict(kept) if kept else {"status": "error", "cause": read.get("cause")}
+    else:
+        base = dict(read)
+    if base.get("status") == "missing":
+        return base  # free to ask again: nothing to count
+    return {**base, "attempts": attempts, "asked_at": at.isoformat(sep=" ")}
 
 
 def machine_metadata(raw: bytes | str) -> dict[str, Any]:
