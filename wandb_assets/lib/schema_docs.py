@@ -74,8 +74,10 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
             "per UTC day from the log's own stats records (the former rule: each sample held until the next, an hour "
             "at most); NULL otherwise (an offline run's idle hours are in run_curve_idle, by the one hold rule)",
             "wandb_metadata": "what was read of W&B's wandb-metadata.json (read once per run first seen finished, "
-            "crashed or failed): {status: read, gpu_count, gpu}, {status: missing} or {status: malformed}; NULL: "
-            "not read (alive, WANDB_ASSETS_FETCH_METADATA=false, offline, or the read failed and is retried)",
+            "crashed or failed): {status: read, gpu_count, gpu}, {status: missing} (asked again for a day after the "
+            "run's last heartbeat), {status: malformed} or {status: error, cause} (a read that failed: asked again "
+            "after an hour, then six, three reads at most; attempts and asked_at say how many and when); NULL: not "
+            "read (alive, WANDB_ASSETS_FETCH_METADATA=false, offline)",
             "curves_status": "the run's curves (run_history, run_gpu_samples): read (some rows), none (it logged none "
             "of WANDB_ASSETS_HISTORY_KEYS and no system stream) or failed (read again by a later tick); NULL: not "
             "yet (pending, offline, WANDB_ASSETS_FETCH_HISTORY=false, or waiting in the backlog: each tick reads "
