@@ -286,3 +286,22 @@ def test_the_close_command_closes_a_past_month_once_and_says_what_it_holds(tmp_p
         (date(2026, 5, 1), "wandb-assets close", 80.0, 160.0)
     ]
     con.close()
+
+
+@pytest.mark.breaks_invariants  # a hand-made gpu_usage and runs of two tables only: no whole warehouse to check
+def test_costs_read_a_snapshot_written_before_price_periods(memory_con):
+    """A snapshot written by the version before dated prices has `price_basis` but no `price_from` until the next
+    refresh upgrades the warehouse: `costs` reads it (its dollars as they were), without the periods' lines."""
+    from wandb_assets.lib.accounting.costs import cost_summary
+
+    memory_con.execute(
+        "CREATE TABLE gpu_usage AS SELECT DATE '2026-06-01' AS day, 'e' AS entity, 'p' AS project, 'ana' AS username, "
+        "'vision' AS team, 'H100-80GB' AS gpu_model, 10.0 AS gpu_hours, 20.0 AS cost_usd, 'list' AS price_basis, "
+        "0.0 AS idle_gpu_hours"
+    )
+    memory_con.execute(
+        "CREATE TABLE runs (gpu_model VARCHAR, wandb_metadata JSON, ended_at TIMESTAMP, heartbeat_at TIMESTAMP, "
+        "created_at TIMESTAMP)"
+    )
+    summary = cost_summary(memory_con, "team", date(2026, 6, 2), 2)
+    assert (summary.total.gpu_hours, summary.total.cost_usd, summary.prices, summary.closed) == (10.0, 20.0, (), ())

@@ -100,10 +100,13 @@ class ClosedLine:
     adjusted_gpu_hours: float
 
 
-def _has_price_basis(con) -> bool:
+def _has_price_basis(con, column: str = "price_basis") -> bool:
+    """Whether ``gpu_usage`` has ``column``: a snapshot written by an older version lacks the newer price columns
+    until the next refresh upgrades the warehouse."""
     return bool(
         con.execute(
-            "SELECT count(*) FROM duckdb_columns() WHERE table_name = 'gpu_usage' AND column_name = 'price_basis'"
+            "SELECT count(*) FROM duckdb_columns() WHERE table_name = 'gpu_usage' AND column_name = $column",
+            {"column": column},
         ).fetchone()[0]
     )
 
@@ -133,7 +136,7 @@ def cost_summary(con, by: str, today: date, days: int) -> CostSummary:
         unread_models=tuple(unread),
         held_from=con.execute("SELECT min(day) FROM gpu_usage").fetchone()[0],
         prices=tuple(PriceLine(*row) for row in con.execute(_PRICES_SQL, {"first_day": first_day}).fetchall())
-        if _has_price_basis(con)
+        if _has_price_basis(con, "price_from")
         else (),
         closed=tuple(
             ClosedLine(*row) for row in con.execute(_CLOSED_SQL, {"first_day": first_day, "today": today}).fetchall()
