@@ -17,6 +17,7 @@ import sys
 
 from wandb_assets.commands.closing import cmd_close
 from wandb_assets.commands.common import quiet_clients
+from wandb_assets.commands.datadog import cmd_datadog
 from wandb_assets.commands.demo import DEMO_DIR, DEMO_WANDB_PORT, cmd_demo
 from wandb_assets.commands.reading import (
     cmd_alerts,
@@ -230,6 +231,17 @@ def build_parser() -> argparse.ArgumentParser:
     costs.add_argument("--days", type=int, default=30, help="the last N UTC days, today included (default 30)")
     costs.add_argument("--warehouse", help="warehouse file or ducklake: string (default WANDB_ASSETS_DUCKDB)")
     costs.set_defaults(func=cmd_costs)
+    datadog = sub.add_parser(
+        "datadog",
+        help="the fleet's Datadog dashboard and monitors as code",
+        description="Without options, what --apply would change. --apply creates or updates the dashboard of the "
+        "fleet gauges and the monitors of the alert rules in Datadog (DD_API_KEY and DD_APP_KEY), writing only "
+        "what differs: a second --apply changes nothing. --export DIR writes them as JSON (deploy/datadog/ holds "
+        "them as shipped).",
+    )
+    datadog.add_argument("--apply", action="store_true", help="create or update them in Datadog")
+    datadog.add_argument("--export", metavar="DIR", help="write dashboard.json and monitors.json into DIR")
+    datadog.set_defaults(func=cmd_datadog)
     projects = sub.add_parser(
         "projects",
         help="the entities and projects the key can read, the mirrored ones marked",

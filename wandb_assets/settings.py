@@ -326,6 +326,12 @@ class Settings(BaseSettings):
     DD_API_KEY: SecretStr | None = _var(
         None, "Datadog API key; else the secret's `DD_API_KEY` when the secret is in use.", "(none: dry run)"
     )
+    DD_APP_KEY: SecretStr | None = _var(
+        None,
+        "Datadog application key: only `wandb-assets datadog --apply` uses it (creating the dashboard and monitors "
+        "needs one; the feed does not).",
+        "(none)",
+    )
     DD_SITE: str = _var("datadoghq.com", "Datadog site (datadoghq.eu, us5.datadoghq.com, ...).")
     DD_ENV: str | None = _var(None, "Adds the tag `env:<DD_ENV>` to every point and event.", "(none)")
     WANDB_ASSETS_DATADOG_URL: str | None = _var(

@@ -92,11 +92,12 @@ class DatadogResource(ConfigurableResource):
         settings = load_settings()
         return settings.WANDB_ASSETS_DATADOG_PROJECT_SERIES if settings.WANDB_ASSETS_PROJECTS is not None else 0
 
-    def _configuration(self, key: str):
+    def _configuration(self, key: str, app_key: str | None = None):
         from datadog_api_client import Configuration
 
+        keys = {"apiKeyAuth": key, **({"appKeyAuth": app_key} if app_key else {})}
         configuration = Configuration(
-            host=self.url or None, api_key={"apiKeyAuth": key}, request_timeout=self.timeout_s, enable_retry=False
+            host=self.url or None, api_key=keys, request_timeout=self.timeout_s, enable_retry=False
         )
         if not self.url:
             configuration.server_variables["site"] = self.site
@@ -150,6 +151,97 @@ class DatadogResource(ConfigurableResource):
             alert_type=EventAlertType.SUCCESS if resolved else EventAlertType.WARNING,
         )
         return self._call(key, lambda client: EventsApi(client).create_event(body=body))
+
+
+class DatadogAssets:
+    """The dashboard and monitors of ``lib.datadog_assets`` applied through Datadog's API (``DashboardsApi``,
+    ``MonitorsApi``) with an API and an application key; a refused or failed call raises ``DatadogApiError``: one
+    sentence with its status, never a key."""
+
+    def __init__(self, feed: DatadogResource, key: str, app_key: str) -> None:
+        self.feed, self.key, self.app_key = feed, key, app_key
+
+    def _client(self):
+        from datadog_api_client import ApiClient
+
+        return ApiClient(self.feed._configuration(self.key, self.app_key))
+
+    def _calling(self, what: str, call):
+        from datadog_api_client.exceptions import ApiException
+
+        try:
+            with self._client() as client:
+                return call(client)
+        except ApiException as exc:
+            raise DatadogApiError(f"{what}: Datadog answered {exc.status} {str(exc.reason or '')[:100]}") from None
+        except Exception as exc:  # noqa: BLE001 - timeouts and connection errors from urllib3
+            text = str(exc).replace(self.key, "***").replace(self.app_key, "***")
+            raise DatadogApiError(f"{what} failed ({type(exc).__name__}: {text[:150]})") from None
+
+    @staticmethod
+    def _model(body: dict, model):
+        from datadog_api_client import Configuration
+        from datadog_api_client.model_utils import validate_and_convert_types
+
+        return validate_and_convert_types(body, (model,), ["body"], True, True, Configuration())
+
+    def managed_monitors(self, tag: str) -> list[dict]:
+        from datadog_api_client.v1.api.monitors_api import MonitorsApi
+
+        found = self._calling("listing the monitors", lambda c: MonitorsApi(c).list_monitors(monitor_tags=tag))
+        return [m.to_dict() for m in found]
+
+    def create_monitor(self, body: dict) -> int:
+        from datadog_api_client.v1.api.monitors_api import MonitorsApi
+        from datadog_api_client.v1.model.monitor import Monitor
+
+        made = self._calling(
+            f"creating the monitor {body['name']!r}",
+            lambda c: MonitorsApi(c).create_monitor(body=self._model(body, Monitor)),
+        )
+        return int(made.id)
+
+    def update_monitor(self, monitor_id: int, body: dict) -> None:
+        from datadog_api_client.v1.api.monitors_api import MonitorsApi
+        from datadog_api_client.v1.model.monitor_update_request import MonitorUpdateRequest
+
+        self._calling(
+            f"updating the monitor {body['name']!r}",
+            lambda c: MonitorsApi(c).update_monitor(monitor_id, body=self._model(body, MonitorUpdateRequest)),
+        )
+
+    def dashboard_summaries(self) -> list[dict]:
+        from datadog_api_client.v1.api.dashboards_api import DashboardsApi
+
+        listing = self._calling("listing the dashboards", lambda c: DashboardsApi(c).list_dashboards())
+        return [d.to_dict() for d in (listing.get("dashboards") or [])]
+
+    def dashboard(self, dashboard_id: str) -> dict:
+        from datadog_api_client.v1.api.dashboards_api import DashboardsApi
+
+        return self._calling("reading the dashboard", lambda c: DashboardsApi(c).get_dashboard(dashboard_id)).to_dict()
+
+    def create_dashboard(self, body: dict) -> str:
+        from datadog_api_client.v1.api.dashboards_api import DashboardsApi
+        from datadog_api_client.v1.model.dashboard import Dashboard
+
+        made = self._calling(
+            "creating the dashboard", lambda c: DashboardsApi(c).create_dashboard(body=self._model(body, Dashboard))
+        )
+        return str(made.id)
+
+    def update_dashboard(self, dashboard_id: str, body: dict) -> None:
+        from datadog_api_client.v1.api.dashboards_api import DashboardsApi
+        from datadog_api_client.v1.model.dashboard import Dashboard
+
+        self._calling(
+            "updating the dashboard",
+            lambda c: DashboardsApi(c).update_dashboard(dashboard_id, body=self._model(body, Dashboard)),
+        )
+
+
+class DatadogApiError(Exception):
+    """Datadog refused or did not answer a dashboard or monitor call: one sentence, never a key."""
 
 
 class AlertChannelsResource(ConfigurableResource):
