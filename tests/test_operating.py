@@ -243,3 +243,38 @@ def test_a_dbt_build_launched_as_the_ui_does_keeps_dbts_lines_and_the_source_tes
     messages = [entry.user_message for entry in instance.all_logs(result.run_id)]
     assert not [m for m in messages if "Logging an `AssetObservation`" in m]
     assert "PASS" in DBT_CONSOLE_LOG.read_text()
+
+
+def test_one_instance_serves_one_warehouse_and_a_command_writing_another_is_refused(
+    wandb_server, dagster_home, warehouse_path, capsys, monkeypatch, tmp_path
+):
+    """CLI runs of a 3-day scratch warehouse and of the real one were recorded in one instance (5d25e50): the UI's
+    gpu_usage page showed whichever ran last, and its daemon then ran the feed on its own warehouse. The first
+    command records its warehouse in the instance; a command (and `ui`) writing another exits 2 with one sentence
+    before any run; every run is tagged with the warehouse it wrote."""
+    from dagster import DagsterInstance
+
+    from wandb_assets.commands.common import INSTANCE_WAREHOUSE_MARK
+    from wandb_assets.ticks import WAREHOUSE_TAG
+
+    wandb_server(_nodes("r", 1, "llm"))
+    code, _, err = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-01")
+    assert code == 0, err
+    assert (dagster_home / INSTANCE_WAREHOUSE_MARK).read_text() == f"{warehouse_path}\n"
+    with DagsterInstance.get() as instance:
+        runs = instance.get_runs()
+    assert {run.tags[WAREHOUSE_TAG] for run in runs} == {str(warehouse_path)}
+    scratch = tmp_path / "scratch" / "scratch.duckdb"
+    monkeypatch.setenv("WANDB_ASSETS_DUCKDB", str(scratch))
+    for command in (["refresh"], ["backfill", "--start", "2026-06-01", "--end", "2026-06-01"], ["ui"]):
+        code, out, err = cli(capsys, *command)
+        assert (code, out) == (2, ""), command
+        assert err == (
+            f"error: The Dagster instance at {dagster_home} records the runs of the warehouse {warehouse_path}, and "
+            f"WANDB_ASSETS_DUCKDB is {scratch}: give this warehouse an instance of its own (DAGSTER_HOME set to a "
+            f"folder holding a copy of dagster.yaml), or remove {dagster_home / INSTANCE_WAREHOUSE_MARK} if the "
+            "instance should serve this warehouse from now on.\n"
+        )
+    assert not scratch.exists()
+    with DagsterInstance.get() as instance:
+        assert len(instance.get_runs()) == len(runs)

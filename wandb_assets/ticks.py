@@ -52,6 +52,14 @@ log = logging.getLogger("wandb_assets")
 
 #: The tag naming the process that runs a job in process: an operator's Ctrl-C cancels that process's runs alone.
 PROCESS_TAG = "wandb-assets/pid"
+#: The tag naming the warehouse a run wrote (the UI's runs list and each run's page show it).
+WAREHOUSE_TAG = "wandb-assets/warehouse"
+
+
+def _warehouse_tag() -> str:
+    from wandb_assets.lib.lake import warehouse_name
+
+    return warehouse_name(pipeline_settings().warehouse)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -71,7 +79,7 @@ def _execute(
     is raised. Elsewhere (a sensor's thread) the job simply runs."""
     job = defs.resolve_job_def(job_name)
     config = {"loggers": {"console": {"config": {"log_level": console_level}}}, **(run_config or {})}
-    run_tags = {**(tags or {}), PROCESS_TAG: str(os.getpid())}
+    run_tags = {**(tags or {}), PROCESS_TAG: str(os.getpid()), WAREHOUSE_TAG: _warehouse_tag()}
     outcome: dict = {}
 
     def execute() -> None:

@@ -35,7 +35,34 @@ def dagster_instance():
                 "repository root."
             )
         os.environ["DAGSTER_HOME"] = str(Path.cwd())
+    claim_instance(Path(os.environ["DAGSTER_HOME"]))
     return DagsterInstance.get()
+
+
+#: Where an instance records the one warehouse its runs write (beside its SQLite storage, git-ignored).
+INSTANCE_WAREHOUSE_MARK = Path(".dagster") / "wandb-assets-warehouse"
+
+
+def claim_instance(home: Path) -> None:
+    """One Dagster instance, one warehouse (issue 53: CLI runs of several warehouses in one instance mixed their
+    materializations in one UI, and its daemon launched runs on its own warehouse right after): the first command
+    records in ``home`` the warehouse it writes; a command writing another is refused with one sentence saying what
+    to set, before anything runs."""
+    from wandb_assets.lib.lake import warehouse_name
+    from wandb_assets.settings import ConfigError, pipeline_settings
+
+    warehouse = warehouse_name(pipeline_settings().warehouse)
+    mark = home / INSTANCE_WAREHOUSE_MARK
+    recorded = mark.read_text().strip() if mark.exists() else None
+    if recorded is None:
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.write_text(warehouse + "\n")
+    elif recorded != warehouse:
+        raise ConfigError(
+            f"The Dagster instance at {home} records the runs of the warehouse {recorded}, and WANDB_ASSETS_DUCKDB "
+            f"is {warehouse}: give this warehouse an instance of its own (DAGSTER_HOME set to a folder holding a copy "
+            f"of dagster.yaml), or remove {mark} if the instance should serve this warehouse from now on."
+        )
 
 
 def check_writable(path, variable: str, folder: bool = False) -> None:

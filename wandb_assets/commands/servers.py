@@ -24,6 +24,9 @@ def start_dagster_dev(port: int = 3000, verbose: bool = False, in_home: bool = F
     the UI comes up). Quiet by default: the daemon's and webserver's INFO lines (a "sensor skipped" line every 30 s)
     are hidden; runs print their own INFO lines and warnings (the instance's ``python_logs.python_log_level``)."""
     os.environ.setdefault("DAGSTER_HOME", str(Path.cwd()))
+    from wandb_assets.commands.common import claim_instance
+
+    claim_instance(Path(os.environ["DAGSTER_HOME"]))  # the UI's daemon writes this warehouse: the instance's own
     workspace = Path(__file__).resolve().parents[2] / "workspace.yaml"
     # Inherited by the daemon, the code server and every run worker: two notices nobody can act on (dagster-aws
     # is pinned with dagster; `dg dev` would only wrap this same command in `uv run`).

@@ -69,6 +69,13 @@ def is_lake(location: object) -> bool:
     return isinstance(location, Lake) or str(location).startswith(LAKE_PREFIX)
 
 
+def warehouse_name(location) -> str:
+    """How an instance and its runs name a warehouse: a file's absolute path, a lake's catalog (never a password)."""
+    from pathlib import Path
+
+    return str(location) if is_lake(location) else str(Path(location).absolute())
+
+
 def parse_catalog(value: str) -> str:
     """The conninfo of ``ducklake:postgres:<conninfo>``; ``ValueError`` (one sentence) for anything else."""
     if not value.startswith(CATALOG_PREFIX):
