@@ -6,9 +6,9 @@ Input: one ``Copy`` per run and project the warehouse should hold (a run moved b
 project it was seen in; only the copy where W&B holds it now occupies GPUs), the time ``now`` the tables were
 computed at, and what the price file said each time the pipeline read it. Output: per (UTC day, entity, project, user,
 team, GPU model) the GPU-hours, idle and partly idle GPU-hours and dollars at the price in force that day for the run's
-cluster; per UTC month the chargeback's totals; and the booked ledger (``ledger``): open months as used, closed
-months as recorded when they were closed, and what changed in a closed month since as adjustments in the first open
-month after it.
+cluster; and the booked ledger (``ledger``), which the chargeback sums by month: open months as used, closed months
+as recorded when they were closed, and what changed in a closed month since as adjustments in the first open month
+after it.
 """
 
 from __future__ import annotations
@@ -244,6 +244,17 @@ def _next_month(month: date) -> date:
     return date(month.year + month.month // 12, month.month % 12 + 1, 1)
 
 
+def _no_amounts() -> list:
+    """``AMOUNTS`` of nothing: no hours, dollars not priced."""
+    return [0.0, None, 0.0, None, 0.0, None]
+
+
+def _accumulate(total: list, amounts: list) -> None:
+    """Add ``amounts`` into ``total`` (both in ``AMOUNTS`` order): hours add, dollars add as ``_add``."""
+    for i, value in enumerate(amounts):
+        total[i] = _add(total[i], value) if i % 2 else total[i] + value
+
+
 def ledger(usage: dict[tuple, Usage], records: Records) -> dict[tuple, list]:
     """The booked ledger from ``usage_by_price`` and the closed months' records: per ``(booked month, category,
     adjustment_of, team, entity, project, user, gpu_model, price rule, USD per GPU-hour)`` the ``AMOUNTS``. An open
@@ -253,10 +264,7 @@ def ledger(usage: dict[tuple, Usage], records: Records) -> dict[tuple, list]:
     months: dict[date, dict[tuple, list]] = defaultdict(dict)
     for (day, entity, project, user, team, model, rule, price), row in usage.items():
         key = (team, entity, project, user, model, rule, price)
-        amounts = months[_month(day)].setdefault(key, [0.0, None, 0.0, None, 0.0, None])
-        for i, name in enumerate(AMOUNTS):
-            value = getattr(row, name)
-            amounts[i] = _add(amounts[i], value) if i % 2 else amounts[i] + value
+        _accumulate(months[_month(day)].setdefault(key, _no_amounts()), [getattr(row, name) for name in AMOUNTS])
     booked: dict[tuple, list] = {}
     for month, keys in months.items():
         if month not in records:
@@ -267,17 +275,15 @@ def ledger(usage: dict[tuple, Usage], records: Records) -> dict[tuple, list]:
         book = _next_month(closed)
         while book in records:
             book = _next_month(book)
-        recorded: dict[tuple, list] = defaultdict(lambda: [0.0, None, 0.0, None, 0.0, None])
+        recorded: dict[tuple, list] = defaultdict(_no_amounts)
         for record in records.values():
             for (month, _, adjustment_of, *key), amounts in record.items():
                 if (adjustment_of or month) == closed:
-                    total = recorded[tuple(key)]
-                    for i, value in enumerate(amounts):
-                        total[i] = _add(total[i], value) if i % 2 else total[i] + value
+                    _accumulate(recorded[tuple(key)], amounts)
         now = months.get(closed, {})
         for key in {*now, *recorded}:
-            was = recorded.get(key, [0.0, None, 0.0, None, 0.0, None])
-            is_ = now.get(key, [0.0, None, 0.0, None, 0.0, None])
+            was = recorded.get(key) or _no_amounts()
+            is_ = now.get(key) or _no_amounts()
             unpriced = was[1] is None and is_[1] is None
             change = [
                 (None if unpriced else (is_[i] or 0.0) - (was[i] or 0.0)) if i % 2 else is_[i] - was[i]
@@ -291,17 +297,6 @@ def ledger(usage: dict[tuple, Usage], records: Records) -> dict[tuple, list]:
 def close(usage: dict[tuple, Usage], records: Records, month: date) -> dict[tuple, list]:
     """The record of ``month`` closed now: its rows of the ledger."""
     return {key: list(amounts) for key, amounts in ledger(usage, records).items() if key[0] == month}
-
-
-def monthly_chargeback(usage: dict[tuple, Usage]) -> dict[tuple, tuple[float, float | None]]:
-    """Per ``(month, team, entity, project, gpu_model)``: GPU-hours and dollars (None when nothing is priced)."""
-    months: dict[tuple, list] = defaultdict(lambda: [0.0, None])
-    for (day, entity, project, _user, team, model), row in usage.items():
-        key = (day.strftime("%Y-%m"), team, entity, project, model)
-        months[key][0] += row.gpu_hours
-        if row.cost_usd is not None:
-            months[key][1] = (months[key][1] or 0.0) + row.cost_usd
-    return {key: (hours, usd) for key, (hours, usd) in months.items()}
 
 
 def gpu_gauges_24h(runs: list[Copy], at: datetime, prices: PriceHistory, idle_pct: float) -> dict[str, float | None]:

@@ -100,7 +100,7 @@ class ClosedLine:
     adjusted_gpu_hours: float
 
 
-def _has_price_basis(con, column: str = "price_basis") -> bool:
+def _gpu_usage_has(con, column: str) -> bool:
     """Whether ``gpu_usage`` has ``column``: a snapshot written by an older version lacks the newer price columns
     until the next refresh upgrades the warehouse."""
     return bool(
@@ -116,7 +116,7 @@ def cost_summary(con, by: str, today: date, days: int) -> CostSummary:
     if by not in COST_GROUPS:
         raise ValueError(f"by must be one of {', '.join(COST_GROUPS)} (got {by!r})")
     first_day = today - timedelta(days=days - 1)
-    basis = "price_basis" if _has_price_basis(con) else "NULL"
+    basis = "price_basis" if _gpu_usage_has(con, "price_basis") else "NULL"
 
     def query(group: str, where: str = "") -> list[tuple]:
         sql = _COSTS_SQL.format(group=group, basis=basis, where=where)
@@ -136,7 +136,7 @@ def cost_summary(con, by: str, today: date, days: int) -> CostSummary:
         unread_models=tuple(unread),
         held_from=con.execute("SELECT min(day) FROM gpu_usage").fetchone()[0],
         prices=tuple(PriceLine(*row) for row in con.execute(_PRICES_SQL, {"first_day": first_day}).fetchall())
-        if _has_price_basis(con, "price_from")
+        if _gpu_usage_has(con, "price_from")
         else (),
         closed=tuple(
             ClosedLine(*row) for row in con.execute(_CLOSED_SQL, {"first_day": first_day, "today": today}).fetchall()
