@@ -258,6 +258,12 @@ def test_one_instance_serves_one_warehouse_and_a_command_writing_another_is_refu
     from wandb_assets.ticks import WAREHOUSE_TAG
 
     wandb_server(_nodes("r", 1, "llm"))
+    # a command refused for its configuration records nothing (the suite's smoke test, run twice in one checkout,
+    # had left its throwaway warehouse in the checkout's instance and was refused the second time)
+    monkeypatch.setenv("WANDB_PROJECT", "")
+    assert cli(capsys, "refresh")[0] == 2
+    assert not (dagster_home / INSTANCE_WAREHOUSE_MARK).exists()
+    monkeypatch.setenv("WANDB_PROJECT", "test-project")
     code, _, err = cli(capsys, "backfill", "--start", "2026-06-01", "--end", "2026-06-01")
     assert code == 0, err
     assert (dagster_home / INSTANCE_WAREHOUSE_MARK).read_text() == f"{warehouse_path}\n"

@@ -35,7 +35,7 @@ def dagster_instance():
                 "repository root."
             )
         os.environ["DAGSTER_HOME"] = str(Path.cwd())
-    claim_instance(Path(os.environ["DAGSTER_HOME"]))
+    claim_instance(Path(os.environ["DAGSTER_HOME"]), record=False)  # recorded once the configuration is good
     return DagsterInstance.get()
 
 
@@ -43,21 +43,22 @@ def dagster_instance():
 INSTANCE_WAREHOUSE_MARK = Path(".dagster") / "wandb-assets-warehouse"
 
 
-def claim_instance(home: Path) -> None:
+def claim_instance(home: Path, record: bool = True) -> None:
     """One Dagster instance, one warehouse (issue 53: CLI runs of several warehouses in one instance mixed their
-    materializations in one UI, and its daemon launched runs on its own warehouse right after): the first command
-    records in ``home`` the warehouse it writes; a command writing another is refused with one sentence saying what
-    to set, before anything runs."""
+    materializations in one UI, and its daemon launched runs on its own warehouse right after): a command writing
+    another warehouse than the one ``home`` records is refused with one sentence saying what to set, before anything
+    runs; with ``record``, an instance that records none records this one (a command refused for its configuration
+    records nothing: ``preflight`` records, at its end)."""
     from wandb_assets.lib.lake import warehouse_name
     from wandb_assets.settings import ConfigError, pipeline_settings
 
     warehouse = warehouse_name(pipeline_settings().warehouse)
     mark = home / INSTANCE_WAREHOUSE_MARK
     recorded = mark.read_text().strip() if mark.exists() else None
-    if recorded is None:
+    if recorded is None and record:
         mark.parent.mkdir(parents=True, exist_ok=True)
         mark.write_text(warehouse + "\n")
-    elif recorded != warehouse:
+    elif recorded is not None and recorded != warehouse:
         raise ConfigError(
             f"The Dagster instance at {home} records the runs of the warehouse {recorded}, and WANDB_ASSETS_DUCKDB "
             f"is {warehouse}: give this warehouse an instance of its own (DAGSTER_HOME set to a folder holding a copy "
@@ -98,7 +99,13 @@ def check_writable(path, variable: str, folder: bool = False) -> None:
 def preflight(only: list[str] | None = None) -> None:
     """Check the configuration before any run starts: settings, the key (rejected?), the entity and project
     (exist?), and that ``only`` (``--project``) names mirrored projects. Raises ``ConfigError``; a run that then
-    fails is a real failure (exit 1, alert)."""
+    fails is a real failure (exit 1, alert). All good: the instance records the warehouse (``claim_instance``)."""
+    _check_configuration(only)
+    if os.environ.get("DAGSTER_HOME"):
+        claim_instance(Path(os.environ["DAGSTER_HOME"]))
+
+
+def _check_configuration(only: list[str] | None) -> None:
     from wandb_assets.defs.wandb_runs.resources import wandb_resource
     from wandb_assets.lib.clock import utc_now
     from wandb_assets.lib.fetch import created_between
