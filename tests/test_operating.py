@@ -229,6 +229,8 @@ def test_a_dbt_build_launched_as_the_ui_does_keeps_dbts_lines_and_the_source_tes
     AssetCheckResult" warnings in 16 minutes (5d25e50): the CLI hid them, a run launched by the daemon did not. The
     analytics job run as the daemon runs it (no CLI around it): nothing of dbt's on stdout or stderr, no such warning
     in the run's events; dbt's lines are in DBT_CONSOLE_LOG, each model and test an event of the run."""
+    from dagster import DagsterEventType
+
     from tests.test_analytics import build_hand_made_warehouse
     from wandb_assets.defs.analytics.project import DBT_CONSOLE_LOG
     from wandb_assets.ticks import ANALYTICS_JOB, _execute
@@ -243,6 +245,13 @@ def test_a_dbt_build_launched_as_the_ui_does_keeps_dbts_lines_and_the_source_tes
     messages = [entry.user_message for entry in instance.all_logs(result.run_id)]
     assert not [m for m in messages if "Logging an `AssetObservation`" in m]
     assert "PASS" in DBT_CONSOLE_LOG.read_text()
+    # each model's materialization names the warehouse dbt built it in (as every asset's does)
+    models = [
+        event.asset_materialization
+        for event in instance.all_logs(result.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+    ]
+    assert {"run_efficiency", "team_gpu_cost_monthly", "warehouse_snapshot"} <= {m.asset_key.path[-1] for m in models}
+    assert {m.metadata["warehouse"].value for m in models} == {str(warehouse_path)}
 
 
 def test_one_instance_serves_one_warehouse_and_a_command_writing_another_is_refused(
@@ -252,9 +261,10 @@ def test_one_instance_serves_one_warehouse_and_a_command_writing_another_is_refu
     gpu_usage page showed whichever ran last, and its daemon then ran the feed on its own warehouse. The first
     command records its warehouse in the instance; a command (and `ui`) writing another exits 2 with one sentence
     before any run; every run is tagged with the warehouse it wrote."""
-    from dagster import DagsterInstance
+    from dagster import DagsterEventType, DagsterInstance
 
     from wandb_assets.commands.common import INSTANCE_WAREHOUSE_MARK
+    from wandb_assets.definitions import build_definitions
     from wandb_assets.ticks import WAREHOUSE_TAG
 
     wandb_server(_nodes("r", 1, "llm"))
@@ -269,7 +279,21 @@ def test_one_instance_serves_one_warehouse_and_a_command_writing_another_is_refu
     assert (dagster_home / INSTANCE_WAREHOUSE_MARK).read_text() == f"{warehouse_path}\n"
     with DagsterInstance.get() as instance:
         runs = instance.get_runs()
+        materialized = [
+            event.asset_materialization
+            for run in runs
+            for event in instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+        ]
     assert {run.tags[WAREHOUSE_TAG] for run in runs} == {str(warehouse_path)}
+    # every materialization names the warehouse it wrote, as the asset definitions (the UI's asset pages) do
+    assert {"runs", "gpu_usage", "gpu_hours", "warehouse_snapshot"} <= {m.asset_key.path[-1] for m in materialized}
+    assert {
+        m.asset_key.path[-1]: m.metadata.get("warehouse") for m in materialized if "warehouse" not in m.metadata
+    } == {}
+    assert {m.metadata["warehouse"].value for m in materialized} == {str(warehouse_path)}
+    assert {spec.metadata["warehouse"] for spec in build_definitions().resolve_all_asset_specs()} == {
+        str(warehouse_path)
+    }
     scratch = tmp_path / "scratch" / "scratch.duckdb"
     monkeypatch.setenv("WANDB_ASSETS_DUCKDB", str(scratch))
     for command in (["refresh"], ["backfill", "--start", "2026-06-01", "--end", "2026-06-01"], ["ui"]):
@@ -284,3 +308,13 @@ def test_one_instance_serves_one_warehouse_and_a_command_writing_another_is_refu
     assert not scratch.exists()
     with DagsterInstance.get() as instance:
         assert len(instance.get_runs()) == len(runs)
+
+
+def test_every_asset_of_the_code_location_names_the_warehouse_in_each_materialization():
+    """Each asset's body is wrapped by names_the_warehouse (a new asset without it would report materializations
+    that do not say which warehouse they wrote; the test above watches what the wrapper adds)."""
+    from wandb_assets.definitions import defs
+
+    bodies = {a.op.name: a.op.compute_fn.decorated_fn for a in defs.assets}
+    assert len(bodies) == 19
+    assert [name for name, body in bodies.items() if not getattr(body, "names_the_warehouse", False)] == []

@@ -658,6 +658,14 @@ def _default_staging_dir(s: Settings) -> Path:
     return Path(s.WANDB_ASSETS_DUCKDB).parent / "staging"
 
 
+def warehouse_label(s: Settings | None = None) -> str:
+    """How an instance, a run's tag and every materialization name the warehouse this process writes: the file's
+    absolute path or the lake's catalog, never a password (``lib.lake.warehouse_name``)."""
+    from wandb_assets.lib.lake import warehouse_name
+
+    return warehouse_name(warehouse_location(s))
+
+
 def warehouse_location(s: Settings | None = None, value: str | None = None) -> Path | Lake:
     """The warehouse file, or the DuckLake (catalog, data path, S3 options) named by ``WANDB_ASSETS_DUCKDB``
     (or by ``value``, e.g. a resource's ``database``)."""

@@ -57,9 +57,9 @@ WAREHOUSE_TAG = "wandb-assets/warehouse"
 
 
 def _warehouse_tag() -> str:
-    from wandb_assets.lib.lake import warehouse_name
+    from wandb_assets.settings import warehouse_label
 
-    return warehouse_name(pipeline_settings().warehouse)
+    return warehouse_label()
 
 
 class Interrupted(KeyboardInterrupt):

@@ -49,10 +49,9 @@ def claim_instance(home: Path, record: bool = True) -> None:
     another warehouse than the one ``home`` records is refused with one sentence saying what to set, before anything
     runs; with ``record``, an instance that records none records this one (a command refused for its configuration
     records nothing: ``preflight`` records, at its end)."""
-    from wandb_assets.lib.lake import warehouse_name
-    from wandb_assets.settings import ConfigError, pipeline_settings
+    from wandb_assets.settings import ConfigError, warehouse_label
 
-    warehouse = warehouse_name(pipeline_settings().warehouse)
+    warehouse = warehouse_label()
     mark = home / INSTANCE_WAREHOUSE_MARK
     recorded = mark.read_text().strip() if mark.exists() else None
     if recorded is None and record:

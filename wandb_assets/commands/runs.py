@@ -193,6 +193,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
     result = execute_report(instance, force_artifact=True)  # the report job: in the warehouse pool
     code = exit_status(result, "publish")
     if code == 0:
+        from wandb_assets.defs.warehouse.named import WAREHOUSE_METADATA
+
         metadata = result.asset_materializations_for_node("fleet_report")[0].metadata
-        print(", ".join(f"{k}: {v.value}" for k, v in metadata.items() if v.value != ""))
+        said = {k: v.value for k, v in metadata.items() if v.value != "" and k != WAREHOUSE_METADATA}
+        print(", ".join(f"{k}: {v}" for k, v in said.items()))  # the warehouse is the one configured
     return code

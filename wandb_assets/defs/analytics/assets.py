@@ -15,6 +15,7 @@ from dagster import AssetExecutionContext, AssetKey, Config
 from dagster_dbt import DagsterDbtTranslator, DagsterDbtTranslatorSettings, DbtCliResource, dbt_assets
 
 from wandb_assets.defs.analytics.project import DBT_CONSOLE_LOG, DOCS_SITE, analytics_project, ensure_manifest
+from wandb_assets.defs.warehouse.named import names_the_warehouse
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL
 from wandb_assets.lib.lake import Lake
 from wandb_assets.settings import warehouse_location
@@ -105,6 +106,7 @@ def publish_docs(page: Path, site: Path = DOCS_SITE) -> Path:
     name="analytics_models",
     op_tags={"dagster/max_runtime": "900"},
 )
+@names_the_warehouse
 def analytics_models(context: AssetExecutionContext, dbt: DbtCliResource, config: AnalyticsConfig) -> Iterator:
     os.environ.update(dbt_environment())  # this run's process: the dbt subprocess inherits it
     # dagster-dbt writes each of dbt's lines to stdout (a line per model and test: 540 in 16 minutes of the UI's

@@ -13,7 +13,7 @@ from dagster import (
     run_status_sensor,
 )
 
-from wandb_assets.defs.analytics.assets import analytics_models
+from wandb_assets.defs.analytics import assets as analytics_assets  # the module: its assets are loaded once
 from wandb_assets.defs.feed.jobs import feed_job
 from wandb_assets.defs.fleet.jobs import backfill_job
 from wandb_assets.defs.fleet.schedules import runs_in_flight
@@ -23,7 +23,7 @@ ANALYTICS_JOB = "analytics"
 
 analytics_job = define_asset_job(
     ANALYTICS_JOB,
-    selection=AssetSelection.assets(analytics_models) | AssetSelection.keys("warehouse_snapshot"),
+    selection=AssetSelection.assets(analytics_assets.analytics_models) | AssetSelection.keys("warehouse_snapshot"),
     executor_def=in_process_executor,
     tags={"dagster/max_runtime": "900"},
     description="Build the analysts' dbt project (analytics/: seed, staging views, marts, tests as asset checks) "

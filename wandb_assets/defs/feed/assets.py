@@ -22,6 +22,7 @@ from dagster import (
 
 from wandb_assets.defs.feed.notify import Notifier
 from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource
+from wandb_assets.defs.warehouse.named import names_the_warehouse
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.acting.idle_readout import OPEN_EPISODES_SQL
 from wandb_assets.lib.alerts import (
@@ -61,6 +62,7 @@ def latest_snapshot_at(con) -> datetime | None:
     kinds={"duckdb", "datadog"},
     **FEED,
 )
+@names_the_warehouse
 def datadog_feed(
     context: AssetExecutionContext, config: ClockConfig, warehouse: WarehouseResource, datadog: DatadogResource
 ) -> MaterializeResult:
@@ -123,6 +125,7 @@ IDLE_EPISODES_SCHEMA = TableSchema(
     kinds={"duckdb"},
     **FEED,
 )
+@names_the_warehouse
 def fleet_alerts(
     context: AssetExecutionContext,
     config: ClockConfig,

@@ -30,6 +30,7 @@ from dagster import (
 from wandb_assets.defs.feed.assets import ClockConfig
 from wandb_assets.defs.feed.jobs import feed_job
 from wandb_assets.defs.wandb_runs.resources import WandbResource
+from wandb_assets.defs.warehouse.named import names_the_warehouse
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.acting.channels import AuthRefused, Outage, Undeliverable, http_error
 from wandb_assets.lib.acting.pr_outbox import (
@@ -244,6 +245,7 @@ class PyGitHubChannel:
     pool=WAREHOUSE_POOL,
     kinds={"github", "duckdb"},
 )
+@names_the_warehouse
 def github_checks(
     context: AssetExecutionContext, config: ClockConfig, warehouse: WarehouseResource, github: GitHubResource
 ) -> MaterializeResult:

@@ -26,6 +26,7 @@ from wandb_assets.defs.feed.resources import (
     slack_call,
 )
 from wandb_assets.defs.wandb_runs.resources import WandbResource
+from wandb_assets.defs.warehouse.named import names_the_warehouse
 from wandb_assets.defs.warehouse.resources import WarehouseResource
 from wandb_assets.lib.acting.channels import Outage, http_error
 from wandb_assets.lib.acting.idle_actions import (
@@ -221,6 +222,7 @@ LEDGER_SCHEMA = TableSchema(
     kinds={"duckdb", "slack"},
     **FEED,
 )
+@names_the_warehouse
 def idle_actions(
     context: AssetExecutionContext,
     config: ClockConfig,

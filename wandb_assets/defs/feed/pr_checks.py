@@ -6,6 +6,7 @@ from collections import Counter
 from dagster import MaterializeResult, MetadataValue, asset
 
 from wandb_assets.defs.feed.assets import FEED, ClockConfig
+from wandb_assets.defs.warehouse.named import names_the_warehouse
 from wandb_assets.defs.warehouse.resources import WarehouseResource
 from wandb_assets.lib.acting.pr_checks import (
     REGRESSION,
@@ -31,6 +32,7 @@ from wandb_assets.settings import alert_thresholds, github_target, load_settings
     kinds={"duckdb"},
     **FEED,
 )
+@names_the_warehouse
 def pr_checks(config: ClockConfig, warehouse: WarehouseResource) -> MaterializeResult:
     now, target, metric = config.resolve(), github_target(), alert_thresholds().sps_metric
     skipped: Counter = Counter()

@@ -15,6 +15,7 @@ from dagster import (
     asset,
 )
 
+from wandb_assets.defs.warehouse.named import names_the_warehouse
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.accounting.budgets import record_budgets
 from wandb_assets.lib.accounting.costs import cost_cells, cost_summary, coverage_sentence
@@ -49,6 +50,7 @@ def derived_table_asset(
     """An asset that rebuilds one whole table from ``runs`` in SQL; metadata: rows, time covered, a preview."""
 
     @asset(name=table, description=description, **COMMON)
+    @names_the_warehouse
     def _derived(warehouse: WarehouseResource) -> MaterializeResult:
         with warehouse.get_connection() as con:
             rows = rebuild(con)
@@ -122,6 +124,7 @@ UNPRICED_SCHEMA = TableSchema(
     "the share of GPU-hours priced.",
     **COMMON,
 )
+@names_the_warehouse
 def gpu_usage(context: AssetExecutionContext, warehouse: WarehouseResource) -> MaterializeResult:
     pipeline = pipeline_settings()
     for key in pipeline.unknown_price_keys:
@@ -228,6 +231,7 @@ def project_tables(projects: list[tuple]) -> dict[str, MetadataValue]:
     pool=WAREHOUSE_POOL,
     deps=[AssetKey(k) for k in ("runs", "wandb_projects", "push_to_main_sps", "success_rates", "gpu_hours")],
 )
+@names_the_warehouse
 def fleet_snapshot(
     context: AssetExecutionContext, config: SnapshotConfig, warehouse: WarehouseResource
 ) -> MaterializeResult:

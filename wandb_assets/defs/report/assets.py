@@ -5,6 +5,7 @@ from datetime import timedelta
 from dagster import AssetExecutionContext, AssetKey, Config, MaterializeResult, MetadataValue, asset
 
 from wandb_assets.defs.wandb_runs.resources import WandbResource
+from wandb_assets.defs.warehouse.named import names_the_warehouse
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.snapshot import snapshot_file
 from wandb_assets.report import ArtifactPolicy, publish_report
@@ -81,6 +82,7 @@ class ReportConfig(Config):
     pool=WAREHOUSE_POOL,
     deps=[AssetKey("warehouse_snapshot")],
 )
+@names_the_warehouse
 def fleet_report(
     context: AssetExecutionContext, config: ReportConfig, warehouse: WarehouseResource, wandb: WandbResource
 ) -> MaterializeResult:

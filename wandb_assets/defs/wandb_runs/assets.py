@@ -18,6 +18,7 @@ from dagster import (
 )
 
 from wandb_assets.defs.wandb_runs.resources import WandbResource
+from wandb_assets.defs.warehouse.named import names_the_warehouse
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.accounting.gpus import metadata_after_reading, metadata_settled
 from wandb_assets.lib.clock import utc_now
@@ -98,6 +99,7 @@ def _window(context: AssetExecutionContext) -> tuple[datetime, datetime, list[st
         "files are replaced only when the whole fetch succeeded. Never opens the warehouse for writing."
     ),
 )
+@names_the_warehouse
 def staged_runs(
     context: AssetExecutionContext, config: StagedRunsConfig, wandb: WandbResource, warehouse: WarehouseResource
 ) -> MaterializeResult:
@@ -312,6 +314,7 @@ def staged_runs(
         "replaces those days' rows; the writer connection is open only for that load."
     ),
 )
+@names_the_warehouse
 def runs(context: AssetExecutionContext, warehouse: WarehouseResource) -> MaterializeResult:
     pipeline = pipeline_settings()
     start, end, days = _window(context)
@@ -376,6 +379,7 @@ PROJECT_COLUMNS = ["project", "mirrored", "runs", "last fetched (UTC)", "failing
         "and alert; its alive runs become vanished (anomaly unmirrored), last seen then."
     ),
 )
+@names_the_warehouse
 def wandb_projects(context: AssetExecutionContext, warehouse: WarehouseResource) -> MaterializeResult:
     report = read_projects_report(pipeline_settings().staging_dir, context.run_id)
     if report is None:

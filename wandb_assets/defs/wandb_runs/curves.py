@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from dagster import AssetExecutionContext, AssetKey, MaterializeResult, MetadataValue, asset
 
 from wandb_assets.defs.wandb_runs.resources import WandbResource
+from wandb_assets.defs.warehouse.named import names_the_warehouse
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.curves import REJECTED_FOLDER, CurvesFolder, published_folders
 from wandb_assets.lib.curves_warehouse import due_curves, load_curves_setting_aside, sps_metric_advice
@@ -27,6 +28,7 @@ from wandb_assets.settings import alert_thresholds, pipeline_settings
         "unless WANDB_ASSETS_FETCH_HISTORY."
     ),
 )
+@names_the_warehouse
 def staged_curves(
     context: AssetExecutionContext, wandb: WandbResource, warehouse: WarehouseResource
 ) -> MaterializeResult:
@@ -86,6 +88,7 @@ def staged_curves(
         "partly idle GPU-hours per UTC day from its whole sampled stream once it has ended (gpu_usage's idle)."
     ),
 )
+@names_the_warehouse
 def run_curves(context: AssetExecutionContext, warehouse: WarehouseResource) -> MaterializeResult:
     pipeline = pipeline_settings()
     thresholds = alert_thresholds()

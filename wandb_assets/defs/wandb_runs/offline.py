@@ -28,6 +28,7 @@ from dagster import (
 )
 
 from wandb_assets.defs.fleet.jobs import offline_job
+from wandb_assets.defs.warehouse.named import names_the_warehouse
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.clock import configured_time, utc_now
 from wandb_assets.lib.curves import CurvesFolder
@@ -74,6 +75,7 @@ class OfflineRunsConfig(Config):
     owners=["team:ml-platform"],
     pool=WAREHOUSE_POOL,
 )
+@names_the_warehouse
 def offline_runs(
     context: AssetExecutionContext, config: OfflineRunsConfig, warehouse: WarehouseResource
 ) -> MaterializeResult:

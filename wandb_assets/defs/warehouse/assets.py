@@ -4,6 +4,7 @@ from pathlib import Path
 
 from dagster import AssetKey, MaterializeResult, MetadataValue, asset
 
+from wandb_assets.defs.warehouse.named import names_the_warehouse
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.lake import current_snapshot_id
 from wandb_assets.lib.snapshot import publish_snapshot
@@ -34,6 +35,7 @@ from wandb_assets.lib.warehouse import row_counts
         )
     ],
 )
+@names_the_warehouse
 def warehouse_snapshot(warehouse: WarehouseResource) -> MaterializeResult:
     with warehouse.get_connection() as con:
         counts = row_counts(con)
