@@ -35,6 +35,7 @@ SLOWEST_FIRST = (
     "test_postgres_instance.py",
     "test_reconcile_model.py",
     "test_feed_e2e.py",
+    "test_projects.py",
     "test_cli_and_definitions.py",
     "test_analytics.py",
     "test_ingestion.py",
@@ -56,6 +57,14 @@ def pytest_configure(config):
         from wandb_assets.bytecode import ensure_compiled
 
         ensure_compiled(print)
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto`` (pyproject's addopts): four workers for the everyday tier, three for the slow one. On 2 cores
+    the everyday tests wait on servers and child processes much of the time, and beside another job a fourth
+    worker keeps the suite's share of the CPU (under two busy loops: 649 s with three workers, measured); the
+    slow tier's tests each start a whole deployment (Chromium, PostgreSQL, a UI) and keep three."""
+    return 3 if "slow" in (config.getoption("markexpr") or "").replace("not slow", "") else 4
 
 
 def pytest_collection_modifyitems(items):

@@ -58,7 +58,17 @@ elif scenario == "killed":
     run = wandb.init(id="kill0001", name="train-killed", config={"lr": 0.5}, **common)
     for i in range(rows):
         run.log({"loss": float(i)})
-    time.sleep(1.0)  # let wandb-core write what it was given, as a long job would have
+    # killed once wandb-core has written the config and some history, as a long job's would be (a state, not a
+    # time: under a busy machine a second was not always enough)
+    from pathlib import Path
+    from wandb_assets.lib.offline_runs import read_offline_run
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        logs = list(Path(os.environ["WANDB_DIR"]).rglob("run-kill0001.wandb"))
+        seen = read_offline_run(logs[0]) if logs else None
+        if seen is not None and seen.config.get("lr") == 0.5 and "loss" in seen.summary:
+            break
+        time.sleep(0.05)
     os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -67,11 +77,39 @@ def write_offline_run(wandb_dir: Path, scenario: str, rows: int) -> None:
     """One offline run written by the installed wandb in its own process (``killed``: SIGKILLed mid-run)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(WANDB_DIR=str(wandb_dir), WANDB_MODE="offline", WANDB_SILENT="true")
-    result = subprocess.run(
-        [sys.executable, "-c", SCENARIO, scenario, str(rows)], env=env, capture_output=True, text=True, timeout=120
-    )
+    writer = subprocess.Popen(
+        [sys.executable, "-c", SCENARIO, scenario, str(rows)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    _, err = writer.communicate(timeout=180)
     if scenario != "killed":
-        assert result.returncode == 0, result.stderr[-2000:]
+        assert writer.returncode == 0, err[-2000:]
+    wait_for_group_to_end(writer.pid)
+
+
+def wait_for_group_to_end(group: int, timeout_s: float = 120.0) -> None:
+    """Until every process of the session ``group`` started (the writer's wandb-core too, which outlives a killed
+    writer for a moment) has exited: its log is then complete. A zombie counts as ended (a container's PID 1 may
+    never reap an orphan); past the timeout the rest are killed."""
+    import time
+
+    import psutil
+
+    def running() -> list[psutil.Process]:
+        alive = []
+        for process in psutil.process_iter(["pid"]):
+            try:
+                if os.getpgid(process.pid) == group and process.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(process)
+            except (ProcessLookupError, psutil.NoSuchProcess, psutil.ZombieProcess):
+                pass
+        return alive
+
+    deadline = time.monotonic() + timeout_s
+    while (alive := running()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for process in alive:
+        process.kill()
 
 
 def log_of(wandb_dir: Path, run_id: str) -> Path:

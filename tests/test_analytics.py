@@ -548,6 +548,7 @@ def test_refresh_says_what_it_does_and_keeps_the_dbt_builds_warnings_out_of_the_
     assert "AssetObservation" not in err and " - WARNING - analytics - " not in err, err[-3000:]
 
 
+@pytest.mark.slow  # two dbt builds and exports (90 s under a busy loop); the ledger rule is tested in the everyday tier
 def test_a_closed_month_re_exports_byte_for_byte_and_a_later_change_is_an_adjustment_of_it(
     built, warehouse_path, instance, tmp_path, capsys
 ):

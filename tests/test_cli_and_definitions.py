@@ -322,19 +322,44 @@ def test_cli_backfill_then_refresh(wandb_server, warehouse_path, dagster_home, c
         (["backfill"], {}, "usage: wandb-assets backfill [-h] --start START"),  # argparse's own: exit 2 too
     ],
 )
-def test_cli_configuration_errors_exit_2_and_open_no_alert(wandb_server, dagster_home, args, env, message):
-    """Each mistake run as a user runs it, a process of its own: exit 2, one line on stderr (argparse: its usage
-    lines), no traceback, no key, no alert, no run left behind."""
+def test_cli_configuration_errors_exit_2_and_open_no_alert(
+    wandb_server, dagster_home, monkeypatch, capsys, args, env, message
+):
+    """Each mistake: exit 2, one line on stderr (argparse: its usage lines), no traceback, no key, no alert, no run
+    left behind. In this process (the table's 20 processes took 100 s of the everyday tier under a busy loop); the
+    test below runs the two kinds, a configuration error and argparse's, as a user does, a process each."""
     wandb_server(dataset())
     (dagster_home / "teams.yaml").write_text("vision: [alice]\n- bob\n")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    try:
+        code, out, err = cli(capsys, *args)
+    except SystemExit as exc:  # argparse's own exit
+        code, (out, err) = exc.code, capsys.readouterr()
+    _said_once_and_ran_nothing(code, out, err, message)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["refresh"], "error: WANDB_ASSETS_PAGE_SIZE must be at least 25 (got '10'); unset it to use the default."),
+        (["backfill"], "usage: wandb-assets backfill [-h] --start START"),
+    ],
+)
+def test_a_configuration_error_run_as_a_user_runs_it_is_one_line_and_exit_2(wandb_server, dagster_home, args, message):
+    """The same, as a process of its own: the exit status, stderr and stdout a shell sees."""
+    wandb_server(dataset())
     done = subprocess.run(
         [sys.executable, "-m", "wandb_assets.cli", *args],
         capture_output=True,
         text=True,
-        env={**os.environ, **env},
+        env={**os.environ, "WANDB_ASSETS_PAGE_SIZE": "10"},
         timeout=120,
     )
-    code, out, err = done.returncode, done.stdout, done.stderr
+    _said_once_and_ran_nothing(done.returncode, done.stdout, done.stderr, message)
+
+
+def _said_once_and_ran_nothing(code, out, err, message) -> None:
     assert code == 2, err
     assert err.startswith(message), err
     assert err.count("\n") == (1 if message.startswith("error:") else err.count("\n"))
@@ -404,6 +429,7 @@ def test_cli_entry_point_smoke():
     )
 
 
+@pytest.mark.slow  # the whole demo in a process (36 s under a busy loop); CI runs it in the slow tier
 def test_the_demo_touches_nothing_but_its_own_folder_and_a_dry_run_feed(tmp_path):
     """`wandb-assets demo` started from an operator's shell that points at a real warehouse, staging folder,
     Dagster instance, Datadog and Slack: the real warehouse file is byte-for-byte unchanged, nothing is created
@@ -523,6 +549,7 @@ def test_every_subcommand_says_what_it_does_and_every_argument_has_help():
         assert bare == [], (name, bare)
 
 
+@pytest.mark.slow  # a whole backfill process interrupted (30 s under a busy loop)
 def test_ctrl_c_during_a_backfill_is_one_line_exit_130_a_canceled_run_and_no_page(
     wandb_server, dagster_home, warehouse_path
 ):
@@ -545,7 +572,9 @@ def test_ctrl_c_during_a_backfill_is_one_line_exit_130_a_canceled_run_and_no_pag
         with DagsterInstance.get() as instance:
             while not instance.get_runs() and time.monotonic() < deadline:
                 time.sleep(0.5)
-        time.sleep(2)
+        asked = server.count("Runs")  # the run exists: wait for its fetch to ask W&B (a state, not a time)
+        while server.count("Runs") == asked and time.monotonic() < deadline:
+            time.sleep(0.1)
         os.killpg(child.pid, signal.SIGINT)
         out, err = child.communicate(timeout=120)
     finally:

@@ -29,7 +29,6 @@ def offline_tree(tmp_path_factory):
     before = datetime.now(UTC).replace(tzinfo=None)
     for scenario, rows in ROWS.items():
         write_offline_run(root, scenario, rows)
-    time.sleep(1)  # the killed run's wandb-core finishes writing what it had
     return root, before, datetime.now(UTC).replace(tzinfo=None)
 
 

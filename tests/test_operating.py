@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import cli
 from tests.test_projects import _nodes
 from wandb_assets.warehouse import query_read_only
@@ -222,6 +224,7 @@ def test_projects_lists_the_entities_the_key_reads_and_marks_what_is_mirrored(
     assert code == 0 and out.splitlines()[-1] == "1 of 4 project(s) mirrored (WANDB_ENTITY/WANDB_PROJECT)."
 
 
+@pytest.mark.slow  # a whole dbt build (26 s under a busy loop)
 def test_a_dbt_build_launched_as_the_ui_does_keeps_dbts_lines_and_the_source_test_notes_off_the_terminal(
     warehouse_path, instance, capfd
 ):

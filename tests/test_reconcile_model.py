@@ -742,6 +742,7 @@ def test_the_reference_models_prices_and_ledger_are_worked_by_hand():
     }
 
 
+@pytest.mark.slow  # every path through the real commands (100 s under a busy loop); the machine stays everyday
 def test_each_lifecycle_path_reconciles_with_the_reference_model(
     wandb_server, warehouse_path, instance, tmp_path, monkeypatch, datadog_capture
 ):

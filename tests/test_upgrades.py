@@ -76,7 +76,11 @@ def _staged(path: Path, rows: list[dict], fetched_at: datetime, whole: list[str]
 
 
 @pytest.mark.parametrize("with_projects", [False, True], ids=["WANDB_PROJECT", "WANDB_ASSETS_PROJECTS"])
-@pytest.mark.parametrize("backend", ["duckdb-file", "ducklake-duckdb-catalog", "ducklake-postgres-catalog"])
+@pytest.mark.parametrize(
+    "backend",
+    # the PostgreSQL catalog starts a server per case (40 s of the everyday tier under a busy loop): slow tier
+    ["duckdb-file", "ducklake-duckdb-catalog", pytest.param("ducklake-postgres-catalog", marks=pytest.mark.slow)],
+)
 @pytest.mark.parametrize("version", list(VERSIONS))
 def test_every_shipped_schema_migrates_in_place_and_the_first_tick_loses_nothing(
     version, backend, with_projects, tmp_path, postgres, monkeypatch
