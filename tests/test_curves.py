@@ -7,10 +7,10 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from wandb_assets.lib.curves import gpu_rows, history_rows, history_specs
+from wandb_assets.lib.curves import gpu_rows, history_rows, history_specs, parse_reads
 from wandb_assets.lib.curves_warehouse import due_curves
 from wandb_assets.localwandb import make_run_node
 from wandb_assets.ticks import execute_backfill, execute_curves, execute_refresh
@@ -72,7 +72,7 @@ def test_the_local_server_samples_as_w_and_b_does(wandb_server, monkeypatch):
     wandb_resource().due_curves(
         [("test-team", "test-project", "a", True)], lambda path, final, runs: read.update(runs), pipeline_settings()
     )
-    curves = read["a"]
+    curves = parse_reads({("test-team", "test-project", "a"): read["a"]})[("test-team", "test-project", "a")]
     assert curves["status"] == "read"
     sps = [step for metric, step, _, _ in curves["history"] if metric == "overview/sps"]
     loss = [step for metric, step, _, _ in curves["history"] if metric == "loss"]
@@ -226,6 +226,7 @@ def test_when_a_runs_curves_are_due(state, known, due):
     assert due_curves(con, NOW, REFRESH, 10) == (([("e", "p", "r", state != "running")], 1) if due else ([], 0))
 
 
+@settings(deadline=None)  # each call parses in a DuckDB of its own (tens of ms on a busy machine)
 @given(st.lists(st.one_of(st.none(), st.integers(), st.floats(), st.text(), st.dictionaries(st.text(), st.floats()))))
 def test_history_and_system_rows_never_raise_and_keep_only_finite_numbers(junk):
     rows = history_rows(["m"], [junk])
@@ -470,3 +471,90 @@ def test_an_sps_metric_no_curve_holds_is_named_with_the_key_the_runs_log(tmp_pat
     con.close()
     code, out, _ = cli(capsys, "check", "--warehouse", str(path))
     assert code == 0 and out.splitlines()[-1] == f"note: {advice}"
+
+
+_KEYS = ["overview/sps", "a~b", "m"]
+_NUMBERS = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0, 1, 2, 1.5, 1e19, -1, 253402300799, 253402300800, 1780401600.25, 2**63, -(2**63)]),
+)
+_VALUES = st.one_of(st.booleans(), st.none(), st.text(max_size=3), st.just([1]), st.just({"x": 1}))
+_MOSTLY_NUMBERS = st.one_of(_NUMBERS, _NUMBERS, _NUMBERS, _VALUES)
+_POINT = st.fixed_dictionaries({}, optional={key: _MOSTLY_NUMBERS for key in ("_step", "_timestamp", *_KEYS, "other")})
+_GPU_KEYS = [
+    "system.gpu.0.gpu", "system.gpu.0.memory", "system.gpu.1.powerWatts", "system.gpu.1.gpu", "system.gpu.7.temp",
+    "system.gpu.4096.gpu", "system.gpu.12345.gpu", "system.gpu.x.gpu", "system.gpu.2.gpu_x", "system.cpu",
+]  # fmt: skip
+_EVENT = st.fixed_dictionaries(
+    {"_timestamp": _MOSTLY_NUMBERS}, optional={key: _MOSTLY_NUMBERS for key in _GPU_KEYS}
+) | st.dictionaries(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=4), _MOSTLY_NUMBERS)
+_SERIES = st.lists(st.one_of(_POINT, _POINT, _POINT, _VALUES), max_size=6)
+
+
+@settings(deadline=None, max_examples=150)
+@given(
+    sampled=st.one_of(st.lists(st.one_of(_SERIES, _SERIES, _SERIES, _VALUES), max_size=4), _VALUES),
+    events=st.one_of(
+        st.lists(st.one_of(_EVENT, _EVENT.map(json.dumps), _VALUES, st.just("{bad"), st.just(" {}")), max_size=6),
+        _VALUES,
+    ),
+)
+@example(sampled=[[{"_step": 1.5, "overview/sps": 1.0}]], events=[{"_timestamp": 5, "system.gpu.0.gpu": None}])
+@example(
+    sampled=[
+        [
+            {"_step": 1, "_timestamp": 253402300800, "overview/sps": 1},
+            {"_step": 2, "_timestamp": -0.5, "overview/sps": 2},
+        ]
+    ],
+    events=[
+        {"_timestamp": 9, "system.gpu.1.gpu": 1, "system.gpu.0.gpu": 2},
+        {"_timestamp": 8, "system.gpu.0.memory": 3},
+    ],
+)
+def test_the_sql_parse_of_curves_gives_what_the_python_parse_gave_for_any_input(sampled, events):
+    """PARSE_SQL (issue 54: the parse moved from Python point by point into DuckDB) keeps every rule of the Python it
+    replaced (tests/reference/curves.py): which points, which GPUs, which values, their order."""
+    from tests.reference import curves as reference
+
+    assert history_rows(_KEYS, sampled) == reference.history_rows(_KEYS, sampled)
+    assert gpu_rows(events) == reference.gpu_rows(events)
+
+
+def test_a_folder_staged_as_csv_before_the_upgrade_still_loads(memory_con, tmp_path):
+    """Point files were CSV before issue 54: a read staged then, waiting when the code is upgraded, loads as before
+    (1 history point, 1 GPU sample), besides a Parquet folder of today (2 history points)."""
+    from wandb_assets.lib.curves import CurvesFolder, published_folders, read_curves
+    from wandb_assets.lib.curves_warehouse import load_curves
+    from wandb_assets.lib.warehouse import ensure_schema
+
+    ensure_schema(memory_con)
+    for run_id in ("old", "new"):
+        memory_con.execute(
+            "INSERT INTO runs (entity, project, run_id, state, created_at) VALUES ('e', 'p', $r, 'finished', $c)",
+            {"r": run_id, "c": DAY},
+        )
+    old = tmp_path / "curves" / "20260601T000000000000-aaaa"
+    old.mkdir(parents=True)
+    (old / "reads-000001.csv").write_text(
+        "entity,project,run_id,status,read_at,final\ne,p,old,read,2026-06-02T00:00:00,true\n"
+    )
+    (old / "history-000001.csv").write_text(
+        "entity,project,run_id,metric,step,timestamp,value\ne,p,old,overview/sps,5,2026-06-01T01:00:00,100.0\n"
+    )
+    (old / "gpu-000001.csv").write_text(
+        "entity,project,run_id,timestamp,gpu,util_pct,memory_pct,power_w\ne,p,old,2026-06-01T01:00:00,0,50.0,\\N,\\N\n"
+    )
+    new = CurvesFolder(tmp_path, "20260601T010000000000-bbbb")
+    points = [[{"_step": s, "_timestamp": DAY.timestamp() + s, "overview/sps": 7.0} for s in (0, 1)]]
+    new.add("e/p", {"new": True}, {"new": read_curves({"sampledHistory": points}, ["overview/sps"], DAY)})
+    new.publish()
+    counts = load_curves(memory_con, published_folders(tmp_path), "overview/sps", 5.0, DAY + timedelta(days=1))
+    assert counts["read"] == 2 and counts["points"] == 4
+    assert memory_con.execute(
+        "SELECT run_id, count(*), sum(value) FROM run_history GROUP BY 1 ORDER BY 1"
+    ).fetchall() == [("new", 2, 14.0), ("old", 1, 100.0)]
+    assert memory_con.execute("SELECT run_id, util_pct, memory_pct FROM run_gpu_samples").fetchall() == [
+        ("old", 50.0, None)
+    ]

@@ -192,7 +192,10 @@ def _curves_of(due: list[str], monkeypatch) -> dict[str, str]:
         lambda path, final, runs: read.update(runs),
         pipeline_settings(),
     )
-    return {run_id: curves["status"] for run_id, curves in read.items()}
+    from wandb_assets.lib.curves import parse_reads
+
+    parsed = parse_reads({("test-team", "test-project", run_id): curves for run_id, curves in read.items()})
+    return {run_id: curves["status"] for (_, _, run_id), curves in parsed.items()}
 
 
 def _node(run_id: str, hour: int, events: list | None = None) -> dict:
@@ -232,16 +235,16 @@ def test_b4_an_integer_too_large_for_a_float_skips_that_value_and_the_round_read
     ]
     wandb_server([_node("good1", 1), _node("poison", 2, events), _node("good2", 3)])
     assert _curves_of(["good1", "poison", "good2"], monkeypatch) == {"good1": "read", "poison": "read", "good2": "read"}
-    from wandb_assets.lib.curves import read_curves
 
-    read = read_curves({"events": [json.dumps(e) for e in events]}, [], start)
-    assert [row[2] for row in read["gpu"]] == [50.0, 50.0]
+    from wandb_assets.lib.curves import gpu_rows
+
+    assert [row[2] for row in gpu_rows([json.dumps(e) for e in events])] == [50.0, 50.0]
 
 
 def test_b5_a_step_beyond_bigint_is_left_out_and_a_folder_the_tables_cannot_hold_is_set_aside(memory_con, tmp_path):
     """A step of 1e19 (above 2^63) is no whole step the tables hold: that point is left out, the run's others load.
-    A folder that cannot load whatever the cause (here a hand-damaged CSV) is set aside with its runs failed, and the
-    folder after it loads: good (3 points) and later (2 points)."""
+    A folder that cannot load whatever the cause (here a point file cut short) is set aside with its runs failed,
+    and the folder after it loads: good (3 points) and later (2 points)."""
     from wandb_assets.lib.curves import history_rows, published_folders
     from wandb_assets.lib.curves_warehouse import load_curves_setting_aside
 
@@ -257,8 +260,8 @@ def test_b5_a_step_beyond_bigint_is_left_out_and_a_folder_the_tables_cannot_hold
     first = CurvesFolder(tmp_path, "20260602T000000000000-aaaa")
     first.add("e/p", {"bad": True}, {"bad": read_curves({"sampledHistory": hist([0, 1])}, ["overview/sps"], now)})
     published = first.publish()
-    (history,) = published.glob("history-*.csv")
-    history.write_text(history.read_text().replace(",1,", ",one,"))  # a step the BIGINT column cannot take
+    (history,) = published.glob("history-*.parquet")
+    history.write_bytes(history.read_bytes()[: len(history.read_bytes()) // 2])  # cut short: no Parquet footer
     second = CurvesFolder(tmp_path, "20260602T010000000000-bbbb")
     second.add(
         "e/p",

@@ -9,7 +9,18 @@ from pathlib import Path
 
 import duckdb
 
-from wandb_assets.lib.curves import FAILED, GPU_FILE, HISTORY_FILE, NONE, NULL_MARK, READ, READS_FILE
+from wandb_assets.lib.curves import (
+    FAILED,
+    GPU_FILE,
+    GPU_HEADER,
+    HISTORY_FILE,
+    HISTORY_HEADER,
+    NONE,
+    NULL_MARK,
+    READ,
+    READS_FILE,
+    READS_HEADER,
+)
 from wandb_assets.lib.gauges import curve_idle_sql
 from wandb_assets.lib.sql import (
     BUSY_SQL,
@@ -62,10 +73,22 @@ _COLUMNS = {
 }
 
 
-def _read(kind: str) -> str:
+_HEADERS = {READS_FILE: READS_HEADER, HISTORY_FILE: HISTORY_HEADER, GPU_FILE: GPU_HEADER}
+
+
+def _read(kind: str, parquet: bool = True) -> str:
+    """The files ``$paths`` of ``kind``: Parquet, or the CSV of a folder written before issue 54."""
+    if parquet:
+        return f"(SELECT {', '.join(_HEADERS[kind])} FROM read_parquet($paths))"
     return (
         f"read_csv($paths, header = true, auto_detect = false, nullstr = '{NULL_MARK}', columns = {{{_COLUMNS[kind]}}})"
     )
+
+
+def _files(folder: Path, kind: str) -> tuple[list[str], bool]:
+    """``kind``'s files of ``folder`` and whether they are Parquet (a folder is one or the other)."""
+    parquet = sorted(str(p) for p in folder.glob(f"{kind}-*.parquet"))
+    return (parquet, True) if parquet else (sorted(str(p) for p in folder.glob(f"{kind}-*.csv")), False)
 
 
 _KEYS = "(entity, project, run_id)"
@@ -219,13 +242,13 @@ def load_curves_setting_aside(
 
 def _mark_failed(con, folder: Path, now: datetime) -> None:
     """The runs of a folder that cannot load: ``failed`` unless an earlier read of them answered (their curves stay)."""
-    reads = sorted(str(p) for p in folder.glob(f"{READS_FILE}-*.csv"))
+    reads, parquet = _files(folder, READS_FILE)
     if not reads:
         return
     with transaction(con):
         con.execute(
             f"""UPDATE runs SET curves_status = '{FAILED}', curves_read_at = $now
-            FROM (SELECT entity, project, run_id FROM {_read(READS_FILE)}) c
+            FROM (SELECT entity, project, run_id FROM {_read(READS_FILE, parquet)}) c
             WHERE c.entity = runs.entity AND c.project = runs.project AND c.run_id = runs.run_id
               AND (runs.curves_status IS NULL OR runs.curves_status = '{FAILED}')""",
             {"paths": [literal_path(p) for p in reads], "now": now},
@@ -239,15 +262,17 @@ def load_curves_in_transaction(
     whose stored row has it (a log's curves never replace those W&B's copy of the run has)."""
     counts: dict[str, int] = {"steady_restated": _restate_steady(con, sps_metric)}
     for folder in folders:
-        paths = {kind: sorted(str(p) for p in folder.glob(f"{kind}-*.csv")) for kind in _COLUMNS}
+        found = {kind: _files(folder, kind) for kind in _COLUMNS}
+        paths = {kind: files for kind, (files, _) in found.items()}
         if not paths[READS_FILE]:
             continue
+        parquet = found[READS_FILE][1]
 
         def params(kind: str, paths=paths) -> dict:
             return {"paths": [literal_path(p) for p in paths[kind]]}
 
         con.execute(
-            f"CREATE OR REPLACE TEMP TABLE curve_reads AS SELECT * FROM {_read(READS_FILE)} "
+            f"CREATE OR REPLACE TEMP TABLE curve_reads AS SELECT * FROM {_read(READS_FILE, parquet)} "
             f"WHERE {_KEYS} IN (SELECT entity, project, run_id FROM runs WHERE $source IS NULL OR source = $source)",
             params(READS_FILE) | {"source": source},
         )
@@ -262,7 +287,7 @@ def load_curves_in_transaction(
         con.execute(f"DELETE FROM run_curve_idle WHERE {_REPLACED}")
         for table, kind in (("run_history", HISTORY_FILE), ("run_gpu_samples", GPU_FILE)):
             (added,) = con.execute(
-                f"INSERT INTO {table} BY NAME SELECT * FROM {_read(kind)} WHERE {_REPLACED}", params(kind)
+                f"INSERT INTO {table} BY NAME SELECT * FROM {_read(kind, parquet)} WHERE {_REPLACED}", params(kind)
             ).fetchone()
             counts["points"] = counts.get("points", 0) + added
         con.execute(
@@ -272,9 +297,9 @@ def load_curves_in_transaction(
               AND (c.status <> '{FAILED}' OR runs.curves_status IS NULL OR runs.curves_status = '{FAILED}')"""
         )
         # Steady SPS and idle hours from the files just loaded (read again, streaming), not from the tables.
-        con.execute(_steady_sps(_read(HISTORY_FILE)), {"sps_metric": sps_metric, **params(HISTORY_FILE)})
+        con.execute(_steady_sps(_read(HISTORY_FILE, parquet)), {"sps_metric": sps_metric, **params(HISTORY_FILE)})
         con.execute(
-            _curve_idle_insert(_FINAL_REPLACED, _read(GPU_FILE)),
+            _curve_idle_insert(_FINAL_REPLACED, _read(GPU_FILE, parquet)),
             {"now": now, "idle_pct": idle_pct, **params(GPU_FILE)},
         )
         con.execute("DROP TABLE curve_reads")

@@ -17,7 +17,7 @@ from wandb_assets.settings import alert_thresholds, pipeline_settings
 @asset(
     deps=[AssetKey("runs")],
     group_name="wandb",
-    kinds={"wandb", "csv"},
+    kinds={"wandb", "parquet"},
     owners=["team:ml-platform"],
     description=(
         "The curves of the runs due (once after a run ends, at most every WANDB_ASSETS_HISTORY_REFRESH_MINUTES while "
@@ -44,9 +44,8 @@ def staged_curves(
     statuses: dict[str, int] = {}
 
     def on_read(path: str, final: dict[str, bool], read: dict[str, dict]) -> None:
-        folder.add(path, final, read)
-        for curves in read.values():
-            statuses[curves["status"]] = statuses.get(curves["status"], 0) + 1
+        for status, runs in folder.add(path, final, read).items():
+            statuses[status] = statuses.get(status, 0) + runs
         failed = [curves["error"] for curves in read.values() if curves["status"] == "failed"]
         if failed:
             context.log.warning(f"Curves of {len(failed)} run(s) of {path} not read (asked again later): {failed[0]}")

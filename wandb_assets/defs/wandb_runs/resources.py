@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dagster import ConfigurableResource, InitResourceContext, ResourceDependency
 from pydantic import PrivateAttr
 
+from wandb_assets.lib.curves import parse_reads
 from wandb_assets.lib.fetch import (
     DownloadPool,
     FetchPolicy,
@@ -167,7 +168,7 @@ class WandbResource(ConfigurableResource):
         fetch_due_curves(
             api, due, [], pipeline.history_samples, fetch_policy(pipeline), on_read, settings.api_key, with_user=True
         )
-        return found
+        return parse_reads(found)
 
     def stop_run(self, path: str, pipeline: PipelineSettings, check, act: bool = True):
         """``lib.fetch.stop_run`` through this process's client (``check``: what must hold of the run now; ``act``
