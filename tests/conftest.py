@@ -59,14 +59,6 @@ def pytest_configure(config):
         ensure_compiled(print)
 
 
-def pytest_xdist_auto_num_workers(config) -> int:
-    """``-n auto`` (pyproject's addopts): four workers for the everyday tier, three for the slow one. On 2 cores
-    the everyday tests wait on servers and child processes much of the time, and beside another job a fourth
-    worker keeps the suite's share of the CPU (under two busy loops: 649 s with three workers, measured); the
-    slow tier's tests each start a whole deployment (Chromium, PostgreSQL, a UI) and keep three."""
-    return 3 if "slow" in (config.getoption("markexpr") or "").replace("not slow", "") else 4
-
-
 def pytest_collection_modifyitems(items):
     def rank(item) -> int:
         name = item.path.name
