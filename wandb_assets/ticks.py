@@ -42,7 +42,7 @@ from wandb_assets.defs.fleet.jobs import (
     plan_tick,
 )
 from wandb_assets.defs.report.jobs import REPORT_JOB
-from wandb_assets.settings import github_target, pipeline_settings
+from wandb_assets.settings import github_target, pipeline_settings, warehouse_label
 
 log = logging.getLogger("wandb_assets")
 
@@ -54,12 +54,6 @@ log = logging.getLogger("wandb_assets")
 PROCESS_TAG = "wandb-assets/pid"
 #: The tag naming the warehouse a run wrote (the UI's runs list and each run's page show it).
 WAREHOUSE_TAG = "wandb-assets/warehouse"
-
-
-def _warehouse_tag() -> str:
-    from wandb_assets.settings import warehouse_label
-
-    return warehouse_label()
 
 
 class Interrupted(KeyboardInterrupt):
@@ -79,7 +73,7 @@ def _execute(
     is raised. Elsewhere (a sensor's thread) the job simply runs."""
     job = defs.resolve_job_def(job_name)
     config = {"loggers": {"console": {"config": {"log_level": console_level}}}, **(run_config or {})}
-    run_tags = {**(tags or {}), PROCESS_TAG: str(os.getpid()), WAREHOUSE_TAG: _warehouse_tag()}
+    run_tags = {**(tags or {}), PROCESS_TAG: str(os.getpid()), WAREHOUSE_TAG: warehouse_label()}
     outcome: dict = {}
 
     def execute() -> None:

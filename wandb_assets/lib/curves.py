@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from wandb_assets.lib.accounting.gpus import MAX_GPUS
+from wandb_assets.lib.accounting.gpus import MAX_GPUS, SYSTEM_GPU_KEY
 from wandb_assets.lib.fetch import RUN_METADATA_FILE_FIELD, metadata_file_url
 
 #: Runs whose curves one request asks for: W&B meters by database time, and pages with curves stay small.
@@ -122,7 +122,7 @@ WITH events AS (  -- W&B sends each event as a string holding an object: its tex
     FROM (SELECT *, unnest(map_entries(sample)) AS entry FROM timed WHERE "timestamp" IS NOT NULL)
 ), gpu_readings AS (
     SELECT entity, project, run_id, ord, "timestamp", reading,
-           regexp_extract(key, '^system[.]gpu[.]([0-9]{{1,4}})[.]([A-Za-z]+)$', ['gpu', 'what']) AS part
+           regexp_extract(key, '{SYSTEM_GPU_KEY.pattern}', ['gpu', 'what']) AS part
     FROM readings WHERE key LIKE 'system.gpu.%'
 )
 SELECT entity, project, run_id, "timestamp", part.gpu::INTEGER AS gpu,
@@ -233,19 +233,19 @@ def parse_reads(reads: Mapping[tuple[str, str, str], Mapping[str, Any]]) -> dict
     return parsed
 
 
-def _read_at() -> str:
-    return datetime(1970, 1, 1).isoformat()
+#: ``read_at`` of a read parsed for its points alone (``history_rows``, ``gpu_rows``): never stored.
+_POINTS_ONLY_READ_AT = "1970-01-01T00:00:00"
 
 
 def history_rows(keys: list[str], sampled: Any) -> list[list]:
     """``[metric, step, timestamp (ISO, UTC), value]`` of one run's ``sampledHistory`` by ``PARSE_SQL``."""
-    read = {"status": RAW, "read_at": _read_at(), "sampled": sampled, "keys": keys}
+    read = {"status": RAW, "read_at": _POINTS_ONLY_READ_AT, "sampled": sampled, "keys": keys}
     return parse_reads({("", "", ""): read})[("", "", "")]["history"]
 
 
 def gpu_rows(events: Any) -> list[list]:
     """``[timestamp (ISO, UTC), gpu, util_pct, memory_pct, power_w]`` of one run's ``events`` by ``PARSE_SQL``."""
-    read = {"status": RAW, "read_at": _read_at(), "events": events, "keys": []}
+    read = {"status": RAW, "read_at": _POINTS_ONLY_READ_AT, "events": events, "keys": []}
     return parse_reads({("", "", ""): read})[("", "", "")]["gpu"]
 
 

@@ -29,7 +29,7 @@ GPU_COUNT_SOURCES = (SOURCE_CONFIG, SOURCE_METADATA, SOURCE_SYSTEM_METRICS, SOUR
 DEFAULT_IDLE_GPU_PCT = 5.0
 
 #: ``system.gpu.<index>.<what>`` in a system-metrics sample (``gpu``: utilisation %, ``memory``: memory busy %).
-_SYSTEM_GPU_KEY = re.compile(r"^system\.gpu\.([0-9]{1,4})\.([A-Za-z]+)$")  # ASCII digits, an index below MAX_GPUS
+SYSTEM_GPU_KEY = re.compile(r"^system\.gpu\.([0-9]{1,4})\.([A-Za-z]+)$")  # ASCII digits, an index below MAX_GPUS
 
 #: The most GPUs a count may say one run holds (a larger number is a mistake, counted in the run's anomalies;
 #: 4,096 is more than any machine or job W&B has recorded, and far inside the warehouse's INTEGER columns).
@@ -78,7 +78,7 @@ _GPU_KEYS_MAX = 4096
 
 
 def _gpu_key(key: str) -> tuple[int, str] | None:
-    match = _SYSTEM_GPU_KEY.match(key)
+    match = SYSTEM_GPU_KEY.match(key)
     parts = (int(match.group(1)), match.group(2)) if match else None
     if len(_GPU_KEYS) < _GPU_KEYS_MAX:
         _GPU_KEYS[key] = parts
