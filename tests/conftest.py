@@ -57,6 +57,13 @@ def pytest_configure(config):
         from wandb_assets.bytecode import ensure_compiled
 
         ensure_compiled(print)
+    # Started in the background by a script (CI, a stress loop), pytest and its workers ignore SIGINT; Dagster then
+    # sets SIGTERM to "ignore" as each run of a test ends (it maps SIGTERM to SIGINT's handler), and every process a
+    # later test starts inherits that: a UI or daemon stopped with SIGTERM waited out its whole timeout, Dagster's
+    # log mirrors their 30 s each (issue 53's stalls). The tests run as from a terminal; the product's handling of
+    # such a start has a test of its own (test_a_command_started_in_the_background_...).
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(items):

@@ -594,6 +594,50 @@ def test_ctrl_c_during_a_backfill_is_one_line_exit_130_a_canceled_run_and_no_pag
     assert query_read_only(str(warehouse_path), "SELECT count(*) FROM runs")[0][0] > 0
 
 
+def _tails_of_this_process() -> list[int]:
+    """The ``tail`` processes this process started and still has (Dagster's log mirrors of a step)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            pid, rest = stat.read_text().split(" (", 1)
+        except OSError:  # gone meanwhile
+            continue
+        comm, fields = rest.rsplit(") ", 1)
+        if comm == "tail" and int(fields.split()[1]) == os.getpid():
+            found.append(int(pid))
+    return found
+
+
+def test_a_command_started_in_the_background_stops_its_runs_log_mirrors_and_leaves_none(
+    wandb_server, dagster_home, warehouse_path
+):
+    """Issue 53 (CI stalled for minutes beside a busy loop): a command started in the background by a script ignores
+    SIGINT, and Dagster sets SIGTERM to SIGINT's handler as a run ends, so SIGTERM was ignored too and every process
+    a later run started inherited that: Dagster stops each step's ``tail -F`` log mirrors with SIGTERM, so each step
+    waited 30 s for each of its two mirrors and left them running after the command. Our runs handle SIGTERM as
+    Ctrl-C while they execute: nothing waits, nothing is left, and the dispositions are the caller's again after."""
+    import signal
+
+    from wandb_assets.cli import main
+
+    wandb_server(dataset())
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = main(["backfill", "--start", "2026-06-01", "--end", "2026-06-02"])  # stdout is a file: mirrored
+        after = {sig: signal.getsignal(sig) for sig in before}
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        left = _tails_of_this_process()
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert code == 0
+    assert left == []
+    assert after == {signal.SIGINT: signal.SIG_IGN, signal.SIGTERM: signal.SIG_IGN}
+    assert list(dagster_home.glob(".dagster/compute_logs/**/*.out"))  # the steps' output was mirrored
+    assert query_read_only(str(warehouse_path), "SELECT count(*) FROM runs")[0][0] > 0
+
+
 def test_a_second_uv_run_compiles_nothing_and_costs_under_a_second_more_than_the_venvs_script(tmp_path):
     """uv's compile-bytecode setting re-checked 26,022 files on every `uv run` (2-4 s, a "Bytecode compiled" line
     each time); the environment is compiled once instead (wandb_assets.bytecode, marked beside it)."""

@@ -57,7 +57,7 @@ WAREHOUSE_TAG = "wandb-assets/warehouse"
 
 
 class Interrupted(KeyboardInterrupt):
-    """The operator stopped the command (Ctrl-C): its run is canceled, not failed, so nothing pages."""
+    """The operator stopped the command (Ctrl-C, or SIGTERM): its run is canceled, not failed, so nothing pages."""
 
 
 def _execute(
@@ -70,7 +70,12 @@ def _execute(
     """``job_name`` in this process. In the main thread the run executes on a thread of its own, so Ctrl-C reaches
     our handler rather than Dagster's (which fails the step, and a failed run pages): it marks the run canceling and
     interrupts it, Dagster records it CANCELED (the pipeline_failure sensors pass over cancels), and ``Interrupted``
-    is raised. Elsewhere (a sensor's thread) the job simply runs."""
+    is raised. SIGTERM (a supervisor's stop, ``kill``) does the same. Handling SIGTERM during the run also means
+    the processes the run starts never inherit it ignored: Dagster maps SIGTERM to SIGINT's handler as its own runs
+    end, which is "ignore" in a process started in the background by a script (SIGINT ignored there), and Dagster
+    stops each step's ``tail -F`` log mirrors with SIGTERM, waiting 30 s for each before it leaves them running
+    (60 s a step, and two ``tail`` processes that outlive the command holding its output open). Elsewhere (a
+    sensor's thread) the job simply runs."""
     job = defs.resolve_job_def(job_name)
     config = {"loggers": {"console": {"config": {"log_level": console_level}}}, **(run_config or {})}
     run_tags = {**(tags or {}), PROCESS_TAG: str(os.getpid()), WAREHOUSE_TAG: warehouse_label()}
@@ -99,21 +104,24 @@ def _execute(
             if interrupted:  # one Ctrl-C cancels; more while the run winds down change nothing
                 return
             interrupted.append(True)
+            why = "Interrupted by the operator (Ctrl-C)." if signum == signal.SIGINT else "Stopped by SIGTERM."
             mine = RunsFilter(statuses=[DagsterRunStatus.STARTED], tags={PROCESS_TAG: str(os.getpid())})
             for run in instance.get_runs(filters=mine):
-                instance.report_run_canceling(run, message="Interrupted by the operator (Ctrl-C).")
+                instance.report_run_canceling(run, message=why)
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(worker.ident), ctypes.py_object(DagsterExecutionInterruptedError)
             )
 
-        previous, terminal = signal.signal(signal.SIGINT, cancel), sys.stderr
+        previous = {sig: signal.signal(sig, cancel) for sig in (signal.SIGINT, signal.SIGTERM)}
+        terminal = sys.stderr
         sys.stderr = _QuietAfter(terminal, interrupted)  # the run's own lines of its cancel stay in its event log
         try:
             worker.start()
             while worker.is_alive():
                 worker.join(0.2)
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             sys.stderr = terminal
         if interrupted:
             raise Interrupted
