@@ -120,6 +120,7 @@ def built(warehouse_path, instance, monkeypatch):
     return result
 
 
+@pytest.mark.slow  # a dbt build with docs, read in Chromium (80 s of a worker beside two busy loops)
 def test_the_marts_hold_the_hand_worked_values_and_the_docs_show_them(
     built, warehouse_path, tmp_path, capsys, chromium
 ):
