@@ -512,6 +512,28 @@ def test_the_chargeback_columns_are_documented_as_the_code_defines_them():
         assert f"| `{column}` | {meaning} |" in guide, column
 
 
+def test_the_dbt_console_log_is_appended_by_every_run_and_moved_aside_when_large(tmp_path, monkeypatch):
+    """The slow tier failed by chance (issue 53): a command's analytics run truncated dbt's console log while another
+    run (the daemon's, another test's) was writing it, and that run's lines were gone. Each run appends; a log past
+    its size is moved aside whole, and a run still writing the old file keeps its lines there."""
+    import wandb_assets.defs.analytics.project as project
+
+    log = tmp_path / "target" / "cli-dbt.log"
+    monkeypatch.setattr(project, "DBT_CONSOLE_LOG", log)
+    monkeypatch.setattr(project, "DBT_CONSOLE_LOG_MAX_BYTES", 40)
+    with project.open_dbt_console_log() as daemons:
+        daemons.write("daemon: 1 of 2 PASS\n")
+        daemons.flush()
+        with project.open_dbt_console_log() as commands:  # a command's run starts meanwhile
+            commands.write("command: 1 of 1 PASS\n")
+        daemons.write("daemon: 2 of 2 PASS\n")
+    assert log.read_text() == "daemon: 1 of 2 PASS\ncommand: 1 of 1 PASS\ndaemon: 2 of 2 PASS\n"
+    with project.open_dbt_console_log() as later:  # 60 bytes > 40: the old lines are moved aside first
+        later.write("later: 1 of 1 PASS\n")
+    assert log.read_text() == "later: 1 of 1 PASS\n"
+    assert (tmp_path / "target" / "cli-dbt.log.1").read_text().count("PASS") == 3
+
+
 def test_the_docs_page_is_made_again_when_missing_stale_or_an_hour_old(tmp_path):
     from wandb_assets.defs.analytics.assets import DOCS_MAX_AGE_S, docs_due
 

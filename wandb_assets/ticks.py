@@ -23,7 +23,7 @@ from dagster._core.errors import DagsterExecutionInterruptedError
 
 from wandb_assets.definitions import defs
 from wandb_assets.defs.analytics.jobs import ANALYTICS_JOB
-from wandb_assets.defs.analytics.project import DBT_CONSOLE_LOG
+from wandb_assets.defs.analytics.project import open_dbt_console_log
 from wandb_assets.defs.feed.github import GITHUB_CHECKS_JOB
 from wandb_assets.defs.feed.jobs import FEED_JOB
 from wandb_assets.defs.feed.pipeline_failure import (
@@ -198,9 +198,8 @@ def execute_analytics(instance: DagsterInstance, docs: bool = True, verbose: boo
     """The ``analytics`` job in this process: ``dbt build`` of the analysts' project, then the snapshot. dbt's own
     log lines go to ``DBT_CONSOLE_LOG`` (each model and test is an event of the run anyway), not this console; without
     ``verbose`` the run's warnings too (dagster-dbt's notes on the sources' tests, every build), errors alone."""
-    DBT_CONSOLE_LOG.parent.mkdir(parents=True, exist_ok=True)
     config = {"ops": {"analytics_models": {"config": {"docs": docs}}}}
-    with open(DBT_CONSOLE_LOG, "w") as log_file, contextlib.redirect_stdout(log_file):
+    with open_dbt_console_log() as log_file, contextlib.redirect_stdout(log_file):
         return _execute(instance, ANALYTICS_JOB, config, console_level="INFO" if verbose else "ERROR")
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from dagster import AssetExecutionContext, AssetKey, Config
 from dagster_dbt import DagsterDbtTranslator, DagsterDbtTranslatorSettings, DbtCliResource, dbt_assets
 
-from wandb_assets.defs.analytics.project import DBT_CONSOLE_LOG, DOCS_SITE, analytics_project, ensure_manifest
+from wandb_assets.defs.analytics.project import DOCS_SITE, analytics_project, ensure_manifest, open_dbt_console_log
 from wandb_assets.defs.warehouse.named import names_the_warehouse
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL
 from wandb_assets.lib.lake import Lake
@@ -111,8 +111,7 @@ def analytics_models(context: AssetExecutionContext, dbt: DbtCliResource, config
     os.environ.update(dbt_environment())  # this run's process: the dbt subprocess inherits it
     # dagster-dbt writes each of dbt's lines to stdout (a line per model and test: 540 in 16 minutes of the UI's
     # terminal, issue 53); they go to DBT_CONSOLE_LOG instead, and each model and test is an event of the run anyway
-    DBT_CONSOLE_LOG.parent.mkdir(parents=True, exist_ok=True)
-    with open(DBT_CONSOLE_LOG, "a") as dbt_lines, contextlib.redirect_stdout(dbt_lines):
+    with open_dbt_console_log() as dbt_lines, contextlib.redirect_stdout(dbt_lines):
         build = dbt.cli(["build"], context=context)
         yield from build.stream()
         if not config.docs or not docs_due(DOCS_SITE, analytics_project.manifest_path):

@@ -7,8 +7,10 @@ compares modification times).
 """
 
 import fcntl
+import os
 import sys
 from pathlib import Path
+from typing import TextIO
 
 from dagster_dbt import DbtCliResource, DbtProject
 
@@ -18,8 +20,10 @@ ANALYTICS_DIR = PROJECT_ROOT / "analytics"
 #: The analysts' docs (``dbt docs generate --static``): published by each analytics run, served by
 #: ``wandb-assets docs``.
 DOCS_SITE = ANALYTICS_DIR / "target" / "site" / "index.html"
-#: dbt's console output of the last analytics run made by the CLI (its models and tests are run events anyway).
+#: dbt's console output of the analytics runs (their models and tests are run events anyway), appended by each.
 DBT_CONSOLE_LOG = ANALYTICS_DIR / "target" / "cli-dbt.log"
+#: Past this size the log is moved aside (to ``cli-dbt.log.1``) before a run appends to it.
+DBT_CONSOLE_LOG_MAX_BYTES = 10 * 1024 * 1024
 #: What the manifest is made from: a change to any of these makes it stale.
 _SOURCES = ("dbt_project.yml", "profiles.yml", "models", "seeds", "macros", "tests")
 
@@ -27,6 +31,19 @@ analytics_project = DbtProject(project_dir=ANALYTICS_DIR)  # target: WANDB_ANALY
 # Not ``prepare_if_dev()``: under ``dagster dev`` it runs ``dbt parse`` in every process that loads the definitions,
 # and every run worker and step process does (measured: +6 s per step, a UI backfill's runs 2-4x slower).
 # ``ensure_manifest`` parses only when a file of the project changed.
+
+
+def open_dbt_console_log() -> TextIO:
+    """``DBT_CONSOLE_LOG`` to append a run's dbt lines to. Appended, never truncated: runs write it at once (the
+    daemon's, a command's; a command truncating it emptied another's lines, issue 53); past
+    ``DBT_CONSOLE_LOG_MAX_BYTES`` it is first moved aside whole, and a run still writing the old file goes on there."""
+    DBT_CONSOLE_LOG.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if DBT_CONSOLE_LOG.stat().st_size > DBT_CONSOLE_LOG_MAX_BYTES:
+            os.replace(DBT_CONSOLE_LOG, DBT_CONSOLE_LOG.with_name(DBT_CONSOLE_LOG.name + ".1"))
+    except FileNotFoundError:
+        pass
+    return open(DBT_CONSOLE_LOG, "a")
 
 
 def _newest_source_mtime(project_dir: Path) -> float:
