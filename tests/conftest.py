@@ -219,6 +219,21 @@ def _as_postgres(command: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
 
 
+def child_processes() -> dict[int, list[bytes]]:
+    """The processes this process started and still has: pid -> command line (``/proc``; one gone meanwhile is
+    passed over)."""
+    children = {}
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            command = cmdline.read_bytes().split(b"\0")
+            parent = int((cmdline.parent / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == os.getpid():
+            children[int(cmdline.parent.name)] = command
+    return children
+
+
 def stop_process_group(process: subprocess.Popen, timeout: float = 60) -> None:
     """SIGTERM a child started with ``start_new_session=True`` and all it started, then SIGKILL whatever of the
     group is left after ``timeout``: a slow shutdown never outlives its test to load the machine for the next."""

@@ -11,7 +11,7 @@ import duckdb
 import pytest
 from dagster import Definitions, RunRequest, build_schedule_context
 
-from tests.conftest import API_KEY, cli
+from tests.conftest import API_KEY, child_processes, cli
 from tests.test_pipeline_e2e import at, dataset
 from wandb_assets.definitions import defs
 from wandb_assets.defs.fleet.schedules import every_15_minutes
@@ -601,20 +601,6 @@ def test_ctrl_c_during_a_backfill_is_one_line_exit_130_a_canceled_run_and_no_pag
     assert query_read_only(str(warehouse_path), "SELECT count(*) FROM runs")[0][0] > 0
 
 
-def _tails_of_this_process() -> list[int]:
-    """The ``tail`` processes this process started and still has (Dagster's log mirrors of a step)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            pid, rest = stat.read_text().split(" (", 1)
-        except OSError:  # gone meanwhile
-            continue
-        comm, fields = rest.rsplit(") ", 1)
-        if comm == "tail" and int(fields.split()[1]) == os.getpid():
-            found.append(int(pid))
-    return found
-
-
 def test_a_command_started_in_the_background_stops_its_runs_log_mirrors_and_leaves_none(
     wandb_server, dagster_home, warehouse_path
 ):
@@ -635,7 +621,7 @@ def test_a_command_started_in_the_background_stops_its_runs_log_mirrors_and_leav
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
-        left = _tails_of_this_process()
+        left = [pid for pid, command in child_processes().items() if command[0] == b"tail"]  # log mirrors
         for pid in left:
             os.kill(pid, signal.SIGKILL)
     assert code == 0

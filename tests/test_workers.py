@@ -13,10 +13,10 @@ import signal
 import threading
 import time
 from datetime import date, datetime
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import child_processes
 from tests.test_ingestion import staged_files, staged_metadata
 from wandb_assets.lib import fetch as fetch_rules
 from wandb_assets.lib import staging
@@ -198,14 +198,9 @@ def test_a_backfill_normalising_in_worker_processes_loads_the_same_rows(
 def _kill_a_worker_when_it_starts(stop: threading.Event) -> None:
     """Kill the first page worker of this process that appears (SIGKILL, as the kernel's OOM killer would)."""
     while not stop.is_set():
-        for stat in Path("/proc").glob("[0-9]*/cmdline"):
-            try:
-                command = stat.read_bytes().split(b"\0")
-                parent = int((stat.parent / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if parent == os.getpid() and b"wandb_assets.lib.workers" in command:
-                os.kill(int(stat.parent.name), signal.SIGKILL)
+        for pid, command in child_processes().items():
+            if b"wandb_assets.lib.workers" in command:
+                os.kill(pid, signal.SIGKILL)
                 return
         time.sleep(0.01)
 
