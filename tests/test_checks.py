@@ -1,6 +1,7 @@
 """``wandb-assets check``: each invariant of the warehouse holds on a good one and is named when broken (each
 broken on purpose here, one at a time). Every other test's warehouse is checked at its end (``conftest``)."""
 
+import os
 import subprocess
 import sys
 from datetime import UTC, date, datetime, timedelta
@@ -29,7 +30,10 @@ def _good(con) -> None:
         | {"latest_gpu_sample": [{"gpu_index": 0, "utilisation": 0.0, "memory": 1.0}]},
     ]
     path, _ = stage_rows(rows)
-    load_runs_window(con, path, T, T + timedelta(days=1), prices=[("H100-80GB", 3.0)])
+    try:
+        load_runs_window(con, path, T, T + timedelta(days=1), prices=[("H100-80GB", 3.0)])
+    finally:
+        os.unlink(path)
     con.execute(GPU_SAMPLES_SQL, {"snapshot_at": T + timedelta(hours=1)})
     record_projects(con, [{"entity": "e", "project": p, "error": None} for p in ("p", "q")], T)
     rebuild_gpu_usage(con, T + timedelta(hours=3), {"H100-80GB": 3.0}, {"alice": "vision"})

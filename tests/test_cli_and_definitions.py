@@ -567,8 +567,8 @@ def test_ctrl_c_during_a_backfill_is_one_line_exit_130_a_canceled_run_and_no_pag
     command = [sys.executable, "-m", "wandb_assets.cli", "backfill", "--start", "2026-06-01", "--end", "2026-06-03"]
     server.faults.latency_s = 1.0  # every request a second: the fetch is under way when the operator stops it
     child = subprocess.Popen(
-        command, cwd=dagster_home, env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
+        command, cwd=dagster_home, env={**os.environ, "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
@@ -583,7 +583,12 @@ def test_ctrl_c_during_a_backfill_is_one_line_exit_130_a_canceled_run_and_no_pag
             os.killpg(child.pid, signal.SIGINT)
         else:
             os.kill(child.pid, signal.SIGTERM)
-        out, err = child.communicate(timeout=120)
+        try:
+            out, err = child.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # where it hangs: SIGABRT makes faulthandler print every thread's stack
+            os.kill(child.pid, signal.SIGABRT)
+            out, err = child.communicate(timeout=30)
+            pytest.fail(f"the command did not stop within 120 s of the {stop}; its threads:\n{err[-12000:]}")
     finally:
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)

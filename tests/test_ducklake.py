@@ -183,7 +183,7 @@ def test_a_backfill_and_ticks_on_the_lake_give_what_file_mode_gives(lake_env, tm
     prefix = lake_env["WANDB_ASSETS_DUCKLAKE_DATA_PATH"].removeprefix(f"s3://{BUCKET}/")
     keys = _s3_keys(s3_endpoint, prefix)
     assert any(k.startswith(f"{prefix}main/runs/") and k.endswith(".parquet") for k in keys), keys
-    assert [p.name for p in tmp_path.rglob("*.duckdb")] == ["w.duckdb", "w.snapshot.duckdb"]  # file mode's only
+    assert sorted(p.name for p in tmp_path.rglob("*.duckdb")) == ["w.duckdb", "w.snapshot.duckdb"]  # file mode's
     # The analysts' door: open_snapshot() attaches the lake read-only; writing through it is refused.
     con = _open_snapshot_in(lake_env)
     file_con = open_snapshot(tmp_path / "file" / "w.duckdb")

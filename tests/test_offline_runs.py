@@ -109,7 +109,7 @@ def test_offline_runs_are_read_back_exactly(offline_tree):
     assert offline_node(run, run.last_record_at + timedelta(minutes=1), STALL)["state"] == "running"
 
 
-def test_nan_follows_one_rule_offline_and_mirrored(offline_tree, memory_con):
+def test_nan_follows_one_rule_offline_and_mirrored(offline_tree, memory_con, tmp_path):
     """NaN on both paths: what the client recorded is kept. A NaN logged with ``run.log`` reaches the summary
     as the token NaN and is stored as NaN; an explicit ``run.summary.update({k: nan})`` or a NaN config value is
     written by the wandb client itself as null (wandb.util.json_friendly, online and offline alike), so W&B's
@@ -130,7 +130,7 @@ def test_nan_follows_one_rule_offline_and_mirrored(offline_tree, memory_con):
     assert (written["grad_norm"], written["final_loss"]) == ("NaN", "null")  # the client's own encoding
 
     report = read_changed_logs([log], {}, now=after + timedelta(hours=1), stall=STALL, default_gpus=1)
-    staged, _ = stage_rows(report.rows)
+    staged, _ = stage_rows(report.rows, str(tmp_path))
     load_offline_runs(memory_con, staged, report.files, after)
     (offline,) = report.rows
     node = {  # the same run as W&B's server returns it once synced: the values the records hold
@@ -142,7 +142,7 @@ def test_nan_follows_one_rule_offline_and_mirrored(offline_tree, memory_con):
         "summaryMetrics": '{"loss": 4.0, "grad_norm": NaN, "final_loss": null, "_step": 4}',
     }
     mirrored = run_row(node, entity="e", project="p", app_url="http://127.0.0.1", default_gpus=1)
-    staged, _ = stage_rows([mirrored])
+    staged, _ = stage_rows([mirrored], str(tmp_path))
     load_offline_runs(memory_con, staged, [], after)  # the same load, so only the values differ, not the SQL
     got = memory_con.execute(
         "SELECT run_id, isnan((summary->'grad_norm')::DOUBLE), json_type(summary->'final_loss'), "
@@ -603,7 +603,7 @@ def test_a_surrogate_in_a_logs_value_or_path_loses_no_log_of_the_scan(tmp_path, 
     (tmp_path / "run-legacy02.wandb").write_bytes(legacy_log_bytes(clean))
 
     report = read_changed_logs([tmp_path], {}, now=datetime(2030, 1, 1), stall=STALL, default_gpus=1)
-    staged, _ = stage_rows(report.rows)
+    staged, _ = stage_rows(report.rows, str(tmp_path))
     assert load_offline_runs(memory_con, staged, report.files, datetime(2030, 1, 1))["loaded"] == 2
     got = memory_con.execute(
         "SELECT run_id, config->>'data_dir', log_path, anomalies FROM runs ORDER BY run_id"
@@ -644,7 +644,7 @@ def test_an_older_log_of_a_run_read_later_never_replaces_the_newer_logs_row(tmp_
 
     def scan(known):
         report = read_changed_logs([tmp_path], known, now=datetime(2030, 1, 1), stall=STALL, default_gpus=1)
-        staged, _ = stage_rows(report.rows)
+        staged, _ = stage_rows(report.rows, str(tmp_path))
         return report, load_offline_runs(memory_con, staged, report.files, datetime(2030, 1, 1))
 
     old, new = tmp_path / "a" / "run-legacy01.wandb", tmp_path / "b" / "run-legacy01.wandb"
@@ -676,7 +676,7 @@ def test_a_running_run_whose_log_vanished_is_crashed_past_the_stall_threshold(tm
     log.write_bytes(legacy_log_bytes(legacy_records(3, start)[:-1]))  # no exit record: a job still running
     last = datetime.fromtimestamp(start + 2, UTC).replace(tzinfo=None)
     report = read_changed_logs([folder], {}, now=last + timedelta(minutes=1), stall=STALL, default_gpus=1)
-    staged, _ = stage_rows(report.rows)
+    staged, _ = stage_rows(report.rows, str(tmp_path))
     load_offline_runs(memory_con, staged, report.files, last)
     assert memory_con.execute("SELECT state FROM runs").fetchall() == [("running",)]
     log.unlink()
@@ -722,7 +722,7 @@ def test_the_same_run_id_in_two_projects_is_two_offline_runs_and_a_superseded_lo
     assert sorted((f["path"], f["loaded"]) for f in report.files) == sorted(
         [(str(old_a), "kept newer log"), (str(new_a), "loaded"), (str(b), "loaded")]
     )
-    staged, _ = stage_rows(report.rows)
+    staged, _ = stage_rows(report.rows, str(tmp_path))
     assert load_offline_runs(memory_con, staged, report.files, datetime(2030, 1, 1))["loaded"] == 2
     assert memory_con.execute("SELECT project, run_id FROM runs ORDER BY ALL").fetchall() == [
         ("proj-a", "exp1"),
