@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 from datetime import date, datetime, timedelta
 
-import pandas
-
 from wandb_assets.lib.acting.channels import slack_text
 from wandb_assets.lib.acting.idle_actions import (
     DIGEST,
@@ -128,6 +126,8 @@ def record_digest(con, now: datetime, directory) -> int:
     """The last whole week's digest rows, written once (the deciders' turn row first, as ``record_decisions``).
     Never on the tick that switched the ladder on (``ladder_since``), and only of a week the warehouse holds whole
     (``uncovered``: else one skipped row says why)."""
+    import pandas
+
     week = last_week(now)
     prepare_ledger(con, now)
     with transaction(con):

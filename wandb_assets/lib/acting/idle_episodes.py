@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import duckdb
-import pandas
 
 from wandb_assets.lib.accounting.idle import idle_of_run, ladder_idle_sql
 
@@ -80,6 +79,8 @@ def current_episodes(
     """The runs of ``gpu_counts`` (``{(entity, project, run_id): gpu_count}``) idle at their latest sample of their
     stream (``streams``: ``{(entity, project, run_id): lib.curves.gpu_rows(...)}``, rows ``[timestamp (ISO), gpu,
     util, ...]``), each with its episode."""
+    import pandas
+
     keys: list[int] = []
     times: list[str] = []
     utils: list[float | None] = []

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-import pandas
-
 from wandb_assets.lib.acting.idle_actions import (
     LEDGER_KEY,
     PENDING,
@@ -155,6 +153,7 @@ def rehearse(con, seen: list[Seen], policy: IdlePolicy, now: datetime, datadog: 
     now that need no sending (``would_stop``, ``skipped``) and the rows a tick would send, as ``deliver`` takes them.
     Nothing is written to ``con``."""
     import duckdb
+    import pandas
 
     from wandb_assets.lib.warehouse import has_table
 
