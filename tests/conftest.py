@@ -17,7 +17,7 @@ def _temporary_files_in_memory() -> None:
     """Every temporary file of the session (pytest's tmp_path, the warehouse and W&B folders below, the instances'
     SQLite files, PostgreSQL's data) on /dev/shm where it is a writable tmpfs with room, unless TMPDIR says
     otherwise: a test's DuckDB and SQLite commits then cost no disk flush. Measured on 2 cores (docs/testing.md):
-    the everyday tier 262 s -> 223 s wall, 433 s -> 381 s of CPU. Set here, before anything asks `tempfile`, so
+    the everyday tier 262 s -> 231 s wall, 433 s -> 401 s of CPU. Set here, before anything asks `tempfile`, so
     the workers and every process a test starts inherit it."""
     if os.environ.get("TMPDIR"):
         return
