@@ -381,11 +381,11 @@ def test_the_preview_says_who_would_be_told_what_and_which_run_stopped_and_sends
         "  test-team/test-project/a step 3 (stop): would be stopped now (W&B read now: running, the same run, not "
         "exempt)",
         f"  test-team/test-project/a step 3 (owner): to Slack U0ANA: :octagonal_sign: Your run <{link}a|train-a> "
-        "(test-team/test-project, id a) was stopped after 130 minutes idle. To exempt such a run, tag it "
-        "`interactive`.",
+        "(test-team/test-project, id a) was stopped after 130 minutes idle (since 2026-06-02 09:50 UTC). To exempt "
+        "such a run, tag it `interactive`.",
         f"  test-team/test-project/a step 3 (team): to Slack C0RESEARCH: :octagonal_sign: Run of ana: "
-        f"<{link}a|train-a> (test-team/test-project, id a) was stopped after 130 minutes idle. To exempt such a run, "
-        "tag it `interactive`.",
+        f"<{link}a|train-a> (test-team/test-project, id a) was stopped after 130 minutes idle (since 2026-06-02 09:50 "
+        "UTC). To exempt such a run, tag it `interactive`.",
     ]
     assert server.stops == [] and len(slack.messages()) == told
     assert query_read_only(str(warehouse_path), "SELECT count(*) FROM idle_actions WHERE step = 3") == [(0,)]

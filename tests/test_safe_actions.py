@@ -161,7 +161,7 @@ def test_a_withdrawn_stop_is_decided_again_from_scratch_while_the_run_stays_idle
         ("p", 3, "team", "sent"),
     ]
     assert channels.stops == ["e/p/r1"]
-    assert "was stopped after 155 minutes idle" in channels.slack[-1][1]
+    assert "was stopped after 155 minutes idle (since 2026-06-02 08:00 UTC)." in channels.slack[-1][1]
     assert tick(memory_con, [idle(r1, D(8), D(10, 50))], D(10, 50), channels) == []  # once
     assert channels.stops == ["e/p/r1"]
 
@@ -734,6 +734,28 @@ class LadderHistories(RuleBasedStateMachine):
 
 LadderHistories.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
 test_ladder_histories_keep_the_ladder_s_promises = LadderHistories.TestCase
+
+
+def test_a_run_stopped_busy_again_and_idle_again_is_told_of_each_stop_in_its_own_words():
+    """A history the machine above found by chance (CI on 2e7383e), written out so that it is always tried. r1 of q
+    idle from 08:00 is stopped at 09:00 (60 minutes), but its process keeps going (a client that does not honour the
+    stop): busy at 09:00, idle again from 09:00, and stopped again at 10:00. Two episodes, two stops, each told to bo
+    once; on 2e7383e both stop notices read the same ("was stopped after 60 minutes idle"), a message twice."""
+    history = LadderHistories()
+    history.goes_idle("e/q/r1")
+    for minutes in (15, 15, 30):
+        history.tick(minutes)
+    history.goes_busy("e/q/r1")
+    history.goes_idle("e/q/r1")
+    for minutes in (30, 30):
+        history.tick(minutes)
+    history.each_message_at_most_once()
+    assert history.channels.stops == ["e/q/r1", "e/q/r1"]
+    assert [text.split(" UTC")[0] for user, text in history.channels.slack if text.startswith(":octagonal_sign:")] == [
+        ":octagonal_sign: Your run train-r1 (e/q, id r1) was stopped after 60 minutes idle (since 2026-06-02 08:00",
+        ":octagonal_sign: Your run train-r1 (e/q, id r1) was stopped after 60 minutes idle (since 2026-06-02 09:00",
+    ]
+    history.teardown()
 
 
 def test_a_run_moved_mid_episode_goes_on_where_it_is_and_a_deleted_one_is_never_stopped():

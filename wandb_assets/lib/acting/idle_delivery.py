@@ -164,13 +164,15 @@ def stop_text(row: dict, answer: tuple[str, str | None]) -> str | None:
     """The message of a stop step, once the stop's outcome is known (None: nothing to say)."""
     outcome, reason = answer
     whose = "Your run" if row["audience"] == OWNER else f"Run of {slack_escape(row['details'].get('user') or '?')}:"
-    idle = _hours(row["details"]["idle_minutes"])
+    # the episode's start, as in the ladder's messages: a run stopped, busy again and idle again is told of each stop
+    idle, since = _hours(row["details"]["idle_minutes"]), f"since {row['episode_started_at']:%Y-%m-%d %H:%M} UTC"
     if outcome == STOPPED:
-        return f":octagonal_sign: {whose} {_run_words(row)} was stopped after {idle} idle. {_exempt_how(row)}"
+        return f":octagonal_sign: {whose} {_run_words(row)} was stopped after {idle} idle ({since}). {_exempt_how(row)}"
     if outcome == REFUSED:
         return (
-            f":warning: {whose} {_run_words(row)} has been idle for {idle} and should have been stopped, but W&amp;B "
-            f"refused: {slack_escape(reason or 'no reason given')}. Please stop it yourself. {_exempt_how(row)}"
+            f":warning: {whose} {_run_words(row)} has been idle for {idle} ({since}) and should have been stopped, "
+            f"but W&amp;B refused: {slack_escape(reason or 'no reason given')}. Please stop it yourself. "
+            f"{_exempt_how(row)}"
         )
     return None
 
