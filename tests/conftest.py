@@ -32,6 +32,19 @@ def _temporary_files_in_memory() -> None:
 
 _temporary_files_in_memory()
 
+
+def _hypothesis_profile() -> None:
+    """`HYPOTHESIS_PROFILE=ci` (set by `.ci/run`): every property test tries the same examples on every run of a
+    commit (derandomized, no example database), so CI never fails by chance; a developer's run searches at random, and
+    what it finds is written out as a test (docs/testing.md, "Property tests")."""
+    from hypothesis import settings
+
+    settings.register_profile("ci", derandomize=True, database=None)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+_hypothesis_profile()
+
 # The warehouse path and partition start are read when the definitions are imported: fix them first.
 _SESSION_DIR = Path(tempfile.mkdtemp(prefix="wandb-assets-tests-"))
 atexit.register(shutil.rmtree, _SESSION_DIR, ignore_errors=True)  # each process's own; in memory, kept would add up
