@@ -7,6 +7,8 @@ from datetime import timedelta
 
 import duckdb
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.fleet import MAIN_SPS, T, ci_run, load, pr_fleet
 from wandb_assets.lib.acting.pr_checks import (
@@ -209,3 +211,47 @@ def test_pr_check_dry_run_prints_the_check_and_the_comment_it_would_post(fleet):
         "same testbed" in lines
     )
     assert "<!-- wandb-assets:throughput -->" in lines
+
+
+@given(
+    main=st.lists(
+        st.tuples(st.integers(0, 30), st.one_of(st.none(), st.integers(0, 40))), min_size=0, max_size=40
+    ),  # (CI time, end time or still running) in hours
+    cutoffs=st.lists(st.integers(-1, 45), min_size=1, max_size=8),
+    k=st.integers(1, 6),
+)
+def test_each_baseline_is_the_last_k_main_runs_ended_by_its_cutoff(main, cutoffs, k):
+    """The one-sweep baselines (issue 54) equal the rule as written: for each PR group, main's runs of its key that had
+    ended by its cutoff, sorted by CI time then run id, the last ``k``."""
+    from wandb_assets.lib.acting.pr_checks import _baselines
+
+    hour = lambda h: T + timedelta(hours=h)  # noqa: E731
+    runs = [(hour(ci), f"m{i:02d}", float(i), None if end is None else hour(end)) for i, (ci, end) in enumerate(main)]
+    wanted = [(("ppo", "8xH100-80GB", "overview/sps"), hour(c)) for c in cutoffs]
+    expected = [
+        sorted((r for r in runs if r[3] is not None and r[3] <= cutoff), key=lambda r: (r[0], r[1]))[-k:]
+        for _, cutoff in wanted
+    ]
+    assert _baselines({wanted[0][0]: runs}, wanted, k) == expected
+
+
+def test_a_tick_judges_only_the_groups_whose_runs_changed(memory_con):
+    """Issue 54: on a million runs every tick judged all 112,305 PR groups of the history against main (the feed ran
+    past ten minutes). With the verdicts of pr_fleet stored, nothing is judged again; a third run of PR 8's commit
+    judges PR 8's group alone, the same row that judging everything and keeping what changed gives."""
+    from wandb_assets.lib.acting.pr_checks import record_pr_checks, unjudged
+
+    load(memory_con, pr_fleet())
+    first = judge_prs(memory_con, T, "overview/sps", changed_only=True)
+    assert sorted(r["pr"] for r in first) == [7, 8, 9]
+    record_pr_checks(memory_con, first)
+    assert judge_prs(memory_con, T, "overview/sps", changed_only=True) == []
+    load(memory_con, [*pr_fleet(), ci_run("p8c", "pr8", "CAFE0001", 1010.0, 0.25)])  # the commit as a name may write it
+    (changed,) = judge_prs(memory_con, T, "overview/sps", changed_only=True)
+    assert (changed["pr"], changed["commit"], changed["pr_runs"], changed["pr_value"]) == (
+        8,
+        "cafe0001",
+        ["p8a", "p8b", "p8c"],
+        1000.0,
+    )
+    assert unjudged(memory_con, judge_prs(memory_con, T, "overview/sps")) == [changed]

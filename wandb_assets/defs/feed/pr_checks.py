@@ -44,6 +44,7 @@ def pr_checks(config: ClockConfig, warehouse: WarehouseResource) -> MaterializeR
             repo=target and target.repo,
             min_change_pct=load_settings().WANDB_ASSETS_PR_MIN_CHANGE_PCT,
             skipped=skipped,
+            changed_only=True,
         )
         rows = unjudged(con, judged)
         record_pr_checks(con, rows)

@@ -188,6 +188,71 @@ def pr_runs_running(con, pr: int, commit: str | None = None) -> int:
     ).fetchone()[0]
 
 
+#: The PR groups to judge: every one, or (``changed_only``) those whose ended runs differ from the stored verdict's
+#: (``pr_checks``; the number and the commit as ``ci_identity`` makes them, so a run it refuses never matches and is
+#: counted again each time, as before)
+_GROUPS_SQL = """
+SELECT ci_branch, commit_key, ci_config, testbed, metric, list(run_id ORDER BY run_id) AS runs FROM pr_values
+GROUP BY ALL
+"""
+_CHANGED_GROUPS_SQL = f"""
+SELECT * FROM ({_GROUPS_SQL}) g
+WHERE NOT EXISTS (
+    SELECT 1 FROM pr_checks c
+    WHERE 'pr' || c.pr = g.ci_branch AND c.commit = g.commit_key AND c.config IS NOT DISTINCT FROM g.ci_config
+      AND c.testbed = g.testbed AND c.metric = g.metric AND c.pr_runs = g.runs)
+"""
+
+
+def _judged_values(con, sps_metric: str, pr: int | None, changed_only: bool) -> list[tuple]:
+    """The value rows ``judge_prs`` needs, one query: the PR runs of the groups to judge, and main's runs of the same
+    config, testbed and metric only (a tick judges the few groups a new PR run changed, not the whole history)."""
+    if changed_only:  # a read-only snapshot (``pr-check``) judges everything asked for, and creates nothing
+        con.execute(PR_CHECKS_SQL)
+    return con.execute(
+        f"""
+WITH v AS ({_metric_values_sql(sps_metric)}),
+pr_values AS (
+    SELECT *, lower(ci_commit) AS commit_key FROM v
+    WHERE ci_branch <> 'main' AND ($pr IS NULL OR ci_branch = 'pr' || $pr)
+),
+todo AS ({_CHANGED_GROUPS_SQL if changed_only else _GROUPS_SQL})
+SELECT p.* EXCLUDE (commit_key) FROM pr_values p
+SEMI JOIN todo t ON p.ci_branch = t.ci_branch AND p.commit_key = t.commit_key
+    AND p.ci_config IS NOT DISTINCT FROM t.ci_config AND p.testbed = t.testbed AND p.metric = t.metric
+UNION ALL
+SELECT m.* FROM v m
+SEMI JOIN (SELECT DISTINCT ci_config, testbed, metric FROM todo) t
+    ON m.ci_config IS NOT DISTINCT FROM t.ci_config AND m.testbed = t.testbed AND m.metric = t.metric
+WHERE m.ci_branch = 'main'
+""",
+        {"pr": pr},
+    ).fetchall()
+
+
+def _baselines(main: dict[tuple, list[tuple]], wanted: list[tuple[tuple, datetime]], k: int) -> list[list[tuple]]:
+    """For each ``(key, cutoff)`` of ``wanted``: the last ``k`` (by CI time, then run id) of ``main[key]``'s runs that
+    had ended by ``cutoff``, oldest first. One sweep per key in end order with a heap of ``k``: O(n log k), where
+    scanning and sorting every main run for each PR group took the first tick on a million runs past ten minutes."""
+    import heapq
+
+    found: list[list[tuple]] = [[] for _ in wanted]
+    by_key: dict[tuple, list[int]] = {}
+    for i, (key, _) in enumerate(wanted):
+        by_key.setdefault(key, []).append(i)
+    for key, indices in by_key.items():
+        ended = sorted((r for r in main.get(key, []) if r[3] is not None), key=lambda r: r[3])
+        heap: list[tuple] = []
+        at = 0
+        for i in sorted(indices, key=lambda i: wanted[i][1]):
+            while at < len(ended) and ended[at][3] <= wanted[i][1]:
+                entry = (ended[at][0], ended[at][1], at)  # CI time, run id; the position keeps ties apart
+                heapq.heappush(heap, entry) if len(heap) < k else heapq.heappushpop(heap, entry)
+                at += 1
+            found[i] = [ended[p] for _, _, p in sorted(heap)]
+    return found
+
+
 def judge_prs(
     con,
     now: datetime,
@@ -200,16 +265,19 @@ def judge_prs(
     pr: int | None = None,
     min_change_pct: float = 2.0,
     skipped: Counter | None = None,
+    changed_only: bool = False,
 ) -> list[dict]:
-    """Every PR commit and config with ended runs (``pr``: that PR's alone), judged per metric and testbed; returns
-    the rows of ``pr_checks`` (not written: ``record_pr_checks``). A run whose name fails ``ci_identity`` is skipped,
-    its reason counted in ``skipped`` (one per run)."""
-    values = con.execute(_metric_values_sql(sps_metric)).fetchall()
+    """Every PR commit and config with ended runs (``pr``: that PR's alone; ``changed_only``: those whose ended runs
+    differ from their stored verdict's, what ``unjudged`` keeps), judged per metric and testbed; returns the rows of
+    ``pr_checks`` (not written: ``record_pr_checks``). A run whose name fails ``ci_identity`` is skipped, its reason
+    counted in ``skipped`` (one per run)."""
     main: dict[tuple, list[tuple]] = {}
     prs: dict[tuple, list[tuple]] = {}
     urls = {}
     refused: dict[str, str] = {}
-    for run_id, url, branch, commit, config, testbed, ci_at, ended_at, value, metric in values:
+    for run_id, url, branch, commit, config, testbed, ci_at, ended_at, value, metric in _judged_values(
+        con, sps_metric, pr, changed_only
+    ):
         if branch == "main":
             main.setdefault((config, testbed, metric), []).append((ci_at, run_id, value, ended_at))
             continue
@@ -221,13 +289,16 @@ def judge_prs(
             urls[run_id] = url
     if skipped is not None:
         skipped.update(refused.values())
+    groups = sorted(prs.items())
+    # main as it stood when the sample's last run ended
+    wanted = [
+        ((config, testbed, metric), min(now, max(r[3] for r in runs)))
+        for (_, _, config, testbed, metric), runs in groups
+    ]
     rows = []
-    for (number, commit, config, testbed, metric), runs in sorted(prs.items()):
-        cutoff = min(now, max(r[3] for r in runs))  # main as it stood when the sample's last run ended
-        history = sorted(
-            (r for r in main.get((config, testbed, metric), []) if r[3] is not None and r[3] <= cutoff),
-            key=lambda r: (r[0], r[1]),
-        )[-k:]
+    for ((number, commit, config, testbed, metric), runs), history in zip(
+        groups, _baselines(main, wanted, k), strict=True
+    ):
         if testbed == UNKNOWN_TESTBED:  # no GPU count or model: any hardware; never one baseline for all of it
             history = []
         verdict = judge(
@@ -255,9 +326,14 @@ def unjudged(con, rows: list[dict]) -> list[dict]:
     """The rows of ``judge_prs`` whose PR runs changed since they were last judged (new ones, or a run more of the
     same commit): a verdict stands once given (a later main run does not rewrite a PR's past check)."""
     con.execute(PR_CHECKS_SQL)
-    held = {
+    if not rows:
+        return []
+    held = {  # of these rows' PRs only: a tick's few, not the history's verdicts (2.5 s at a million runs)
         tuple(row[:-1]): sorted(row[-1])
-        for row in con.execute(f"SELECT {', '.join(PR_CHECKS_KEY)}, pr_runs FROM pr_checks").fetchall()
+        for row in con.execute(
+            f"SELECT {', '.join(PR_CHECKS_KEY)}, pr_runs FROM pr_checks WHERE list_contains($prs, pr)",
+            {"prs": sorted({r["pr"] for r in rows})},
+        ).fetchall()
     }
     return [r for r in rows if held.get(tuple(r[c] for c in PR_CHECKS_KEY)) != r["pr_runs"]]
 
