@@ -1,6 +1,7 @@
 """Each alert rule opening, staying quiet while it holds, and resolving, on hand-built fleets; the outbox."""
 
 import json
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import pytest
@@ -92,6 +93,30 @@ def test_success_rate_low(con):
     )
     load(con, fresh_ci() + [ci("a", "finished", 2), ci("c", "failed", 4), ci("d", "crashed", 5), ci("e", "failed", 6)])
     assert keys(con) == []  # 4 ended runs: below the 5-run minimum
+
+
+def test_the_success_rate_rule_judges_the_snapshot_it_is_given_as_stored(con):
+    """Issue 54: the rule reads the rate the snapshot at ``at`` stored (what Datadog was sent; per project too)
+    instead of evaluating every gauge again. Five rated runs, 2 of 5 finished: 40 %, computed without a snapshot at T
+    and stored by the snapshot at T; a stored 20 % (as if the runs had said so when the snapshot was taken) is what the
+    alert says then, fleet-wide and by project."""
+    from wandb_assets.lib.warehouse import record_snapshot
+
+    runs = fresh_ci() + [ci("a", "finished", 2), ci("b", "finished", 3)]
+    runs += [ci("c", "failed", 4), ci("d", "crashed", 5), ci("e", "failed", 6)]
+    load(con, runs)
+    (computed,) = evaluate_rules(con, T, TH)
+    assert computed.details["success_rate_pct"] == 40.0
+    record_snapshot(con, T)
+    assert con.execute(
+        "SELECT value FROM project_metrics WHERE snapshot_at = $t AND metric = 'wandb.push_to_main.success_rate_pct'",
+        {"t": T},
+    ).fetchall() == [(40.0,)]
+    for table in ("fleet_metrics", "project_metrics"):
+        con.execute(f"UPDATE {table} SET value = 20.0 WHERE metric = 'wandb.push_to_main.success_rate_pct'")
+    for th in (TH, replace(TH, by_project=not TH.by_project)):
+        (stored,) = evaluate_rules(con, T, th)
+        assert stored.details["success_rate_pct"] == 20.0 and "is 20.0% over the last 24 h (5 runs" in stored.message
 
 
 def test_success_rate_minimum_counts_only_the_runs_it_rates(con):

@@ -21,7 +21,7 @@ import duckdb
 from wandb_assets.lib.accounting.gpus import DEFAULT_IDLE_GPU_PCT, UNKNOWN_TESTBED, testbed_sql
 from wandb_assets.lib.accounting.prices import PRICE_SCHEDULE_CTE, price_on_sql
 from wandb_assets.lib.curves_warehouse import steady_metric
-from wandb_assets.lib.gauges import compute_gauges, compute_project_gauges
+from wandb_assets.lib.gauges import snapshot_gauge, snapshot_project_gauge
 from wandb_assets.lib.lake import retry_on_conflict
 from wandb_assets.lib.regressions import find_regressions
 from wandb_assets.lib.runs_lifecycle import moved_copy_sql
@@ -147,17 +147,11 @@ def _push_to_main_rates(con, at: datetime, th: AlertThresholds) -> list[dict]:
     rated = {(r["entity"], r["project"]): r["rated"] for r in dict_rows(con, _RATED_SQL, {"t": at})}
     name = "wandb.push_to_main.success_rate_pct"
     if not th.by_project:
-        return [
-            {
-                "entity": None,
-                "project": None,
-                "rate": compute_gauges(con, at, idle_pct=th.idle_gpu_pct)[name],
-                "rated": sum(rated.values()),
-            }
-        ]
+        rate = snapshot_gauge(con, at, name, th.idle_gpu_pct)
+        return [{"entity": None, "project": None, "rate": rate, "rated": sum(rated.values())}]
     return [
-        {"entity": e, "project": p, "rate": gauges[name], "rated": rated.get((e, p), 0)}
-        for (e, p), gauges in compute_project_gauges(con, at, th.idle_gpu_pct).items()
+        {"entity": e, "project": p, "rate": rate, "rated": rated.get((e, p), 0)}
+        for (e, p), rate in snapshot_project_gauge(con, at, name, th.idle_gpu_pct).items()
     ]
 
 
@@ -781,6 +775,7 @@ def reconcile(
         holding = {c.key: c for c in conditions}
         continued = _continued_after_moves(con, open_alerts, holding)
         unwatched = _unwatched_projects(con)
+        touched: list[tuple[str, str, str, str]] = []  # (key, message, details, severity) of those still holding
         for found, condition in holding.items():
             key = continued.get(found, found)  # a moved run's alert goes on under the key it opened with
             params = {
@@ -790,12 +785,8 @@ def reconcile(
                 "details": json.dumps(condition.details, default=str),
                 "severity": condition.severity,
             }
-            if key in open_alerts:
-                con.execute(
-                    "UPDATE alerts SET last_seen_at = $now, message = $message, details = $details::JSON, "
-                    "severity = $severity WHERE alert_key = $key AND resolved_at IS NULL",
-                    params,
-                )
+            if key in open_alerts:  # still holding: touched below, all in one statement
+                touched.append((key, params["message"], params["details"], condition.severity))
             else:
                 con.execute(
                     "INSERT INTO alerts VALUES ($key, $rule, $subject, $severity, $message, $details::JSON, $now, "
@@ -803,6 +794,23 @@ def reconcile(
                     params | {"rule": condition.rule, "subject": condition.subject},
                 )
                 transitions.append(Transition("opened", condition))
+        if touched:  # one UPDATE, not one per alert (2,500 open alerts at a million runs: 1.5 s a tick)
+            con.execute(
+                "UPDATE alerts SET last_seen_at = $now, message = t.message, details = t.details::JSON, "
+                "severity = t.severity FROM (SELECT unnest($keys) AS alert_key, unnest($messages) AS message, "
+                "unnest($details) AS details, unnest($severities) AS severity) t "
+                "WHERE alerts.alert_key = t.alert_key AND alerts.resolved_at IS NULL",
+                {
+                    "now": now,
+                    **dict(
+                        zip(
+                            ("keys", "messages", "details", "severities"),
+                            map(list, zip(*touched, strict=True)),
+                            strict=True,
+                        )
+                    ),
+                },
+            )
         going_on = set(continued.values())
         for key, row in open_alerts.items():
             if key not in holding and key not in going_on and (row["rule"] in evaluated or key in evaluated):

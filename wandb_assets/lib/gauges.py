@@ -310,6 +310,31 @@ def compute_project_gauges(
     return {(row[0], row[1]): dict(zip(GAUGE_NAMES, row[2:], strict=True)) for row in sorted(rows)}
 
 
+def snapshot_gauge(con, snapshot_at: datetime, name: str, idle_pct: float = DEFAULT_IDLE_GPU_PCT) -> float | None:
+    """Gauge ``name`` of the fleet at ``snapshot_at``: as the snapshot taken then stored it (``fleet_metrics``: what
+    Datadog was sent), else computed now (``compute_gauges``)."""
+    stored = con.execute(
+        "SELECT value FROM fleet_metrics WHERE snapshot_at = $t AND metric = $name", {"t": snapshot_at, "name": name}
+    ).fetchone()
+    return stored[0] if stored is not None else compute_gauges(con, snapshot_at, idle_pct=idle_pct)[name]
+
+
+def snapshot_project_gauge(
+    con, snapshot_at: datetime, name: str, idle_pct: float = DEFAULT_IDLE_GPU_PCT
+) -> dict[tuple[str, str], float | None]:
+    """Gauge ``name`` of each project at ``snapshot_at``: as the snapshot taken then stored it (``project_metrics``),
+    else computed now (``compute_project_gauges``). A tick's checks and alerts read the snapshot they judge instead of
+    evaluating every gauge of every project again, twice (0.6 s each at a million runs)."""
+    stored = con.execute(
+        "SELECT entity, project, value FROM project_metrics WHERE snapshot_at = $t AND metric = $name "
+        "ORDER BY entity, project",
+        {"t": snapshot_at, "name": name},
+    ).fetchall()
+    if stored:
+        return {(e, p): value for e, p, value in stored}
+    return {key: gauges[name] for key, gauges in compute_project_gauges(con, snapshot_at, idle_pct).items()}
+
+
 def gauge_unit(name: str) -> str:
     """What a gauge counts, from its name: runs, %, hours, GPU-hours or steps/s."""
     if name.endswith("_pct"):
