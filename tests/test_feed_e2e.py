@@ -333,3 +333,20 @@ def test_a_run_named_with_an_at_handle_notifies_nobody_through_datadog_events(wa
         "[warning] stalled_run (@\u200bpagerduty-infra)",
         "Run @\u200boncall looks stalled",
     )
+
+
+def test_the_sps_detector_runs_once_a_tick(wandb_server, capture, warehouse_path, instance, monkeypatch):
+    """Issue 54: the refresh's SPS check and the feed's fleet_alerts each ran the detector over every main series (at a
+    million runs 1.4 s and 0.7 s a tick); the check now records what it found for the snapshot and fleet_alerts reads
+    it. Two ticks of six CI runs (re-read each time: their copies change): one detection each."""
+    from wandb_assets.lib import alerts
+
+    calls = []
+    detect = alerts.find_change_points
+    monkeypatch.setattr(alerts, "find_change_points", lambda *a: calls.append(a[1]) or detect(*a))
+    wandb_server(ci_runs(failed=0))
+    assert all(r.success for r in run_tick(instance, TODAY, snapshot_at=SNAPSHOT, now=NOW))
+    assert all(
+        r.success for r in run_tick(instance, TODAY, snapshot_at="2026-06-02T12:15:00", now="2026-06-02T12:15:30")
+    )
+    assert calls == [datetime(2026, 6, 2, 12, 0), datetime(2026, 6, 2, 12, 15)]

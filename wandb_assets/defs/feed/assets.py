@@ -190,7 +190,7 @@ FINDINGS_SCHEMA = TableSchema(
 WARNING_PREFIX = "Warning (the alert is open; nothing failed to run): "
 
 
-def _check(rule, summary, description: str):
+def _check(rule, summary, description: str, prepare=None):
     @asset_check(
         asset=FLEET_SNAPSHOT,
         name=f"{rule.__name__}_check",
@@ -202,6 +202,8 @@ def _check(rule, summary, description: str):
         thresholds = alert_thresholds()
         with warehouse.get_connection() as con:
             at = latest_snapshot_at(con)
+            if at and prepare is not None:
+                prepare(con, at, thresholds)
             conditions = rule(con, at, thresholds) if at else []
             if conditions:  # the result's description is what was found, pass or fail
                 found = conditions[0].message + (f" (and {len(conditions) - 1} more)" if len(conditions) > 1 else "")
@@ -230,4 +232,6 @@ sps_regression_check = _check(
     sps_regression,
     sps_regression_summary,
     "No CI config on main has an unrecovered SPS regression (WANDB_ASSETS_SPS_METRIC, commit order).",
+    # the detector runs once a tick, here (the series changed with the load): fleet_alerts reads what it recorded
+    prepare=lambda con, at, thresholds: record_change_points(con, at, thresholds.sps_metric),
 )
