@@ -13,8 +13,10 @@ import pytest
 from tests.conftest import put_secret
 from tests.fleet import T, ci_run, load, pr_fleet
 from tests.github_api import LocalGitHub, app_private_key
+from wandb_assets.lib.acting.pr_checks import NO_BASELINE
 from wandb_assets.lib.acting.pr_outbox import CHECK_NAME, MARKER, STALE_CLAIM, claim, deliver
 from wandb_assets.ticks import execute_feed, execute_github_checks
+from wandb_assets.warehouse import query_read_only
 
 #: The PR commits' full SHAs: the run names carry the first 8 hex digits.
 FULL = {
@@ -155,6 +157,23 @@ def test_each_commit_gets_one_check_each_pr_one_comment_and_a_second_run_edits_t
     assert "at `cafe0002`" in comments[8]["body"]  # the PR's comment shows its newest commit
     # the verdicts of PR 9 (no new run) stand: not judged again, not sent again
     assert len(github.calls_to("PATCH", r"/repos/acme/trainer/issues/comments/\d+")) == 2
+
+
+def test_a_backfill_s_old_pull_requests_are_judged_and_kept_never_sent_to_github(github, warehouse_path, instance):
+    """Issue 54: the first tick after a backfill judges the history's PRs (112,305 groups at a million runs) and
+    queued every one for GitHub: a check run on each old commit and a comment on each closed PR, for hours. PR 6's one
+    run ended 30 days before T (WANDB_ASSETS_GITHUB_MAX_AGE_DAYS 7): its verdict (no baseline: main's runs ended
+    later) is kept in pr_checks and counted, GitHub hears nothing of it; PRs 7-9 (runs ended an hour before T) get
+    their checks and comments as before."""
+    warehouse(warehouse_path, [*pr_fleet(), ci_run("p6", "pr6", "abcdef01", 990.0, 30 * 24)])
+    feed = tick(instance, T)
+    (judged,) = feed.asset_materializations_for_node("pr_checks")
+    assert (judged.metadata["judged"].value, judged.metadata["queued_for_github"].value) == (4, 6)
+    assert judged.metadata["prs_too_old_for_github"].value == 1
+    assert query_read_only(str(warehouse_path), "SELECT pr, verdict FROM pr_checks WHERE pr = 6") == [(6, NO_BASELINE)]
+    assert sorted(checks_by_commit(github)) == ["cafe0001", "deadbeef", "f00d0001"]
+    assert sorted(c["issue"] for c in github.comments.values()) == [7, 8, 9]
+    assert not any("abcdef01" in c["path"] or "/pulls/6/" in c["path"] for c in github.calls)
 
 
 @pytest.mark.slow

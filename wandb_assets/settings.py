@@ -190,6 +190,14 @@ class Settings(BaseSettings):
         "without blocking a merge.",
         "true",
     )
+    WANDB_ASSETS_GITHUB_MAX_AGE_DAYS: int = _var(
+        7,
+        "GitHub hears of a pull request's verdicts only when one of its runs ended within this many days: a "
+        "backfill's history, judged once, is kept in pr_checks and never sent (no check runs or comments on old, "
+        "closed pull requests).",
+        "7",
+        ge=1,
+    )
     WANDB_ASSETS_PR_MIN_CHANGE_PCT: float = _var(
         2.0,
         "A pull request's throughput is a regression or an improvement only beyond this change against main's mean "

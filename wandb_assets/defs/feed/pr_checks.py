@@ -2,6 +2,7 @@
 judged per SPS metric against main on the same testbed (``lib/acting/pr_checks.py``), the table replaced row by row."""
 
 from collections import Counter
+from datetime import timedelta
 
 from dagster import MaterializeResult, MetadataValue, asset
 
@@ -14,6 +15,7 @@ from wandb_assets.lib.acting.pr_checks import (
     held_verdicts,
     judge_prs,
     latest_verdicts,
+    prs_with_runs_ended_since,
     record_pr_checks,
     unjudged,
 )
@@ -26,7 +28,8 @@ from wandb_assets.settings import alert_thresholds, github_target, load_settings
     "per PR commit, config and SPS metric, the PR runs' mean against the last 10 ended main runs' Student-t lower "
     "boundary at 99 % (Bencher's t_test); regression, improvement, no change, or no baseline (fewer than 5 main "
     "runs). A verdict is given when a PR run ends (a run more of the same commit judges it again) and then stands. "
-    "With WANDB_ASSETS_GITHUB_REPO, what GitHub should show is queued for `github_checks`. `wandb-assets pr-check "
+    "With WANDB_ASSETS_GITHUB_REPO, what GitHub should show is queued for `github_checks` (only for PRs with a run "
+    "ended within WANDB_ASSETS_GITHUB_MAX_AGE_DAYS: a backfill's history is kept, never sent). `wandb-assets pr-check "
     "--pr N` prints the same from the snapshot. A run whose name is not a valid PR number and hex commit is skipped "
     "and counted (skipped_runs).",
     kinds={"duckdb"},
@@ -48,13 +51,18 @@ def pr_checks(config: ClockConfig, warehouse: WarehouseResource) -> MaterializeR
         )
         rows = unjudged(con, judged)
         record_pr_checks(con, rows)
-        verdicts = held_verdicts(con, sorted({r["pr"] for r in rows}))
+        since = now - timedelta(days=load_settings().WANDB_ASSETS_GITHUB_MAX_AGE_DAYS)
+        judged_prs = {r["pr"] for r in rows}
+        told = sorted(judged_prs & prs_with_runs_ended_since(con, since)) if target is not None else []
+        verdicts = held_verdicts(con, told)
         queued = queue(con, items_for(target.repo, verdicts, target.gate, metric), now) if target is not None else 0
         latest = latest_verdicts(con)
     return MaterializeResult(
         metadata={
             "judged": len(rows),
             "queued_for_github": queued if target is not None else "off (WANDB_ASSETS_GITHUB_REPO not set)",
+            # judged now, but no run of theirs ended within WANDB_ASSETS_GITHUB_MAX_AGE_DAYS: kept, never sent
+            "prs_too_old_for_github": len(judged_prs) - len(told) if target is not None else 0,
             "by_verdict": MetadataValue.json(dict(Counter(r["verdict"] for r in rows))),
             "regressions": sum(r["verdict"] == REGRESSION for r in rows),
             "skipped_runs": MetadataValue.json(dict(skipped)),  # names that cannot be a PR run: never judged

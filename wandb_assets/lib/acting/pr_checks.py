@@ -179,6 +179,16 @@ WHERE r.ci_branch IS NOT NULL AND r.state IN ('finished', 'crashed') AND isfinit
 """
 
 
+def prs_with_runs_ended_since(con, since: datetime) -> set[int]:
+    """The PRs (valid per ``ci_identity``) with a run that ended at or after ``since``: those GitHub still hears of."""
+    rows = con.execute(
+        f"SELECT DISTINCT ci_branch, ci_commit FROM {MIRRORED_RUNS_SQL} r "
+        "WHERE ci_branch IS NOT NULL AND ci_branch <> 'main' AND ended_at >= $since",
+        {"since": since},
+    ).fetchall()
+    return {found[0] for branch, commit in rows if not isinstance(found := ci_identity(branch, commit), str)}
+
+
 def pr_runs_running(con, pr: int, commit: str | None = None) -> int:
     """Runs of PR ``pr`` (of ``commit``: a prefix either way) still running in the warehouse."""
     return con.execute(
