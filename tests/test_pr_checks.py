@@ -238,8 +238,9 @@ def test_each_baseline_is_the_last_k_main_runs_ended_by_its_cutoff(main, cutoffs
 def test_a_tick_judges_only_the_groups_whose_runs_changed(memory_con):
     """Issue 54: on a million runs every tick judged all 112,305 PR groups of the history against main (the feed ran
     past ten minutes). With the verdicts of pr_fleet stored, nothing is judged again; a third run of PR 8's commit
-    judges PR 8's group alone, the same row that judging everything and keeping what changed gives."""
-    from wandb_assets.lib.acting.pr_checks import record_pr_checks, unjudged
+    judges PR 8's group alone, the same row that judging everything and keeping what differs from the stored verdicts
+    gives."""
+    from wandb_assets.lib.acting.pr_checks import record_pr_checks
 
     load(memory_con, pr_fleet())
     first = judge_prs(memory_con, T, "overview/sps", changed_only=True)
@@ -254,4 +255,29 @@ def test_a_tick_judges_only_the_groups_whose_runs_changed(memory_con):
         ["p8a", "p8b", "p8c"],
         1000.0,
     )
-    assert unjudged(memory_con, judge_prs(memory_con, T, "overview/sps")) == [changed]
+    stored = {
+        (r[0], r[1], r[2]): r[3]
+        for r in memory_con.execute("SELECT pr, commit, metric, pr_runs FROM pr_checks").fetchall()
+    }
+    every = judge_prs(memory_con, T, "overview/sps")  # judging everything, then keeping what changed: the same row
+    assert [r for r in every if stored.get((r["pr"], r["commit"], r["metric"])) != r["pr_runs"]] == [changed]
+
+
+def test_the_verdicts_come_one_config_testbed_and_metric_at_a_time(memory_con):
+    """Issue 54: the first tick after a million-run backfill held all 521,940 verdicts and their values at once
+    (3.2 GiB). ``iter_judged`` yields one key's verdicts at a time, keys in order (4 L4s before 8 H100s): PR 9's, then
+    PRs 7 and 8's; the same rows ``judge_prs`` returns, and its working table is gone once the last is yielded."""
+    from wandb_assets.lib.acting.pr_checks import iter_judged
+
+    load(memory_con, pr_fleet())
+    chunks = list(iter_judged(memory_con, T, "overview/sps"))
+    assert [[(r["testbed"], r["pr"]) for r in chunk] for chunk in chunks] == [
+        [("4xL4", 9)],
+        [("8xH100-80GB", 7), ("8xH100-80GB", 8)],
+    ]
+    assert [r for chunk in chunks for r in chunk] == sorted(
+        judge_prs(memory_con, T, "overview/sps"), key=lambda r: (r["testbed"], r["pr"])
+    )
+    assert memory_con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'pr_judged_values'"
+    ).fetchone() == (0,)

@@ -361,7 +361,7 @@ def test_odd_and_forged_ci_names_are_skipped_counted_and_never_fail_the_feed(mem
     from collections import Counter
 
     from tests.fleet import ci_run, load, pr_fleet
-    from wandb_assets.lib.acting.pr_checks import judge_prs, record_pr_checks, unjudged
+    from wandb_assets.lib.acting.pr_checks import judge_prs, record_pr_checks
     from wandb_assets.lib.naming import parse_ci_name
 
     assert parse_ci_name("github.sky.pr\u0661\u0662.deadbeef.ppo.1764000000") is None
@@ -373,7 +373,7 @@ def test_odd_and_forged_ci_names_are_skipped_counted_and_never_fail_the_feed(mem
     ]
     load(memory_con, pr_fleet() + odd)
     skipped: Counter = Counter()
-    rows = unjudged(memory_con, judge_prs(memory_con, datetime(2026, 11, 27, 12), "overview/sps", skipped=skipped))
+    rows = judge_prs(memory_con, datetime(2026, 11, 27, 12), "overview/sps", skipped=skipped, changed_only=True)
     record_pr_checks(memory_con, rows)
     assert skipped == {
         "the PR number is out of range": 1,

@@ -13,11 +13,10 @@ from wandb_assets.lib.acting.pr_checks import (
     REGRESSION,
     format_pr_table,
     held_verdicts,
-    judge_prs,
+    iter_judged,
     latest_verdicts,
     prs_with_runs_ended_since,
     record_pr_checks,
-    unjudged,
 )
 from wandb_assets.lib.acting.pr_outbox import items_for, queue
 from wandb_assets.settings import alert_thresholds, github_target, load_settings
@@ -39,8 +38,10 @@ from wandb_assets.settings import alert_thresholds, github_target, load_settings
 def pr_checks(config: ClockConfig, warehouse: WarehouseResource) -> MaterializeResult:
     now, target, metric = config.resolve(), github_target(), alert_thresholds().sps_metric
     skipped: Counter = Counter()
+    by_verdict: Counter = Counter()
+    judged_prs: set[int] = set()
     with warehouse.get_connection() as con:
-        judged = judge_prs(
+        for judged in iter_judged(  # one config, testbed and metric at a time: the history's once, in bounded memory
             con,
             now,
             metric,
@@ -48,23 +49,23 @@ def pr_checks(config: ClockConfig, warehouse: WarehouseResource) -> MaterializeR
             min_change_pct=load_settings().WANDB_ASSETS_PR_MIN_CHANGE_PCT,
             skipped=skipped,
             changed_only=True,
-        )
-        rows = unjudged(con, judged)
-        record_pr_checks(con, rows)
+        ):
+            record_pr_checks(con, judged)
+            by_verdict.update(r["verdict"] for r in judged)
+            judged_prs.update(r["pr"] for r in judged)
         since = now - timedelta(days=load_settings().WANDB_ASSETS_GITHUB_MAX_AGE_DAYS)
-        judged_prs = {r["pr"] for r in rows}
         told = sorted(judged_prs & prs_with_runs_ended_since(con, since)) if target is not None else []
         verdicts = held_verdicts(con, told)
         queued = queue(con, items_for(target.repo, verdicts, target.gate, metric), now) if target is not None else 0
         latest = latest_verdicts(con)
     return MaterializeResult(
         metadata={
-            "judged": len(rows),
+            "judged": by_verdict.total(),
             "queued_for_github": queued if target is not None else "off (WANDB_ASSETS_GITHUB_REPO not set)",
             # judged now, but no run of theirs ended within WANDB_ASSETS_GITHUB_MAX_AGE_DAYS: kept, never sent
             "prs_too_old_for_github": len(judged_prs) - len(told) if target is not None else 0,
-            "by_verdict": MetadataValue.json(dict(Counter(r["verdict"] for r in rows))),
-            "regressions": sum(r["verdict"] == REGRESSION for r in rows),
+            "by_verdict": MetadataValue.json(dict(by_verdict)),
+            "regressions": by_verdict[REGRESSION],
             "skipped_runs": MetadataValue.json(dict(skipped)),  # names that cannot be a PR run: never judged
             "latest_verdicts": MetadataValue.md(format_pr_table(latest) if latest else "(no PR run has ended yet)"),
         }

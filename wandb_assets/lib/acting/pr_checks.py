@@ -25,6 +25,7 @@ import math
 import re
 import statistics
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -214,13 +215,19 @@ WHERE NOT EXISTS (
 """
 
 
-def _judged_values(con, sps_metric: str, pr: int | None, changed_only: bool) -> list[tuple]:
-    """The value rows ``judge_prs`` needs, one query: the PR runs of the groups to judge, and main's runs of the same
-    config, testbed and metric only (a tick judges the few groups a new PR run changed, not the whole history)."""
+#: The session's table of the value rows being judged (``_stage_judged_values``), read one key at a time.
+_JUDGED_VALUES = "pr_judged_values"
+
+
+def _stage_judged_values(con, sps_metric: str, pr: int | None, changed_only: bool) -> list[tuple]:
+    """Put the value rows ``iter_judged`` needs in a temporary table, one query: the PR runs of the groups to judge,
+    and main's runs of the same config, testbed and metric only (a tick judges the few groups a new PR run changed,
+    not the whole history); returns their keys ``(config, testbed, metric)``, each judged on its own."""
     if changed_only:  # a read-only snapshot (``pr-check``) judges everything asked for, and creates nothing
         con.execute(PR_CHECKS_SQL)
-    return con.execute(
+    con.execute(
         f"""
+CREATE OR REPLACE TEMP TABLE {_JUDGED_VALUES} AS
 WITH v AS ({_metric_values_sql(sps_metric)}),
 pr_values AS (
     SELECT *, lower(ci_commit) AS commit_key FROM v
@@ -237,6 +244,9 @@ SEMI JOIN (SELECT DISTINCT ci_config, testbed, metric FROM todo) t
 WHERE m.ci_branch = 'main'
 """,
         {"pr": pr},
+    )
+    return con.execute(
+        f"SELECT DISTINCT ci_config, testbed, metric FROM {_JUDGED_VALUES} WHERE ci_branch <> 'main' ORDER BY ALL"
     ).fetchall()
 
 
@@ -278,74 +288,94 @@ def judge_prs(
     changed_only: bool = False,
 ) -> list[dict]:
     """Every PR commit and config with ended runs (``pr``: that PR's alone; ``changed_only``: those whose ended runs
-    differ from their stored verdict's, what ``unjudged`` keeps), judged per metric and testbed; returns the rows of
-    ``pr_checks`` (not written: ``record_pr_checks``). A run whose name fails ``ci_identity`` is skipped, its reason
+    differ from their stored verdict's: a verdict stands once given, a later main run does not rewrite a PR's past
+    check), judged per metric and testbed; returns the rows of ``pr_checks`` (not written: ``record_pr_checks``),
+    ordered by PR, commit, config, testbed and metric. A run whose name fails ``ci_identity`` is skipped, its reason
     counted in ``skipped`` (one per run)."""
-    main: dict[tuple, list[tuple]] = {}
-    prs: dict[tuple, list[tuple]] = {}
-    urls = {}
-    refused: dict[str, str] = {}
-    for run_id, url, branch, commit, config, testbed, ci_at, ended_at, value, metric in _judged_values(
-        con, sps_metric, pr, changed_only
-    ):
-        if branch == "main":
-            main.setdefault((config, testbed, metric), []).append((ci_at, run_id, value, ended_at))
-            continue
-        identity = ci_identity(branch, commit)
-        if isinstance(identity, str):
-            refused[run_id] = identity
-        elif pr is None or identity[0] == pr:
-            prs.setdefault((*identity, config, testbed, metric), []).append((ci_at, run_id, value, ended_at))
-            urls[run_id] = url
-    if skipped is not None:
-        skipped.update(refused.values())
-    groups = sorted(prs.items())
-    # main as it stood when the sample's last run ended
-    wanted = [
-        ((config, testbed, metric), min(now, max(r[3] for r in runs)))
-        for (_, _, config, testbed, metric), runs in groups
+    rows = [
+        row
+        for chunk in iter_judged(
+            con, now, sps_metric, repo, k, min_n, confidence, percent, pr, min_change_pct, skipped, changed_only
+        )
+        for row in chunk
     ]
-    rows = []
-    for ((number, commit, config, testbed, metric), runs), history in zip(
-        groups, _baselines(main, wanted, k), strict=True
-    ):
-        if testbed == UNKNOWN_TESTBED:  # no GPU count or model: any hardware; never one baseline for all of it
-            history = []
-        verdict = judge(
-            [v for _, _, v, _ in runs], [v for _, _, v, _ in history], min_n, confidence, percent, min_change_pct
-        )
-        rows.append(
-            {
-                "repo": repo,
-                "pr": number,
-                "commit": commit,
-                "config": config,
-                "testbed": testbed,
-                "metric": metric,
-                **verdict.__dict__,
-                "judged_at": now,
-                "pr_runs": sorted(r for _, r, _, _ in runs),
-                "baseline_runs": [r for _, r, _, _ in history],
-                "pr_run_urls": [urls[r] for r in sorted(r for _, r, _, _ in runs)],
-            }
-        )
-    return rows
+    return sorted(rows, key=lambda r: tuple(r[c] for c in PR_CHECKS_KEY))
 
 
-def unjudged(con, rows: list[dict]) -> list[dict]:
-    """The rows of ``judge_prs`` whose PR runs changed since they were last judged (new ones, or a run more of the
-    same commit): a verdict stands once given (a later main run does not rewrite a PR's past check)."""
-    con.execute(PR_CHECKS_SQL)
-    if not rows:
-        return []
-    held = {  # of these rows' PRs only: a tick's few, not the history's verdicts (2.5 s at a million runs)
-        tuple(row[:-1]): sorted(row[-1])
-        for row in con.execute(
-            f"SELECT {', '.join(PR_CHECKS_KEY)}, pr_runs FROM pr_checks WHERE list_contains($prs, pr)",
-            {"prs": sorted({r["pr"] for r in rows})},
-        ).fetchall()
+def iter_judged(
+    con,
+    now: datetime,
+    sps_metric: str,
+    repo: str | None = None,
+    k: int = 10,
+    min_n: int = 5,
+    confidence: float = 0.99,
+    percent: float | None = None,
+    pr: int | None = None,
+    min_change_pct: float = 2.0,
+    skipped: Counter | None = None,
+    changed_only: bool = False,
+) -> Iterator[list[dict]]:
+    """``judge_prs``' rows one config, testbed and metric at a time: the first tick after a backfill judges the
+    history's PRs once (521,940 verdicts at a million runs), which held every value and verdict in memory at once
+    (3.2 GiB); a caller that records each list as it comes holds one key's."""
+    refused: dict[str, str] = {}
+    try:
+        for key in _stage_judged_values(con, sps_metric, pr, changed_only):
+            main: list[tuple] = []
+            prs: dict[tuple, list[tuple]] = {}
+            urls = {}
+            for run_id, url, branch, commit, _, _, ci_at, ended_at, value, _ in con.execute(
+                f"SELECT * FROM {_JUDGED_VALUES} WHERE ci_config IS NOT DISTINCT FROM $config AND testbed = $testbed "
+                "AND metric = $metric",
+                dict(zip(("config", "testbed", "metric"), key, strict=True)),
+            ).fetchall():
+                if branch == "main":
+                    main.append((ci_at, run_id, value, ended_at))
+                    continue
+                identity = ci_identity(branch, commit)
+                if isinstance(identity, str):
+                    if skipped is not None and run_id not in refused:
+                        skipped[identity] += 1
+                    refused[run_id] = identity
+                elif pr is None or identity[0] == pr:
+                    prs.setdefault(identity, []).append((ci_at, run_id, value, ended_at))
+                    urls[run_id] = url
+            groups = sorted(prs.items())
+            # main as it stood when the sample's last run ended
+            wanted = [(key, min(now, max(r[3] for r in runs))) for _, runs in groups]
+            yield [
+                _verdict_row(
+                    repo, number, commit, key, runs, history, urls, now, min_n, confidence, percent, min_change_pct
+                )
+                for ((number, commit), runs), history in zip(groups, _baselines({key: main}, wanted, k), strict=True)
+            ]
+    finally:
+        con.execute(f"DROP TABLE IF EXISTS {_JUDGED_VALUES}")
+
+
+def _verdict_row(
+    repo, number, commit, key, runs, history, urls, now, min_n, confidence, percent, min_change_pct
+) -> dict:
+    config, testbed, metric = key
+    if testbed == UNKNOWN_TESTBED:  # no GPU count or model: any hardware; never one baseline for all of it
+        history = []
+    verdict = judge(
+        [v for _, _, v, _ in runs], [v for _, _, v, _ in history], min_n, confidence, percent, min_change_pct
+    )
+    return {
+        "repo": repo,
+        "pr": number,
+        "commit": commit,
+        "config": config,
+        "testbed": testbed,
+        "metric": metric,
+        **verdict.__dict__,
+        "judged_at": now,
+        "pr_runs": sorted(r for _, r, _, _ in runs),
+        "baseline_runs": [r for _, r, _, _ in history],
+        "pr_run_urls": [urls[r] for r in sorted(r for _, r, _, _ in runs)],
     }
-    return [r for r in rows if held.get(tuple(r[c] for c in PR_CHECKS_KEY)) != r["pr_runs"]]
 
 
 def record_pr_checks(con, rows: list[dict]) -> None:
