@@ -273,32 +273,11 @@ def _baselines(main: dict[tuple, list[tuple]], wanted: list[tuple[tuple, datetim
     return found
 
 
-def judge_prs(
-    con,
-    now: datetime,
-    sps_metric: str,
-    repo: str | None = None,
-    k: int = 10,
-    min_n: int = 5,
-    confidence: float = 0.99,
-    percent: float | None = None,
-    pr: int | None = None,
-    min_change_pct: float = 2.0,
-    skipped: Counter | None = None,
-    changed_only: bool = False,
-) -> list[dict]:
-    """Every PR commit and config with ended runs (``pr``: that PR's alone; ``changed_only``: those whose ended runs
-    differ from their stored verdict's: a verdict stands once given, a later main run does not rewrite a PR's past
-    check), judged per metric and testbed; returns the rows of ``pr_checks`` (not written: ``record_pr_checks``),
-    ordered by PR, commit, config, testbed and metric. A run whose name fails ``ci_identity`` is skipped, its reason
-    counted in ``skipped`` (one per run)."""
-    rows = [
-        row
-        for chunk in iter_judged(
-            con, now, sps_metric, repo, k, min_n, confidence, percent, pr, min_change_pct, skipped, changed_only
-        )
-        for row in chunk
-    ]
+def judge_prs(con, now: datetime, sps_metric: str, **options) -> list[dict]:
+    """Every PR commit and config with ended runs, judged per metric and testbed (``iter_judged``, whose ``options``
+    these are); returns the rows of ``pr_checks`` (not written: ``record_pr_checks``), ordered by PR, commit, config,
+    testbed and metric."""
+    rows = [row for chunk in iter_judged(con, now, sps_metric, **options) for row in chunk]
     return sorted(rows, key=lambda r: tuple(r[c] for c in PR_CHECKS_KEY))
 
 
@@ -316,9 +295,12 @@ def iter_judged(
     skipped: Counter | None = None,
     changed_only: bool = False,
 ) -> Iterator[list[dict]]:
-    """``judge_prs``' rows one config, testbed and metric at a time: the first tick after a backfill judges the
-    history's PRs once (521,940 verdicts at a million runs), which held every value and verdict in memory at once
-    (3.2 GiB); a caller that records each list as it comes holds one key's."""
+    """The verdicts of every PR commit and config with ended runs (``pr``: that PR's alone; ``changed_only``: those
+    whose ended runs differ from their stored verdict's: a verdict stands once given, a later main run does not rewrite
+    a PR's past check), one config, testbed and metric at a time. The first tick after a backfill judges the history's
+    PRs once (521,940 verdicts at a million runs), which held every value and verdict in memory at once (3.2 GiB); a
+    caller that records each list as it comes holds one key's. A run whose name fails ``ci_identity`` is skipped, its
+    reason counted in ``skipped`` (one per run)."""
     refused: dict[str, str] = {}
     try:
         for key in _stage_judged_values(con, sps_metric, pr, changed_only):
