@@ -131,6 +131,21 @@ def test_multi_day_run_ended_in_window_counts_only_its_last_24_hours(con):
     assert gauges["wandb.runs.total_recent"] == 1
 
 
+def test_a_project_whose_runs_all_ended_before_the_window_keeps_its_row_of_zeros(con):
+    """Issue 54: the gauges no longer classify the runs that ended before W (a million of them at every snapshot).
+    Project `quiet`'s one run ended two days before T: it still has its per-project row, every gauge 0 or NULL as on an
+    empty fleet, and the fleet's gauges are those of the hand-built fleet alone."""
+    from wandb_assets.lib.gauges import compute_project_gauges
+
+    old = fleet_row("old", "finished", "regular", d(7, 12), d(8, 10), gpus=4, project="quiet")
+    load(con, [*FLEET, old])
+    assert compute_gauges(con, T) == pytest.approx(EXPECTED)
+    by_project = compute_project_gauges(con, T)
+    assert sorted(by_project) == [("test-team", "quiet"), ("test-team", "test-project")]
+    load(con, [])
+    assert by_project[("test-team", "quiet")] == compute_gauges(con, T)  # zeros and NULLs, as an empty fleet's
+
+
 def test_snapshot_later_moves_the_window(con):
     load(con, FLEET)
     later = compute_gauges(con, datetime(2026, 6, 11, 9, 0))  # W = (06-10 09:00, 06-11 09:00]

@@ -219,7 +219,9 @@ classified AS (
         i.idle_gpu_hours_in_w
     FROM {runs} AS runs CROSS JOIN w
     LEFT JOIN idle_in_w i USING (entity, project, run_id)
-    WHERE created_at <= w.t1
+    -- a run that ended before W counts in no gauge (busy until its end, its samples held no later): the history's
+    -- million runs are not classified at every snapshot (0.56 s -> 0.18 s a query at a million runs)
+    WHERE created_at <= w.t1 AND NOT coalesce(state IN ({ended}) AND ended_at <= w.t0, false)
 ),
 flagged AS (
     SELECT *,
@@ -229,8 +231,12 @@ flagged AS (
             epoch(least(busy_until, t1)) - epoch(greatest(created_at, t0)), 0) / 3600.0 END AS gpu_hours_in_w
     FROM classified
 )
-SELECT {columns} FROM flagged{group}
+SELECT {columns} FROM {rows}{group}
 """
+#: ``by_project``: every project with a run created by the snapshot has its row, its gauges 0 or NULL when none of its
+#: runs is alive or in W (rows of NULL flags count nowhere), as when every run was classified
+_EVERY_PROJECT = """(SELECT * FROM flagged UNION ALL BY NAME
+    SELECT DISTINCT entity, project FROM {runs} AS runs, w WHERE created_at <= w.t1)"""
 
 
 #: ``runs`` as they looked at ``$snapshot_at``, reconstructed from today's rows for a replayed history: a run
@@ -254,6 +260,7 @@ def gauge_query(as_of: bool = False, by_project: bool = False) -> str:
     runs = RUNS_AS_OF_SQL if as_of else MIRRORED_RUNS_SQL
     return _GAUGE_SQL.format(
         columns=columns,
+        rows=_EVERY_PROJECT.format(runs=runs) if by_project else "flagged",
         ended=ENDED_SQL,
         busy_until=busy_until_sql("w.t1"),
         runs=runs,
