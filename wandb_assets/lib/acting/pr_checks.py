@@ -207,11 +207,9 @@ SELECT ci_branch, commit_key, ci_config, testbed, metric, list(run_id ORDER BY r
 GROUP BY ALL
 """
 _CHANGED_GROUPS_SQL = f"""
-SELECT * FROM ({_GROUPS_SQL}) g
-WHERE NOT EXISTS (
-    SELECT 1 FROM pr_checks c
-    WHERE 'pr' || c.pr = g.ci_branch AND c.commit = g.commit_key AND c.config IS NOT DISTINCT FROM g.ci_config
-      AND c.testbed = g.testbed AND c.metric = g.metric AND c.pr_runs = g.runs)
+SELECT * FROM ({_GROUPS_SQL})
+EXCEPT  -- set semantics: a NULL config equals a NULL config, as the stored verdict keeps it
+SELECT 'pr' || pr, commit, config, testbed, metric, pr_runs FROM pr_checks
 """
 
 
