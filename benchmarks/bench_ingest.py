@@ -102,7 +102,7 @@ def _phase(name: str, days: int) -> dict:
     warnings.filterwarnings("ignore")
     now = datetime.fromisoformat(os.environ["BENCH_NOW"])
     first = (now - timedelta(days=days)).date()
-    count, holds = 0, []
+    count, holds, parts = 0, [], {}
     imports_started = time.perf_counter()
     if name in ("floor", "naive"):
         import wandb
@@ -146,7 +146,8 @@ def _phase(name: str, days: int) -> dict:
             }
             holds.append(ends["analytics_models"] - starts["analytics_models"])  # dbt holds the warehouse slot
         else:
-            result = run_tick(instance, now.date())[-1]  # refresh, then the feed job: a whole tick
+            results = run_tick(instance, now.date())  # refresh, then the feed job: a whole tick
+            result, parts = results[-1], _step_seconds(instance, results)
         assert result.success, f"{name} failed"
         import duckdb
 
@@ -160,7 +161,25 @@ def _phase(name: str, days: int) -> dict:
         "import_seconds": import_seconds,
         "peak_rss_mib": _peak_rss_mib(os.getpid()),
         "writer_held_max_s": max(holds, default=None),
+        "parts": parts,
     }
+
+
+def _step_seconds(instance, results) -> dict[str, float]:
+    """Each step of the runs ``results`` made, in seconds (its ``STEP_START`` to its success or failure in the event
+    log): a tick's time by part."""
+    parts = {}
+    for result in results:
+        started = {}
+        for record in instance.get_records_for_run(result.run_id).records:
+            event = record.event_log_entry.dagster_event
+            if event is None:
+                continue
+            if event.event_type_value == "STEP_START":
+                started[event.step_key] = record.event_log_entry.timestamp
+            elif event.event_type_value in ("STEP_SUCCESS", "STEP_FAILURE") and event.step_key in started:
+                parts[event.step_key] = record.event_log_entry.timestamp - started[event.step_key]
+    return parts
 
 
 def _peak_rss_mib(pid: int) -> float | None:
@@ -367,6 +386,7 @@ def bench_scale(now: datetime, days: int, runs_per_day: int, repeat: int = 1) ->
         "analytics": analytics,
         "tick_after_analytics": tick_after,
         "tick_seconds": [t["seconds"] for t in ticks],
+        "tick_parts": [t["parts"] for t in ticks],
         "tick_after_seconds": [t["seconds"] for t in ticks_after],
         "exports": exports,
         "helpers": helpers,
@@ -461,6 +481,12 @@ def main() -> None:
             f"warehouse slot {a['writer_held_max_s']:.2f} s, peak RSS {a['peak_rss_mib']:.0f} MiB; the tick again "
             f"with the marts built: {t2['seconds']:.2f} s in process (before: {t['seconds']:.2f} s)"
         )
+        steps = list(scale["tick_parts"][0])
+        print("\nthe ticks before the dbt build by part (seconds, from each step's start to its end):")
+        print("| step | " + " | ".join(f"tick {i + 1}" for i in range(len(scale["tick_parts"]))) + " |")
+        print("|---|" + "---|" * len(scale["tick_parts"]))
+        for step in steps:
+            print(f"| {step} | " + " | ".join(f"{p.get(step, 0):.2f}" for p in scale["tick_parts"]) + " |")
         if len(scale["tick_seconds"]) > 1:
             print(
                 "ticks before the dbt build: "
