@@ -808,21 +808,13 @@ def reconcile(
                 )
                 transitions.append(Transition("opened", condition))
         if touched:  # one UPDATE, not one per alert (2,500 open alerts at a million runs: 1.5 s a tick)
+            keys, messages, details, severities = map(list, zip(*touched, strict=True))
             con.execute(
                 "UPDATE alerts SET last_seen_at = $now, message = t.message, details = t.details::JSON, "
                 "severity = t.severity FROM (SELECT unnest($keys) AS alert_key, unnest($messages) AS message, "
                 "unnest($details) AS details, unnest($severities) AS severity) t "
                 "WHERE alerts.alert_key = t.alert_key AND alerts.resolved_at IS NULL",
-                {
-                    "now": now,
-                    **dict(
-                        zip(
-                            ("keys", "messages", "details", "severities"),
-                            map(list, zip(*touched, strict=True)),
-                            strict=True,
-                        )
-                    ),
-                },
+                {"now": now, "keys": keys, "messages": messages, "details": details, "severities": severities},
             )
         going_on = set(continued.values())
         for key, row in open_alerts.items():

@@ -299,7 +299,7 @@ def iter_judged(
     PRs once (521,940 verdicts at a million runs), which held every value and verdict in memory at once (3.2 GiB); a
     caller that records each list as it comes holds one key's. A run whose name fails ``ci_identity`` is skipped, its
     reason counted in ``skipped`` (one per run)."""
-    refused: dict[str, str] = {}
+    refused: set[str] = set()  # the runs counted in ``skipped``: once each, whatever their metrics
     try:
         for key in _stage_judged_values(con, sps_metric, pr, changed_only):
             main: list[tuple] = []
@@ -317,7 +317,7 @@ def iter_judged(
                 if isinstance(identity, str):
                     if skipped is not None and run_id not in refused:
                         skipped[identity] += 1
-                    refused[run_id] = identity
+                    refused.add(run_id)
                 elif pr is None or identity[0] == pr:
                     prs.setdefault(identity, []).append((ci_at, run_id, value, ended_at))
                     urls[run_id] = url
