@@ -20,8 +20,8 @@ from wandb_assets.ticks import execute_backfill
 from wandb_assets.warehouse import query_read_only
 
 #: With one request in flight (one slice per day): backfill: check + 3 days; refresh (today is months after
-#: the data): check + the 8 days it may reach back for unfinished runs + the older unfinished runs by id.
-RUNS_QUERIES = (1 + 3) + (1 + 8 + 1)
+#: the data): check + yesterday and today + the older unfinished runs by id.
+RUNS_QUERIES = (1 + 3) + (1 + 2 + 1)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -176,7 +176,9 @@ def test_every_warehouse_writer_is_in_the_single_slot_pool(tmp_path, monkeypatch
         assert instance.run_monitoring_enabled
 
 
-def test_schedule_reaches_back_to_the_oldest_unfinished_run(wandb_server, instance):
+def test_schedule_reads_yesterday_and_today_or_reaches_back_to_the_oldest_unfinished_run_if_told(
+    wandb_server, instance, monkeypatch
+):
     wandb_server(
         [
             make_run_node("old", display_name="train", state="running", created_at=at(3, 5)),
@@ -188,7 +190,11 @@ def test_schedule_reaches_back_to_the_oldest_unfinished_run(wandb_server, instan
         instance=instance, scheduled_execution_time=datetime(2026, 6, 10, 12, 15, tzinfo=UTC)
     )
     request = every_15_minutes(context)
-    assert isinstance(request, RunRequest)
+    assert isinstance(request, RunRequest)  # "old" (running, created 06-03) is refreshed by id, not by its days
+    assert request.tags["dagster/asset_partition_range_start"] == "2026-06-09"
+    assert request.tags["dagster/asset_partition_range_end"] == "2026-06-10"
+    monkeypatch.setenv("WANDB_ASSETS_UNFINISHED_WINDOW_DAYS", "7")
+    request = every_15_minutes(context)
     assert request.tags["dagster/asset_partition_range_start"] == "2026-06-03"
     assert request.tags["dagster/asset_partition_range_end"] == "2026-06-10"
 

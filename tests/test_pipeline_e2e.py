@@ -278,8 +278,11 @@ def test_persistent_500_fails_loudly_and_keeps_previous_rows(wandb_server, wareh
     assert table(warehouse_path, "SELECT name FROM runs WHERE run_id = 'ci-ok'") == [("changed",)]
 
 
-def test_a_zombie_run_caps_the_tick_and_is_refreshed_by_id(wandb_server, warehouse_path, instance, monkeypatch):
-    """A run left ``running`` for weeks does not make every tick re-read every day since it was created."""
+def test_an_older_unfinished_run_is_refreshed_by_id_not_by_re_reading_its_days(
+    wandb_server, warehouse_path, instance, monkeypatch
+):
+    """A run left ``running`` for weeks does not make every tick re-read every day since it was created: the tick
+    reads yesterday and today whole, and the run alone by id."""
     monkeypatch.setenv("WANDB_ASSETS_FETCH_CONCURRENCY", "1")  # one slice per day: the filter is the whole day
     zombie = make_run_node("zombie", display_name="train-z", state="running", created_at=datetime(2026, 5, 10, 8))
     fresh = make_run_node("fresh", display_name="train-f", state="finished", created_at=at(9, 8), heartbeat_at=at(9, 9))
@@ -302,11 +305,11 @@ def test_a_zombie_run_caps_the_tick_and_is_refreshed_by_id(wandb_server, warehou
     assert (
         result.dagster_run.tags["dagster/asset_partition_range_start"],
         result.dagster_run.tags["dagster/asset_partition_range_end"],
-    ) == ("2026-06-03", "2026-06-10")
+    ) == ("2026-06-09", "2026-06-10")
     filters = [json.loads(v["filters"]) for op, v in server.requests if op == "Runs"]
     assert filters == [
         {"createdAt": {"$gte": f"2026-06-{d:02d}T00:00:00Z", "$lt": f"2026-06-{d + 1:02d}T00:00:00Z"}}
-        for d in range(3, 11)
+        for d in range(9, 11)
     ] + [{"name": {"$in": ["zombie"]}}]
     assert table(warehouse_path, "SELECT run_id, state FROM runs ORDER BY run_id") == [
         ("fresh", "finished"),

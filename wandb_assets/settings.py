@@ -323,9 +323,9 @@ class Settings(BaseSettings):
         60.0, "Seconds a writer retries (with back-off) while another process locks the warehouse.", "60", ge=0
     )
     WANDB_ASSETS_UNFINISHED_WINDOW_DAYS: int = _var(
-        7,
-        "A tick re-reads at most this many days back for unfinished runs; older unfinished runs are refreshed "
-        "by id in one request.",
+        1,
+        "A tick re-reads whole the days back to its oldest unfinished run, but at most this many (1: yesterday and "
+        "today only); older unfinished runs are refreshed by id, 500 a request.",
         ge=1,
     )
     DAGSTER_HOME: str | None = _var(
@@ -530,7 +530,7 @@ class PipelineSettings:
     retry_wait_max_s: float
     page_size: int
     lock_wait_s: float
-    unfinished_window_days: int = 7
+    unfinished_window_days: int = 1
     fetch_concurrency: int = 4
     staging_dir: Path = Path("staging")
     #: Worker processes that normalise a big fetch's pages (``WANDB_ASSETS_STAGING_PROCESSES``); 0: none.
