@@ -8,7 +8,7 @@ import pytest
 from tests.fleet import fleet_row, load
 from wandb_assets import warehouse
 from wandb_assets.lib.clock import configured_time
-from wandb_assets.lib.derived import rebuild_gpu_hours, rebuild_push_to_main_sps, rebuild_success_rates
+from wandb_assets.lib.derived import push_to_main_sps_rows, rebuild_gpu_hours, rebuild_success_rates
 from wandb_assets.lib.errors import ConfigError
 from wandb_assets.localwandb.server import iso_z
 
@@ -60,7 +60,7 @@ def test_every_helper_includes_its_end_day(memory_con):
     ]
     rows[-1]["sweep_id"] = "sw1"
     load(memory_con, rows)
-    rebuild_push_to_main_sps(memory_con)
+    push_to_main_sps_rows(memory_con)
     rebuild_success_rates(memory_con)
     rebuild_gpu_hours(memory_con, datetime(2026, 6, 4))
     memory_con.execute(

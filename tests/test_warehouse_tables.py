@@ -6,7 +6,7 @@ import duckdb
 import pytest
 
 from tests.fleet import fleet_row
-from wandb_assets.lib.derived import rebuild_gpu_hours, rebuild_push_to_main_sps, rebuild_success_rates
+from wandb_assets.lib.derived import push_to_main_sps_rows, rebuild_gpu_hours, rebuild_success_rates
 from wandb_assets.lib.warehouse import refresh_days, replace_runs_window, unfinished_run_ids
 
 NOW = datetime(2026, 6, 4, 2, 0)
@@ -59,7 +59,7 @@ def test_success_rates_per_day_and_category(con):
 
 
 def test_push_to_main_sps_has_one_row_per_ci_run(con):
-    assert rebuild_push_to_main_sps(con) == 2
+    assert push_to_main_sps_rows(con) == 2
     rows = con.execute("SELECT run_id, state, sps_overview_sps FROM push_to_main_sps ORDER BY run_id").fetchall()
     assert rows == [("alive", "running", None), ("crash", "crashed", 10.0)]
 

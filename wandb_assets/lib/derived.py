@@ -1,7 +1,8 @@
-"""The tables derived from ``runs`` (and the GPU samples), each rebuilt whole in one short transaction: the CI
-throughput series, success rates, GPU-hours per day, and ``gpu_usage`` (GPU-hours, idle hours and dollars per day,
-project, user, team and GPU model), with the SQL of each. What changes together with the rules of GPU accounting
-(docs/gpu-accounting.md) lives here; ``lib.warehouse`` holds the schema and the loads. No Dagster here.
+"""The tables derived from ``runs`` (and the GPU samples), each rebuilt whole in one short transaction: success
+rates, GPU-hours per day, and ``gpu_usage`` (GPU-hours, idle hours and dollars per day, project, user, team and GPU
+model), with the SQL of each (the CI throughput series, ``push_to_main_sps``, is a view: ``lib.warehouse``). What
+changes together with the rules of GPU accounting (docs/gpu-accounting.md) lives here; ``lib.warehouse`` holds the
+schema and the loads. No Dagster here.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from wandb_assets.lib.accounting.prices import PRICE_SCHEDULE_CTE, price_file_to
 from wandb_assets.lib.curves_warehouse import rejudge_curve_idle
 from wandb_assets.lib.gauges import held_samples_sql
 from wandb_assets.lib.lake import retry_on_conflict
-from wandb_assets.lib.normalize import SPS_KEYS
 from wandb_assets.lib.runs_lifecycle import sync_prices
 from wandb_assets.lib.sql import (
     ENDED_SQL,
@@ -33,8 +33,6 @@ from wandb_assets.lib.sql import (
 )
 from wandb_assets.lib.warehouse import has_table
 
-_SPS_COLUMNS = list(SPS_KEYS.values())
-
 
 @retry_on_conflict
 def _replace_table(con, table: str, select_sql: str, params: dict | None = None) -> int:
@@ -44,12 +42,6 @@ def _replace_table(con, table: str, select_sql: str, params: dict | None = None)
         con.execute(f"INSERT INTO {table} BY NAME {select_sql}", params or {})
     return con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
 
-
-PUSH_TO_MAIN_SPS_SQL = f"""
-SELECT entity, project, run_id, name, ci_branch, ci_commit, ci_config, ci_timestamp, state, created_at, ended_at, url,
-       {", ".join(_SPS_COLUMNS)}, sps_steady
-FROM runs WHERE category = 'push_to_main'
-"""
 
 SUCCESS_RATES_SQL = f"""
 SELECT entity, project, ended_at::DATE AS day,
@@ -209,8 +201,9 @@ def settings_since_build(con, prices, teams: dict[str, str], idle_pct: float) ->
     return datetime.fromisoformat(build["now"]), differ
 
 
-def rebuild_push_to_main_sps(con) -> int:
-    return _replace_table(con, "push_to_main_sps", PUSH_TO_MAIN_SPS_SQL)
+def push_to_main_sps_rows(con) -> int:
+    """``push_to_main_sps`` is a view of ``runs`` (``warehouse.PUSH_TO_MAIN_SPS_SQL``): nothing to rebuild; its rows."""
+    return con.execute("SELECT count(*) FROM push_to_main_sps").fetchone()[0]
 
 
 def rebuild_success_rates(con) -> int:

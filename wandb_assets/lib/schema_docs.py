@@ -127,8 +127,8 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
         },
     ),
     "push_to_main_sps": (
-        "table",
-        "One row per push-to-main CI run with its throughput.",
+        "view",
+        "One row per push-to-main CI run with its throughput (a view of runs: category push_to_main).",
         {
             **_PROJECT,
             "run_id": "W&B run id",

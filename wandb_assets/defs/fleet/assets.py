@@ -22,9 +22,9 @@ from wandb_assets.lib.accounting.costs import cost_cells, cost_summary, coverage
 from wandb_assets.lib.accounting.prices import unknown_price_key_warning
 from wandb_assets.lib.clock import configured_time, utc_now
 from wandb_assets.lib.derived import (
+    push_to_main_sps_rows,
     rebuild_gpu_hours,
     rebuild_gpu_usage,
-    rebuild_push_to_main_sps,
     rebuild_success_rates,
 )
 from wandb_assets.lib.gauges import GAUGES, format_gauge, gauge_unit
@@ -67,8 +67,9 @@ def derived_table_asset(
 
 push_to_main_sps = derived_table_asset(
     "push_to_main_sps",
-    "One row per push-to-main CI run: its CI fields, state, end time and the five SPS values.",
-    rebuild_push_to_main_sps,
+    "One row per push-to-main CI run: its CI fields, state, end time and the five SPS values (a view of runs: "
+    "always as runs holds them; this step reports its rows).",
+    push_to_main_sps_rows,
     "ended_at DESC NULLS LAST",
     "created_at",
 )
