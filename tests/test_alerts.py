@@ -8,6 +8,7 @@ import pytest
 
 from tests.capture import CaptureServer
 from tests.fleet import fleet_row, load
+from wandb_assets.lib.accounting.gpus import UNKNOWN_TESTBED
 from wandb_assets.lib.acting.channels import post_webhook
 from wandb_assets.lib.alerts import (
     PIPELINE_FAILURE,
@@ -603,3 +604,45 @@ def test_an_alert_of_a_run_that_moves_to_another_mirrored_project_goes_on_under_
         "SELECT alert_key, event FROM alert_notifications WHERE alert_key LIKE 'long_running:%' ORDER BY id"
     ).fetchall()
     assert events == [("long_running:e/p:z1", "opened"), ("long_running:e/p:z1", "resolved")]
+
+
+def test_a_tick_keeps_the_detectors_checkpoint_and_the_next_judges_from_it_as_from_the_start(con):
+    """The tick that records the change points keeps, per series, where the detector last re-baselined (here the fix
+    at commit 52, decided at 55); the next tick's series (10 more runs, a second drop at commit 77) is judged from
+    there (what the checkpoint says of the runs before it is taken as it is: an edit made there shows), with the
+    answer of the whole series; a checkpoint that cannot be read is never trusted: all anew."""
+    from wandb_assets.lib.alerts import _DETECTOR_KEY
+
+    def kept() -> dict:
+        return json.loads(
+            con.execute("SELECT value FROM warehouse_meta WHERE key = $k", {"k": _DETECTOR_KEY}).fetchone()[0]
+        )
+
+    def recorded() -> list[tuple]:
+        return con.execute(
+            "SELECT first_slow_commit, recovered, round(before, 9) FROM sps_change_points ORDER BY ordinal"
+        ).fetchall()
+
+    values = flat(100.0, 30) + flat(85.0, 22) + flat(100.0, 25)
+    load(con, fresh_ci() + main_runs("ppo", values, last_ended_hours_ago=3))
+    assert record_change_points(con, T, "overview/sps") == 1
+    ((series, checkpoint),) = kept().items()
+    assert series == json.dumps(["test-team", "test-project", "ppo", UNKNOWN_TESTBED])
+    assert (checkpoint["regime_start"], checkpoint["prefix_length"], len(checkpoint["found"])) == (52, 55, 1)
+    checkpoint["found"][0]["before"] = 99.0
+    con.execute(
+        "UPDATE warehouse_meta SET value = $v WHERE key = $k",
+        {"k": _DETECTOR_KEY, "v": json.dumps(kept() | {series: checkpoint})},
+    )
+    load(con, fresh_ci() + main_runs("ppo", values + flat(80.0, 10)))
+    assert record_change_points(con, T, "overview/sps") == 2
+    assert recorded() == [("ppo0030", True, 99.0), ("ppo0077", False, 100.0)]  # resumed at 52: 0030 as kept
+    assert kept()[series]["regime_start"] == 77
+    con.execute("UPDATE warehouse_meta SET value = '{\"x\": 1}' WHERE key = $k", {"k": _DETECTOR_KEY})
+    con.execute("DELETE FROM warehouse_meta WHERE key = 'sps_change_points'")  # (the series' mark: judge again)
+    assert record_change_points(con, T, "overview/sps") == 2
+    assert recorded() == [("ppo0030", True, 100.0), ("ppo0077", False, 100.0)]
+    assert [(r["first_slow_commit"], round(r["before"], 9)) for r in find_change_points(con, T, "overview/sps")] == [
+        ("ppo0030", 100.0),
+        ("ppo0077", 100.0),
+    ]

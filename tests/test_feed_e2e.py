@@ -342,8 +342,8 @@ def test_the_sps_detector_runs_once_a_tick(wandb_server, capture, warehouse_path
     from wandb_assets.lib import alerts
 
     calls = []
-    detect = alerts.find_change_points
-    monkeypatch.setattr(alerts, "find_change_points", lambda *a: calls.append(a[1]) or detect(*a))
+    detect = alerts._change_points_and_checkpoints  # what find_change_points and record_change_points run
+    monkeypatch.setattr(alerts, "_change_points_and_checkpoints", lambda *a: calls.append(a[1]) or detect(*a))
     wandb_server(ci_runs(failed=0))
     assert all(r.success for r in run_tick(instance, TODAY, snapshot_at=SNAPSHOT, now=NOW))
     assert all(

@@ -1,9 +1,12 @@
 """The SPS-regression detector on hand-built commit-ordered series (levels and noise chosen by hand)."""
 
+import json
 import math
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from wandb_assets.lib.regressions import find_regressions
 
@@ -159,3 +162,56 @@ def test_the_sliding_baseline_gives_what_sorting_each_window_afresh_gives():
         assert sliding.of(lo, hi) == from_scratch(logs[lo:hi]), (lo, hi)
         checked += 1
     assert checked == 2000
+
+
+# A series of CI runs in commit order: regimes of a level, each run a noise factor, some values W&B can send that
+# the detector skips (NaN, infinite, zero, negative, null).
+_LEVEL_RUNS = st.tuples(st.sampled_from([1000.0, 950.0, 880.0, 700.0, 1200.0]), st.integers(1, 45))
+_SKIPPED = st.sampled_from([math.nan, math.inf, 0.0, -5.0, None])
+
+
+@st.composite
+def _series(draw):
+    values = []
+    for level, runs in draw(st.lists(_LEVEL_RUNS, min_size=1, max_size=6)):
+        for _ in range(runs):
+            skipped = draw(st.one_of(st.none(), _SKIPPED)) if draw(st.integers(0, 30)) == 0 else False
+            values.append(skipped if skipped is not False else level * draw(st.floats(0.94, 1.06)))
+    return values
+
+
+@settings(max_examples=150, deadline=None)
+@given(_series(), st.data())
+def test_a_series_resumed_from_its_checkpoint_is_judged_as_from_the_start(values, data):
+    """What a tick judges from the checkpoint the last tick kept equals the whole series judged from its first run,
+    whatever runs came since; and a series whose judged runs changed (a run of an older commit ended late) is judged
+    from the start, not from a checkpoint that no longer holds."""
+    from wandb_assets.lib.regressions import checkpoint_from_json, checkpoint_to_json, resume_regressions
+
+    cut = data.draw(st.integers(0, len(values)))
+    _, checkpoint = resume_regressions(values[:cut], None)
+    if checkpoint is not None:  # kept between ticks as JSON
+        checkpoint = checkpoint_from_json(json.loads(json.dumps(checkpoint_to_json(checkpoint))))
+    whole = find_regressions(values)
+    resumed, _ = resume_regressions(values, checkpoint)
+    assert resumed == whole
+    if checkpoint is not None and checkpoint.prefix_length > 0:  # an earlier run's value changed: start over
+        at = data.draw(st.integers(0, checkpoint.prefix_length - 1))
+        changed = [*values[:at], 1.5 * (values[at] if isinstance(values[at], float) else 1000.0), *values[at + 1 :]]
+        assert resume_regressions(changed, checkpoint)[0] == find_regressions(changed)
+
+
+def test_a_checkpoint_lets_a_tick_judge_only_the_runs_after_the_last_re_baseline():
+    """A drop at run 60 re-baselines there (decided at run 62): the checkpoint names run 60 as the regime's start and
+    the 63 values it was decided on; resumed, a 20% drop at run 100 is found as from the start."""
+    from wandb_assets.lib.regressions import resume_regressions
+
+    wiggle = [1 + 0.004 * (-1) ** i for i in range(60)]
+    values = [1000.0 * w for w in wiggle] + [850.0 * w for w in wiggle[:30]]
+    (first,), checkpoint = resume_regressions(values, None)
+    assert (first.first_slow, first.detected_at) == (60, 62)
+    assert (checkpoint.regime_start, checkpoint.prefix_length, checkpoint.found) == (60, 63, (first,))
+    later = values + [680.0 * w for w in wiggle[:30]]
+    resumed, after = resume_regressions(later, checkpoint)
+    assert resumed == find_regressions(later) and [r.first_slow for r in resumed] == [60, 90]
+    assert after.regime_start == 90

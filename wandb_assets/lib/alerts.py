@@ -23,7 +23,7 @@ from wandb_assets.lib.accounting.prices import PRICE_SCHEDULE_CTE, price_on_sql
 from wandb_assets.lib.curves_warehouse import steady_metric
 from wandb_assets.lib.gauges import snapshot_gauge, snapshot_project_gauge
 from wandb_assets.lib.lake import retry_on_conflict
-from wandb_assets.lib.regressions import find_regressions
+from wandb_assets.lib.regressions import Checkpoint, checkpoint_from_json, checkpoint_to_json, resume_regressions
 from wandb_assets.lib.runs_lifecycle import moved_copy_sql
 from wandb_assets.lib.sql import (
     ALIVE_SQL,
@@ -34,6 +34,7 @@ from wandb_assets.lib.sql import (
     SPS_SQL_STATES,
     Connect,
     dict_rows,
+    set_meta,
     transaction,
 )
 
@@ -287,22 +288,46 @@ def find_change_points(con, at: datetime, metric: str) -> list[dict]:
     """Every regression the detector finds in each CI config's main series up to ``at``, recovered ones too, oldest
     first per config: one ``sps_change_points`` row each. Each series comes as one list of values; only the runs a
     regression names are read as rows (at a million runs, 313,606 Python rows cost 0.7 s an evaluation)."""
+    return _change_points_and_checkpoints(con, at, metric)[0]
+
+
+def _change_points_and_checkpoints(con, at: datetime, metric: str) -> tuple[list[dict], dict[str, Checkpoint]]:
+    """``find_change_points``, each series resumed from the checkpoint a tick kept (``_DETECTOR_KEY``) where it still
+    holds, and the checkpoints to keep now."""
     params = series_params(con, at, metric)
     con.execute(_SERIES_TABLE_SQL, params)
     try:
-        return _change_points_of_series(con, at, metric)
+        return _change_points_of_series(con, at, metric, _stored_checkpoints(con))
     finally:
         con.execute(f"DROP TABLE IF EXISTS {_SERIES_TABLE}")
 
 
-def _change_points_of_series(con, at: datetime, metric: str) -> list[dict]:
-    found = [
-        ((entity, project, config, testbed), regression)
-        for entity, project, config, testbed, values in con.execute(_SERIES_VALUES_SQL).fetchall()
-        for regression in find_regressions(values)
-    ]
+#: ``warehouse_meta`` key: the detector's checkpoint of each series (``regressions.Checkpoint``), kept by the tick that
+#: recorded the change points, so the next one judges only the runs after each series' last re-baseline.
+_DETECTOR_KEY = "sps_detector_checkpoints"
+
+
+def _stored_checkpoints(con) -> dict[str, Checkpoint]:
+    """The checkpoints kept, by series (``json.dumps([entity, project, ci_config, testbed])``); none if unreadable."""
+    try:
+        found = con.execute("SELECT value FROM warehouse_meta WHERE key = $k", {"k": _DETECTOR_KEY}).fetchone()
+        return {series: checkpoint_from_json(data) for series, data in json.loads(found[0]).items()} if found else {}
+    except (duckdb.CatalogException, ValueError, KeyError, TypeError):  # none kept, or by another version: start over
+        return {}
+
+
+def _change_points_of_series(
+    con, at: datetime, metric: str, checkpoints: dict[str, Checkpoint]
+) -> tuple[list[dict], dict[str, Checkpoint]]:
+    found, kept = [], {}
+    for entity, project, config, testbed, values in con.execute(_SERIES_VALUES_SQL).fetchall():
+        series = json.dumps([entity, project, config, testbed])
+        regressions, checkpoint = resume_regressions(values, checkpoints.get(series))
+        found += [((entity, project, config, testbed), regression) for regression in regressions]
+        if checkpoint is not None:
+            kept[series] = checkpoint
     if not found:
-        return []
+        return [], kept
     wanted = {
         (*series, position)
         for series, r in found
@@ -345,7 +370,7 @@ def _change_points_of_series(con, at: datetime, metric: str) -> list[dict]:
                 "recovered": recovered is not None,
             }
         )
-    return rows
+    return rows, kept
 
 
 #: What the main series up to ``$t`` are made of, cheaply (no summary is read): how many runs, the latest time among
@@ -383,8 +408,9 @@ def record_change_points(con, at: datetime, metric: str) -> int:
     mark = _series_mark(con, at, metric)
     if _recorded_mark(con) == mark:
         return con.execute("SELECT count(*) FROM sps_change_points").fetchone()[0]
-    rows = find_change_points(con, at, metric)
+    rows, checkpoints = _change_points_and_checkpoints(con, at, metric)
     with transaction(con):
+        set_meta(con, _DETECTOR_KEY, json.dumps({k: checkpoint_to_json(c) for k, c in checkpoints.items()}))
         con.execute("DELETE FROM sps_change_points")
         if rows:
             con.execute(

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import bisect
 import functools
+import hashlib
 import math
-from dataclasses import dataclass, replace
+from array import array
+from dataclasses import asdict, dataclass, field, replace
 from statistics import median
 
 #: Runs a regime needs before it is judged (its baseline), and at most this many recent ones make it.
@@ -63,6 +65,68 @@ class Regression:
     recovered_at: int | None = None
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where the detector may resume a series it has seen: at its last re-baseline. What it finds after that point
+    depends only on the runs from ``regime_start`` on and on ``found``/``open_drops``, and the re-baseline itself
+    only on the first ``prefix_length`` values, which ``prefix_digest`` names: while a series keeps them, the runs
+    added after them can be judged from here (the answer is the whole series' answer; a changed prefix starts over)."""
+
+    prefix_length: int
+    prefix_digest: str
+    #: Index (in the values) of the first run of the regime under way.
+    regime_start: int
+    found: tuple[Regression, ...] = ()
+    #: Positions in ``found`` of the regressions not recovered yet.
+    open_drops: tuple[int, ...] = field(default_factory=tuple)
+
+
+#: The detector's rules as a checkpoint was taken under (its constants, and a version to bump when its logic changes):
+#: a checkpoint taken under other rules names other values, so it is never resumed from.
+_RULES = repr(
+    (1, MIN_BASELINE, BASELINE_WINDOW, SLACK, CLIP, THRESHOLD, MIN_CHANGE, MIN_SPREAD, ONSET_LOOKBACK, RECOVERY_SPREADS)
+).encode()
+
+
+def _digest(values) -> str:
+    """A digest of values as the detector reads them (anything not a number reads as NaN: it is skipped either way),
+    and of the rules it reads them by."""
+    numbers = array("d", (v if isinstance(v, (int, float)) else math.nan for v in values))
+    return hashlib.blake2b(_RULES + numbers.tobytes(), digest_size=16).hexdigest()
+
+
+def checkpoint_to_json(checkpoint: Checkpoint) -> dict:
+    """A checkpoint as JSON (to keep between ticks)."""
+    found = [asdict(r) for r in checkpoint.found]
+    return {**asdict(checkpoint), "found": found, "open_drops": list(checkpoint.open_drops)}
+
+
+def checkpoint_from_json(data: dict) -> Checkpoint:
+    """``checkpoint_to_json`` read back."""
+    return Checkpoint(
+        int(data["prefix_length"]),
+        str(data["prefix_digest"]),
+        int(data["regime_start"]),
+        tuple(Regression(**r) for r in data["found"]),
+        tuple(int(k) for k in data["open_drops"]),
+    )
+
+
+def resume_regressions(
+    values: list[float], checkpoint: Checkpoint | None
+) -> tuple[list[Regression], Checkpoint | None]:
+    """``find_regressions(values)``, resumed from ``checkpoint`` (of an earlier call on this series) when the series
+    still starts with the values it was taken on; and the checkpoint to resume from next time (None: none yet).
+    A tick at a million runs judges four series of ~78,000 runs: 0.22 s each from the start, 0.02-0.05 s from a
+    checkpoint."""
+    if checkpoint is not None and (
+        len(values) < checkpoint.prefix_length
+        or _digest(values[: checkpoint.prefix_length]) != checkpoint.prefix_digest
+    ):
+        checkpoint = None
+    return _find(tuple(values), checkpoint)
+
+
 def _quantile(ordered: list[float], q: float) -> float:
     position = q * (len(ordered) - 1)
     low = math.floor(position)
@@ -82,7 +146,7 @@ def find_regressions(values: list[float]) -> list[Regression]:
 
 @functools.lru_cache(maxsize=64)
 def _remembered(values: tuple) -> tuple[Regression, ...]:
-    return tuple(_find(values))
+    return tuple(_find(values)[0])
 
 
 class _SlidingBaseline:
@@ -125,18 +189,22 @@ def _baseline_of_sorted(ordered: list[float]) -> tuple[float, float]:
     return level, max(mad, spread_q, MIN_SPREAD)
 
 
-def _find(values: tuple) -> list[Regression]:
+def _find(values: tuple, checkpoint: Checkpoint | None = None) -> tuple[list[Regression], Checkpoint | None]:
+    """Every drop (``find_regressions``), judged from ``checkpoint`` (a valid one: ``resume_regressions``) or from the
+    first run, and the checkpoint at the last re-baseline (``checkpoint`` if there was none since)."""
     points = [
         (i, math.log(v)) for i, v in enumerate(values) if isinstance(v, (int, float)) and v > 0 and math.isfinite(v)
     ]
-    found: list[Regression] = []
-    regime_start = 0  # position in ``points`` of the current regime's first run
+    found: list[Regression] = list(checkpoint.found) if checkpoint else []
+    # position in ``points`` of the current regime's first run
+    regime_start = bisect.bisect_left(points, checkpoint.regime_start, key=lambda p: p[0]) if checkpoint else 0
     low = high = 0.0  # downward / upward CUSUM statistics
     low_start = high_start = None  # where each excursion began
     level = spread = 0.0
-    open_drops: list[int] = []  # indexes in ``found`` of regressions not recovered yet
+    open_drops: list[int] = list(checkpoint.open_drops) if checkpoint else []  # indexes in ``found`` not recovered
     baseline = _SlidingBaseline([y for _, y in points])
-    position = 0
+    position = regime_start
+    last_rebaseline = None
     while position < len(points):
         index, y = points[position]
         if position - regime_start < MIN_BASELINE:
@@ -188,9 +256,14 @@ def _find(values: tuple) -> list[Regression]:
             regime_start, position = changed_at, changed_at
             low = high = 0.0
             low_start = high_start = None
+            # decided on the values up to this run (its digest is taken once, for the last re-baseline)
+            last_rebaseline = (index + 1, points[regime_start][0], tuple(found), tuple(open_drops))
             continue
         position += 1
-    return found
+    if last_rebaseline is None:
+        return found, checkpoint
+    judged, start, found_then, open_then = last_rebaseline
+    return found, Checkpoint(judged, _digest(values[:judged]), start, found_then, open_then)
 
 
 def _split(points: list[tuple[int, float]], start: int, end: int, level: float, spread: float) -> int:
