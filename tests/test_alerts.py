@@ -25,6 +25,7 @@ from wandb_assets.lib.alerts import (
     record_change_points,
     sps_regression,
 )
+from wandb_assets.lib.normalize import SPS_KEYS
 from wandb_assets.lib.sql import reusing
 from wandb_assets.settings import alert_thresholds
 
@@ -140,6 +141,8 @@ def main_runs(config: str, values: list[float], metric: str = "overview/sps", la
             url=f"http://wandb.local/runs/{config}-{i}",
             summary=json.dumps({metric: value}),
         )
+        if metric in SPS_KEYS:  # as the load keeps the five SPS keys: their column too (``normalize``)
+            row[SPS_KEYS[metric]] = value
         rows.append(row)
     return rows
 
@@ -646,3 +649,16 @@ def test_a_tick_keeps_the_detectors_checkpoint_and_the_next_judges_from_it_as_fr
         ("ppo0030", 100.0),
         ("ppo0077", 100.0),
     ]
+
+
+def test_a_summary_value_that_is_not_a_number_is_no_sps_whichever_key_is_judged(con):
+    """A run's SPS is a number or none, as the load keeps the five SPS keys (text and booleans are none): a key of
+    those is read from its column, any other (``charts/SPS``) from the summary by the same rule (it once cast the
+    text "85" to 85.0)."""
+    from wandb_assets.lib.alerts import sps_regression_summary
+
+    rows = main_runs("ppo", [100.0, 85.0, 90.0, 70.0, 60.0, 50.0], metric="charts/SPS")
+    for row, odd in zip(rows[1:5], ['"85"', "true", "null", '{"v": 70}'], strict=True):
+        row["summary"] = '{"charts/SPS": ' + odd + "}"
+    load(con, fresh_ci() + rows)
+    assert "(2 runs with a value," in sps_regression_summary(con, T, replace(TH, sps_metric="charts/SPS"))
