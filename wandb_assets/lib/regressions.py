@@ -192,12 +192,14 @@ def _baseline_of_sorted(ordered: list[float]) -> tuple[float, float]:
 def _find(values: tuple, checkpoint: Checkpoint | None = None) -> tuple[list[Regression], Checkpoint | None]:
     """Every drop (``find_regressions``), judged from ``checkpoint`` (a valid one: ``resume_regressions``) or from the
     first run, and the checkpoint at the last re-baseline (``checkpoint`` if there was none since)."""
+    first = checkpoint.regime_start if checkpoint else 0  # nothing before a checkpoint's regime is read again
     points = [
-        (i, math.log(v)) for i, v in enumerate(values) if isinstance(v, (int, float)) and v > 0 and math.isfinite(v)
+        (i, math.log(v))
+        for i, v in enumerate(values[first:], first)
+        if isinstance(v, (int, float)) and v > 0 and math.isfinite(v)
     ]
     found: list[Regression] = list(checkpoint.found) if checkpoint else []
-    # position in ``points`` of the current regime's first run
-    regime_start = bisect.bisect_left(points, checkpoint.regime_start, key=lambda p: p[0]) if checkpoint else 0
+    regime_start = 0  # position in ``points`` of the current regime's first run
     low = high = 0.0  # downward / upward CUSUM statistics
     low_start = high_start = None  # where each excursion began
     level = spread = 0.0
