@@ -21,11 +21,13 @@ with the reason, never failing the asset. Whether the commit is the PR's is GitH
 
 from __future__ import annotations
 
+import gc
 import math
 import re
 import statistics
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -307,36 +309,64 @@ def iter_judged(
     refused: set[str] = set()  # the runs counted in ``skipped``: once each, whatever their metrics
     try:
         for key in _stage_judged_values(con, sps_metric, pr, changed_only):
-            main: list[tuple] = []
-            prs: dict[tuple, list[tuple]] = {}
-            urls = {}
-            for run_id, url, branch, commit, _, _, ci_at, ended_at, value, _ in con.execute(
-                f"SELECT * FROM {_JUDGED_VALUES} WHERE ci_config IS NOT DISTINCT FROM $config AND testbed = $testbed "
-                "AND metric = $metric",
-                dict(zip(("config", "testbed", "metric"), key, strict=True)),
-            ).fetchall():
-                if branch == "main":
-                    main.append((ci_at, run_id, value, ended_at))
-                    continue
-                identity = ci_identity(branch, commit)
-                if isinstance(identity, str):
-                    if skipped is not None and run_id not in refused:
-                        skipped[identity] += 1
-                    refused.add(run_id)
-                elif pr is None or identity[0] == pr:
-                    prs.setdefault(identity, []).append((ci_at, run_id, value, ended_at))
-                    urls[run_id] = url
-            groups = sorted(prs.items())
-            # main as it stood when the sample's last run ended
-            wanted = [(key, min(now, max(r[3] for r in runs))) for _, runs in groups]
-            yield [
-                _verdict_row(
-                    repo, number, commit, key, runs, history, urls, now, min_n, confidence, percent, min_change_pct
+            with _collector_paused():
+                rows = _judged_key(
+                    con, key, now, repo, k, min_n, confidence, percent, pr, min_change_pct, skipped, refused
                 )
-                for ((number, commit), runs), history in zip(groups, _baselines({key: main}, wanted, k), strict=True)
-            ]
+            yield rows
     finally:
         con.execute(f"DROP TABLE IF EXISTS {_JUDGED_VALUES}")
+
+
+@contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector off while one key is judged: its rows and verdicts are millions of small
+    acyclic objects, and each collection walked every one of them (7 s of the 25 s a million-run history's first
+    judging took). Restored as it was, whatever happens."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+#: One key's value rows: what judging reads (main's runs need no URL nor commit: NULL, fewer Python objects).
+_KEY_VALUES_SQL = f"""
+SELECT run_id, CASE WHEN ci_branch <> 'main' THEN url END, ci_branch, CASE WHEN ci_branch <> 'main' THEN ci_commit END,
+       ci_at, ended_at, value
+FROM {_JUDGED_VALUES} WHERE ci_config IS NOT DISTINCT FROM $config AND testbed = $testbed AND metric = $metric
+"""
+
+
+def _judged_key(
+    con, key: tuple, now: datetime, repo, k, min_n, confidence, percent, pr, min_change_pct, skipped, refused
+) -> list[dict]:
+    """The verdicts of one ``(config, testbed, metric)`` (``iter_judged``)."""
+    main: list[tuple] = []
+    prs: dict[tuple, list[tuple]] = {}
+    urls = {}
+    params = dict(zip(("config", "testbed", "metric"), key, strict=True))
+    for run_id, url, branch, commit, ci_at, ended_at, value in con.execute(_KEY_VALUES_SQL, params).fetchall():
+        if branch == "main":
+            main.append((ci_at, run_id, value, ended_at))
+            continue
+        identity = ci_identity(branch, commit)
+        if isinstance(identity, str):
+            if skipped is not None and run_id not in refused:
+                skipped[identity] += 1
+            refused.add(run_id)
+        elif pr is None or identity[0] == pr:
+            prs.setdefault(identity, []).append((ci_at, run_id, value, ended_at))
+            urls[run_id] = url
+    groups = sorted(prs.items())
+    # main as it stood when the sample's last run ended
+    wanted = [(key, min(now, max(r[3] for r in runs))) for _, runs in groups]
+    return [
+        _verdict_row(repo, number, commit, key, runs, history, urls, now, min_n, confidence, percent, min_change_pct)
+        for ((number, commit), runs), history in zip(groups, _baselines({key: main}, wanted, k), strict=True)
+    ]
 
 
 def _verdict_row(
