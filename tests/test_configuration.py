@@ -37,6 +37,8 @@ def test_missing_project_names_the_setting():
         # issue 33: an upper bound is said as such (it said "must be a number")
         ("WANDB_ASSETS_FETCH_CONCURRENCY", "16", r"WANDB_ASSETS_FETCH_CONCURRENCY must be from 1 to 8 \(got '16'\)"),
         ("WANDB_ASSETS_IDLE_GPU_PCT", "-1", r"WANDB_ASSETS_IDLE_GPU_PCT must be from 0 to 100 \(got '-1'\)"),
+        ("WANDB_ASSETS_DUCKDB_MEMORY_LIMIT", "lots", r"^WANDB_ASSETS_DUCKDB_MEMORY_LIMIT must be a size like 4GB or "),
+        ("WANDB_ASSETS_DUCKDB_MEMORY_LIMIT", "80%", r"must be a size like 4GB or 1500MB \(got '80%'\); unset it"),
     ],
 )
 def test_malformed_pipeline_settings(name, value, message):
@@ -215,3 +217,23 @@ def test_the_key_wandb_login_stored_is_used_when_the_environment_has_none(tmp_pa
     assert resolve_wandb_settings(other, lambda name: {"WANDB_API_KEY": "secret-key"}).api_key == "secret-key"
     netrc_file.write_text("machine api.wandb.ai login\n")  # unreadable: as if absent, nothing of it shown
     assert resolve_wandb_settings(env, lambda name: {"WANDB_API_KEY": "secret-key"}).api_key == "secret-key"
+
+
+def test_the_warehouse_connections_take_the_memory_limit_set(warehouse_path, monkeypatch):
+    """``WANDB_ASSETS_DUCKDB_MEMORY_LIMIT``: each connection to the warehouse file, the pipeline's and a reader's, has
+    DuckDB's memory_limit set to it (1GB: DuckDB says 953.6 MiB); unset, DuckDB's own default (80 % of RAM)."""
+    from wandb_assets.warehouse import connect
+
+    def limits() -> tuple[str, str]:
+        with warehouse_resource().get_connection() as con:
+            pipeline = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+        reader = connect(warehouse_path)
+        try:
+            return pipeline, reader.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+        finally:
+            reader.close()
+
+    monkeypatch.setenv("WANDB_ASSETS_DUCKDB_MEMORY_LIMIT", "1GB")
+    assert limits() == ("953.6 MiB", "953.6 MiB")
+    monkeypatch.delenv("WANDB_ASSETS_DUCKDB_MEMORY_LIMIT")
+    assert "953.6 MiB" not in limits()

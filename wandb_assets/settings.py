@@ -322,6 +322,14 @@ class Settings(BaseSettings):
     WANDB_ASSETS_LOCK_WAIT: float = _var(
         60.0, "Seconds a writer retries (with back-off) while another process locks the warehouse.", "60", ge=0
     )
+    WANDB_ASSETS_DUCKDB_MEMORY_LIMIT: str | None = _var(
+        None,
+        "DuckDB's `memory_limit` for each connection to the warehouse file (`4GB`, `1500MB`): past it DuckDB spills to "
+        "disk instead of growing. Unset, DuckDB takes up to 80 % of the machine's RAM per process (a tick on ten "
+        "million runs peaked at 11-14 GiB; benchmarks/README.md).",
+        "(DuckDB's: 80 % of RAM)",
+        pattern=r"^[0-9]+(\.[0-9]+)? ?(KB|MB|GB|TB|KiB|MiB|GiB|TiB)$",
+    )
     WANDB_ASSETS_UNFINISHED_WINDOW_DAYS: int = _var(
         1,
         "A tick re-reads whole the days back to its oldest unfinished run, but at most this many (1: yesterday and "
@@ -476,6 +484,8 @@ def _sentence(exc: ValidationError, source: Mapping[str, str]) -> str:
         return f"{name} must be a date like 2026-01-01 (got {raw!r})."
     if field_type in (int, float):
         return f"{name} must be a number (got {raw!r}); unset it to use the default."
+    if name == "WANDB_ASSETS_DUCKDB_MEMORY_LIMIT":
+        return f"{name} must be a size like 4GB or 1500MB (got {raw!r}); unset it to use DuckDB's default."
     return f"{name} is not valid (got {raw!r}): {error['msg']}."
 
 

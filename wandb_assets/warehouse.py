@@ -29,7 +29,7 @@ from wandb_assets.lib.lake import Lake
 from wandb_assets.lib.normalize import parse_timestamp, to_naive_utc
 from wandb_assets.lib.snapshot import publish_snapshot, snapshot_file
 from wandb_assets.lib.sql import sql_string
-from wandb_assets.settings import pipeline_settings, warehouse_location
+from wandb_assets.settings import load_settings, pipeline_settings, warehouse_location
 
 __all__ = ["connect", "open_snapshot", "publish_snapshot", "query_read_only", "reading", "snapshot_path"]
 
@@ -50,6 +50,11 @@ def file_open_error(path: str | os.PathLike, exc: Exception) -> str | None:
     return None
 
 
+def memory_limit_config(limit: str | None) -> dict[str, str]:
+    """DuckDB's config for a warehouse connection with ``WANDB_ASSETS_DUCKDB_MEMORY_LIMIT`` (none: DuckDB's default)."""
+    return {"memory_limit": limit} if limit else {}
+
+
 def connect(location: str | os.PathLike | Lake | None = None, read_only: bool = True) -> duckdb.DuckDBPyConnection:
     """A connection to the warehouse (default ``WANDB_ASSETS_DUCKDB``): the file, or the lake attached."""
     if location is None:
@@ -59,7 +64,8 @@ def connect(location: str | os.PathLike | Lake | None = None, read_only: bool = 
     if isinstance(location, Lake):
         return lake.connect(location, read_only=read_only)
     try:
-        con = duckdb.connect(str(location), read_only=read_only)
+        limit = load_settings().WANDB_ASSETS_DUCKDB_MEMORY_LIMIT
+        con = duckdb.connect(str(location), read_only=read_only, config=memory_limit_config(limit))
     except duckdb.IOException as exc:
         sentence = file_open_error(location, exc)
         if sentence:

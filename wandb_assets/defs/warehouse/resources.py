@@ -16,7 +16,7 @@ from wandb_assets.lib.lake import Lake, LakeMissingError, is_lake
 from wandb_assets.lib.lake import connect as lake_connect
 from wandb_assets.lib.warehouse import ensure_schema
 from wandb_assets.settings import load_settings, warehouse_location
-from wandb_assets.warehouse import file_open_error
+from wandb_assets.warehouse import file_open_error, memory_limit_config
 
 #: Every asset that writes the warehouse runs in this Dagster concurrency pool; `dagster.yaml` limits pools
 #: to one slot, so a backfill and a tick never fight over DuckDB's single-writer file lock.
@@ -142,4 +142,5 @@ def warehouse_resource() -> WarehouseResource:
         database=str(location if isinstance(location, Lake) else location.resolve()),
         home_entity=settings.WANDB_ENTITY,
         home_project=settings.WANDB_PROJECT,
+        connection_config=memory_limit_config(settings.WANDB_ASSETS_DUCKDB_MEMORY_LIMIT),
     )
