@@ -319,6 +319,28 @@ def test_an_older_unfinished_run_is_refreshed_by_id_not_by_re_reading_its_days(
     assert metadata["older_unfinished_refreshed"].value == 1
 
 
+def test_a_tick_after_an_outage_reads_the_days_it_missed(wandb_server, warehouse_path, instance, monkeypatch):
+    """Ticks stopped after the one of June 6th (its snapshot taken); a run created and finished on the 7th, with no
+    run left unfinished to pull the window back: the tick of June 10th reads the 6th through the 10th, not yesterday
+    and today alone, and the run is in the warehouse; the tick after it reads yesterday and today again."""
+    monkeypatch.setenv("WANDB_ASSETS_FETCH_CONCURRENCY", "1")  # one slice per day: the filter is the whole day
+    server = wandb_server([make_run_node("early", display_name="train-e", state="finished", created_at=at(5, 8))])
+    assert execute_backfill(instance, date(2026, 6, 1), date(2026, 6, 6)).success
+    assert execute_refresh(instance, date(2026, 6, 6), snapshot_at="2026-06-06T12:00:00").success
+    server.upsert_runs([make_run_node("missed", display_name="train-m", state="finished", created_at=at(7, 8))])
+    server.requests.clear()
+    result = execute_refresh(instance, date(2026, 6, 10), snapshot_at="2026-06-10T12:00:00")
+    assert result.success
+    tags = result.dagster_run.tags
+    assert (tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]) == (
+        "2026-06-06",
+        "2026-06-10",
+    )
+    assert table(warehouse_path, "SELECT run_id FROM runs ORDER BY run_id") == [("early",), ("missed",)]
+    again = execute_refresh(instance, date(2026, 6, 10), snapshot_at="2026-06-10T12:15:00")
+    assert again.dagster_run.tags["dagster/asset_partition_range_start"] == "2026-06-09"
+
+
 def test_a_corrupt_warehouse_is_reported_as_corrupt_not_locked(wandb_server, warehouse_path, instance):
     wandb_server(dataset())
     warehouse_path.parent.mkdir(parents=True, exist_ok=True)

@@ -113,6 +113,24 @@ def test_refresh_days(oldest, today, first_partition, max_days, expected):
     assert refresh_days(oldest, today, first_partition, max_days) == expected
 
 
+@pytest.mark.parametrize(
+    ("last_tick", "oldest", "max_days", "expected_first"),
+    [
+        (date(2026, 6, 10), None, 1, date(2026, 6, 9)),  # ticking: yesterday and today
+        (date(2026, 6, 9), None, 1, date(2026, 6, 9)),  # the last tick yesterday: the same
+        (date(2026, 6, 6), None, 1, date(2026, 6, 6)),  # down since the 6th: the days it missed too
+        (date(2026, 6, 6), date(2026, 6, 3), 7, date(2026, 6, 3)),  # an unfinished run reaching further wins
+        (date(2026, 6, 6), date(2026, 6, 8), 7, date(2026, 6, 6)),  # ... and a nearer one does not shorten it
+        (date(2026, 3, 1), None, 1, date(2026, 5, 10)),  # at most 31 days: older gaps are a backfill's
+    ],
+)
+def test_a_tick_after_an_outage_reads_the_days_it_missed(last_tick, oldest, max_days, expected_first):
+    assert refresh_days(oldest, date(2026, 6, 10), date(2026, 1, 1), max_days, last_tick) == (
+        expected_first,
+        date(2026, 6, 10),
+    )
+
+
 def test_unfinished_runs_before_a_window_are_named_for_a_refresh_by_id(con):
     assert unfinished_run_ids(con, datetime(2026, 6, 3, 20, 30)) == ["alive"]  # running; "waiting" is 21:00
     assert unfinished_run_ids(con, datetime(2026, 6, 4)) == ["alive", "waiting"]  # pending counts too

@@ -910,15 +910,35 @@ def replay_snapshots(
     return len(moments)
 
 
+#: A tick catches up at most this many days after an outage (older gaps are a backfill's: ``wandb-assets backfill``).
+CATCH_UP_MAX_DAYS = 31
+
+
 def refresh_days(
-    oldest_unfinished: date | None, today: date, first_partition: date, max_days: int = 7
+    oldest_unfinished: date | None,
+    today: date,
+    first_partition: date,
+    max_days: int = 7,
+    last_tick: date | None = None,
 ) -> tuple[date, date]:
-    """Days one tick re-reads: from min(yesterday, oldest still-unfinished run's day) through today, but never
-    more than ``max_days`` back (older unfinished runs are refreshed by id, see ``unfinished_run_ids``)."""
+    """Days one tick re-reads: from yesterday, or the day of the last tick that took its snapshot (``last_tick``)
+    if that was earlier (a tick after an outage reads the days it missed, at most ``CATCH_UP_MAX_DAYS``), or the
+    oldest still-unfinished run's day but never more than ``max_days`` back (older unfinished runs are refreshed by
+    id, see ``unfinished_run_ids``), whichever is earliest; through today."""
     first = today - timedelta(days=1)
+    if last_tick is not None and last_tick < first:
+        first = max(last_tick, today - timedelta(days=CATCH_UP_MAX_DAYS))
     if oldest_unfinished is not None and oldest_unfinished < first:
-        first = max(oldest_unfinished, today - timedelta(days=max_days))
+        first = min(first, max(oldest_unfinished, today - timedelta(days=max_days)))
     return max(first, first_partition), today
+
+
+def read_last_tick_day(con) -> date | None:
+    """The UTC day of the latest snapshot a tick took (``fleet_metrics``; a replayed one lies in the past), or None."""
+    if con is None or not has_table(con, "fleet_metrics"):
+        return None
+    latest = con.execute("SELECT max(snapshot_at) FROM fleet_metrics").fetchone()[0]
+    return latest.date() if latest else None
 
 
 def has_table(con, name: str, schema: str | None = None) -> bool:

@@ -6,7 +6,7 @@ from datetime import date, timedelta
 
 from dagster import AssetSelection, define_asset_job, in_process_executor
 
-from wandb_assets.lib.warehouse import read_oldest_unfinished_day, refresh_days
+from wandb_assets.lib.warehouse import CATCH_UP_MAX_DAYS, read_last_tick_day, read_oldest_unfinished_day, refresh_days
 from wandb_assets.settings import pipeline_settings
 from wandb_assets.warehouse import reading
 
@@ -80,13 +80,21 @@ def plan_tick(today: date) -> tuple[date, date, str]:
     try:
         with reading(settings.warehouse) as con:
             oldest = read_oldest_unfinished_day(con)
+            last_tick = read_last_tick_day(con)
     except Exception as exc:  # noqa: BLE001 - a locked or unreadable warehouse must not stop the tick
         first = max(today - timedelta(days=FALLBACK_LOOKBACK_DAYS), settings.start_date)
         return first, today, f"warehouse unreadable ({type(exc).__name__}); re-reading {FALLBACK_LOOKBACK_DAYS} days"
-    first, last = refresh_days(oldest, today, settings.start_date, settings.unfinished_window_days)
-    if oldest is not None and oldest < first:
-        reason = f"unfinished runs since {oldest}: the last {settings.unfinished_window_days} days, older ones by id"
-    elif oldest is not None and oldest == first:
+    first, last = refresh_days(oldest, today, settings.start_date, settings.unfinished_window_days, last_tick)
+    yesterday = today - timedelta(days=1)
+    if last_tick is not None and last_tick < yesterday and first <= last_tick:
+        reason = f"the last tick's snapshot was taken {last_tick}: catching up from that day"
+    elif last_tick is not None and last_tick < first and first < yesterday:
+        reason = (
+            f"the last tick's snapshot was taken {last_tick}: catching up {CATCH_UP_MAX_DAYS} days (backfill older)"
+        )
+    elif oldest is not None and oldest < first:
+        reason = f"unfinished runs since {oldest}: older than the tick's window, refreshed by id"
+    elif oldest is not None and oldest == first and first < yesterday:
         reason = f"oldest unfinished run created {oldest}"
     else:
         reason = "yesterday and today"
