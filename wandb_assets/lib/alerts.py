@@ -35,6 +35,7 @@ from wandb_assets.lib.sql import (
     SPS_SQL_STATES,
     Connect,
     dict_rows,
+    meta_value,
     set_meta,
     transaction,
 )
@@ -328,8 +329,8 @@ _DETECTOR_KEY = "sps_detector_checkpoints"
 def _stored_checkpoints(con) -> dict[str, Checkpoint]:
     """The checkpoints kept, by series (``json.dumps([entity, project, ci_config, testbed])``); none if unreadable."""
     try:
-        found = con.execute("SELECT value FROM warehouse_meta WHERE key = $k", {"k": _DETECTOR_KEY}).fetchone()
-        return {series: checkpoint_from_json(data) for series, data in json.loads(found[0]).items()} if found else {}
+        kept = meta_value(con, _DETECTOR_KEY)
+        return {series: checkpoint_from_json(data) for series, data in json.loads(kept).items()} if kept else {}
     except (duckdb.CatalogException, ValueError, KeyError, TypeError):  # none kept, or by another version: start over
         return {}
 
@@ -436,17 +437,15 @@ def record_change_points(con, at: datetime, metric: str) -> int:
                 "SELECT unnest(from_json($rows::JSON, $shape), recursive := true)",
                 {"rows": json.dumps(rows, default=str), "shape": json.dumps([CHANGE_POINT_TYPES])},
             )
-        con.execute("DELETE FROM warehouse_meta WHERE key = $k", {"k": _CHANGE_POINTS_KEY})
-        con.execute("INSERT INTO warehouse_meta VALUES ($k, $v)", {"k": _CHANGE_POINTS_KEY, "v": mark})
+        set_meta(con, _CHANGE_POINTS_KEY, mark)
     return len(rows)
 
 
 def _recorded_mark(con) -> str | None:
     try:
-        found = con.execute("SELECT value FROM warehouse_meta WHERE key = $k", {"k": _CHANGE_POINTS_KEY}).fetchone()
+        return meta_value(con, _CHANGE_POINTS_KEY)
     except duckdb.CatalogException:  # a warehouse (or a snapshot) from before the table: nothing recorded
         return None
-    return found[0] if found else None
 
 
 def change_points(con, at: datetime, metric: str) -> list[dict]:

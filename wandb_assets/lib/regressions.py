@@ -25,7 +25,7 @@ import functools
 import hashlib
 import math
 from array import array
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from statistics import median
 
 #: Runs a regime needs before it is judged (its baseline), and at most this many recent ones make it.
@@ -78,7 +78,7 @@ class Checkpoint:
     regime_start: int
     found: tuple[Regression, ...] = ()
     #: Positions in ``found`` of the regressions not recovered yet.
-    open_drops: tuple[int, ...] = field(default_factory=tuple)
+    open_drops: tuple[int, ...] = ()
 
 
 #: The detector's rules as a checkpoint was taken under (its constants, and a version to bump when its logic changes):

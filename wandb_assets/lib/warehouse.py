@@ -933,11 +933,16 @@ def refresh_days(
     return max(first, first_partition), today
 
 
+def latest_snapshot_at(con) -> datetime | None:
+    """When the latest fleet snapshot was taken (``fleet_metrics``; a replayed one lies in the past), or None."""
+    return con.execute("SELECT max(snapshot_at) FROM fleet_metrics").fetchone()[0]
+
+
 def read_last_tick_day(con) -> date | None:
-    """The UTC day of the latest snapshot a tick took (``fleet_metrics``; a replayed one lies in the past), or None."""
+    """The UTC day of the latest snapshot a tick took (``latest_snapshot_at``), or None (no warehouse or none)."""
     if con is None or not has_table(con, "fleet_metrics"):
         return None
-    latest = con.execute("SELECT max(snapshot_at) FROM fleet_metrics").fetchone()[0]
+    latest = latest_snapshot_at(con)
     return latest.date() if latest else None
 
 

@@ -36,6 +36,7 @@ from wandb_assets.lib.alerts import (
 )
 from wandb_assets.lib.clock import configured_time, utc_now
 from wandb_assets.lib.datadog_feed import deliver_pending, enqueue_snapshots, record_dry_run
+from wandb_assets.lib.warehouse import latest_snapshot_at
 from wandb_assets.settings import ConfigError, alert_thresholds
 
 FLEET_SNAPSHOT = AssetKey("fleet_snapshot")
@@ -49,10 +50,6 @@ class ClockConfig(Config):
 
     def resolve(self) -> datetime:
         return configured_time(self.now, "now") or utc_now()
-
-
-def latest_snapshot_at(con) -> datetime | None:
-    return con.execute("SELECT max(snapshot_at) FROM fleet_metrics").fetchone()[0]
 
 
 @asset(

@@ -8,7 +8,7 @@ from wandb_assets.defs.warehouse.named import names_the_warehouse
 from wandb_assets.defs.warehouse.resources import WAREHOUSE_POOL, WarehouseResource
 from wandb_assets.lib.lake import current_snapshot_id
 from wandb_assets.lib.snapshot import publish_snapshot
-from wandb_assets.lib.warehouse import row_counts
+from wandb_assets.lib.warehouse import latest_snapshot_at, row_counts
 
 
 @asset(
@@ -39,7 +39,7 @@ from wandb_assets.lib.warehouse import row_counts
 def warehouse_snapshot(warehouse: WarehouseResource) -> MaterializeResult:
     with warehouse.get_connection() as con:
         counts = row_counts(con)
-        latest = con.execute("SELECT max(snapshot_at) FROM fleet_metrics").fetchone()[0]
+        latest = latest_snapshot_at(con)
         lake_snapshot = current_snapshot_id(con)
         target = None if warehouse.lake else publish_snapshot(con, warehouse.database)
     common = {
