@@ -8,6 +8,7 @@ import pytest
 from dagster import materialize
 
 from tests.conftest import API_KEY
+from wandb_assets.defs.fleet.jobs import plan_tick
 from wandb_assets.defs.wandb_runs.assets import runs, staged_runs
 from wandb_assets.defs.wandb_runs.resources import wandb_resource
 from wandb_assets.defs.warehouse.resources import warehouse_resource
@@ -329,6 +330,7 @@ def test_a_tick_after_an_outage_reads_the_days_it_missed(wandb_server, warehouse
     assert execute_refresh(instance, date(2026, 6, 6), snapshot_at="2026-06-06T12:00:00").success
     server.upsert_runs([make_run_node("missed", display_name="train-m", state="finished", created_at=at(7, 8))])
     server.requests.clear()
+    assert plan_tick(date(2026, 6, 10))[2] == "the last tick's snapshot was taken 2026-06-06: catching up from that day"
     result = execute_refresh(instance, date(2026, 6, 10), snapshot_at="2026-06-10T12:00:00")
     assert result.success
     tags = result.dagster_run.tags

@@ -85,17 +85,21 @@ def plan_tick(today: date) -> tuple[date, date, str]:
         first = max(today - timedelta(days=FALLBACK_LOOKBACK_DAYS), settings.start_date)
         return first, today, f"warehouse unreadable ({type(exc).__name__}); re-reading {FALLBACK_LOOKBACK_DAYS} days"
     first, last = refresh_days(oldest, today, settings.start_date, settings.unfinished_window_days, last_tick)
-    yesterday = today - timedelta(days=1)
-    if last_tick is not None and last_tick < yesterday and first <= last_tick:
+    # said by the rule that set the first day (``refresh_days``: the earliest day of the rules wins)
+    if first >= today - timedelta(days=1):
+        reason = "yesterday and today"
+    elif first == settings.start_date:
+        reason = f"from the first day held, {first} (WANDB_ASSETS_START_DATE)"
+    elif first == oldest:
+        reason = f"oldest unfinished run created {oldest}"
+    elif first == last_tick:
         reason = f"the last tick's snapshot was taken {last_tick}: catching up from that day"
-    elif last_tick is not None and last_tick < first and first < yesterday:
+    elif last_tick is not None and last_tick < first:
         reason = (
             f"the last tick's snapshot was taken {last_tick}: catching up {CATCH_UP_MAX_DAYS} days (backfill older)"
         )
-    elif oldest is not None and oldest < first:
-        reason = f"unfinished runs since {oldest}: older than the tick's window, refreshed by id"
-    elif oldest is not None and oldest == first and first < yesterday:
-        reason = f"oldest unfinished run created {oldest}"
     else:
-        reason = "yesterday and today"
+        reason = f"unfinished runs since {oldest}: the last {settings.unfinished_window_days} days"
+    if oldest is not None and oldest < first:
+        reason += "; older unfinished runs refreshed by id"
     return first, last, reason
