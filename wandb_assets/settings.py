@@ -36,9 +36,13 @@ DEFAULT_DUCKDB_PATH = "data/warehouse.duckdb"
 DEFAULT_START_DATE = "2026-01-01"
 
 
-def _var(default: Any, description: str, shown: str | None = None, **constraints: Any) -> Any:
-    """A setting's field: the README shows ``shown`` (else the default) and ``description``."""
-    return Field(default, description=description, json_schema_extra={"shown": shown}, **constraints)
+def _var(
+    default: Any, description: str, shown: str | None = None, malformed: str | None = None, **constraints: Any
+) -> Any:
+    """A setting's field: the README shows ``shown`` (else the default) and ``description``; ``malformed``: what the
+    configuration error says after the variable's name when a value breaks its ``pattern`` (``{raw}``: the value)."""
+    extra = {"shown": shown, "malformed": malformed}
+    return Field(default, description=description, json_schema_extra=extra, **constraints)
 
 
 _TH = AlertThresholds()
@@ -328,6 +332,7 @@ class Settings(BaseSettings):
         "disk instead of growing. Unset, DuckDB takes up to 80 % of the machine's RAM per process (a tick on ten "
         "million runs peaked at 11-14 GiB; benchmarks/README.md).",
         "(DuckDB's: 80 % of RAM)",
+        "must be a size like 4GB or 1500MB (got {raw}); unset it to use DuckDB's default.",
         pattern=r"^[0-9]+(\.[0-9]+)? ?(KB|MB|GB|TB|KiB|MiB|GiB|TiB)$",
     )
     WANDB_ASSETS_UNFINISHED_WINDOW_DAYS: int = _var(
@@ -484,8 +489,10 @@ def _sentence(exc: ValidationError, source: Mapping[str, str]) -> str:
         return f"{name} must be a date like 2026-01-01 (got {raw!r})."
     if field_type in (int, float):
         return f"{name} must be a number (got {raw!r}); unset it to use the default."
-    if name == "WANDB_ASSETS_DUCKDB_MEMORY_LIMIT":
-        return f"{name} must be a size like 4GB or 1500MB (got {raw!r}); unset it to use DuckDB's default."
+    field = Settings.model_fields.get(name)
+    malformed = (field.json_schema_extra or {}).get("malformed") if field else None
+    if malformed and "pattern" in ctx:
+        return f"{name} {malformed.format(raw=repr(raw))}"
     return f"{name} is not valid (got {raw!r}): {error['msg']}."
 
 
