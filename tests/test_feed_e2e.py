@@ -211,7 +211,11 @@ def test_backfills_never_push(wandb_server, capture, instance):
 def test_the_sensors_request_the_alert_job(wandb_server, capture, warehouse_path, instance):
     from dagster import DagsterEventType, build_run_status_sensor_context
 
-    from wandb_assets.defs.feed.pipeline_failure import pipeline_failure_opens, pipeline_failure_resolves
+    from wandb_assets.defs.feed.pipeline_failure import (
+        pipeline_alert_run_config,
+        pipeline_failure_opens,
+        pipeline_failure_resolves,
+    )
     from wandb_assets.ticks import _execute, execute_refresh
 
     def sensor_context(result, event_type):
@@ -251,6 +255,11 @@ def test_the_sensors_request_the_alert_job(wandb_server, capture, warehouse_path
     ]
     again = execute_refresh(instance, TODAY, snapshot_at=SNAPSHOT)
     assert pipeline_failure_resolves(sensor_context(again, DagsterEventType.RUN_SUCCESS)) is None
+    # the sensors watch every job of the code location and pass over those whose failure does not page: the alert
+    # job's own failure opens nothing (nor does it loop)
+    bogus = _execute(instance, "pipeline_alert", pipeline_alert_run_config("refresh", good.run_id, "bogus"))
+    assert not bogus.success
+    assert pipeline_failure_opens(sensor_context(bogus, DagsterEventType.RUN_FAILURE).for_run_failure()) is None
 
 
 @pytest.mark.parametrize("mode", ["live", "dry_run"])

@@ -2,14 +2,15 @@
 report, and the pipeline_failure alert around them. Under ``dagster dev`` the schedule and sensors launch
 the same jobs; this module does the same in sequence for cron-less deployments (``wandb-assets refresh``).
 
-It is the only module besides the CLI that imports ``wandb_assets.definitions``: nothing under ``defs/``
-imports it back.
+It builds the definitions a job needs (``wandb_assets.defs.build_definitions``; all but the analysts' dbt project
+unless the job is theirs, whose import is 1-2 s of a command's start), once each a process.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import signal
@@ -18,12 +19,11 @@ import threading
 from collections.abc import Callable
 from datetime import date
 
-from dagster import DagsterInstance, DagsterRunStatus, ExecuteInProcessResult, RunsFilter
+from dagster import DagsterInstance, DagsterRunStatus, Definitions, ExecuteInProcessResult, RunsFilter
 from dagster._core.errors import DagsterExecutionInterruptedError
 
-from wandb_assets.definitions import defs
-from wandb_assets.defs.analytics.jobs import ANALYTICS_JOB
-from wandb_assets.defs.analytics.project import open_dbt_console_log
+from wandb_assets.defs import build_definitions
+from wandb_assets.defs.analytics import ANALYTICS_JOB
 from wandb_assets.defs.feed.github import GITHUB_CHECKS_JOB
 from wandb_assets.defs.feed.jobs import FEED_JOB
 from wandb_assets.defs.feed.pipeline_failure import (
@@ -56,6 +56,11 @@ PROCESS_TAG = "wandb-assets/pid"
 WAREHOUSE_TAG = "wandb-assets/warehouse"
 
 
+@functools.cache
+def _definitions(analytics: bool) -> Definitions:
+    return build_definitions(analytics=analytics)
+
+
 class Interrupted(KeyboardInterrupt):
     """The operator stopped the command (Ctrl-C, or SIGTERM): its run is canceled, not failed, so nothing pages."""
 
@@ -76,7 +81,7 @@ def _execute(
     stops each step's ``tail -F`` log mirrors with SIGTERM, waiting 30 s for each before it leaves them running
     (60 s a step, and two ``tail`` processes that outlive the command holding its output open). Elsewhere (a
     sensor's thread) the job simply runs."""
-    job = defs.resolve_job_def(job_name)
+    job = _definitions(analytics=job_name == ANALYTICS_JOB).resolve_job_def(job_name)
     config = {"loggers": {"console": {"config": {"log_level": console_level}}}, **(run_config or {})}
     run_tags = {**(tags or {}), PROCESS_TAG: str(os.getpid()), WAREHOUSE_TAG: warehouse_label()}
     outcome: dict = {}
@@ -199,6 +204,8 @@ def execute_analytics(instance: DagsterInstance, docs: bool = True, verbose: boo
     log lines go to ``DBT_CONSOLE_LOG`` (each model and test is an event of the run anyway), not this console; without
     ``verbose`` the run's warnings too (dagster-dbt's notes on the sources' tests, every build), errors alone."""
     config = {"ops": {"analytics_models": {"config": {"docs": docs}}}}
+    from wandb_assets.defs.analytics.project import open_dbt_console_log  # dbt: the analytics job's alone
+
     with open_dbt_console_log() as log_file, contextlib.redirect_stdout(log_file):
         return _execute(instance, ANALYTICS_JOB, config, console_level="INFO" if verbose else "ERROR")
 

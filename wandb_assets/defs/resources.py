@@ -2,7 +2,6 @@
 
 import dagster as dg
 
-from wandb_assets.defs.analytics.project import analytics_cli
 from wandb_assets.defs.feed.github import GitHubResource
 from wandb_assets.defs.feed.resources import AlertChannelsResource, DatadogResource, SlackResource
 from wandb_assets.defs.wandb_runs.resources import wandb_resource
@@ -20,6 +19,5 @@ def resources() -> dg.Definitions:
             "channels": AlertChannelsResource(),
             "slack": SlackResource(wandb=wandb),
             "github": GitHubResource(wandb=wandb),
-            "dbt": analytics_cli(),
         }
     )

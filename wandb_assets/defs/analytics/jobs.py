@@ -13,13 +13,12 @@ from dagster import (
     run_status_sensor,
 )
 
+from wandb_assets.defs.analytics import ANALYTICS_JOB
 from wandb_assets.defs.analytics import assets as analytics_assets  # the module: its assets are loaded once
 from wandb_assets.defs.feed.jobs import feed_job
 from wandb_assets.defs.fleet.jobs import backfill_job
 from wandb_assets.defs.fleet.schedules import runs_in_flight
 from wandb_assets.settings import pipeline_settings
-
-ANALYTICS_JOB = "analytics"
 
 analytics_job = define_asset_job(
     ANALYTICS_JOB,

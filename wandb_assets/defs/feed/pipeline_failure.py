@@ -28,7 +28,7 @@ from dagster import (
     run_status_sensor,
 )
 
-from wandb_assets.defs.analytics.jobs import analytics_job
+from wandb_assets.defs.analytics import ANALYTICS_JOB
 from wandb_assets.defs.feed.github import github_checks_job
 from wandb_assets.defs.feed.jobs import feed_job
 from wandb_assets.defs.feed.notify import Notifier
@@ -40,16 +40,21 @@ from wandb_assets.lib.alerts import PIPELINE_FAILURE, Transition, pipeline_failu
 from wandb_assets.lib.clock import utc_now
 
 PIPELINE_ALERT_JOB = "pipeline_alert"
-MONITORED_JOBS = [
-    refresh_job,
-    backfill_job,
-    offline_job,
-    curves_job,
-    feed_job,
-    github_checks_job,
-    warehouse_maintenance_job,
-    analytics_job,
-]
+#: The jobs whose failure pages, by name: the sensors watch every job of the code location and pass over the others
+#: (the analytics job's definitions import dbt, which a command running the other jobs does not load: by name, this
+#: module does not import them).
+MONITORED_JOBS = frozenset(
+    {
+        refresh_job.name,
+        backfill_job.name,
+        offline_job.name,
+        curves_job.name,
+        feed_job.name,
+        github_checks_job.name,
+        warehouse_maintenance_job.name,
+        ANALYTICS_JOB,
+    }
+)
 
 
 class PipelineAlertConfig(Config):
@@ -154,13 +159,14 @@ def previous_run_failed(instance: DagsterInstance, job_name: str, run_id: str) -
 
 
 @run_failure_sensor(
-    monitored_jobs=MONITORED_JOBS,
     request_job=pipeline_alert_job,
     default_status=DefaultSensorStatus.RUNNING,
     description="A failed refresh, backfill or feed run opens (or keeps open) its job's pipeline_failure alert.",
 )
 def pipeline_failure_opens(context: RunFailureSensorContext):
     run = context.dagster_run
+    if run.job_name not in MONITORED_JOBS:
+        return None
     error = step_failure_sentence(context.get_step_failure_events()) or context.failure_event.message or "unknown"
     return RunRequest(
         run_key=f"opened:{run.run_id}", run_config=pipeline_alert_run_config(run.job_name, run.run_id, "opened", error)
@@ -169,14 +175,13 @@ def pipeline_failure_opens(context: RunFailureSensorContext):
 
 @run_status_sensor(
     run_status=DagsterRunStatus.SUCCESS,
-    monitored_jobs=MONITORED_JOBS,
     request_job=pipeline_alert_job,
     default_status=DefaultSensorStatus.RUNNING,
     description="A successful run after a failed one of the same job resolves that job's pipeline_failure alert.",
 )
 def pipeline_failure_resolves(context: RunStatusSensorContext):
     run = context.dagster_run
-    if previous_run_failed(context.instance, run.job_name, run.run_id):
+    if run.job_name in MONITORED_JOBS and previous_run_failed(context.instance, run.job_name, run.run_id):
         return RunRequest(
             run_key=f"resolved:{run.run_id}", run_config=pipeline_alert_run_config(run.job_name, run.run_id, "resolved")
         )
