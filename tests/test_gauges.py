@@ -146,6 +146,31 @@ def test_a_project_whose_runs_all_ended_before_the_window_keeps_its_row_of_zeros
     assert by_project[("test-team", "quiet")] == compute_gauges(con, T)  # zeros and NULLs, as an empty fleet's
 
 
+@pytest.mark.parametrize("fleet", ["two projects", "empty"])
+def test_a_snapshot_stores_the_fleet_and_each_project_from_one_pass(con, fleet):
+    """Issue 54: the snapshot evaluates the gauges once, grouped by project and for the whole fleet together (two
+    passes over the runs were 0.55 s of a tick at a million runs). What it stores is what each evaluation alone gives:
+    the fleet's row not changed by a project whose runs all ended before W (its row of NULL flags), nor missing
+    when no run exists."""
+    from wandb_assets.lib.gauges import compute_project_gauges
+
+    rows = [*FLEET, fleet_row("old", "finished", "regular", d(7, 12), d(8, 10), gpus=4, project="quiet")]
+    load(con, rows if fleet == "two projects" else [])
+    record_snapshot(con, T)
+    stored = dict(con.execute("SELECT metric, value FROM fleet_metrics WHERE snapshot_at = $t", {"t": T}).fetchall())
+    assert stored == compute_gauges(con, T)
+    if fleet == "two projects":
+        assert stored == pytest.approx(EXPECTED)
+    by_project: dict = {}
+    for entity, project, metric, value in con.execute(
+        "SELECT entity, project, metric, value FROM project_metrics"
+    ).fetchall():
+        by_project.setdefault((entity, project), {})[metric] = value
+    assert by_project == compute_project_gauges(con, T)
+    projects = [("test-team", "quiet"), ("test-team", "test-project")] if fleet == "two projects" else []
+    assert sorted(by_project) == projects
+
+
 def test_snapshot_later_moves_the_window(con):
     load(con, FLEET)
     later = compute_gauges(con, datetime(2026, 6, 11, 9, 0))  # W = (06-10 09:00, 06-11 09:00]

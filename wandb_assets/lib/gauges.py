@@ -249,18 +249,32 @@ RUNS_AS_OF_SQL = f"""(SELECT * REPLACE (
 ) FROM {MIRRORED_RUNS_SQL} runs)"""
 
 
-def gauge_query(as_of: bool = False, by_project: bool = False) -> str:
+#: ``gauge_query(with_fleet=True)``: the column that is true on the row of the whole fleet.
+WHOLE_FLEET = "whole_fleet"
+
+
+def gauge_query(as_of: bool = False, by_project: bool = False, with_fleet: bool = False) -> str:
     """The SQL that evaluates every gauge at ``$snapshot_at`` (a naive UTC timestamp); ``as_of``: over
     ``RUNS_AS_OF_SQL`` (a replayed past snapshot) instead of the ``runs`` table. ``by_project``: one row per
-    ``entity, project`` (the same aggregates over each project's runs) instead of one over the whole fleet."""
+    ``entity, project`` (the same aggregates over each project's runs) instead of one over the whole fleet;
+    ``with_fleet``: both in one pass over the runs, the fleet's the row whose ``WHOLE_FLEET`` is true (its entity and
+    project NULL; the rows a project without runs adds count in no gauge, so it is the fleet's row unchanged)."""
     columns = ",\n    ".join(f'({g.sql})::DOUBLE AS "{g.name}"' for g in GAUGES)
-    if by_project:
+    if by_project or with_fleet:
         columns = "entity, project,\n    " + columns
-    group = " GROUP BY entity, project" if by_project else ""
+    if with_fleet:
+        columns = f"GROUPING(entity) = 1 AS {WHOLE_FLEET}, " + columns
+    group = (
+        " GROUP BY GROUPING SETS ((entity, project), ())"
+        if with_fleet
+        else " GROUP BY entity, project"
+        if by_project
+        else ""
+    )
     runs = RUNS_AS_OF_SQL if as_of else MIRRORED_RUNS_SQL
     return _GAUGE_SQL.format(
         columns=columns,
-        rows=_EVERY_PROJECT.format(runs=runs) if by_project else "flagged",
+        rows=_EVERY_PROJECT.format(runs=runs) if by_project or with_fleet else "flagged",
         ended=ENDED_SQL,
         busy_until=busy_until_sql("w.t1"),
         runs=runs,
@@ -278,16 +292,12 @@ def gauge_query(as_of: bool = False, by_project: bool = False) -> str:
     )
 
 
-#: One ``project_metrics`` row per project and gauge at ``$snapshot_at``, NULL values kept (set-based).
+#: One ``project_metrics`` row per project and gauge at ``$snapshot_at``, NULL values kept (set-based), from
+#: ``{query}``'s rows of ``entity, project`` and the gauges.
 PROJECT_METRICS_SQL = """
 SELECT $snapshot_at::TIMESTAMP AS snapshot_at, entity, project, metric, value
 FROM ({query}) UNPIVOT INCLUDE NULLS (value FOR metric IN (COLUMNS(* EXCLUDE (entity, project))))
 """
-
-
-def project_metrics_sql(as_of: bool = False) -> str:
-    """``SELECT snapshot_at, entity, project, metric, value``: the gauges of each project at ``$snapshot_at``."""
-    return PROJECT_METRICS_SQL.format(query=gauge_query(as_of, by_project=True))
 
 
 def gauge_params(snapshot_at: datetime, idle_pct: float = DEFAULT_IDLE_GPU_PCT) -> dict[str, Any]:
