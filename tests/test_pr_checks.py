@@ -302,3 +302,50 @@ def test_judging_pauses_the_garbage_collector_and_leaves_it_as_it_found_it():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_judging_holds_no_connection_to_the_warehouse(tmp_path, monkeypatch):
+    """Issue 54: the first tick after a backfill judges the whole history (16 s at a million runs, 265 s at ten
+    million) and held the warehouse's writer all along, past every other writer's lock wait. Now the values are
+    copied out under one connection and judged with none open: while each group is judged another process opens the
+    file for writing. The verdicts, recorded after, are those judging everything in place gives; a second judging
+    finds nothing changed."""
+    from contextlib import contextmanager
+
+    from wandb_assets.lib.acting import pr_checks
+
+    path = tmp_path / "w.duckdb"
+    with duckdb.connect(str(path)) as con:
+        load(con, pr_fleet())
+    reference = duckdb.connect()  # judged in place, as a snapshot's pr-check does, and recorded
+    load(reference, pr_fleet())
+    pr_checks.record_pr_checks(reference, judge_prs(reference, T, "overview/sps"))
+
+    @contextmanager
+    def open_warehouse():
+        con = duckdb.connect(str(path))
+        try:
+            yield con
+        finally:
+            con.close()
+
+    opened_elsewhere = []
+    judged_key = pr_checks._judged_key  # noqa: SLF001 - observed, not replaced: another process opens the file
+
+    def observed(*args):
+        probe = f"import duckdb; duckdb.connect({str(path)!r}).execute('CREATE OR REPLACE TABLE probe AS SELECT 1')"
+        opened_elsewhere.append(subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode)
+        return judged_key(*args)
+
+    monkeypatch.setattr(pr_checks, "_judged_key", observed)
+    stored = "SELECT * FROM pr_checks ORDER BY pr, commit, config, testbed, metric"
+    with pr_checks.judge_changed(open_warehouse, T, "overview/sps") as judged:
+        assert opened_elsewhere == [0, 0]  # a key a testbed with PR runs (4 L4s, 8 H100s), judged with the file free
+        assert sorted(judged.prs) == [7, 8, 9]
+        assert judged.by_verdict == {"regression": 1, "no change": 1, "no baseline": 1}
+        with open_warehouse() as con:
+            pr_checks.record_judged(con, judged)
+            assert con.execute(stored).fetchall() == reference.execute(stored).fetchall()
+    assert not judged.verdicts.exists()  # the values and verdicts copied out are gone with the context
+    with pr_checks.judge_changed(open_warehouse, T, "overview/sps") as again:
+        assert (again.verdicts, again.by_verdict, again.prs) == (None, {}, frozenset())

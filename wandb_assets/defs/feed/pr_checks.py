@@ -13,10 +13,10 @@ from wandb_assets.lib.acting.pr_checks import (
     REGRESSION,
     format_pr_table,
     held_verdicts,
-    iter_judged,
+    judge_changed,
     latest_verdicts,
     prs_with_runs_ended_since,
-    record_pr_checks,
+    record_judged,
 )
 from wandb_assets.lib.acting.pr_outbox import items_for, queue
 from wandb_assets.settings import alert_thresholds, github_target, load_settings
@@ -38,21 +38,19 @@ from wandb_assets.settings import alert_thresholds, github_target, load_settings
 def pr_checks(config: ClockConfig, warehouse: WarehouseResource) -> MaterializeResult:
     now, target, metric = config.resolve(), github_target(), alert_thresholds().sps_metric
     skipped: Counter = Counter()
-    by_verdict: Counter = Counter()
-    judged_prs: set[int] = set()
-    with warehouse.get_connection() as con:
-        for judged in iter_judged(  # one config, testbed and metric at a time: the history's once, in bounded memory
-            con,
+    with (
+        judge_changed(  # the warehouse released while judging: the history's first judging takes minutes
+            warehouse.get_connection,
             now,
             metric,
             repo=target and target.repo,
             min_change_pct=load_settings().WANDB_ASSETS_PR_MIN_CHANGE_PCT,
             skipped=skipped,
-            changed_only=True,
-        ):
-            record_pr_checks(con, judged)
-            by_verdict.update(r["verdict"] for r in judged)
-            judged_prs.update(r["pr"] for r in judged)
+        ) as judged,
+        warehouse.get_connection() as con,
+    ):
+        by_verdict, judged_prs = judged.by_verdict, judged.prs
+        record_judged(con, judged)
         since = now - timedelta(days=load_settings().WANDB_ASSETS_GITHUB_MAX_AGE_DAYS)
         told = sorted(judged_prs & prs_with_runs_ended_since(con, since)) if target is not None else []
         verdicts = held_verdicts(con, told)

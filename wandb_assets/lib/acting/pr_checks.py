@@ -25,15 +25,20 @@ import gc
 import math
 import re
 import statistics
+import tempfile
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
 
 from wandb_assets.lib.accounting.gpus import UNKNOWN_TESTBED, testbed_sql
 from wandb_assets.lib.normalize import SPS_KEYS
-from wandb_assets.lib.sql import MIRRORED_RUNS_SQL, dict_rows, transaction
+from wandb_assets.lib.sql import MIRRORED_RUNS_SQL, dict_rows, literal_path, sql_string, transaction
 
 REGRESSION, IMPROVEMENT, NO_CHANGE, NO_BASELINE = "regression", "improvement", "no change", "no baseline"
 
@@ -306,16 +311,81 @@ def iter_judged(
     PRs once (521,940 verdicts at a million runs), which held every value and verdict in memory at once (3.2 GiB); a
     caller that records each list as it comes holds one key's. A run whose name fails ``ci_identity`` is skipped, its
     reason counted in ``skipped`` (one per run)."""
-    refused: set[str] = set()  # the runs counted in ``skipped``: once each, whatever their metrics
     try:
-        for key in _stage_judged_values(con, sps_metric, pr, changed_only):
-            with _collector_paused():
-                rows = _judged_key(
-                    con, key, now, repo, k, min_n, confidence, percent, pr, min_change_pct, skipped, refused
-                )
-            yield rows
+        keys = _stage_judged_values(con, sps_metric, pr, changed_only)
+        yield from _judge_keys(con, keys, now, repo, k, min_n, confidence, percent, pr, min_change_pct, skipped)
     finally:
         con.execute(f"DROP TABLE IF EXISTS {_JUDGED_VALUES}")
+
+
+def _judge_keys(con, keys, now, repo, k, min_n, confidence, percent, pr, min_change_pct, skipped) -> Iterator[list]:
+    """Each of ``keys`` judged from ``con``'s staged value rows (``_stage_judged_values``), one list per key."""
+    refused: set[str] = set()  # the runs counted in ``skipped``: once each, whatever their metrics
+    for key in keys:
+        with _collector_paused():
+            rows = _judged_key(con, key, now, repo, k, min_n, confidence, percent, pr, min_change_pct, skipped, refused)
+        yield rows
+
+
+@dataclass(frozen=True)
+class Judged:
+    """What ``judge_changed`` judged: the verdicts (``pr_checks`` rows in a Parquet file; None when none), how many of
+    each, and of which PRs."""
+
+    verdicts: Path | None
+    by_verdict: Counter
+    prs: frozenset[int]
+
+
+@contextmanager
+def judge_changed(
+    open_warehouse: Callable[[], AbstractContextManager[Any]],
+    now: datetime,
+    sps_metric: str,
+    repo: str | None = None,
+    min_change_pct: float = 2.0,
+    skipped: Counter | None = None,
+    k: int = 10,
+    min_n: int = 5,
+    confidence: float = 0.99,
+) -> Iterator[Judged]:
+    """The verdicts of the PR groups whose ended runs differ from their stored verdict (``iter_judged``'s
+    ``changed_only``), judged without holding the warehouse: the value rows are staged under a connection of
+    ``open_warehouse()`` and copied out (a Parquet file in a folder of its own, gone when the context ends), then
+    judged in this process's memory with no connection to the warehouse open; ``record_judged`` writes the verdicts
+    in one transaction. The first tick after a backfill judges the whole history (16 s at a million runs, 265 s at
+    ten million) and held the writer that long, past every other writer's lock wait. A run that changed in between
+    has its group judged again by the next tick (the runs its verdict was given on differ)."""
+    with tempfile.TemporaryDirectory(prefix="pr-checks-") as folder:
+        values, verdicts = Path(folder) / "values.parquet", Path(folder) / "verdicts.parquet"
+        with open_warehouse() as con:
+            keys = _stage_judged_values(con, sps_metric, None, True)
+            con.execute(f"COPY {_JUDGED_VALUES} TO {sql_string(str(values))} (FORMAT parquet)")
+            con.execute(f"DROP TABLE {_JUDGED_VALUES}")
+        by_verdict: Counter = Counter()
+        prs: set[int] = set()
+        with duckdb.connect() as judging:  # this process's memory: the values, then the verdicts, a key at a time
+            judging.execute(f"CREATE TABLE {_JUDGED_VALUES} AS FROM read_parquet({_parquet(values)})")
+            options = (now, repo, k, min_n, confidence, None, None, min_change_pct, skipped)
+            for rows in _judge_keys(judging, keys, *options):
+                record_pr_checks(judging, rows)
+                by_verdict.update(r["verdict"] for r in rows)
+                prs.update(r["pr"] for r in rows)
+            if by_verdict:
+                judging.execute(f"COPY pr_checks TO {sql_string(str(verdicts))} (FORMAT parquet)")
+        yield Judged(verdicts if by_verdict else None, by_verdict, frozenset(prs))
+
+
+def _parquet(path: Path) -> str:
+    """``path`` as ``read_parquet``'s argument, read literally (no glob)."""
+    return sql_string(literal_path(str(path)))
+
+
+def record_judged(con, judged: Judged) -> None:
+    """``judge_changed``'s verdicts in place of the stored ones of their groups, in one transaction."""
+    con.execute(PR_CHECKS_SQL)
+    if judged.verdicts is not None:
+        _replace_verdicts(con, f"read_parquet({_parquet(judged.verdicts)})")
 
 
 @contextmanager
@@ -400,15 +470,20 @@ def record_pr_checks(con, rows: list[dict]) -> None:
     con.execute(PR_CHECKS_SQL)
     if not rows:
         return
-    frame = pandas.DataFrame(rows, columns=list(PR_CHECKS_COLUMNS))
-    con.register("judged_prs", frame)
-    key = ", ".join(f'"{c}"' for c in PR_CHECKS_KEY)
+    con.register("judged_prs", pandas.DataFrame(rows, columns=list(PR_CHECKS_COLUMNS)))
     try:
-        with transaction(con):
-            con.execute(f"DELETE FROM pr_checks WHERE ({key}) IN (SELECT {key} FROM judged_prs)")
-            con.execute("INSERT INTO pr_checks BY NAME SELECT * FROM judged_prs")
+        _replace_verdicts(con, "judged_prs")
     finally:
         con.unregister("judged_prs")
+
+
+def _replace_verdicts(con, source: str) -> None:
+    """The ``pr_checks`` rows of ``source`` (a table or a table function) in place of the stored rows of their
+    keys, in one transaction."""
+    key = ", ".join(f'"{c}"' for c in PR_CHECKS_KEY)
+    with transaction(con):
+        con.execute(f"DELETE FROM pr_checks WHERE ({key}) IN (SELECT {key} FROM {source})")
+        con.execute(f"INSERT INTO pr_checks BY NAME SELECT * FROM {source}")
 
 
 def held_verdicts(con, prs: list[int]) -> list[dict]:
