@@ -149,11 +149,9 @@ def _phase(name: str, days: int) -> dict:
             results = run_tick(instance, now.date())  # refresh, then the feed job: a whole tick
             result, parts = results[-1], _step_seconds(instance, results)
         assert result.success, f"{name} failed"
-        import duckdb
+        from wandb_assets.warehouse import query_read_only
 
-        con = duckdb.connect(os.environ["WANDB_ASSETS_DUCKDB"], read_only=True)
-        count = con.execute("SELECT count(*) FROM runs").fetchone()[0]
-        con.close()
+        ((count,),) = query_read_only(None, "SELECT count(*) FROM runs")  # the file, or the lake (bench_lake.py)
     seconds = time.perf_counter() - started
     return {
         "runs": count,
@@ -238,6 +236,35 @@ def _measure(server, label: str, command: list[str], env: dict, parse_json: bool
         requests=server.count("Runs") + server.count("Run"),
     )
     return result
+
+
+def measured(server, label: str, command: list[str], env: dict, parse_json: bool = True) -> dict:
+    """``_measure``, or what broke (a finding at this size: said, and the script goes on), printed as it ends."""
+    try:
+        result = _measure(server, label, command, env, parse_json=parse_json)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - what broke is the finding
+        result = {"error": f"{type(exc).__name__}: {str(exc)[-300:]}"}
+    print(json.dumps({label: result}, default=str), flush=True)
+    return result
+
+
+def print_phases(results: dict[str, dict]) -> None:
+    """The phases as a table (seconds in process, whole process, peak RSS, the longest writer hold), then each
+    tick's eight longest parts."""
+    print("| phase | seconds (in process) | whole process | peak RSS | writer held (max) |")
+    print("|---|---|---|---|---|")
+    for label, r in results.items():
+        if "error" in r:
+            print(f"| {label} | failed: {r['error']} | | | |")
+            continue
+        held = r.get("writer_held_max_s")
+        held_text = f"{held:.2f} s" if held is not None else ""
+        rss = f"{r['peak_rss_mib']:,.0f} MiB"
+        print(f"| {label} | {r.get('seconds', 0):.2f} | {r['wall_seconds']:.2f} | {rss} | {held_text} |")
+    for label, r in results.items():
+        if r.get("parts"):
+            parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["parts"].items(), key=lambda kv: -kv[1])[:8])
+            print(f"{label} by part: {parts}")
 
 
 def _wandb_dir(workdir: Path) -> Path:

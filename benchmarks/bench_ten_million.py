@@ -18,7 +18,6 @@ the analytics job (dbt build, tests, docs).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -110,26 +109,11 @@ def main() -> None:
             ("dbt", "the analytics job (dbt build, tests, docs)", [*me, "analytics"], True),
         ]
         for key, label, command, parse in phases:
-            if key in args.skip:
-                continue
-            try:
-                results[label] = bench._measure(server, label, command, env, parse_json=parse)
-            except (Exception, SystemExit) as exc:  # noqa: BLE001 - what broke is the finding: say it, go on
-                results[label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-            print(json.dumps({label: results[label]}, default=str), flush=True)
+            if key not in args.skip:
+                results[label] = bench.measured(server, label, command, env, parse_json=parse)
     size = (workdir / "bench.duckdb").stat().st_size
     print(f"\n{built['runs']:,} runs ({args.times} x), warehouse {size / 2**20:,.0f} MiB")
-    print("| phase | seconds (in process) | whole process | peak RSS |")
-    print("|---|---|---|---|")
-    for label, r in results.items():
-        if "error" in r:
-            print(f"| {label} | failed: {r['error']} | | |")
-            continue
-        print(f"| {label} | {r.get('seconds', 0):.2f} | {r['wall_seconds']:.2f} | {r['peak_rss_mib']:,.0f} MiB |")
-    for label, r in results.items():
-        if r.get("parts"):
-            parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["parts"].items(), key=lambda kv: -kv[1])[:8])
-            print(f"{label} by part: {parts}")
+    bench.print_phases(results)
     if os.environ.get("BENCH_KEEP_WORKDIR"):
         print(f"kept {workdir}", file=sys.stderr)
     else:
