@@ -329,18 +329,24 @@ def test_judging_holds_no_connection_to_the_warehouse(tmp_path, monkeypatch):
         finally:
             con.close()
 
-    opened_elsewhere = []
+    opened_elsewhere, limits = [], []
     judged_key = pr_checks._judged_key  # noqa: SLF001 - observed, not replaced: another process opens the file
 
     def observed(*args):
         probe = f"import duckdb; duckdb.connect({str(path)!r}).execute('CREATE OR REPLACE TABLE probe AS SELECT 1')"
         opened_elsewhere.append(subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode)
+        limits.append(args[0].execute("SELECT current_setting('memory_limit')").fetchone()[0])
         return judged_key(*args)
 
     monkeypatch.setattr(pr_checks, "_judged_key", observed)
     stored = "SELECT * FROM pr_checks ORDER BY pr, commit, config, testbed, metric"
-    with pr_checks.judge_changed(open_warehouse, T, "overview/sps") as judged:
+    config = {
+        "memory_limit": "1GB"
+    }  # the warehouse connections' limit (WANDB_ASSETS_DUCKDB_MEMORY_LIMIT) holds there too
+    with pr_checks.judge_changed(open_warehouse, T, "overview/sps", config=config) as judged:
         assert opened_elsewhere == [0, 0]  # a key a testbed with PR runs (4 L4s, 8 H100s), judged with the file free
+        with duckdb.connect(config=config) as limited:
+            assert limits == [limited.execute("SELECT current_setting('memory_limit')").fetchone()[0]] * 2
         assert sorted(judged.prs) == [7, 8, 9]
         assert judged.by_verdict == {"regression": 1, "no change": 1, "no baseline": 1}
         with open_warehouse() as con:

@@ -46,6 +46,7 @@ def pr_checks(config: ClockConfig, warehouse: WarehouseResource) -> MaterializeR
             repo=target and target.repo,
             min_change_pct=load_settings().WANDB_ASSETS_PR_MIN_CHANGE_PCT,
             skipped=skipped,
+            config=warehouse.connection_config,
         ) as judged,
         warehouse.get_connection() as con,
     ):

@@ -348,6 +348,7 @@ def judge_changed(
     k: int = 10,
     min_n: int = 5,
     confidence: float = 0.99,
+    config: dict[str, str] | None = None,
 ) -> Iterator[Judged]:
     """The verdicts of the PR groups whose ended runs differ from their stored verdict (``iter_judged``'s
     ``changed_only``), judged without holding the warehouse: the value rows are staged under a connection of
@@ -355,7 +356,8 @@ def judge_changed(
     judged in this process's memory with no connection to the warehouse open; ``record_judged`` writes the verdicts
     in one transaction. The first tick after a backfill judges the whole history (16 s at a million runs, 265 s at
     ten million) and held the writer that long, past every other writer's lock wait. A run that changed in between
-    has its group judged again by the next tick (the runs its verdict was given on differ)."""
+    has its group judged again by the next tick (the runs its verdict was given on differ). ``config``: the in-memory
+    database's DuckDB settings (the warehouse connections' memory limit)."""
     with tempfile.TemporaryDirectory(prefix="pr-checks-") as folder:
         values, verdicts = Path(folder) / "values.parquet", Path(folder) / "verdicts.parquet"
         with open_warehouse() as con:
@@ -364,7 +366,8 @@ def judge_changed(
             con.execute(f"DROP TABLE {_JUDGED_VALUES}")
         by_verdict: Counter = Counter()
         prs: set[int] = set()
-        with duckdb.connect() as judging:  # this process's memory: the values, then the verdicts, a key at a time
+        # this process's memory: the values, then the verdicts, a key at a time
+        with duckdb.connect(config=config or {}) as judging:
             judging.execute(f"CREATE TABLE {_JUDGED_VALUES} AS FROM read_parquet({_parquet(values)})")
             options = (now, repo, k, min_n, confidence, None, None, min_change_pct, skipped)
             for rows in _judge_keys(judging, keys, *options):
