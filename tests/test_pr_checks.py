@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import duckdb
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fleet import MAIN_SPS, T, ci_run, load, pr_fleet
@@ -355,3 +355,43 @@ def test_judging_holds_no_connection_to_the_warehouse(tmp_path, monkeypatch):
     assert not judged.verdicts.exists()  # the values and verdicts copied out are gone with the context
     with pr_checks.judge_changed(open_warehouse, T, "overview/sps") as again:
         assert (again.verdicts, again.by_verdict, again.prs) == (None, {}, frozenset())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    main=st.lists(st.tuples(st.integers(0, 300), st.integers(1, 600)), max_size=30),
+    prs=st.lists(st.tuples(st.integers(1, 4), st.integers(0, 300), st.integers(1, 600)), min_size=1, max_size=8),
+    k=st.integers(1, 6),
+)
+def test_the_main_runs_staged_are_those_a_baseline_can_take(main, prs, k):
+    """Issue 54: a tick staged every main run of a touched config, testbed and metric (millions at ten million runs)
+    for a few PR groups. Only the main runs a baseline can take are staged now: those ended after the earliest cutoff
+    of the key's groups, and of those ended by it the last k. Each verdict's baseline is still the last k main runs
+    (by CI time, then run id) ended by its group's cutoff, worked out here from every run; and no more main runs are
+    staged than that bound."""
+    from wandb_assets.lib.acting.pr_checks import _JUDGED_VALUES, _stage_judged_values
+
+    def run(run_id: str, branch: str, commit: str, hours_ago: int, minutes: int) -> dict:
+        row = ci_run(run_id, branch, commit, 1000.0 + hours_ago % 7, hours_ago)
+        return row | {"ended_at": row["created_at"] + timedelta(minutes=minutes)}
+
+    rows = [run(f"m{i:02d}", "main", f"c{i:02d}", hours, minutes) for i, (hours, minutes) in enumerate(main)]
+    rows += [run(f"p{j:02d}", f"pr{n}", f"{n:08x}", hours, minutes) for j, (n, hours, minutes) in enumerate(prs)]
+    con = duckdb.connect()
+    load(con, rows)
+    ended = {r["run_id"]: r["ended_at"] for r in rows}
+    cutoffs = {}
+    for r in rows[len(main) :]:
+        cutoffs[r["ci_branch"]] = max(cutoffs.get(r["ci_branch"], r["ended_at"]), r["ended_at"])
+    cutoffs = {branch: min(T, at) for branch, at in cutoffs.items()}
+    for verdict in judge_prs(con, T, "overview/sps", k=k):
+        taken = sorted(
+            (r["ci_timestamp"], r["run_id"])
+            for r in rows[: len(main)]
+            if ended[r["run_id"]] <= cutoffs[f"pr{verdict['pr']}"]
+        )
+        assert verdict["baseline_runs"] == [run_id for _, run_id in taken[-k:]]
+    _stage_judged_values(con, "overview/sps", None, False, T, k)
+    staged = con.execute(f"SELECT count(*) FROM {_JUDGED_VALUES} WHERE ci_branch = 'main'").fetchone()[0]
+    first = min(cutoffs.values())
+    assert staged <= sum(1 for r in rows[: len(main)] if r["ended_at"] > first) + k

@@ -229,10 +229,16 @@ SELECT 'pr' || pr, commit, config, testbed, metric, pr_runs FROM pr_checks
 _JUDGED_VALUES = "pr_judged_values"
 
 
-def _stage_judged_values(con, sps_metric: str, pr: int | None, changed_only: bool) -> list[tuple]:
+def _stage_judged_values(
+    con, sps_metric: str, pr: int | None, changed_only: bool, now: datetime, k: int
+) -> list[tuple]:
     """Put the value rows ``iter_judged`` needs in a temporary table, one query: the PR runs of the groups to judge,
-    and main's runs of the same config, testbed and metric only (a tick judges the few groups a new PR run changed,
-    not the whole history); returns their keys ``(config, testbed, metric)``, each judged on its own."""
+    and of main's runs of the same config, testbed and metric only those a baseline can take (a tick judges the few
+    groups a new PR run changed, not the whole history); returns their keys ``(config, testbed, metric)``, each judged
+    on its own. A group is judged against the last ``k`` main runs (by CI time, then run id) ended by its cutoff
+    (``_baselines``); the earliest cutoff of a key's groups bounds what any of them takes: every main run ended after
+    it, and of those ended by it the last ``k`` (ties kept). At ten million runs a tick staged (and copied out) every
+    main run of a touched key, millions of rows, for a few PR groups."""
     if changed_only:  # a read-only snapshot (``pr-check``) judges everything asked for, and creates nothing
         con.execute(PR_CHECKS_SQL)
     con.execute(
@@ -243,17 +249,29 @@ pr_values AS (
     SELECT *, lower(ci_commit) AS commit_key FROM v
     WHERE ci_branch <> 'main' AND ($pr IS NULL OR ci_branch = 'pr' || $pr)
 ),
-todo AS ({_CHANGED_GROUPS_SQL if changed_only else _GROUPS_SQL})
-SELECT p.* EXCLUDE (commit_key) FROM pr_values p
-SEMI JOIN todo t ON p.ci_branch = t.ci_branch AND p.commit_key = t.commit_key
-    AND p.ci_config IS NOT DISTINCT FROM t.ci_config AND p.testbed = t.testbed AND p.metric = t.metric
+todo AS ({_CHANGED_GROUPS_SQL if changed_only else _GROUPS_SQL}),
+judged AS (
+    SELECT p.* FROM pr_values p
+    SEMI JOIN todo t ON p.ci_branch = t.ci_branch AND p.commit_key = t.commit_key
+        AND p.ci_config IS NOT DISTINCT FROM t.ci_config AND p.testbed = t.testbed AND p.metric = t.metric
+),
+first_cutoff AS (  -- each key's earliest cutoff: main as it stood when the last run of a group of it ended
+    SELECT ci_config, testbed, metric, min(cutoff) AS first_cutoff FROM (
+        SELECT ci_config, testbed, metric, least(max(ended_at), $now::TIMESTAMP) AS cutoff FROM judged
+        GROUP BY ci_branch, commit_key, ci_config, testbed, metric
+    ) GROUP BY ALL
+)
+SELECT * EXCLUDE (commit_key) FROM judged
 UNION ALL
 SELECT m.* FROM v m
-SEMI JOIN (SELECT DISTINCT ci_config, testbed, metric FROM todo) t
-    ON m.ci_config IS NOT DISTINCT FROM t.ci_config AND m.testbed = t.testbed AND m.metric = t.metric
+JOIN first_cutoff c ON m.ci_config IS NOT DISTINCT FROM c.ci_config AND m.testbed = c.testbed AND m.metric = c.metric
 WHERE m.ci_branch = 'main'
+QUALIFY c.first_cutoff IS NULL OR coalesce(m.ended_at > c.first_cutoff, true)
+    OR rank() OVER (
+        PARTITION BY m.ci_config, m.testbed, m.metric, m.ended_at > c.first_cutoff ORDER BY m.ci_at DESC, m.run_id DESC
+    ) <= $k
 """,
-        {"pr": pr},
+        {"pr": pr, "now": now, "k": k},
     )
     return con.execute(
         f"SELECT DISTINCT ci_config, testbed, metric FROM {_JUDGED_VALUES} WHERE ci_branch <> 'main' ORDER BY ALL"
@@ -312,7 +330,7 @@ def iter_judged(
     caller that records each list as it comes holds one key's. A run whose name fails ``ci_identity`` is skipped, its
     reason counted in ``skipped`` (one per run)."""
     try:
-        keys = _stage_judged_values(con, sps_metric, pr, changed_only)
+        keys = _stage_judged_values(con, sps_metric, pr, changed_only, now, k)
         yield from _judge_keys(con, keys, now, repo, k, min_n, confidence, percent, pr, min_change_pct, skipped)
     finally:
         con.execute(f"DROP TABLE IF EXISTS {_JUDGED_VALUES}")
@@ -361,7 +379,7 @@ def judge_changed(
     with tempfile.TemporaryDirectory(prefix="pr-checks-") as folder:
         values, verdicts = Path(folder) / "values.parquet", Path(folder) / "verdicts.parquet"
         with open_warehouse() as con:
-            keys = _stage_judged_values(con, sps_metric, None, True)
+            keys = _stage_judged_values(con, sps_metric, None, True, now, k)
             con.execute(f"COPY {_JUDGED_VALUES} TO {sql_string(str(values))} (FORMAT parquet)")
             con.execute(f"DROP TABLE {_JUDGED_VALUES}")
         by_verdict: Counter = Counter()
