@@ -339,6 +339,7 @@ def test_judging_holds_no_connection_to_the_warehouse(tmp_path, monkeypatch):
         return judged_key(*args)
 
     monkeypatch.setattr(pr_checks, "_judged_key", observed)
+    monkeypatch.setattr(pr_checks, "_VERDICTS_PER_FILE", 1)  # written out after each key: two files
     stored = "SELECT * FROM pr_checks ORDER BY pr, commit, config, testbed, metric"
     config = {
         "memory_limit": "1GB"
@@ -349,12 +350,13 @@ def test_judging_holds_no_connection_to_the_warehouse(tmp_path, monkeypatch):
             assert limits == [limited.execute("SELECT current_setting('memory_limit')").fetchone()[0]] * 2
         assert sorted(judged.prs) == [7, 8, 9]
         assert judged.by_verdict == {"regression": 1, "no change": 1, "no baseline": 1}
+        assert len(judged.verdicts) == 2
         with open_warehouse() as con:
             pr_checks.record_judged(con, judged)
             assert con.execute(stored).fetchall() == reference.execute(stored).fetchall()
-    assert not judged.verdicts.exists()  # the values and verdicts copied out are gone with the context
+    assert judged.verdicts and not any(path.exists() for path in judged.verdicts)  # gone with the context
     with pr_checks.judge_changed(open_warehouse, T, "overview/sps") as again:
-        assert (again.verdicts, again.by_verdict, again.prs) == (None, {}, frozenset())
+        assert (again.verdicts, again.by_verdict, again.prs) == ((), {}, frozenset())
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -347,10 +347,10 @@ def _judge_keys(con, keys, now, repo, k, min_n, confidence, percent, pr, min_cha
 
 @dataclass(frozen=True)
 class Judged:
-    """What ``judge_changed`` judged: the verdicts (``pr_checks`` rows in a Parquet file; None when none), how many of
-    each, and of which PRs."""
+    """What ``judge_changed`` judged: the verdicts (``pr_checks`` rows in Parquet files; none when nothing was
+    judged), how many of each, and of which PRs."""
 
-    verdicts: Path | None
+    verdicts: tuple[Path, ...]
     by_verdict: Counter
     prs: frozenset[int]
 
@@ -371,30 +371,52 @@ def judge_changed(
     """The verdicts of the PR groups whose ended runs differ from their stored verdict (``iter_judged``'s
     ``changed_only``), judged without holding the warehouse: the value rows are staged under a connection of
     ``open_warehouse()`` and copied out (a Parquet file in a folder of its own, gone when the context ends), then
-    judged in this process's memory with no connection to the warehouse open; ``record_judged`` writes the verdicts
+    judged from that file with no connection to the warehouse open, the verdicts written to files of their own a
+    hundred thousand at a time (memory stays one key's values and that many verdicts); ``record_judged`` writes them
     in one transaction. The first tick after a backfill judges the whole history (16 s at a million runs, 265 s at
     ten million) and held the writer that long, past every other writer's lock wait. A run that changed in between
     has its group judged again by the next tick (the runs its verdict was given on differ). ``config``: the in-memory
     database's DuckDB settings (the warehouse connections' memory limit)."""
     with tempfile.TemporaryDirectory(prefix="pr-checks-") as folder:
-        values, verdicts = Path(folder) / "values.parquet", Path(folder) / "verdicts.parquet"
+        values = Path(folder) / "values.parquet"
         with open_warehouse() as con:
             keys = _stage_judged_values(con, sps_metric, None, True, now, k)
-            con.execute(f"COPY {_JUDGED_VALUES} TO {sql_string(str(values))} (FORMAT parquet)")
+            # in key order, so reading one key's rows back reads only its row groups
+            con.execute(
+                f"COPY (FROM {_JUDGED_VALUES} ORDER BY ci_config, testbed, metric) "
+                f"TO {sql_string(str(values))} (FORMAT parquet)"
+            )
             con.execute(f"DROP TABLE {_JUDGED_VALUES}")
         by_verdict: Counter = Counter()
         prs: set[int] = set()
-        # this process's memory: the values, then the verdicts, a key at a time
-        with duckdb.connect(config=config or {}) as judging:
-            judging.execute(f"CREATE TABLE {_JUDGED_VALUES} AS FROM read_parquet({_parquet(values)})")
+        parts: list[Path] = []
+        held = 0  # verdicts in the judging database, written out past _VERDICTS_PER_FILE
+        with duckdb.connect(config=config or {}) as judging:  # the values read from the file, one key at a time
+            judging.execute(f"CREATE VIEW {_JUDGED_VALUES} AS FROM read_parquet({_parquet(values)})")
             options = (now, repo, k, min_n, confidence, None, None, min_change_pct, skipped)
             for rows in _judge_keys(judging, keys, *options):
                 record_pr_checks(judging, rows)
                 by_verdict.update(r["verdict"] for r in rows)
                 prs.update(r["pr"] for r in rows)
-            if by_verdict:
-                judging.execute(f"COPY pr_checks TO {sql_string(str(verdicts))} (FORMAT parquet)")
-        yield Judged(verdicts if by_verdict else None, by_verdict, frozenset(prs))
+                held += len(rows)
+                if held >= _VERDICTS_PER_FILE:
+                    parts.append(_write_out(judging, Path(folder) / f"verdicts-{len(parts)}.parquet"))
+                    held = 0
+            if held:
+                parts.append(_write_out(judging, Path(folder) / f"verdicts-{len(parts)}.parquet"))
+        yield Judged(tuple(parts), by_verdict, frozenset(prs))
+
+
+#: How many verdicts ``judge_changed`` holds in memory before writing them to a file of their own (the first judging
+#: of ten million runs gives 5.2 million).
+_VERDICTS_PER_FILE = 100_000
+
+
+def _write_out(judging, path: Path) -> Path:
+    """The judging database's verdicts into the Parquet file ``path``, and out of the database."""
+    judging.execute(f"COPY pr_checks TO {sql_string(str(path))} (FORMAT parquet)")
+    judging.execute("DELETE FROM pr_checks")
+    return path
 
 
 def _parquet(path: Path) -> str:
@@ -405,8 +427,8 @@ def _parquet(path: Path) -> str:
 def record_judged(con, judged: Judged) -> None:
     """``judge_changed``'s verdicts in place of the stored ones of their groups, in one transaction."""
     con.execute(PR_CHECKS_SQL)
-    if judged.verdicts is not None:
-        _replace_verdicts(con, f"read_parquet({_parquet(judged.verdicts)})")
+    if judged.verdicts:
+        _replace_verdicts(con, f"read_parquet([{', '.join(_parquet(path) for path in judged.verdicts)}])")
 
 
 @contextmanager
