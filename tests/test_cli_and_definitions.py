@@ -713,3 +713,36 @@ def test_a_second_uv_run_compiles_nothing_and_costs_under_a_second_more_than_the
     script = [seconds([str(Path(sys.executable).parent / "wandb-assets"), "--help"])[0] for _ in range(3)]
     assert not [err for _, err in through_uv if "Bytecode compiled" in err]
     assert min(t for t, _ in through_uv) - min(script) < 1.0, (through_uv, script)
+
+
+def test_the_ui_starts_on_an_instance_storage_already_made(tmp_path, monkeypatch):
+    """`demo --ui` starts `dagster dev` and runs its backfill at once: a fresh SQLite storage made by the command's
+    runs and the UI's code server together had its schema stamped twice ("more than one head"), and every later
+    opening failed (the slow tier's browser tests, once the command stopped spending 2 s importing dbt first). The
+    storage is made before `dagster dev` is started: what exists when it is."""
+    from wandb_assets.commands import servers
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((Path(REPO) / "dagster.yaml").read_text())
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("WANDB_ASSETS_DUCKDB", str(tmp_path / "w.duckdb"))
+    monkeypatch.setenv("PYTHONWARNINGS", "")  # start_dagster_dev extends it for its processes
+    monkeypatch.chdir(home)  # the instance's folders are relative to where it is opened (.dagster/)
+
+    class Started(Exception):
+        pass
+
+    made = []
+
+    def starting(command, **options):  # observed: what the UI's processes would open, then stopped there
+        made.append(sorted(str(path.relative_to(home)) for path in home.rglob("*.db")))
+        raise Started
+
+    monkeypatch.setattr(servers.subprocess, "Popen", starting)
+    with pytest.raises(Started):
+        servers.start_dagster_dev(port=3999)
+    storage = ".dagster/storage"
+    assert made == [
+        [f"{storage}/history/runs.db", f"{storage}/history/runs/index.db", f"{storage}/schedules/schedules.db"]
+    ]
