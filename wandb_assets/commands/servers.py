@@ -24,14 +24,12 @@ def start_dagster_dev(port: int = 3000, verbose: bool = False, in_home: bool = F
     the UI comes up). Quiet by default: the daemon's and webserver's INFO lines (a "sensor skipped" line every 30 s)
     are hidden; runs print their own INFO lines and warnings (the instance's ``python_logs.python_log_level``)."""
     os.environ.setdefault("DAGSTER_HOME", str(Path.cwd()))
-    from wandb_assets.commands.common import claim_instance
+    from wandb_assets.commands.common import claim_instance, dagster_instance
 
     claim_instance(Path(os.environ["DAGSTER_HOME"]))  # the UI's daemon writes this warehouse: the instance's own
     # The instance's storage made here, once, before the UI's processes and this command's runs open it: a fresh
     # SQLite storage made by two processes at once has its schema stamped twice ("more than one head"), and every
     # later opening of it fails (seen when a command loading no dbt raced `dagster dev`'s code server to it).
-    from wandb_assets.commands.common import dagster_instance
-
     dagster_instance().dispose()
     workspace = Path(__file__).resolve().parents[2] / "workspace.yaml"
     # Inherited by the daemon, the code server and every run worker: two notices nobody can act on (dagster-aws

@@ -393,8 +393,20 @@ def judge_changed(
         held = 0  # verdicts in the judging database, written out past _VERDICTS_PER_FILE
         with duckdb.connect(config=config or {}) as judging:  # the values read from the file, one key at a time
             judging.execute(f"CREATE VIEW {_JUDGED_VALUES} AS FROM read_parquet({_parquet(values)})")
-            options = (now, repo, k, min_n, confidence, None, None, min_change_pct, skipped)
-            for rows in _judge_keys(judging, keys, *options):
+            judged = _judge_keys(
+                judging,
+                keys,
+                now=now,
+                repo=repo,
+                k=k,
+                min_n=min_n,
+                confidence=confidence,
+                percent=None,
+                pr=None,
+                min_change_pct=min_change_pct,
+                skipped=skipped,
+            )
+            for rows in judged:
                 record_pr_checks(judging, rows)
                 by_verdict.update(r["verdict"] for r in rows)
                 prs.update(r["pr"] for r in rows)
