@@ -1,5 +1,5 @@
 """The curves' parse as Python wrote it, point by point, before issue 54 moved it into DuckDB
-(``lib/curves.PARSE_SQL``): the reference the SQL is compared with, over any input (``tests/test_curves.py``). No
+(``lib/curves.parse_rows``): the reference the SQL is compared with, over any input (``tests/test_curves.py``). No
 code shared with ``lib/``."""
 
 from __future__ import annotations
@@ -51,12 +51,21 @@ def history_rows(keys: list[str], sampled: Any) -> list[list]:
     return rows
 
 
+def _first_of_each_key(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's keys as JSON text holds them: a key twice keeps its first value."""
+    kept: dict[str, Any] = {}
+    for key, value in pairs:
+        kept.setdefault(key, value)
+    return kept
+
+
 def gpu_rows(events: Any) -> list[list]:
+    """One row per GPU an event reads (two keys naming one GPU's same reading, ``01`` and ``1``: the larger)."""
     rows: list[list] = []
     for event in events if isinstance(events, list) else []:
         if isinstance(event, str):
             try:
-                event = json.loads(event)
+                event = json.loads(event, object_pairs_hook=_first_of_each_key)
             except ValueError:
                 continue
         if not isinstance(event, Mapping):
@@ -69,7 +78,8 @@ def gpu_rows(events: Any) -> list[list]:
             match = _GPU_KEY.match(key)
             reading = number(value)
             if match and reading is not None:
-                gpus.setdefault(int(match.group(1)), {})[match.group(2)] = reading
+                values = gpus.setdefault(int(match.group(1)), {})
+                values[match.group(2)] = max(reading, values.get(match.group(2), reading))
         for gpu, values in sorted(gpus.items()):
             if gpu < _MAX_GPUS:
                 rows.append([at, gpu, values.get("gpu"), values.get("memory"), values.get("powerWatts")])

@@ -63,9 +63,11 @@ def history_specs(keys: Iterable[str], samples: int) -> list[str]:
 #: ``CurvesFolder`` make it ``read`` or ``none``.
 RAW = "raw"
 
-#: The one parse of a run's curves (issue 54: 14 ms of Python a run, point by point, before): DuckDB's, set-based,
-#: from ``raw`` (one row per run: entity, project, run_id, status, read_at, final, keys, sampled, events as W&B sent
-#: them) into ``parsed_history``, ``parsed_gpu`` and ``parsed_reads``. The rules:
+#: The one parse of a run's curves (``parse_rows``; issue 54: 14 ms of Python a run, point by point, before): DuckDB's,
+#: set-based, from ``raw`` (one row per run: entity, project, run_id, status, read_at, final, keys, sampled as W&B sent
+#: it, the texts of its events) into ``parsed_history``, ``parsed_gpu`` and ``parsed_reads``. Text holding numbers
+#: alone (W&B's own) is parsed straight into structs of doubles; the rest as objects of JSON values, each typed one by
+#: one: the same rules (``tests/reference/curves.py`` holds both to them). The rules:
 #: - a number is a JSON number, finite (not a boolean, NaN, an infinity, or an integer too large for a double);
 #: - a history point: the spec of ``keys[i]`` is ``sampled[i]``, a list of objects; a point needs a number
 #:   ``_step`` that is whole and fits a BIGINT and a number under its key; the first point of a step in a series
@@ -73,67 +75,189 @@ RAW = "raw"
 #: - a GPU sample: an event is an object, or a string holding one (W&B sends strings; one that is not JSON is
 #:   skipped); it needs a time as above; every ``system.gpu.<i>.<what>`` key (``i`` 0-9999 ASCII digits, below
 #:   ``MAX_GPUS``; ``what`` ASCII letters) with a number gives GPU ``i`` a row: util (``gpu``), memory
-#:   (``memory``) and power (``powerWatts``), NULL where the event lacks one;
+#:   (``memory``) and power (``powerWatts``), NULL where the event lacks one; a key twice in an event's text: its
+#:   first value; two keys naming one reading (``system.gpu.01.gpu``, ``system.gpu.1.gpu``): the larger;
 #: - a run not failed is ``read`` when it has a point of either, else ``none``; ``final`` only when not failed.
 _NUMBER = (
     "CASE WHEN json_type({0}) IN ('BIGINT', 'UBIGINT', 'DOUBLE') AND isfinite(TRY_CAST({0} AS DOUBLE)) "
     "THEN TRY_CAST({0} AS DOUBLE) END"
 )
 _MOMENT = "CASE WHEN {0} >= 0 AND {0} < 253402300800 THEN make_timestamp(round({0} * 1000000)::BIGINT) END"
-PARSE_SQL = f"""
-CREATE OR REPLACE TEMP TABLE parsed_history AS
-WITH specs AS (  -- each document parsed once: a list (per spec) of lists of objects, their values left as JSON
-    SELECT entity, project, run_id, keys, try(from_json(sampled, '[["MAP(VARCHAR, JSON)"]]')) AS specs
-    FROM raw WHERE status = '{RAW}' AND starts_with(sampled, '[') AND len(keys) > 0
-), series AS (
+#: Text whose every value is a JSON number (no ``:`` before anything but a digit or a minus sign: a string, boolean,
+#: null, list or object value, or a key holding a colon, fail it): its parse takes the fast path, a struct of doubles.
+_NUMBERS_ONLY = "NOT regexp_matches({0}, ':\\s*[^-0-9\\s]')"
+_FINITE = "CASE WHEN isfinite({0}) THEN {0} END"
+
+
+def _struct_type(fields: Iterable[str]) -> str:
+    """A ``from_json`` struct of doubles of ``fields``, as SQL text."""
+    return _literal(json.dumps({field: "DOUBLE" for field in fields}))
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _field(struct: str, key: str) -> str:
+    return f'{struct}."' + key.replace('"', '""') + '"'
+
+
+def _distinct_but_for_case(fields: list[str]) -> bool:
+    """Whether ``fields`` can be a struct's (DuckDB's struct fields are the same but for case)."""
+    return len({field.lower() for field in fields}) == len(set(fields))
+
+
+def _history_sql(keys: list[str]) -> str:
+    """``parsed_history`` from ``raw``; ``keys``: every metric key of its runs. A run whose ``sampled`` holds numbers
+    alone is parsed straight into structs of doubles (``_step``, ``_timestamp`` and the keys); the others, and all
+    when the keys cannot be a struct's fields, as objects of JSON values typed one by one: the same rules."""
+    fields = list(dict.fromkeys(["_step", "_timestamp", *keys]))
+    fast = _NUMBERS_ONLY.format("sampled") if _distinct_but_for_case(fields) else "false"
+    whens = " ".join(f"WHEN {_literal(key)} THEN {_field('point', key)}" for key in set(keys))
+    value = f"CASE metric {whens} END" if whens else "NULL::DOUBLE"
+
+    def numbers(name: str, parsed_as: str, where: str, step: str, value: str, seconds: str) -> str:
+        return f"""{name}_specs AS (
+    SELECT entity, project, run_id, keys, CASE WHEN {where} THEN try(from_json(sampled, {parsed_as})) END AS specs
+    FROM runs WHERE {where}  -- the CASE: the parse is never of the other path's runs
+), {name}_series AS (
     SELECT entity, project, run_id, keys, unnest(specs) AS points, unnest(generate_series(1, len(specs))) AS i
-    FROM specs WHERE specs IS NOT NULL
-), points AS (
+    FROM {name}_specs WHERE specs IS NOT NULL
+), {name}_points AS (
     SELECT entity, project, run_id, i, keys[i] AS metric, unnest(points) AS point,
            unnest(generate_series(1, len(points))) AS ord
-    FROM series WHERE i <= len(keys)
-), numbers AS (
-    SELECT entity, project, run_id, i, metric, ord,
-           {_NUMBER.format("point['_step']")} AS step, {_NUMBER.format("point[metric]")} AS value,
-           {_NUMBER.format("point['_timestamp']")} AS seconds
-    FROM points WHERE point IS NOT NULL
-)
-SELECT entity, project, run_id, metric, step::BIGINT AS step, {_MOMENT.format("seconds")} AS "timestamp", value
-FROM numbers
+    FROM {name}_series WHERE i <= len(keys)
+), {name} AS (
+    SELECT entity, project, run_id, i, metric, ord, {step} AS step, {value} AS value, {seconds} AS seconds
+    FROM {name}_points WHERE point IS NOT NULL
+)"""
+
+    general = numbers(
+        "general",
+        """'[["MAP(VARCHAR, JSON)"]]'""",
+        "NOT fast",
+        _NUMBER.format("point['_step']"),
+        _NUMBER.format("point[metric]"),
+        _NUMBER.format("point['_timestamp']"),
+    )
+    fast_path = numbers(
+        "fast",
+        f"'[[' || {_struct_type(fields)} || ']]'",
+        "fast",
+        _FINITE.format("point._step"),
+        _FINITE.format(value),
+        _FINITE.format("point._timestamp"),
+    )
+    return f"""
+CREATE OR REPLACE TEMP TABLE parsed_history AS
+WITH runs AS (
+    SELECT entity, project, run_id, keys, sampled, {fast} AS fast
+    FROM raw WHERE status = '{RAW}' AND starts_with(sampled, '[') AND len(keys) > 0
+), {general}, {fast_path}
+SELECT entity, project, run_id, metric, step::BIGINT AS step, {_MOMENT.format("seconds")} AS "timestamp", value,
+       i, ord
+FROM (SELECT * FROM general UNION ALL SELECT * FROM fast)
 WHERE value IS NOT NULL AND step = floor(step) AND step >= -9223372036854775808.0 AND step < 9223372036854775808.0
 QUALIFY row_number() OVER (PARTITION BY entity, project, run_id, i, step ORDER BY ord) = 1
-ORDER BY entity, project, run_id, i, ord;
+"""
 
-CREATE OR REPLACE TEMP TABLE parsed_gpu AS
-WITH events AS (  -- W&B sends each event as a string holding an object: its text (an object's own text likewise)
-    SELECT entity, project, run_id, unnest(texts) AS text, unnest(generate_series(1, len(texts))) AS ord
-    FROM (SELECT *, try(from_json(events, '["VARCHAR"]')) AS texts FROM raw
-          WHERE status = '{RAW}' AND starts_with(events, '['))
-    WHERE texts IS NOT NULL
-), parsed AS (  -- text that is no JSON object is skipped
+
+#: The system stream's events that may be objects (W&B sends each as a string holding one; ``raw.events`` is their
+#: texts), and whether their parse may take the fast path (``_NUMBERS_ONLY``).
+EVENTS_SQL = f"""
+CREATE OR REPLACE TEMP TABLE parsed_events AS
+SELECT *, {_NUMBERS_ONLY.format("text")} AS fast
+FROM (SELECT entity, project, run_id, unnest(events) AS text, unnest(generate_series(1, len(events))) AS ord
+      FROM raw WHERE status = '{RAW}' AND events IS NOT NULL)
+WHERE starts_with(ltrim(text), '{{');
+"""
+#: The keys of the events that may take the fast path (``_gpu_sql``).
+EVENT_KEYS_SQL = "SELECT DISTINCT unnest(try(json_keys(text))) FROM parsed_events WHERE fast"
+
+#: A GPU sample of the general path: each event parsed to a map of JSON values, each value typed one by one.
+_GPU_GENERAL = f"""
+parsed AS (  -- text that is no JSON object is skipped
     SELECT entity, project, run_id, ord, try(from_json(text, '"MAP(VARCHAR, JSON)"')) AS sample
-    FROM events WHERE starts_with(ltrim(text), '{{')
+    FROM parsed_events WHERE $general
 ), timed AS (
     SELECT entity, project, run_id, ord, sample,
            {_MOMENT.format(_NUMBER.format("sample['_timestamp']"))} AS "timestamp"
     FROM parsed WHERE sample IS NOT NULL
-), readings AS (
+), readings AS (  -- a key twice: its first value stands (as the fast path's struct takes it)
     SELECT entity, project, run_id, ord, "timestamp", entry.key AS key, {_NUMBER.format("entry.value")} AS reading
-    FROM (SELECT *, unnest(map_entries(sample)) AS entry FROM timed WHERE "timestamp" IS NOT NULL)
+    FROM (SELECT *, unnest(map_entries(sample)) AS entry,
+                 unnest(generate_series(1, cardinality(sample)::BIGINT)) AS position
+          FROM timed WHERE "timestamp" IS NOT NULL)
+    QUALIFY row_number() OVER (PARTITION BY entity, project, run_id, ord, key ORDER BY position) = 1
 ), gpu_readings AS (
     SELECT entity, project, run_id, ord, "timestamp", reading,
            regexp_extract(key, '{SYSTEM_GPU_KEY.pattern}', ['gpu', 'what']) AS part
     FROM readings WHERE key LIKE 'system.gpu.%'
-)
-SELECT entity, project, run_id, "timestamp", part.gpu::INTEGER AS gpu,
-       max(reading) FILTER (WHERE part.what = 'gpu') AS util_pct,
-       max(reading) FILTER (WHERE part.what = 'memory') AS memory_pct,
-       max(reading) FILTER (WHERE part.what = 'powerWatts') AS power_w
-FROM gpu_readings
-WHERE part.gpu <> '' AND reading IS NOT NULL AND part.gpu::INTEGER < {MAX_GPUS}
-GROUP BY entity, project, run_id, ord, "timestamp", part.gpu::INTEGER
-ORDER BY entity, project, run_id, ord, gpu;
+), general AS (
+    SELECT entity, project, run_id, ord, "timestamp", part.gpu::INTEGER AS gpu,
+           max(reading) FILTER (WHERE part.what = 'gpu') AS util_pct,
+           max(reading) FILTER (WHERE part.what = 'memory') AS memory_pct,
+           max(reading) FILTER (WHERE part.what = 'powerWatts') AS power_w
+    FROM gpu_readings
+    WHERE part.gpu <> '' AND reading IS NOT NULL AND part.gpu::INTEGER < {MAX_GPUS}
+    GROUP BY entity, project, run_id, ord, "timestamp", part.gpu::INTEGER
+)"""
 
+_GPU_WHATS = {"gpu": "util_pct", "memory": "memory_pct", "powerWatts": "power_w"}
+
+
+def _gpu_sql(keys: Iterable[str]) -> str:
+    """``parsed_gpu`` from ``parsed_events``. ``keys``: every key of the events that may take the fast path. When
+    their GPU keys allow it (no two the same but for case, as DuckDB's struct fields would be), those events are parsed
+    straight into a struct of doubles of ``_timestamp`` and their GPU keys (a key twice: its first value), one row per
+    GPU with a finite reading: the general path's rule; the other events take the general path. Else every event
+    takes the general path."""
+    keys = set(keys)
+    gpus: dict[int, list[tuple[str, str]]] = {}
+    for key in sorted(keys):
+        match = SYSTEM_GPU_KEY.match(key)
+        if match and int(match.group(1)) < MAX_GPUS:
+            gpus.setdefault(int(match.group(1)), []).append((key, match.group(2)))
+    fields = ["_timestamp", *(key for parts in gpus.values() for key, _ in parts)]
+    fast = _distinct_but_for_case(fields)
+    general = _GPU_GENERAL.replace("$general", "NOT fast" if fast else "true")
+    if not fast or not gpus:
+        fast_rows = ""
+    else:
+        finite = {key: _FINITE.format(_field("s", key)) for key in fields}
+        gpu_structs = []
+        for gpu, parts in gpus.items():
+            values = {
+                column: f"greatest({', '.join(finite[key] for key, what in parts if what == name)})"
+                if any(what == name for _, what in parts)
+                else "NULL::DOUBLE"
+                for name, column in _GPU_WHATS.items()
+            }
+            held = f"coalesce({', '.join(finite[key] for key, _ in parts)})"
+            gpu_structs.append(
+                f"{{'gpu': {gpu}, 'held': {held}, "
+                + ", ".join(f"'{column}': {value}" for column, value in values.items())
+                + "}"
+            )
+        fast_rows = f"""
+UNION ALL
+SELECT entity, project, run_id, ord, "timestamp", g.gpu, g.util_pct, g.memory_pct, g.power_w
+FROM (
+    SELECT entity, project, run_id, ord, {_MOMENT.format(finite["_timestamp"])} AS "timestamp",
+           unnest([{", ".join(gpu_structs)}]) AS g
+    FROM (SELECT entity, project, run_id, ord, try(from_json(text, {_struct_type(fields)})) AS s
+          FROM parsed_events WHERE fast)
+)
+WHERE "timestamp" IS NOT NULL AND g.held IS NOT NULL"""
+    return f"""
+CREATE OR REPLACE TEMP TABLE parsed_gpu AS
+WITH {general}
+SELECT entity, project, run_id, "timestamp", gpu, util_pct, memory_pct, power_w, ord
+FROM (SELECT entity, project, run_id, ord, "timestamp", gpu, util_pct, memory_pct, power_w FROM general{fast_rows})
+"""
+
+
+READS_SQL = f"""
 CREATE OR REPLACE TEMP TABLE parsed_reads AS
 SELECT entity, project, run_id,
        CASE WHEN status <> '{RAW}' THEN status
@@ -151,7 +275,7 @@ SELECT unnest($entity::VARCHAR[]) AS entity, unnest($project::VARCHAR[]) AS proj
        unnest($run_id::VARCHAR[]) AS run_id, unnest($status::VARCHAR[]) AS status,
        unnest($read_at::VARCHAR[])::TIMESTAMP AS read_at, unnest($final::BOOLEAN[]) AS final,
        unnest($keys::VARCHAR[][]) AS keys, unnest($sampled::VARCHAR[]) AS sampled,
-       unnest($events::VARCHAR[]) AS events
+       unnest($events::VARCHAR[][]) AS events
 """
 _RAW_COLUMNS = ("entity", "project", "run_id", "status", "read_at", "final", "keys", "sampled", "events")
 
@@ -172,6 +296,24 @@ def _json(value: Any) -> str:
     return _LONE_SURROGATE.sub(r"\\ufffd", text) if "\\ud" in text or "\\uD" in text else text
 
 
+def _event_texts(events: Any) -> list[str]:
+    """The texts of the events W&B sent that may be objects: each string as it is (no parse and no copy in Python),
+    an object as its JSON; anything else is no sample."""
+    if not isinstance(events, list):
+        return []
+    texts = []
+    for event in events:
+        if isinstance(event, str):
+            if not event.isascii():
+                event = _text(event)
+            if "\\ud" in event or "\\uD" in event:
+                event = _LONE_SURROGATE.sub(r"\\ufffd", event)
+            texts.append(event)
+        elif isinstance(event, Mapping):
+            texts.append(_json(event))
+    return texts
+
+
 def raw_row(entity: str, project: str, run_id: str, read: Mapping[str, Any], final: bool) -> tuple:
     """One run's read as ``RAW_FROM_ROWS_SQL``'s columns: its curves as the JSON text of what W&B sent."""
     return (
@@ -183,7 +325,7 @@ def raw_row(entity: str, project: str, run_id: str, read: Mapping[str, Any], fin
         bool(final),
         [_text(key) for key in read.get("keys") or []],
         _json(read.get("sampled")),
-        _json(read.get("events")),
+        _event_texts(read.get("events")),
     )
 
 
@@ -191,7 +333,7 @@ _PARSER: Any = None
 _PARSER_LOCK = threading.Lock()
 
 
-def _parse(rows: list[tuple]):
+def parse_rows(rows: list[tuple]):
     """A connection to this process's in-memory parsing DuckDB holding ``parsed_history``, ``parsed_gpu`` and
     ``parsed_reads`` of ``rows`` (temporary tables: its own). One database for the process: a new one per request
     loaded DuckDB's JSON extension again each time (a quarter of a second, 12 ms a run)."""
@@ -203,7 +345,12 @@ def _parse(rows: list[tuple]):
             _PARSER = duckdb.connect(config={"threads": 1})
         con = _PARSER.cursor()
     con.execute(RAW_FROM_ROWS_SQL, dict(zip(_RAW_COLUMNS, map(list, zip(*rows, strict=True)), strict=True)))
-    con.execute(PARSE_SQL)
+    keys = [key for (key,) in con.execute("SELECT DISTINCT unnest(keys) FROM raw").fetchall()]
+    con.execute(_history_sql(keys))
+    con.execute(EVENTS_SQL)
+    keys = [key for (key,) in con.execute(EVENT_KEYS_SQL).fetchall()]
+    con.execute(_gpu_sql(keys))
+    con.execute(READS_SQL)
     return con
 
 
@@ -214,19 +361,19 @@ def _iso(at: datetime | None) -> str | None:
 def parse_reads(reads: Mapping[tuple[str, str, str], Mapping[str, Any]]) -> dict[tuple[str, str, str], dict]:
     """``reads`` (``{(entity, project, run_id): read_curves(...) or failed_curves(...)}``) with their points:
     ``status`` ``read``/``none`` (or ``failed``), ``history`` rows ``[metric, step, timestamp (ISO), value]`` and
-    ``gpu`` rows ``[timestamp (ISO), gpu, util_pct, memory_pct, power_w]``, by ``PARSE_SQL`` (for the few runs the
+    ``gpu`` rows ``[timestamp (ISO), gpu, util_pct, memory_pct, power_w]``, by ``parse_rows`` (for the few runs the
     idle ladder reads; the curves job writes them to files, ``CurvesFolder``)."""
     rows = [raw_row(*key, read, False) for key, read in reads.items()]
     parsed = {key: {**read, "history": [], "gpu": []} for key, read in reads.items()}
     if not rows:
         return parsed
-    con = _parse(rows)
+    con = parse_rows(rows)
     try:
         for *key, status in con.execute("SELECT entity, project, run_id, status FROM parsed_reads").fetchall():
             parsed[tuple(key)]["status"] = status
-        for *key, metric, step, at, value in con.execute("SELECT * FROM parsed_history").fetchall():
+        for *key, metric, step, at, value in con.execute(_ORDERED[HISTORY_FILE]).fetchall():
             parsed[tuple(key)]["history"].append([metric, step, _iso(at), value])
-        for *key, at, gpu, util, memory, power in con.execute("SELECT * FROM parsed_gpu").fetchall():
+        for *key, at, gpu, util, memory, power in con.execute(_ORDERED[GPU_FILE]).fetchall():
             parsed[tuple(key)]["gpu"].append([_iso(at), gpu, util, memory, power])
     finally:
         con.close()
@@ -238,20 +385,20 @@ _POINTS_ONLY_READ_AT = "1970-01-01T00:00:00"
 
 
 def history_rows(keys: list[str], sampled: Any) -> list[list]:
-    """``[metric, step, timestamp (ISO, UTC), value]`` of one run's ``sampledHistory`` by ``PARSE_SQL``."""
+    """``[metric, step, timestamp (ISO, UTC), value]`` of one run's ``sampledHistory`` by ``parse_rows``."""
     read = {"status": RAW, "read_at": _POINTS_ONLY_READ_AT, "sampled": sampled, "keys": keys}
     return parse_reads({("", "", ""): read})[("", "", "")]["history"]
 
 
 def gpu_rows(events: Any) -> list[list]:
-    """``[timestamp (ISO, UTC), gpu, util_pct, memory_pct, power_w]`` of one run's ``events`` by ``PARSE_SQL``."""
+    """``[timestamp (ISO, UTC), gpu, util_pct, memory_pct, power_w]`` of one run's ``events`` by ``parse_rows``."""
     read = {"status": RAW, "read_at": _POINTS_ONLY_READ_AT, "events": events, "keys": []}
     return parse_reads({("", "", ""): read})[("", "", "")]["gpu"]
 
 
 def read_curves(node: Mapping[str, Any], keys: list[str], read_at: datetime) -> dict[str, Any]:
     """What a run node of ``CURVES_QUERY`` holds, as W&B sent it (``status`` ``raw``: its points are parsed by
-    ``PARSE_SQL``, never one by one in Python), with the W&B user's e-mail and where its wandb-metadata.json is
+    ``parse_rows``, never one by one in Python), with the W&B user's e-mail and where its wandb-metadata.json is
     when the query asked (the idle ladder's)."""
     read = {
         "status": RAW,
@@ -282,12 +429,22 @@ READS_HEADER = ["entity", "project", "run_id", "status", "read_at", "final"]
 HISTORY_HEADER = ["entity", "project", "run_id", "metric", "step", "timestamp", "value"]
 GPU_HEADER = ["entity", "project", "run_id", "timestamp", "gpu", "util_pct", "memory_pct", "power_w"]
 NULL_MARK = "\\N"
-_PARSED = {READS_FILE: "parsed_reads", HISTORY_FILE: "parsed_history", GPU_FILE: "parsed_gpu"}
+#: Each file's rows from the parse's tables (in no order: the load needs none).
+_PARSED = {
+    READS_FILE: "FROM parsed_reads",
+    HISTORY_FILE: f"SELECT {', '.join(HISTORY_HEADER)} FROM parsed_history",
+    GPU_FILE: f"SELECT {', '.join(GPU_HEADER)} FROM parsed_gpu",
+}
+#: The same in the order W&B sent them (``parse_reads``).
+_ORDERED = {
+    HISTORY_FILE: f"{_PARSED[HISTORY_FILE]} ORDER BY entity, project, run_id, i, ord",
+    GPU_FILE: f"{_PARSED[GPU_FILE]} ORDER BY entity, project, run_id, ord, gpu",
+}
 
 
 class CurvesFolder:
     """The curves one read brings, as typed point files (Parquet, one row per point) written as each request
-    answers: each request's runs parsed by ``PARSE_SQL`` in DuckDB (nothing of them point by point in Python), and
+    answers: each request's runs parsed by ``parse_rows`` in DuckDB (nothing of them point by point in Python), and
     nothing of a run's curves kept in memory after its request; the load reads the files straight into its inserts.
     Written under a hidden name and renamed whole by ``publish``, so a load never sees half a read; a folder not
     published (the read failed) is deleted by ``discard``. Thread-safe: requests answer concurrently (DuckDB works
@@ -316,12 +473,12 @@ class CurvesFolder:
         statuses: dict[str, int] = {}
         points = 0
         if rows:
-            con = _parse(rows)
+            con = parse_rows(rows)
             try:
                 for kind, table in _PARSED.items():
                     target = self.partial / f"{kind}-{part:06d}.parquet"
                     quoted = str(target).replace("'", "''")
-                    con.execute(f"COPY {table} TO '{quoted}' (FORMAT parquet)")
+                    con.execute(f"COPY ({table}) TO '{quoted}' (FORMAT parquet)")
                 statuses = dict(con.execute("SELECT status, count(*) FROM parsed_reads GROUP BY 1").fetchall())
                 points = con.execute(
                     "SELECT (SELECT count(*) FROM parsed_history) + (SELECT count(*) FROM parsed_gpu)"
