@@ -551,6 +551,11 @@ _TWICE = st.builds(
     ],
 )
 @example(keys=_KEYS, sampled=[], events=[{"_timestamp": 5, "system.gpu.0.gpu": 1, "system.gpu.0.GPU": 2}])
+@example(  # two objects in one text, apart by the control character the parse joins a run's texts with: no JSON
+    keys=_KEYS,
+    sampled=[],
+    events=['{"_timestamp": 5, "system.gpu.0.gpu": 1}\x1e{"_timestamp": 6, "system.gpu.0.gpu": 2}', {"_timestamp": 7}],
+)
 @example(
     keys=_KEYS,
     sampled=[[1, {"_step": 2, "overview/sps": 3, "_timestamp": 4}], [{"_step": 3, "a~b": -1e999}], 5],
