@@ -556,6 +556,16 @@ _TWICE = st.builds(
     sampled=[],
     events=['{"_timestamp": 5, "system.gpu.0.gpu": 1}\x1e{"_timestamp": 6, "system.gpu.0.gpu": 2}', {"_timestamp": 7}],
 )
+@example(  # the same, every event a string (as W&B sends them): checked on the joined texts
+    keys=_KEYS,
+    sampled=[],
+    events=['{"_timestamp": 5, "system.gpu.0.gpu": 1}\x1e{"_timestamp": 6, "system.gpu.0.gpu": 2}', "{}"],
+)
+@example(  # a lone surrogate's escape (DuckDB refuses it: read as U+FFFD), in one of a run's string events
+    keys=_KEYS,
+    sampled=[],
+    events=['{"_timestamp": 5, "system.gpu.0.gpu": 1, "x\\ud800": 2}', '{"_timestamp": 6, "system.gpu.1.gpu": 3}'],
+)
 @example(
     keys=_KEYS,
     sampled=[[1, {"_step": 2, "overview/sps": 3, "_timestamp": 4}], [{"_step": 3, "a~b": -1e999}], 5],

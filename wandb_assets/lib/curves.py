@@ -66,8 +66,9 @@ def history_specs(keys: Iterable[str], samples: int) -> list[str]:
 RAW = "raw"
 
 #: The one parse of a run's curves (``parse_rows``; issue 54: 14 ms of Python a run, point by point, before): DuckDB's,
-#: set-based, from ``raw`` (one row per run: entity, project, run_id, status, read_at, final, keys, sampled as W&B sent
-#: it, the texts of its events) into ``parsed_history``, ``parsed_gpu`` and ``parsed_reads``. Text holding numbers
+#: set-based, from ``raw`` (one row per run: ``r``, its place, which the points carry instead of the run's three names
+#: until they are written; entity, project, run_id, status, read_at, final, keys, sampled as W&B sent it, the texts of
+#: its events) into ``parsed_history``, ``parsed_gpu`` and ``parsed_reads``. Text holding numbers
 #: alone (W&B's own) is parsed straight into structs of doubles; the rest as objects of JSON values, each typed one by
 #: one: the same rules (``tests/reference/curves.py`` holds both to them). The rules:
 #: - a number is a JSON number, finite (not a boolean, NaN, an infinity, or an integer too large for a double);
@@ -120,17 +121,17 @@ def _history_sql(keys: list[str]) -> str:
 
     def numbers(name: str, parsed_as: str, where: str, step: str, value: str, seconds: str) -> str:
         return f"""{name}_specs AS (
-    SELECT entity, project, run_id, keys, CASE WHEN {where} THEN try(from_json(sampled, {parsed_as})) END AS specs
+    SELECT r, keys, CASE WHEN {where} THEN try(from_json(sampled, {parsed_as})) END AS specs
     FROM runs WHERE {where}  -- the CASE: the parse is never of the other path's runs
 ), {name}_series AS (
-    SELECT entity, project, run_id, keys, unnest(specs) AS points, unnest(generate_series(1, len(specs))) AS i
+    SELECT r, keys, unnest(specs) AS points, unnest(generate_series(1, len(specs))) AS i
     FROM {name}_specs WHERE specs IS NOT NULL
 ), {name}_points AS (
-    SELECT entity, project, run_id, i, keys[i] AS metric, unnest(points) AS point,
+    SELECT r, i, keys[i] AS metric, unnest(points) AS point,
            unnest(generate_series(1, len(points))) AS ord
     FROM {name}_series WHERE i <= len(keys)
 ), {name} AS (
-    SELECT entity, project, run_id, i, metric, ord, {step} AS step, {value} AS value, {seconds} AS seconds
+    SELECT r, i, metric, ord, {step} AS step, {value} AS value, {seconds} AS seconds
     FROM {name}_points WHERE point IS NOT NULL
 )"""
 
@@ -153,14 +154,14 @@ def _history_sql(keys: list[str]) -> str:
     return f"""
 CREATE OR REPLACE TEMP TABLE parsed_history AS
 WITH runs AS (
-    SELECT entity, project, run_id, keys, sampled, {fast} AS fast
+    SELECT r, keys, sampled, {fast} AS fast
     FROM raw WHERE status = '{RAW}' AND starts_with(sampled, '[') AND len(keys) > 0
 ), {general}, {fast_path}
-SELECT entity, project, run_id, metric, step::BIGINT AS step, {_MOMENT.format("seconds")} AS "timestamp", value,
+SELECT r, metric, step::BIGINT AS step, {_MOMENT.format("seconds")} AS "timestamp", value,
        i, ord
 FROM (SELECT * FROM general UNION ALL SELECT * FROM fast)
 WHERE value IS NOT NULL AND step = floor(step) AND step >= -9223372036854775808.0 AND step < 9223372036854775808.0
-QUALIFY row_number() OVER (PARTITION BY entity, project, run_id, i, step ORDER BY ord) = 1
+QUALIFY row_number() OVER (PARTITION BY r, i, step ORDER BY ord) = 1
 """
 
 
@@ -175,7 +176,7 @@ EVENT_SEPARATOR = "\x1e"
 EVENTS_SQL = f"""
 CREATE OR REPLACE TEMP TABLE parsed_events AS
 SELECT *, {_NUMBERS_ONLY.format("text")} AS fast
-FROM (SELECT entity, project, run_id, unnest(texts) AS text, unnest(generate_series(1, len(texts))) AS ord
+FROM (SELECT r, unnest(texts) AS text, unnest(generate_series(1, len(texts))) AS ord
       FROM (SELECT *, string_split(events, chr({ord(EVENT_SEPARATOR)})) AS texts FROM raw
             WHERE status = '{RAW}' AND events IS NOT NULL))
 WHERE starts_with(ltrim(text), '{{');
@@ -186,30 +187,30 @@ EVENT_KEYS_SQL = "SELECT DISTINCT unnest(try(json_keys(text))) FROM parsed_event
 #: A GPU sample of the general path: each event parsed to a map of JSON values, each value typed one by one.
 _GPU_GENERAL = f"""
 parsed AS (  -- text that is no JSON object is skipped
-    SELECT entity, project, run_id, ord, try(from_json(text, '"MAP(VARCHAR, JSON)"')) AS sample
+    SELECT r, ord, try(from_json(text, '"MAP(VARCHAR, JSON)"')) AS sample
     FROM parsed_events WHERE $general
 ), timed AS (
-    SELECT entity, project, run_id, ord, sample,
+    SELECT r, ord, sample,
            {_MOMENT.format(_NUMBER.format("sample['_timestamp']"))} AS "timestamp"
     FROM parsed WHERE sample IS NOT NULL
 ), readings AS (  -- a key twice: its first value stands (as the fast path's struct takes it)
-    SELECT entity, project, run_id, ord, "timestamp", entry.key AS key, {_NUMBER.format("entry.value")} AS reading
+    SELECT r, ord, "timestamp", entry.key AS key, {_NUMBER.format("entry.value")} AS reading
     FROM (SELECT *, unnest(map_entries(sample)) AS entry,
                  unnest(generate_series(1, cardinality(sample)::BIGINT)) AS position
           FROM timed WHERE "timestamp" IS NOT NULL)
-    QUALIFY row_number() OVER (PARTITION BY entity, project, run_id, ord, key ORDER BY position) = 1
+    QUALIFY row_number() OVER (PARTITION BY r, ord, key ORDER BY position) = 1
 ), gpu_readings AS (
-    SELECT entity, project, run_id, ord, "timestamp", reading,
+    SELECT r, ord, "timestamp", reading,
            regexp_extract(key, '{SYSTEM_GPU_KEY.pattern}', ['gpu', 'what']) AS part
     FROM readings WHERE key LIKE 'system.gpu.%'
 ), general AS (
-    SELECT entity, project, run_id, ord, "timestamp", part.gpu::INTEGER AS gpu,
+    SELECT r, ord, "timestamp", part.gpu::INTEGER AS gpu,
            max(reading) FILTER (WHERE part.what = 'gpu') AS util_pct,
            max(reading) FILTER (WHERE part.what = 'memory') AS memory_pct,
            max(reading) FILTER (WHERE part.what = 'powerWatts') AS power_w
     FROM gpu_readings
     WHERE part.gpu <> '' AND reading IS NOT NULL AND part.gpu::INTEGER < {MAX_GPUS}
-    GROUP BY entity, project, run_id, ord, "timestamp", part.gpu::INTEGER
+    GROUP BY r, ord, "timestamp", part.gpu::INTEGER
 )"""
 
 _GPU_WHATS = {"gpu": "util_pct", "memory": "memory_pct", "powerWatts": "power_w"}
@@ -250,19 +251,19 @@ def _gpu_sql(keys: Iterable[str]) -> str:
             )
         fast_rows = f"""
 UNION ALL
-SELECT entity, project, run_id, ord, "timestamp", g.gpu, g.util_pct, g.memory_pct, g.power_w
+SELECT r, ord, "timestamp", g.gpu, g.util_pct, g.memory_pct, g.power_w
 FROM (
-    SELECT entity, project, run_id, ord, {_MOMENT.format(finite["_timestamp"])} AS "timestamp",
+    SELECT r, ord, {_MOMENT.format(finite["_timestamp"])} AS "timestamp",
            unnest([{", ".join(gpu_structs)}]) AS g
-    FROM (SELECT entity, project, run_id, ord, try(from_json(text, {_struct_type(fields)})) AS s
+    FROM (SELECT r, ord, try(from_json(text, {_struct_type(fields)})) AS s
           FROM parsed_events WHERE fast)
 )
 WHERE "timestamp" IS NOT NULL AND g.held IS NOT NULL"""
     return f"""
 CREATE OR REPLACE TEMP TABLE parsed_gpu AS
 WITH {general}
-SELECT entity, project, run_id, "timestamp", gpu, util_pct, memory_pct, power_w, ord
-FROM (SELECT entity, project, run_id, ord, "timestamp", gpu, util_pct, memory_pct, power_w FROM general{fast_rows})
+SELECT r, "timestamp", gpu, util_pct, memory_pct, power_w, ord
+FROM (SELECT r, ord, "timestamp", gpu, util_pct, memory_pct, power_w FROM general{fast_rows})
 """
 
 
@@ -270,8 +271,7 @@ READS_SQL = f"""
 CREATE OR REPLACE TEMP TABLE parsed_reads AS
 SELECT entity, project, run_id,
        CASE WHEN status <> '{RAW}' THEN status
-            WHEN (entity, project, run_id) IN (SELECT entity, project, run_id FROM parsed_history)
-              OR (entity, project, run_id) IN (SELECT entity, project, run_id FROM parsed_gpu) THEN '{READ}'
+            WHEN r IN (SELECT r FROM parsed_history) OR r IN (SELECT r FROM parsed_gpu) THEN '{READ}'
             ELSE '{NONE}' END AS status,
        read_at, coalesce(final, false) AND status <> '{FAILED}' AS final
 FROM raw;
@@ -280,8 +280,9 @@ FROM raw;
 #: ``raw`` from the reads' columns (``raw_row``), list parameters of one value per run.
 RAW_FROM_ROWS_SQL = """
 CREATE OR REPLACE TEMP TABLE raw AS
-SELECT unnest($entity::VARCHAR[]) AS entity, unnest($project::VARCHAR[]) AS project,
-       unnest($run_id::VARCHAR[]) AS run_id, unnest($status::VARCHAR[]) AS status,
+SELECT unnest(range(len($entity::VARCHAR[]))) AS r, unnest($entity::VARCHAR[]) AS entity,
+       unnest($project::VARCHAR[]) AS project, unnest($run_id::VARCHAR[]) AS run_id,
+       unnest($status::VARCHAR[]) AS status,
        unnest($read_at::VARCHAR[])::TIMESTAMP AS read_at, unnest($final::BOOLEAN[]) AS final,
        unnest($keys::VARCHAR[][]) AS keys, unnest($sampled::VARCHAR[]) AS sampled,
        unnest($events::VARCHAR[]) AS events
@@ -316,6 +317,11 @@ def _event_texts(events: Any) -> str | None:
     parse in Python), an object as its JSON; anything else is no sample. None: no event."""
     if not isinstance(events, list):
         return None
+    if all(type(event) is str for event in events):  # W&B's: checked once, on the joined text
+        joined = EVENT_SEPARATOR.join(events)
+        # ASCII, no escape at all (the search for one character is memchr's), the separator only between them
+        if joined.isascii() and "\\" not in joined and joined.count(EVENT_SEPARATOR) == len(events) - 1:
+            return joined or None
     texts = []
     for event in events:
         if isinstance(event, str):
@@ -450,8 +456,8 @@ NULL_MARK = "\\N"
 #: Each file's rows from the parse's tables (in no order: the load needs none).
 _PARSED = {
     READS_FILE: "FROM parsed_reads",
-    HISTORY_FILE: f"SELECT {', '.join(HISTORY_HEADER)} FROM parsed_history",
-    GPU_FILE: f"SELECT {', '.join(GPU_HEADER)} FROM parsed_gpu",
+    HISTORY_FILE: f"SELECT {', '.join(HISTORY_HEADER)} FROM parsed_history JOIN raw USING (r)",
+    GPU_FILE: f"SELECT {', '.join(GPU_HEADER)} FROM parsed_gpu JOIN raw USING (r)",
 }
 #: The same in the order W&B sent them (``parse_reads``).
 _ORDERED = {
