@@ -18,8 +18,10 @@ need it. Imports Dagster only: the webserver and the daemon load it too.
 
 from __future__ import annotations
 
+import fcntl
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 from dagster._core.events import ASSET_EVENTS
 from dagster._core.events.log import EventLogEntry
@@ -80,13 +82,22 @@ class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
             self._store_asset_event(conn, event, event_id)
 
 
+#: Under ``base_dir``: held while a process opens the storage. Dagster creates and stamps a fresh storage's schema
+#: unguarded, so processes opening a new one at once (a command and the UI's code server, two commands on a fresh
+#: ``DAGSTER_HOME``) both did: "table runs already exists", a second alembic head, and every later opening failed.
+OPENING_LOCK = ".opening.lock"
+
+
 class BatchedSqliteStorage(DagsterSqliteStorage):
     """Dagster's SQLite storage (``storage: sqlite:``, the same files under ``base_dir``) with the batched event
-    log."""
+    log, opened by one process at a time (``OPENING_LOCK``)."""
 
     def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None) -> None:
-        super().__init__(base_dir, inst_data=inst_data)
-        self._event_log_storage = BatchedSqliteEventLogStorage(_event_logs_directory(base_dir))
+        Path(base_dir).mkdir(parents=True, exist_ok=True)
+        with open(Path(base_dir) / OPENING_LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, also by a process that dies holding it
+            super().__init__(base_dir, inst_data=inst_data)
+            self._event_log_storage = BatchedSqliteEventLogStorage(_event_logs_directory(base_dir))
 
     @classmethod
     def from_config_value(cls, inst_data: ConfigurableClassData, config_value: dict) -> BatchedSqliteStorage:
