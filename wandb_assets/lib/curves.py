@@ -116,10 +116,10 @@ def _history_sql(keys: list[str]) -> str:
     when the keys cannot be a struct's fields, as objects of JSON values typed one by one: the same rules."""
     fields = list(dict.fromkeys(["_step", "_timestamp", *keys]))
     fast = _NUMBERS_ONLY.format("sampled") if _distinct_but_for_case(fields) else "false"
-    whens = " ".join(f"WHEN {_literal(key)} THEN {_field('point', key)}" for key in set(keys))
+    whens = " ".join(f"WHEN {_literal(key)} THEN {_field('point', key)}" for key in dict.fromkeys(keys))
     value = f"CASE metric {whens} END" if whens else "NULL::DOUBLE"
 
-    def numbers(name: str, parsed_as: str, where: str, step: str, value: str, seconds: str) -> str:
+    def numbers(name: str, parsed_as: str, where: str, step: str, reading: str, seconds: str) -> str:
         return f"""{name}_specs AS (
     SELECT r, keys, CASE WHEN {where} THEN try(from_json(sampled, {parsed_as})) END AS specs
     FROM runs WHERE {where}  -- the CASE: the parse is never of the other path's runs
@@ -131,7 +131,7 @@ def _history_sql(keys: list[str]) -> str:
            unnest(generate_series(1, len(points))) AS ord
     FROM {name}_series WHERE i <= len(keys)
 ), {name} AS (
-    SELECT r, i, metric, ord, {step} AS step, {value} AS value, {seconds} AS seconds
+    SELECT r, i, metric, ord, {step} AS step, {reading} AS value, {seconds} AS seconds
     FROM {name}_points WHERE point IS NOT NULL
 )"""
 
