@@ -148,12 +148,12 @@ def test_a_batch_whose_index_transaction_fails_is_stored_once_in_each_shard(tmp_
 
 
 def _open_at_once(base_dir: str, barrier, answers) -> None:
-    barrier.wait()
     try:
+        barrier.wait(timeout=60)
         BatchedSqliteStorage(base_dir)
         answers.put("opened")
     except Exception as exc:  # noqa: BLE001 - reported to the test
-        answers.put(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+        answers.put(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
 
 
 def test_processes_opening_a_fresh_storage_at_once_each_open_it_and_it_has_one_schema(tmp_path):
@@ -166,7 +166,10 @@ def test_processes_opening_a_fresh_storage_at_once_each_open_it_and_it_has_one_s
     context = multiprocessing.get_context("fork")
     processes = 6
     barrier, answers = context.Barrier(processes), context.Queue()
-    workers = [context.Process(target=_open_at_once, args=(str(tmp_path), barrier, answers)) for _ in range(processes)]
+    workers = [
+        context.Process(target=_open_at_once, args=(str(tmp_path), barrier, answers), daemon=True)
+        for _ in range(processes)
+    ]  # daemons: one stuck never keeps the test's process from ending
     for worker in workers:
         worker.start()
     for worker in workers:
