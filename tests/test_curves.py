@@ -572,6 +572,14 @@ _TWICE = st.builds(
     events=[],
 )
 @example(keys=["_step", "m"], sampled=[[{"_step": 1, "_timestamp": 5}], [{"_step": 1, "m": 2}]], events=[])
+@example(  # a step twice in a series (1; 3 and 3.0): its first point stands
+    keys=_KEYS,
+    sampled=[
+        [{"_step": 1, "overview/sps": 5}, {"_step": 1, "overview/sps": 6}, {"_step": 2, "overview/sps": 7}],
+        [{"_step": 3, "a~b": 1, "x": "y"}, {"_step": 3.0, "a~b": 2}],
+    ],
+    events=[],
+)
 @example(keys=["Loss", "loss", "m"], sampled=[[{"_step": 1, "Loss": 2}], [{"_step": 1, "loss": 3}]], events=[])
 def test_the_sql_parse_of_curves_gives_what_the_python_parse_gave_for_any_input(keys, sampled, events):
     """The parse in DuckDB (issue 54: moved there from Python point by point), by either path (text of numbers alone
