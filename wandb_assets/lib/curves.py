@@ -24,6 +24,7 @@ import orjson
 
 from wandb_assets.lib.accounting.gpus import MAX_GPUS, SYSTEM_GPU_KEY
 from wandb_assets.lib.fetch import RUN_METADATA_FILE_FIELD, metadata_file_url
+from wandb_assets.lib.sql import sql_string
 
 #: Runs whose curves one request asks for: W&B meters by database time, and pages with curves stay small.
 CURVES_RUNS_PER_REQUEST = 20
@@ -94,11 +95,7 @@ _FINITE = "CASE WHEN isfinite({0}) THEN {0} END"
 
 def _struct_type(fields: Iterable[str]) -> str:
     """A ``from_json`` struct of doubles of ``fields``, as SQL text."""
-    return _literal(json.dumps({field: "DOUBLE" for field in fields}))
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
+    return sql_string(json.dumps({field: "DOUBLE" for field in fields}))
 
 
 def _field(struct: str, key: str) -> str:
@@ -116,7 +113,7 @@ def _history_sql(keys: list[str]) -> str:
     when the keys cannot be a struct's fields, as objects of JSON values typed one by one: the same rules."""
     fields = list(dict.fromkeys(["_step", "_timestamp", *keys]))
     fast = _NUMBERS_ONLY.format("sampled") if _distinct_but_for_case(fields) else "false"
-    whens = " ".join(f"WHEN {_literal(key)} THEN {_field('point', key)}" for key in dict.fromkeys(keys))
+    whens = " ".join(f"WHEN {sql_string(key)} THEN {_field('point', key)}" for key in dict.fromkeys(keys))
     value = f"CASE metric {whens} END" if whens else "NULL::DOUBLE"
 
     def numbers(name: str, parsed_as: str, where: str, step: str, reading: str, seconds: str) -> str:
@@ -316,7 +313,11 @@ def _json(value: Any) -> str:
         return orjson.dumps(value).decode()
     except TypeError:
         pass
-    text = json.dumps(value)
+    return _escapes_readable(json.dumps(value))
+
+
+def _escapes_readable(text: str) -> str:
+    """JSON ``text`` with each lone surrogate's escape, which DuckDB's reader refuses, written as U+FFFD."""
     return _LONE_SURROGATE.sub(r"\\ufffd", text) if "\\ud" in text or "\\uD" in text else text
 
 
@@ -333,10 +334,7 @@ def _event_texts(events: Any) -> str | None:
     texts = []
     for event in events:
         if isinstance(event, str):
-            if not event.isascii():
-                event = _text(event)
-            if "\\ud" in event or "\\uD" in event:
-                event = _LONE_SURROGATE.sub(r"\\ufffd", event)
+            event = _escapes_readable(event if event.isascii() else _text(event))
         elif isinstance(event, Mapping):
             event = _json(event)
         else:
@@ -377,13 +375,13 @@ def parse_rows(rows: list[tuple]):
             _PARSER = duckdb.connect(config={"threads": 1})
         con = _PARSER.cursor()
     con.execute(RAW_FROM_ROWS_SQL, dict(zip(_RAW_COLUMNS, map(list, zip(*rows, strict=True)), strict=True)))
-    keys = [key for (key,) in con.execute("SELECT DISTINCT unnest(keys) FROM raw").fetchall()]
-    con.execute(_history_sql(keys))
+    metrics = [key for (key,) in con.execute("SELECT DISTINCT unnest(keys) FROM raw").fetchall()]
+    con.execute(_history_sql(metrics))
     if con.execute(REPEATED_STEPS_SQL).fetchone()[0]:
         con.execute(FIRST_OF_A_STEP_SQL)
     con.execute(EVENTS_SQL)
-    keys = [key for (key,) in con.execute(EVENT_KEYS_SQL).fetchall()]
-    con.execute(_gpu_sql(keys))
+    event_keys = [key for (key,) in con.execute(EVENT_KEYS_SQL).fetchall()]
+    con.execute(_gpu_sql(event_keys))
     con.execute(READS_SQL)
     return con
 
@@ -511,8 +509,7 @@ class CurvesFolder:
             try:
                 for kind, table in _PARSED.items():
                     target = self.partial / f"{kind}-{part:06d}.parquet"
-                    quoted = str(target).replace("'", "''")
-                    con.execute(f"COPY ({table}) TO '{quoted}' (FORMAT parquet)")
+                    con.execute(f"COPY ({table}) TO {sql_string(str(target))} (FORMAT parquet)")
                 statuses = dict(con.execute("SELECT status, count(*) FROM parsed_reads GROUP BY 1").fetchall())
                 points = con.execute(
                     "SELECT (SELECT count(*) FROM parsed_history) + (SELECT count(*) FROM parsed_gpu)"
