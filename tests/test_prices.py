@@ -11,10 +11,19 @@ from datetime import date, datetime, timedelta
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from tests.fleet import fleet_row
 from wandb_assets.lib.accounting.closing import ClosingRefused, close_month
-from wandb_assets.lib.accounting.prices import parse_prices, record_prices
+from wandb_assets.lib.accounting.prices import (
+    PRICE_SCHEDULE_CTE,
+    parse_prices,
+    price_on_sql,
+    priced_sql,
+    record_prices,
+    with_fallback,
+)
 from wandb_assets.lib.checks import broken
 from wandb_assets.lib.derived import rebuild_gpu_usage
 from wandb_assets.lib.errors import ConfigError
@@ -305,3 +314,54 @@ def test_costs_read_a_snapshot_written_before_price_periods(memory_con):
     )
     summary = cost_summary(memory_con, "team", date(2026, 6, 2), 2)
     assert (summary.total.gpu_hours, summary.total.cost_usd, summary.prices, summary.closed) == (10.0, 20.0, (), ())
+
+
+_HOSTS = st.sampled_from([None, "cw-1", "cw-old-2", "gpu-7"])
+_PLACES = st.sampled_from([("e", "p"), ("e", "reserved"), ("f", "p")])
+_MODELS = st.sampled_from([None, "H100-80GB", "A100-80GB", "L4"])
+_RULE = st.fixed_dictionaries(
+    {"usd": st.sampled_from([1.0, 2.0, 3.5])},
+    optional={
+        "from": st.sampled_from([date(2026, 6, 2), date(2026, 6, 4)]),
+        "hosts": st.sampled_from(["cw-*", ["cw-old-*", "gpu-*"]]),
+    },
+)
+_FILE = st.dictionaries(
+    st.sampled_from(["H100-80GB", "A100-80GB"]), st.lists(_RULE, min_size=1, max_size=3), max_size=2
+)
+
+
+@given(
+    files=st.lists(st.tuples(_FILE, st.sampled_from([None, 0.5])), min_size=1, max_size=3),
+    rows=st.lists(st.tuples(_MODELS, _HOSTS, _PLACES, st.integers(0, 5)), min_size=1, max_size=25),
+)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_each_row_is_priced_once_by_the_same_rule_as_one_row_alone(memory_con, files, rows):
+    """``priced_sql`` prices each distinct model, host, project and day once and joins the price back: every source row
+    (duplicates too) comes back once, at the price ``price_on_sql`` gives that row alone, whatever the file's rules
+    (hosts, dated periods, edits recorded on later days, the fallback price)."""
+    ensure_schema(memory_con)  # the fixture's connection serves every example: each starts with no periods
+    memory_con.execute("DELETE FROM gpu_price_periods")
+    memory_con.execute("DROP TABLE IF EXISTS src")
+    for day, (document, fallback) in enumerate(files, start=1):
+        try:
+            prices = with_fallback(parse_prices(document, "prices") if document else (), fallback)
+        except ConfigError:  # two periods of one rule on the same day: a file the settings refuse
+            assume(False)
+        with transaction(memory_con):
+            record_prices(memory_con, prices, date(2026, 6, day), datetime(2026, 6, day))
+    memory_con.execute(
+        "CREATE TABLE src (n INTEGER, gpu_model VARCHAR, hostname VARCHAR, entity VARCHAR, project VARCHAR, day DATE)"
+    )
+    memory_con.executemany(
+        "INSERT INTO src VALUES (?, ?, ?, ?, ?, ?)",
+        [(n, m, h, e, p, date(2026, 6, 1) + timedelta(days=d)) for n, (m, h, (e, p), d) in enumerate(rows)],
+    )
+    priced = memory_con.execute(
+        f"WITH {PRICE_SCHEDULE_CTE}, src_rows AS (FROM src) "
+        f"SELECT n, usd_per_gpu_hour FROM ({priced_sql('src_rows', 'd.day')}) ORDER BY n"
+    ).fetchall()
+    alone = memory_con.execute(
+        f"WITH {PRICE_SCHEDULE_CTE} SELECT n, {price_on_sql('r', 'r.day')} FROM src r ORDER BY n"
+    ).fetchall()
+    assert priced == alone

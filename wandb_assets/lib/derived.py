@@ -109,7 +109,7 @@ teams AS (
 ),
 {IDLE_GPU_HOURS_SQL},
 {daily_gpu_hours_sql('entity, project, run_id, category, "user" AS username, gpu_model, hostname, state')},
-priced AS ({priced_sql("daily", "d.entity, d.project, d.run_id, d.day_start", "d.day_start::DATE")})
+priced AS ({priced_sql("daily", "d.day_start::DATE")})
 SELECT day_start::DATE AS day, d.entity, d.project, username, coalesce(t.team, 'unassigned') AS team, category,
        gpu_model, count(*) AS runs, sum(gpu_hours) AS gpu_hours, sum(gpu_hours) * usd_per_gpu_hour AS cost_usd,
        coalesce(sum(i.idle_gpu_hours), 0) AS idle_gpu_hours, price_basis, price_from, usd_per_gpu_hour,

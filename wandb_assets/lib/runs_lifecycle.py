@@ -64,11 +64,12 @@ def run_costs_sql(rows: str) -> str:
     day, summed; NULL when a day has no price. The one cost rule of ``runs.cost_usd`` and of ``check``."""
     return f"""{PRICE_SCHEDULE_CTE},
 {daily_gpu_hours_sql("entity, project, run_id, gpu_model, hostname", rows, "ingested_at")},
-priced AS ({priced_sql("daily", "d.entity, d.project, d.run_id, d.day_start", "d.day_start::DATE")}),
+priced AS ({priced_sql("daily", "d.day_start::DATE")}),
 costs AS (
     SELECT entity, project, run_id,
            CASE WHEN bool_and(usd_per_gpu_hour IS NOT NULL) THEN sum(gpu_hours * usd_per_gpu_hour) END AS cost
-    FROM priced GROUP BY ALL
+    FROM (SELECT DISTINCT ON (entity, project, run_id, day_start) * FROM priced)  -- a run twice (a broken
+    GROUP BY ALL  -- warehouse: ``check``'s one_row_per_run) costs its days once, as the run it is
 )"""
 
 
