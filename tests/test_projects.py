@@ -1001,3 +1001,29 @@ def test_a_mistyped_project_among_several_is_skipped_with_the_setting_that_names
         "test-team/no-such-project": "W&B project test-team/no-such-project was not found: check its name in "
         "WANDB_ASSETS_PROJECTS."
     }
+
+
+def test_the_mirrored_runs_are_those_of_mirrored_projects_and_offline_ones(memory_con):
+    """``MIRRORED_NOW_SQL`` and its negation: e/kept is mirrored, e/left is not. Mirrored: e/kept's runs, an offline
+    run of e/left, and every run while no project is recorded; e/left's W&B runs (source NULL: a row written before
+    the column) are not, and ``NOT MIRRORED_NOW_SQL`` names exactly them."""
+    from wandb_assets.lib.sql import MIRRORED_NOW_SQL
+    from wandb_assets.lib.warehouse import ensure_schema
+
+    ensure_schema(memory_con)
+    memory_con.execute(
+        "INSERT INTO runs (entity, project, run_id, source) VALUES ('e', 'kept', 'a', 'wandb'), "
+        "('e', 'left', 'b', 'wandb'), ('e', 'left', 'c', 'offline'), ('e', 'left', 'd', NULL), ('e', 'kept', 'f', NULL)"
+    )
+
+    def split() -> tuple[list[str], list[str]]:
+        return tuple(
+            [r for (r,) in memory_con.execute(f"SELECT run_id FROM runs WHERE {where} ORDER BY run_id").fetchall()]
+            for where in (MIRRORED_NOW_SQL, f"NOT {MIRRORED_NOW_SQL}")
+        )
+
+    assert split() == (["a", "b", "c", "d", "f"], [])
+    memory_con.execute(
+        "INSERT INTO wandb_projects (entity, project, mirrored) VALUES ('e', 'kept', true), ('e', 'left', false)"
+    )
+    assert split() == (["a", "c", "f"], ["b", "d"])
