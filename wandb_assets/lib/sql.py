@@ -45,8 +45,8 @@ SPS_SQL_STATES = sql_list(SPS_STATES)
 
 #: A mirrored row (``source`` wandb) of a project the last fetch mirrored (``wandb_projects.mirrored``); with no
 #: project recorded yet, every project counts. Offline rows (air-gapped logs) are no project's mirror: they count.
-#: The project test is an uncorrelated ``IN`` (never NULL, as ``EXISTS``): a correlated ``EXISTS`` made DuckDB join every
-#: run to the distinct projects of the runs (0.35 s of the gauges' 0.6 s at a million runs).
+#: The project test is an uncorrelated ``IN`` (never NULL, as ``EXISTS``): a correlated ``EXISTS`` made DuckDB join
+#: every run to the distinct projects of the runs (0.35 s of the gauges' 0.6 s at a million runs).
 MIRRORED_NOW_SQL = (
     "(coalesce(runs.source, 'wandb') <> 'wandb' OR NOT EXISTS (SELECT 1 FROM wandb_projects) "
     "OR coalesce((runs.entity, runs.project) IN (SELECT (entity, project) FROM wandb_projects WHERE mirrored), false))"
