@@ -263,6 +263,19 @@ def test_a_tick_judges_only_the_groups_whose_runs_changed(memory_con):
     assert [r for r in every if stored.get((r["pr"], r["commit"], r["metric"])) != r["pr_runs"]] == [changed]
 
 
+def test_a_verdict_without_a_config_stands_like_any_other(memory_con):
+    """A PR run whose name gave no config (``ci_config`` NULL) is judged once (no main run of no config: no
+    baseline), and once its verdict is stored the next tick judges nothing: a NULL config equals the stored NULL."""
+    from wandb_assets.lib.acting.pr_checks import record_pr_checks
+
+    load(memory_con, [*pr_fleet(), ci_run("p5", "pr5", "abcdef01", 900.0, 1) | {"ci_config": None}])
+    record_pr_checks(memory_con, judge_prs(memory_con, T, "overview/sps", changed_only=True))
+    assert memory_con.execute("SELECT pr, config, verdict FROM pr_checks WHERE pr = 5").fetchall() == [
+        (5, None, "no baseline")
+    ]
+    assert judge_prs(memory_con, T, "overview/sps", changed_only=True) == []
+
+
 def test_the_verdicts_come_one_config_testbed_and_metric_at_a_time(memory_con):
     """Issue 54: the first tick after a million-run backfill held all 521,940 verdicts and their values at once
     (3.2 GiB). ``iter_judged`` yields one key's verdicts at a time, keys in order (4 L4s before 8 H100s): PR 9's, then

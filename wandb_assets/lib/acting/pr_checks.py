@@ -219,9 +219,11 @@ SELECT ci_branch, commit_key, ci_config, testbed, metric, list(run_id ORDER BY r
 GROUP BY ALL
 """
 _CHANGED_GROUPS_SQL = f"""
-SELECT * FROM ({_GROUPS_SQL})
-EXCEPT  -- set semantics: a NULL config equals a NULL config, as the stored verdict keeps it
-SELECT 'pr' || pr, commit, config, testbed, metric, pr_runs FROM pr_checks
+SELECT g.* FROM ({_GROUPS_SQL}) g
+ANTI JOIN pr_checks c  -- every column NULL-safe: a NULL config equals a NULL config, as the stored verdict keeps it
+    ON g.ci_branch = 'pr' || c.pr AND g.commit_key IS NOT DISTINCT FROM c.commit
+    AND g.ci_config IS NOT DISTINCT FROM c.config AND g.testbed IS NOT DISTINCT FROM c.testbed
+    AND g.metric IS NOT DISTINCT FROM c.metric AND g.runs IS NOT DISTINCT FROM c.pr_runs
 """
 
 
@@ -241,29 +243,33 @@ def _stage_judged_values(
     main run of a touched key, millions of rows, for a few PR groups."""
     if changed_only:  # a read-only snapshot (``pr-check``) judges everything asked for, and creates nothing
         con.execute(PR_CHECKS_SQL)
-    con.execute(
+    values = _metric_values_sql(sps_metric)
+    con.execute(  # the PR runs of the groups to judge: at most a new run's few in a steady tick, often none
         f"""
 CREATE OR REPLACE TEMP TABLE {_JUDGED_VALUES} AS
-WITH v AS ({_metric_values_sql(sps_metric)}),
-pr_values AS (
-    SELECT *, lower(ci_commit) AS commit_key FROM v
+WITH pr_values AS (
+    SELECT *, lower(ci_commit) AS commit_key FROM ({values})
     WHERE ci_branch <> 'main' AND ($pr IS NULL OR ci_branch = 'pr' || $pr)
 ),
-todo AS ({_CHANGED_GROUPS_SQL if changed_only else _GROUPS_SQL}),
-judged AS (
-    SELECT p.* FROM pr_values p
-    SEMI JOIN todo t ON p.ci_branch = t.ci_branch AND p.commit_key = t.commit_key
-        AND p.ci_config IS NOT DISTINCT FROM t.ci_config AND p.testbed = t.testbed AND p.metric = t.metric
-),
-first_cutoff AS (  -- each key's earliest cutoff: main as it stood when the last run of a group of it ended
+todo AS ({_CHANGED_GROUPS_SQL if changed_only else _GROUPS_SQL})
+SELECT p.* EXCLUDE (commit_key) FROM pr_values p
+SEMI JOIN todo t ON p.ci_branch = t.ci_branch AND p.commit_key = t.commit_key
+    AND p.ci_config IS NOT DISTINCT FROM t.ci_config AND p.testbed = t.testbed AND p.metric = t.metric
+""",
+        {"pr": pr},
+    )
+    if not con.execute(f"SELECT count(*) FROM {_JUDGED_VALUES}").fetchone()[0]:
+        return []  # nothing to judge: no baseline to read (a quarter of a second at a million runs)
+    con.execute(  # then main's runs of the same keys that a baseline can take
+        f"""
+INSERT INTO {_JUDGED_VALUES}
+WITH first_cutoff AS (  -- each key's earliest cutoff: main as it stood when the last run of a group of it ended
     SELECT ci_config, testbed, metric, min(cutoff) AS first_cutoff FROM (
-        SELECT ci_config, testbed, metric, least(max(ended_at), $now::TIMESTAMP) AS cutoff FROM judged
-        GROUP BY ci_branch, commit_key, ci_config, testbed, metric
+        SELECT ci_config, testbed, metric, least(max(ended_at), $now::TIMESTAMP) AS cutoff FROM {_JUDGED_VALUES}
+        GROUP BY ci_branch, lower(ci_commit), ci_config, testbed, metric
     ) GROUP BY ALL
 )
-SELECT * EXCLUDE (commit_key) FROM judged
-UNION ALL
-SELECT m.* FROM v m
+SELECT m.* FROM ({values}) m
 JOIN first_cutoff c ON m.ci_config IS NOT DISTINCT FROM c.ci_config AND m.testbed = c.testbed AND m.metric = c.metric
 WHERE m.ci_branch = 'main'
 QUALIFY c.first_cutoff IS NULL OR coalesce(m.ended_at > c.first_cutoff, true)
@@ -271,7 +277,7 @@ QUALIFY c.first_cutoff IS NULL OR coalesce(m.ended_at > c.first_cutoff, true)
         PARTITION BY m.ci_config, m.testbed, m.metric, m.ended_at > c.first_cutoff ORDER BY m.ci_at DESC, m.run_id DESC
     ) <= $k
 """,
-        {"pr": pr, "now": now, "k": k},
+        {"now": now, "k": k},
     )
     return con.execute(
         f"SELECT DISTINCT ci_config, testbed, metric FROM {_JUDGED_VALUES} WHERE ci_branch <> 'main' ORDER BY ALL"
@@ -381,12 +387,15 @@ def judge_changed(
         values = Path(folder) / "values.parquet"
         with open_warehouse() as con:
             keys = _stage_judged_values(con, sps_metric, None, True, now, k)
-            # in key order, so reading one key's rows back reads only its row groups
-            con.execute(
-                f"COPY (FROM {_JUDGED_VALUES} ORDER BY ci_config, testbed, metric) "
-                f"TO {sql_string(str(values))} (FORMAT parquet)"
-            )
+            if keys:  # in key order, so reading one key's rows back reads only its row groups
+                con.execute(
+                    f"COPY (FROM {_JUDGED_VALUES} ORDER BY ci_config, testbed, metric) "
+                    f"TO {sql_string(str(values))} (FORMAT parquet)"
+                )
             con.execute(f"DROP TABLE {_JUDGED_VALUES}")
+        if not keys:  # a steady tick often judges nothing: no file, no judging database
+            yield Judged((), Counter(), frozenset())
+            return
         by_verdict: Counter = Counter()
         prs: set[int] = set()
         parts: list[Path] = []
