@@ -247,7 +247,8 @@ def test_an_unrecovered_regression_keeps_one_alert_over_400_ticks(con):
 
 def test_the_change_points_recorded_are_what_the_detector_finds_and_are_read_back_while_the_series_holds(con):
     """Regress at commit 30 (100 -> 85), fixed at commit 52: one change point, recovered. Recorded, it is read back
-    from ``sps_change_points`` (an edit made there shows); a new run, or a run fetched again, finds it anew."""
+    from ``sps_change_points`` (an edit made there shows); a new run, or a run fetched again with anything the series
+    or a point reads changed, finds it anew; fetched again unchanged, the recorded one stands."""
     values = flat(100.0, 30) + flat(85.0, 22) + flat(100.0, 6)
     rows = main_runs("ppo", values)
     load(con, fresh_ci() + rows)
@@ -271,7 +272,13 @@ def test_the_change_points_recorded_are_what_the_detector_finds_and_are_read_bac
     assert change_points(con, T, "overview/sps")[0]["before"] == 99.0
     assert change_points(con, T, "charts/SPS") == []  # another metric: found anew (nothing logged it)
     con.execute("UPDATE runs SET ingested_at = ingested_at + INTERVAL 1 MINUTE WHERE run_id = 'ppo-10'")
-    assert round(change_points(con, T, "overview/sps")[0]["before"], 9) == 100.0  # run 10 fetched again: anew
+    assert change_points(con, T, "overview/sps")[0]["before"] == 99.0  # run 10 fetched again, unchanged: the same
+    con.execute("UPDATE runs SET url = 'http://wandb.local/runs/ppo-10/moved' WHERE run_id = 'ppo-10'")
+    assert round(change_points(con, T, "overview/sps")[0]["before"], 9) == 100.0  # what a point names changed: anew
+    assert record_change_points(con, T, "overview/sps") == 1
+    con.execute("UPDATE sps_change_points SET before = 99.0")
+    con.execute("UPDATE runs SET sps_overview_sps = 100.5 WHERE run_id = 'ppo-10'")  # its SPS rewritten, nothing else
+    assert round(change_points(con, T, "overview/sps")[0]["before"], 9) == 100.0  # found anew (the regime's median)
     assert record_change_points(con, T, "overview/sps") == 1
     con.execute("UPDATE sps_change_points SET before = 99.0")
     assert change_points(con, T + timedelta(hours=1), "overview/sps")[0]["before"] == 99.0  # later, the same runs
