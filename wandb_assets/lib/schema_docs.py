@@ -460,7 +460,8 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
         "table",
         "Every SPS regression the detector finds on main, recovered ones too, as of the last alert evaluation "
         "(`fleet_alerts`); the `sps_regression` rule and the `change_points` helper read it while the main series "
-        "are unchanged (the same runs and copies), else they run the detector again.",
+        "are unchanged (the same runs holding the same values, however often they were fetched), else they run "
+        "the detector again.",
         {
             "ordinal": "the order found in: by project and CI config, each config's regressions oldest first",
             **_PROJECT,
