@@ -620,8 +620,9 @@ def test_a_tick_keeps_the_detectors_checkpoint_and_the_next_judges_from_it_as_fr
     """The tick that records the change points keeps, per series, where the detector last re-baselined (here the fix
     at commit 52, decided at 55); the next tick's series (10 more runs, a second drop at commit 77) is judged from
     there (what the checkpoint says of the runs before it is taken as it is: an edit made there shows), with the
-    answer of the whole series; a checkpoint that cannot be read is never trusted: all anew."""
-    from wandb_assets.lib.alerts import _DETECTOR_KEY
+    answer of the whole series; the second drop's re-baseline is kept only once its runs are ``SETTLED`` (a late run
+    may still land among them); a checkpoint that cannot be read is never trusted: all anew."""
+    from wandb_assets.lib.alerts import _DETECTOR_KEY, SETTLED
 
     def kept() -> dict:
         return json.loads(
@@ -647,7 +648,10 @@ def test_a_tick_keeps_the_detectors_checkpoint_and_the_next_judges_from_it_as_fr
     load(con, fresh_ci() + main_runs("ppo", values + flat(80.0, 10)))
     assert record_change_points(con, T, "overview/sps") == 2
     assert recorded() == [("ppo0030", True, 99.0), ("ppo0077", False, 100.0)]  # resumed at 52: 0030 as kept
-    assert kept()[series]["regime_start"] == 77
+    assert kept()[series]["regime_start"] == 52  # 77 was decided on runs committed within SETTLED of T: not yet
+    con.execute("DELETE FROM warehouse_meta WHERE key = 'sps_change_points'")  # (the series' mark: judge again)
+    assert record_change_points(con, T + SETTLED + timedelta(hours=1), "overview/sps") == 2
+    assert kept()[series]["regime_start"] == 77  # settled by then: kept
     con.execute("UPDATE warehouse_meta SET value = '{\"x\": 1}' WHERE key = $k", {"k": _DETECTOR_KEY})
     con.execute("DELETE FROM warehouse_meta WHERE key = 'sps_change_points'")  # (the series' mark: judge again)
     assert record_change_points(con, T, "overview/sps") == 2

@@ -201,6 +201,24 @@ def test_a_series_resumed_from_its_checkpoint_is_judged_as_from_the_start(values
         assert resume_regressions(changed, checkpoint)[0] == find_regressions(changed)
 
 
+@settings(max_examples=150, deadline=None)
+@given(_series(), st.data())
+def test_a_checkpoint_kept_before_the_unsettled_runs_holds_when_a_late_run_lands_among_them(values, data):
+    """A run ends after runs committed later than it have ended: it lands among a series' last runs. The checkpoint
+    kept with ``settled`` was decided on the first ``settled`` values alone, so a run inserted after them leaves it
+    valid: resumed from it, the series with the late run is judged as from its first run."""
+    from wandb_assets.lib.regressions import resume_regressions
+
+    settled = data.draw(st.integers(0, len(values)))
+    _, checkpoint = resume_regressions(values, None, settled)
+    assert checkpoint is None or checkpoint.prefix_length <= settled
+    at = data.draw(st.integers(settled, len(values)))
+    late = [*values[:at], data.draw(st.floats(1.0, 20_000.0)), *values[at:]]
+    if checkpoint is not None:  # it still holds: the values it was decided on are unchanged
+        assert resume_regressions(late, checkpoint, settled)[1] is not None
+    assert resume_regressions(late, checkpoint, settled)[0] == find_regressions(late)
+
+
 def test_a_checkpoint_lets_a_tick_judge_only_the_runs_after_the_last_re_baseline():
     """A drop at run 60 re-baselines there (decided at run 62): the checkpoint names run 60 as the regime's start and
     the 63 values it was decided on; resumed, a 20% drop at run 100 is found as from the start."""

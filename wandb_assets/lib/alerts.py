@@ -276,10 +276,16 @@ CREATE OR REPLACE TEMP TABLE {_SERIES_TABLE} AS
 SELECT *, row_number() OVER (PARTITION BY {_SERIES} ORDER BY {_COMMIT_ORDER}) - 1 AS position
 FROM ({{runs}})
 """
-#: Each series as one list of values in commit order: what the detector reads, without a Python row per run.
+#: Each series as one list of values in commit order: what the detector reads, without a Python row per run; and how
+#: many of its first runs were committed before ``$settled_before`` (``SETTLED``).
 _SERIES_VALUES_SQL = f"""
-SELECT {_SERIES}, list(sps ORDER BY position) AS sps FROM {_SERIES_TABLE} GROUP BY ALL ORDER BY ALL
+SELECT {_SERIES}, list(sps ORDER BY position) AS sps, count(*) FILTER (WHERE commit_time < $settled_before) AS settled
+FROM {_SERIES_TABLE} GROUP BY ALL ORDER BY ALL
 """
+#: How long after its commit a main run may still end and join its series: the detector keeps its checkpoint before
+#: the runs committed this recently (``regressions.resume_regressions``' ``settled``). A run ending later than this
+#: after its commit changes the series' settled runs, and the next tick judges the series from its first run.
+SETTLED = timedelta(hours=6)
 #: The runs at given positions of given series (``$wanted``: JSON ``[{entity, project, ci_config, testbed,
 #: position}]``): the few a regression names.
 _SERIES_RUNS_AT_SQL = f"""
@@ -339,9 +345,10 @@ def _change_points_of_series(
     con, at: datetime, metric: str, checkpoints: dict[str, Checkpoint]
 ) -> tuple[list[dict], dict[str, Checkpoint]]:
     found, kept = [], {}
-    for entity, project, config, testbed, values in con.execute(_SERIES_VALUES_SQL).fetchall():
+    rows = con.execute(_SERIES_VALUES_SQL, {"settled_before": at - SETTLED}).fetchall()
+    for entity, project, config, testbed, values, settled in rows:
         series = json.dumps([entity, project, config, testbed])
-        regressions, checkpoint = resume_regressions(values, checkpoints.get(series))
+        regressions, checkpoint = resume_regressions(values, checkpoints.get(series), settled)
         found += [((entity, project, config, testbed), regression) for regression in regressions]
         if checkpoint is not None:
             kept[series] = checkpoint

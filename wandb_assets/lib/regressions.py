@@ -113,18 +113,21 @@ def checkpoint_from_json(data: dict) -> Checkpoint:
 
 
 def resume_regressions(
-    values: list[float], checkpoint: Checkpoint | None
+    values: list[float], checkpoint: Checkpoint | None, settled: int | None = None
 ) -> tuple[list[Regression], Checkpoint | None]:
     """``find_regressions(values)``, resumed from ``checkpoint`` (of an earlier call on this series) when the series
-    still starts with the values it was taken on; and the checkpoint to resume from next time (None: none yet).
-    A tick at a million runs judges four series of ~78,000 runs: 0.22 s each from the start, 0.02-0.05 s from a
-    checkpoint."""
+    still starts with the values it was taken on; and the checkpoint to resume from next time (None: none yet): the
+    last re-baseline decided on the first ``settled`` values alone (None: on any), the runs no late run should land
+    among. A tick at a million runs judges four series of ~78,000 runs: 0.22 s each from the start, 0.02-0.05 s from
+    a checkpoint. A run ends after runs committed later than it have ended, so each tick's new runs land among the
+    last hour or two of a series: a checkpoint taken there (the last re-baseline often is) held for no tick, and the
+    detector started over each time (1.2-1.6 s a tick)."""
     if checkpoint is not None and (
         len(values) < checkpoint.prefix_length
         or _digest(values[: checkpoint.prefix_length]) != checkpoint.prefix_digest
     ):
         checkpoint = None
-    return _find(tuple(values), checkpoint)
+    return _find(tuple(values), checkpoint, settled)
 
 
 def _quantile(ordered: list[float], q: float) -> float:
@@ -189,9 +192,12 @@ def _baseline_of_sorted(ordered: list[float]) -> tuple[float, float]:
     return level, max(mad, spread_q, MIN_SPREAD)
 
 
-def _find(values: tuple, checkpoint: Checkpoint | None = None) -> tuple[list[Regression], Checkpoint | None]:
+def _find(
+    values: tuple, checkpoint: Checkpoint | None = None, settled: int | None = None
+) -> tuple[list[Regression], Checkpoint | None]:
     """Every drop (``find_regressions``), judged from ``checkpoint`` (a valid one: ``resume_regressions``) or from the
-    first run, and the checkpoint at the last re-baseline (``checkpoint`` if there was none since)."""
+    first run, and the checkpoint at the last re-baseline decided on the first ``settled`` values (any: None;
+    ``checkpoint`` if there was none since)."""
     first = checkpoint.regime_start if checkpoint else 0  # nothing before a checkpoint's regime is read again
     points = [
         (i, math.log(v))
@@ -258,8 +264,9 @@ def _find(values: tuple, checkpoint: Checkpoint | None = None) -> tuple[list[Reg
             regime_start, position = changed_at, changed_at
             low = high = 0.0
             low_start = high_start = None
-            # decided on the values up to this run (its digest is taken once, for the last re-baseline)
-            last_rebaseline = (index + 1, points[regime_start][0], tuple(found), tuple(open_drops))
+            # decided on the values up to this run (its digest is taken once, for the last re-baseline kept)
+            if settled is None or index + 1 <= settled:
+                last_rebaseline = (index + 1, points[regime_start][0], tuple(found), tuple(open_drops))
             continue
         position += 1
     if last_rebaseline is None:
