@@ -120,8 +120,8 @@ def resume_regressions(
     last re-baseline decided on the first ``settled`` values alone (None: on any), the runs no late run should land
     among. A tick at a million runs judges four series of ~78,000 runs: 0.22 s each from the start, 0.02-0.05 s from
     a checkpoint. A run ends after runs committed later than it have ended, so each tick's new runs land among the
-    last hour or two of a series: a checkpoint taken there (the last re-baseline often is) held for no tick, and the
-    detector started over each time (1.2-1.6 s a tick)."""
+    last hour or two of a series: a checkpoint taken there (the last re-baseline often is) did not hold, and the
+    detector started over (the SPS check 1.0-1.2 s a tick with new runs arriving, 0.7-0.8 s from a settled one)."""
     if checkpoint is not None and (
         len(values) < checkpoint.prefix_length
         or _digest(values[: checkpoint.prefix_length]) != checkpoint.prefix_digest
