@@ -18,7 +18,6 @@ asks first). Each step's time comes from its run's event log.
 from __future__ import annotations
 
 import argparse
-import os
 import runpy
 import shutil
 import sys
@@ -126,5 +125,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONWARNINGS", "ignore")
     main()

@@ -249,6 +249,12 @@ def _sps_of_run_sql(metric: str) -> str:
     return f"coalesce(CASE WHEN $steady THEN sps_steady END, {summary})"
 
 
+#: Main's ended CI runs up to ``$t``: what the series are made of (``_series_runs_sql``) and what their mark digests
+#: (``_series_mark_sql``), one condition for both.
+_MAIN_CI_RUNS = f"""category = 'push_to_main' AND ci_branch = 'main' AND ci_config IS NOT NULL
+  AND state IN ({SPS_SQL_STATES}) AND ended_at <= $t AND created_at <= $t"""
+
+
 def _series_runs_sql(metric: str) -> str:
     """Main's CI runs up to ``$t`` with an SPS of ``metric`` (``_sps_of_run_sql``), with what names them."""
     sps = _sps_of_run_sql(metric)
@@ -256,9 +262,7 @@ def _series_runs_sql(metric: str) -> str:
 SELECT entity, project, ci_config, {testbed_sql("runs")} AS testbed, run_id, ci_commit, url, created_at,
        {sps} AS sps, coalesce(ci_timestamp, created_at) AS commit_time
 FROM {MIRRORED_RUNS_SQL} runs
-WHERE category = 'push_to_main' AND ci_branch = 'main' AND ci_config IS NOT NULL
-  AND state IN ({SPS_SQL_STATES}) AND ended_at <= $t AND created_at <= $t
-  AND isfinite({sps}) AND {sps} > 0
+WHERE {_MAIN_CI_RUNS} AND isfinite({sps}) AND {sps} > 0
 """
 
 
@@ -411,8 +415,7 @@ SELECT count(*), greatest(max(ended_at), max(created_at)),
        sum(hash(entity, project, run_id, created_at, ended_at, state, ci_timestamp, ci_config, ci_commit, url,
                 gpu_count, gpu_model, sps_steady, {source}))::VARCHAR
 FROM {MIRRORED_RUNS_SQL} runs
-WHERE category = 'push_to_main' AND ci_branch = 'main' AND ci_config IS NOT NULL
-  AND state IN ({SPS_SQL_STATES}) AND ended_at <= $t AND created_at <= $t
+WHERE {_MAIN_CI_RUNS}
 """
 
 

@@ -259,7 +259,8 @@ SEMI JOIN todo t ON p.ci_branch = t.ci_branch AND p.commit_key = t.commit_key
 """,
         {"pr": pr},
     )
-    if not con.execute(f"SELECT count(*) FROM {_JUDGED_VALUES}").fetchone()[0]:
+    keys = con.execute(f"SELECT DISTINCT ci_config, testbed, metric FROM {_JUDGED_VALUES} ORDER BY ALL").fetchall()
+    if not keys:
         return []  # nothing to judge: no baseline to read (a quarter of a second at a million runs)
     con.execute(  # then main's runs of the same keys that a baseline can take
         f"""
@@ -287,9 +288,7 @@ WHERE m.first_cutoff IS NULL OR coalesce(m.ended_at > m.first_cutoff, true)
 """,
         {"now": now, "k": k},
     )
-    return con.execute(
-        f"SELECT DISTINCT ci_config, testbed, metric FROM {_JUDGED_VALUES} WHERE ci_branch <> 'main' ORDER BY ALL"
-    ).fetchall()
+    return keys
 
 
 def _baselines(main: dict[tuple, list[tuple]], wanted: list[tuple[tuple, datetime]], k: int) -> list[list[tuple]]:
