@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 from datetime import timedelta
+from unittest.mock import patch
 
 import duckdb
 import pytest
@@ -377,13 +378,24 @@ def test_judging_holds_no_connection_to_the_warehouse(tmp_path, monkeypatch):
     main=st.lists(st.tuples(st.integers(0, 300), st.integers(1, 600)), max_size=30),
     prs=st.lists(st.tuples(st.integers(1, 4), st.integers(0, 300), st.integers(1, 600)), min_size=1, max_size=8),
     k=st.integers(1, 6),
+    windows=st.sampled_from(
+        [None, (timedelta(hours=2), timedelta(hours=40)), (timedelta(0),), (timedelta(hours=30),), ()]
+    ),
 )
-def test_the_main_runs_staged_are_those_a_baseline_can_take(main, prs, k):
+def test_the_main_runs_staged_are_those_a_baseline_can_take(main, prs, k, windows):
     """Issue 54: a tick staged every main run of a touched config, testbed and metric (millions at ten million runs)
     for a few PR groups. Only the main runs a baseline can take are staged now: those ended after the earliest cutoff
     of the key's groups, and of those ended by it the last k. Each verdict's baseline is still the last k main runs
     (by CI time, then run id) ended by its group's cutoff, worked out here from every run; and no more main runs are
-    staged than that bound."""
+    staged than that bound. Main's runs are looked for in windows before the earliest cutoff first (``windows``: the
+    default ones, or others, none), then in all of main: whichever pass finds a key's baseline, it is the same."""
+    from wandb_assets.lib.acting import pr_checks
+
+    with patch.object(pr_checks, "BASELINE_WINDOWS", pr_checks.BASELINE_WINDOWS if windows is None else windows):
+        _check_the_staged_main_runs(main, prs, k)
+
+
+def _check_the_staged_main_runs(main, prs, k):
     from wandb_assets.lib.acting.pr_checks import _JUDGED_VALUES, _stage_judged_values
 
     def run(run_id: str, branch: str, commit: str, hours_ago: int, minutes: int) -> dict:
