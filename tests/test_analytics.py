@@ -75,7 +75,7 @@ def build_hand_made_warehouse(path: Path, duplicate: str | None = None) -> None:
         rebuild_gpu_usage(con, NOW, PRICES, TEAMS)
         record_budgets(con, [("research", date(2026, 1, 1), 250000.0), ("research", date(2026, 11, 1), 300000.0)])
         rebuild_success_rates(con)
-        rebuild_gpu_hours(con, NOW)
+        rebuild_gpu_hours(con)
     finally:
         con.close()
 

@@ -184,7 +184,7 @@ def test_gpu_usage_costs_by_day_user_team_and_model_hand_worked(memory_con):
     # The same GPU-hours as the gpu_hours table (one rule).
     from wandb_assets.lib.derived import rebuild_gpu_hours
 
-    rebuild_gpu_hours(memory_con, datetime(2026, 6, 10, 12))
+    rebuild_gpu_hours(memory_con)  # rolled up from the gpu_usage just built
     assert memory_con.execute("SELECT sum(gpu_hours) FROM gpu_hours WHERE category = 'all'").fetchone()[0] == 47.0
 
 

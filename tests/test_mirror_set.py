@@ -9,7 +9,7 @@ from datetime import date, datetime, timedelta
 import pytest
 
 from wandb_assets.lib.alerts import AlertThresholds, evaluate_rules
-from wandb_assets.lib.derived import rebuild_gpu_hours
+from wandb_assets.lib.derived import rebuild_gpu_hours, rebuild_gpu_usage
 from wandb_assets.lib.gauges import compute_gauges, compute_project_gauges
 from wandb_assets.lib.warehouse import ensure_schema, record_projects, record_snapshot
 
@@ -60,7 +60,8 @@ def test_a_project_that_leaves_the_mirror_set_keeps_its_past_and_leaves_every_ga
     assert set(compute_project_gauges(memory_con, at)) == {("e", "new")}
     keys = {c.key for c in evaluate_rules(memory_con, at + timedelta(minutes=45), AlertThresholds(by_project=True))}
     assert keys and not any("e/old" in key for key in keys), keys
-    rebuild_gpu_hours(memory_con, at)
+    rebuild_gpu_usage(memory_con, at, {}, {})
+    rebuild_gpu_hours(memory_con)
     assert memory_con.execute(
         "SELECT project, sum(gpu_hours) FROM gpu_hours WHERE category = 'all' GROUP BY 1 ORDER BY 1"
     ).fetchall() == [("new", 192.0), ("old", 8.0)]
@@ -106,12 +107,14 @@ def test_the_unmirrored_runs_past_days_do_not_move(memory_con):
     _insert(memory_con, "old", "r1", created=T0)
     memory_con.execute("UPDATE runs SET heartbeat_at = $t", {"t": T0 + timedelta(days=2)})
     record_projects(memory_con, _report("old"), T0)
-    rebuild_gpu_hours(memory_con, T0 + timedelta(days=2))
+    rebuild_gpu_usage(memory_con, T0 + timedelta(days=2), {}, {})
+    rebuild_gpu_hours(memory_con)
     day_rows = "SELECT day, gpu_hours FROM gpu_hours WHERE category = 'all' ORDER BY day"
     before = memory_con.execute(day_rows).fetchall()
     assert before == [(date(2026, 11, 1), 192.0), (date(2026, 11, 2), 192.0)]
     record_projects(memory_con, _report("new"), T0 + timedelta(days=2))
-    rebuild_gpu_hours(memory_con, T0 + timedelta(days=5))
+    rebuild_gpu_usage(memory_con, T0 + timedelta(days=5), {}, {})
+    rebuild_gpu_hours(memory_con)
     assert memory_con.execute(day_rows).fetchall() == before
 
 

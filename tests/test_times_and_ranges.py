@@ -8,7 +8,7 @@ import pytest
 from tests.fleet import fleet_row, load
 from wandb_assets import warehouse
 from wandb_assets.lib.clock import configured_time
-from wandb_assets.lib.derived import push_to_main_sps_rows, rebuild_gpu_hours, rebuild_success_rates
+from wandb_assets.lib.derived import push_to_main_sps_rows, rebuild_gpu_hours, rebuild_gpu_usage, rebuild_success_rates
 from wandb_assets.lib.errors import ConfigError
 from wandb_assets.localwandb.server import iso_z
 
@@ -62,7 +62,8 @@ def test_every_helper_includes_its_end_day(memory_con):
     load(memory_con, rows)
     push_to_main_sps_rows(memory_con)
     rebuild_success_rates(memory_con)
-    rebuild_gpu_hours(memory_con, datetime(2026, 6, 4))
+    rebuild_gpu_usage(memory_con, datetime(2026, 6, 4), {}, {})
+    rebuild_gpu_hours(memory_con)
     memory_con.execute(
         "INSERT INTO fleet_metrics VALUES (TIMESTAMP '2026-06-02 23:59:59', 'm', 1), "
         "(TIMESTAMP '2026-06-03 00:00', 'm', 2)"

@@ -78,7 +78,8 @@ def test_a_vanished_run_keeps_its_gpu_hours_and_cost_up_to_its_last_heartbeat_an
     load_runs_window(memory_con, [first], created, created + DAY, prices=PRICES)
     assert memory_con.execute("SELECT cost_usd FROM runs").fetchone() == (3024.0,)
     now = datetime(2026, 6, 8, 12)
-    rebuild_gpu_hours(memory_con, datetime(2026, 6, 6))
+    rebuild_gpu_usage(memory_con, datetime(2026, 6, 6), dict(PRICES), {})
+    rebuild_gpu_hours(memory_con)
     before = memory_con.execute("SELECT day, gpu_hours FROM gpu_hours WHERE category = 'all' ORDER BY day").fetchall()
     assert [h for _, h in before] == [192.0] * 5
 
@@ -93,7 +94,8 @@ def test_a_vanished_run_keeps_its_gpu_hours_and_cost_up_to_its_last_heartbeat_an
     # When the lifecycle marked it (check: an alert evaluated before this saw it alive), to the microsecond.
     changed = memory_con.execute("SELECT state_changed_at FROM runs").fetchone()[0]
     assert marking <= changed <= marked
-    rebuild_gpu_hours(memory_con, now)
+    rebuild_gpu_usage(memory_con, now, dict(PRICES), {})
+    rebuild_gpu_hours(memory_con)
     assert (
         memory_con.execute("SELECT day, gpu_hours FROM gpu_hours WHERE category = 'all' ORDER BY day").fetchall()
         == before

@@ -6,7 +6,7 @@ import duckdb
 import pytest
 
 from tests.fleet import fleet_row
-from wandb_assets.lib.derived import push_to_main_sps_rows, rebuild_gpu_hours, rebuild_success_rates
+from wandb_assets.lib.derived import push_to_main_sps_rows, rebuild_gpu_hours, rebuild_gpu_usage, rebuild_success_rates
 from wandb_assets.lib.warehouse import refresh_days, replace_runs_window, unfinished_run_ids
 
 NOW = datetime(2026, 6, 4, 2, 0)
@@ -28,7 +28,8 @@ def con(memory_con):
 
 
 def test_gpu_hours_clip_each_run_to_each_day(con):
-    rebuild_gpu_hours(con, NOW)
+    rebuild_gpu_usage(con, NOW, {}, {})
+    rebuild_gpu_hours(con)
     rows = con.execute("SELECT day, category, runs, gpu_hours FROM gpu_hours ORDER BY day, category").fetchall()
     assert rows == [
         (date(2026, 6, 1), "all", 1, 12.0),  # multi: 18:00-24:00 x 2
@@ -139,7 +140,8 @@ def test_unfinished_runs_before_a_window_are_named_for_a_refresh_by_id(con):
 def test_a_run_ending_exactly_at_midnight_adds_no_empty_day(memory_con):
     row = fleet_row("m", "finished", "regular", datetime(2026, 6, 1, 22), datetime(2026, 6, 2, 0, 0), gpus=2)
     replace_runs_window(memory_con, [row], datetime(2026, 6, 1), datetime(2026, 6, 3))
-    rebuild_gpu_hours(memory_con, NOW)
+    rebuild_gpu_usage(memory_con, NOW, {}, {})
+    rebuild_gpu_hours(memory_con)
     rows = memory_con.execute("SELECT day, category, runs, gpu_hours FROM gpu_hours ORDER BY day, category").fetchall()
     assert rows == [(date(2026, 6, 1), "all", 1, 4.0), (date(2026, 6, 1), "regular", 1, 4.0)]
 
@@ -153,7 +155,8 @@ def test_a_null_category_is_its_own_group_not_a_second_all(memory_con):
     rebuild_success_rates(memory_con)
     got = memory_con.execute("SELECT category, completed, failed FROM success_rates ORDER BY category").fetchall()
     assert got == [("all", 1, 1), ("regular", 1, 0), (None, 0, 1)]
-    rebuild_gpu_hours(memory_con, NOW)
+    rebuild_gpu_usage(memory_con, NOW, {}, {})
+    rebuild_gpu_hours(memory_con)
     got = memory_con.execute("SELECT category, runs FROM gpu_hours ORDER BY category").fetchall()
     assert got == [("all", 2), ("regular", 1), (None, 1)]
 

@@ -157,7 +157,8 @@ SCHEMA_DOCS: dict[str, tuple[str, str, dict[str, str]]] = {
     ),
     "gpu_hours": (
         "table",
-        "GPU time consumed per project, UTC day and category (plus 'all').",
+        "GPU time consumed per project, UTC day and category (plus 'all'): gpu_usage's run-days and GPU-hours summed, "
+        "as gpu_usage was last built.",
         {
             **_PROJECT,
             "day": "UTC day",

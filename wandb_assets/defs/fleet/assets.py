@@ -45,11 +45,14 @@ COMMON = {
 
 
 def derived_table_asset(
-    table: str, description: str, rebuild: Callable, order_by: str, time_column: str
+    table: str, description: str, rebuild: Callable, order_by: str, time_column: str, after: tuple[str, ...] = ()
 ) -> AssetsDefinition:
-    """An asset that rebuilds one whole table from ``runs`` in SQL; metadata: rows, time covered, a preview."""
+    """An asset that rebuilds one whole table in SQL (from ``runs``, and the tables ``after``); metadata: rows, time
+    covered, a preview."""
 
-    @asset(name=table, description=description, **COMMON)
+    options = {**COMMON, "deps": [*COMMON["deps"], *(AssetKey(name) for name in after)]}
+
+    @asset(name=table, description=description, **options)
     @names_the_warehouse
     def _derived(warehouse: WarehouseResource) -> MaterializeResult:
         with warehouse.get_connection() as con:
@@ -84,10 +87,12 @@ success_rates = derived_table_asset(
 gpu_hours = derived_table_asset(
     "gpu_hours",
     "Per UTC day and category, plus 'all': GPU-hours consumed that day (each run's [created_at, "
-    "ended_at or now] clipped to the day, times gpu_count; pending runs count 0).",
-    lambda con: rebuild_gpu_hours(con, utc_now()),
+    "ended_at or now] clipped to the day, times gpu_count; pending runs count 0), rolled up from gpu_usage as it "
+    "was just built (its now): the two tables agree to the run-day.",
+    rebuild_gpu_hours,
     "day DESC, category",
     "day",
+    after=("gpu_usage",),
 )
 
 
