@@ -288,6 +288,22 @@ def test_the_change_points_recorded_are_what_the_detector_finds_and_are_read_bac
     assert round(change_points(con, T, "overview/sps")[0]["before"], 9) == 100.0  # one more run: found anew
 
 
+def test_the_rules_right_after_recording_read_the_change_points_recorded_and_find_the_same(con):
+    """A tick records the change points, then evaluates the rules on the same connection: the SPS rule reads the
+    table as recorded (no second pass over main's runs to check the series), and finds what evaluating anew finds."""
+    load(con, fresh_ci() + main_runs("ppo", flat(100.0, 30) + flat(85.0, 10)))  # slow from commit 30, not back
+    assert record_change_points(con, T, "overview/sps") == 1
+    anew = [c.key for c in evaluate_rules(con, T, TH)]
+    assert [c.key for c in evaluate_rules(con, T, TH, change_points_recorded=True)] == anew
+    assert anew == ["sps_regression:ppo:ppo0030"]
+    # Recorded is taken as current (the series is not checked again): an edit of the table shows, though a run the
+    # series reads changed since; evaluating anew finds the point again.
+    con.execute("UPDATE sps_change_points SET first_slow_commit = 'ppo0031'")
+    con.execute("UPDATE runs SET url = 'http://wandb.local/runs/ppo-1/moved' WHERE run_id = 'ppo-1'")
+    assert [c.key for c in evaluate_rules(con, T, TH, change_points_recorded=True)] == ["sps_regression:ppo:ppo0031"]
+    assert [c.key for c in evaluate_rules(con, T, TH)] == anew
+
+
 def test_failure_spike(con):
     rows = [fleet_row(f"f{i}", "failed", "regular", ago(3), ago(2)) for i in range(6)]
     rows += [fleet_row(f"ok{i}", "finished", "regular", ago(3), ago(2)) for i in range(4)]

@@ -470,19 +470,27 @@ def change_points(con, at: datetime, metric: str) -> list[dict]:
     (the same metric, runs and latest time: a tick and every reader after it until the next load), else found
     now. At a million runs the detector takes over a second; reading the table, milliseconds."""
     if _recorded_mark(con) == _series_mark(con, at, metric):
-        return dict_rows(con, "SELECT * FROM sps_change_points ORDER BY ordinal", {})
+        return recorded_change_points(con)
     return find_change_points(con, at, metric)
 
 
-def sps_regression(con, at: datetime, th: AlertThresholds) -> list[Condition]:
+def recorded_change_points(con) -> list[dict]:
+    """``sps_change_points`` as ``record_change_points`` last recorded it."""
+    return dict_rows(con, "SELECT * FROM sps_change_points ORDER BY ordinal", {})
+
+
+def sps_regression(con, at: datetime, th: AlertThresholds, recorded: bool = False) -> list[Condition]:
     """One condition per regression of a CI config on main that has not recovered (``lib.regressions``).
+    ``recorded``: ``record_change_points`` has just run on ``con`` at ``at``, so its table is read without checking
+    the series again (the check costs a pass over main's runs, 0.1 s at a million runs).
 
     The alert is keyed by the first slow commit, so two regressions of one config are two alerts; it resolves
     when a later regime is back within the noise of the old level. Configs never mix: each is its own series.
     """
     metric = th.sps_metric
     conditions = []
-    points = [point for point in change_points(con, at, metric) if not point["recovered"]]
+    found = recorded_change_points(con) if recorded else change_points(con, at, metric)
+    points = [point for point in found if not point["recovered"]]
     shared = Counter((p["entity"], p["project"], p["ci_config"], p["first_slow_commit"]) for p in points)
     for point in points:
         config, slow, testbed = point["ci_config"], point["first_slow_commit"], point.get("testbed") or UNKNOWN_TESTBED
@@ -798,10 +806,14 @@ def pipeline_failure(job_name: str, run_id: str, error: str) -> Condition:
 RULES: tuple[str, ...] = (*RULE_FUNCTIONS, PIPELINE_FAILURE)
 
 
-def evaluate_rules(con, at: datetime, th: AlertThresholds) -> list[Condition]:
-    """Every warehouse rule at snapshot time ``at``."""
+def evaluate_rules(con, at: datetime, th: AlertThresholds, change_points_recorded: bool = False) -> list[Condition]:
+    """Every warehouse rule at snapshot time ``at``. ``change_points_recorded``: ``record_change_points`` has just run
+    on ``con`` at ``at`` (``sps_regression`` reads its table as recorded)."""
     con.execute(ALERT_SQL)
-    return [condition for rule in RULE_FUNCTIONS.values() for condition in rule(con, at, th)]
+    recorded = {"sps_regression": {"recorded": True}} if change_points_recorded else {}
+    return [
+        condition for name, rule in RULE_FUNCTIONS.items() for condition in rule(con, at, th, **recorded.get(name, {}))
+    ]
 
 
 @dataclass(frozen=True)

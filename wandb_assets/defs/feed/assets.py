@@ -136,7 +136,7 @@ def fleet_alerts(
     with warehouse.get_connection() as con:
         at = latest_snapshot_at(con)
         change_points = record_change_points(con, at, thresholds.sps_metric) if at else 0
-        conditions = evaluate_rules(con, at, thresholds) if at else []
+        conditions = evaluate_rules(con, at, thresholds, change_points_recorded=True) if at else []
         transitions = notifier.record(con, conditions, set(RULE_FUNCTIONS), now)
     sent, _ = notifier.send(now)
     with warehouse.get_connection() as con:
@@ -188,6 +188,8 @@ WARNING_PREFIX = "Warning (the alert is open; nothing failed to run): "
 
 
 def _check(rule, summary, description: str, prepare=None):
+    """A warning-level check of ``fleet_snapshot`` by ``rule``; ``prepare`` records what the rule then reads (it is
+    called with ``recorded=True``)."""
     @asset_check(
         asset=FLEET_SNAPSHOT,
         name=f"{rule.__name__}_check",
@@ -199,9 +201,9 @@ def _check(rule, summary, description: str, prepare=None):
         thresholds = alert_thresholds()
         with warehouse.get_connection() as con:
             at = latest_snapshot_at(con)
-            if at and prepare is not None:
+            if at and prepare is not None:  # then the rule reads what it recorded
                 prepare(con, at, thresholds)
-            conditions = rule(con, at, thresholds) if at else []
+            conditions = rule(con, at, thresholds, **({"recorded": True} if prepare else {})) if at else []
             if conditions:  # the result's description is what was found, pass or fail
                 found = conditions[0].message + (f" (and {len(conditions) - 1} more)" if len(conditions) > 1 else "")
             else:
