@@ -373,6 +373,36 @@ def test_judging_holds_no_connection_to_the_warehouse(tmp_path, monkeypatch):
         assert (again.verdicts, again.by_verdict, again.prs) == ((), {}, frozenset())
 
 
+@pytest.mark.parametrize("per_insert, per_file", [(1, 1), (2, 3), (5_000, 100_000)])
+def test_the_verdicts_written_out_are_the_same_however_they_are_batched(tmp_path, monkeypatch, per_insert, per_file):
+    """The verdicts gathered into the judging database a few thousand at a time (one insert per key cost 20 ms each)
+    and written out a hundred thousand a file: however they are cut, every verdict is written once, as judging in
+    place gives it."""
+    from contextlib import contextmanager
+
+    from wandb_assets.lib.acting import pr_checks
+
+    path = tmp_path / "w.duckdb"
+    with duckdb.connect(str(path)) as con:
+        load(con, pr_fleet())
+    reference = duckdb.connect()
+    load(reference, pr_fleet())
+    pr_checks.record_pr_checks(reference, judge_prs(reference, T, "overview/sps"))
+
+    @contextmanager
+    def open_warehouse():
+        with duckdb.connect(str(path)) as con:
+            yield con
+
+    monkeypatch.setattr(pr_checks, "_VERDICTS_PER_INSERT", per_insert)
+    monkeypatch.setattr(pr_checks, "_VERDICTS_PER_FILE", per_file)
+    stored = "SELECT * EXCLUDE (judged_at) FROM pr_checks ORDER BY pr, commit, config, testbed, metric"
+    with pr_checks.judge_changed(open_warehouse, T, "overview/sps") as judged, open_warehouse() as con:
+        pr_checks.record_judged(con, judged)
+        assert con.execute(stored).fetchall() == reference.execute(stored).fetchall()
+        assert judged.by_verdict.total() == len(reference.execute(stored).fetchall()) == 3
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     main=st.lists(st.tuples(st.integers(0, 300), st.integers(1, 600)), max_size=30),
