@@ -13,6 +13,7 @@ asks first). Each step's time comes from its run's event log.
     git worktree add /tmp/before <commit>
     uv run python benchmarks/bench_steady_tick.py --from <dir>/bench.duckdb --rounds 4 before=/tmp/before now=.
     ... --no-arrivals                                          # the same runs re-read, as the earlier measurements
+    ... --days 12 (a warehouse kept with --scale-days 12)       # the same daily volume over a tenth of the history
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--from", dest="source", type=Path, required=True, help="a kept million-run bench.duckdb")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--days", type=int, default=120, help="the kept warehouse's --scale-days")
+    parser.add_argument("--runs-per-day", type=int, default=8334, help="... and its --scale-runs-per-day")
     parser.add_argument("--no-arrivals", action="store_true")
     parser.add_argument("versions", nargs="+", help="name=checkout ('.' is this one)")
     args = parser.parse_args()
@@ -88,16 +91,16 @@ def main() -> None:
 
     with duckdb.connect(str(args.source), read_only=True) as con:  # the fleet's now: a running run's heartbeat
         now = con.execute("SELECT max(heartbeat_at) FROM runs").fetchone()[0]
-    nodes = generate_fleet(now, days=120, runs_per_day=8334)
+    nodes = generate_fleet(now, days=args.days, runs_per_day=args.runs_per_day)
     versions = {}
     with LocalWandbServer(nodes, entity=bench.ENTITY, project=bench.PROJECT) as server:
         for name, checkout in (v.split("=", 1) for v in args.versions):
             workdir = Path(tempfile.mkdtemp(prefix=f"wandb-assets-steady-{name}-"))
             shutil.copy(args.source, workdir / "bench.duckdb")
-            env = bench._environment(server, workdir, now, 120)
+            env = bench._environment(server, workdir, now, args.days)
             here = Path(checkout).resolve() == HERE.parent
             script = [str(HERE / "bench_ingest.py")] if here else [__file__, "--in-checkout", str(Path(checkout))]
-            versions[name] = (env, [sys.executable, *script, "--days", "120", "--phase", "tick"])
+            versions[name] = (env, [sys.executable, *script, "--days", str(args.days), "--phase", "tick"])
             warm = bench._measure(server, "warm", versions[name][1], env)
             print(f"{name}: warm-up tick {warm['seconds']:.2f} s", flush=True)
         for round_ in range(args.rounds):
