@@ -190,6 +190,7 @@ WARNING_PREFIX = "Warning (the alert is open; nothing failed to run): "
 def _check(rule, summary, description: str, prepare=None):
     """A warning-level check of ``fleet_snapshot`` by ``rule``; ``prepare`` records what the rule then reads (it is
     called with ``recorded=True``)."""
+
     @asset_check(
         asset=FLEET_SNAPSHOT,
         name=f"{rule.__name__}_check",
