@@ -227,6 +227,12 @@ ANTI JOIN pr_checks c  -- every column NULL-safe: a NULL config equals a NULL co
 """
 
 
+def _same_key(a: str, b: str) -> str:
+    """SQL true when the rows ``a`` and ``b`` have one key ``(ci_config, testbed, metric)``: a run without a config
+    shares the key of another without one."""
+    return f"{a}.ci_config IS NOT DISTINCT FROM {b}.ci_config AND {a}.testbed = {b}.testbed AND {a}.metric = {b}.metric"
+
+
 #: The session's table of the value rows being judged (``_stage_judged_values``), read one key at a time.
 _JUDGED_VALUES = "pr_judged_values"
 
@@ -238,10 +244,9 @@ def _stage_judged_values(
     there are any) of main's runs of the same config, testbed and metric only those a baseline can take (a tick
     judges the few groups a new PR run changed, not the whole history); returns their keys ``(config, testbed,
     metric)``, each judged on its own. A group is judged against the last ``k`` main runs (by CI time, then run id)
-    ended by its cutoff (``_baselines``); the earliest cutoff of a key's groups bounds what any of them takes: every
-    main run ended after it, and of those ended by it the last ``k`` (ties kept; found as a top-k per key: a window
-    sorting every main run of the touched keys took 0.7 s of a tick at a million runs). At ten million runs a tick
-    staged (and copied out) every main run of a touched key, millions of rows, for a few PR groups."""
+    ended by its cutoff (``_baselines``); the earliest cutoff of a key's groups bounds what any of them takes
+    (``_stage_main_baselines``). At ten million runs a tick staged (and copied out) every main run of a touched key,
+    millions of rows, for a few PR groups."""
     if changed_only:  # a read-only snapshot (``pr-check``) judges everything asked for, and creates nothing
         con.execute(PR_CHECKS_SQL)
     values = _metric_values_sql(sps_metric)
@@ -255,7 +260,7 @@ WITH pr_values AS (
 todo AS ({_CHANGED_GROUPS_SQL if changed_only else _GROUPS_SQL})
 SELECT p.* EXCLUDE (commit_key) FROM pr_values p
 SEMI JOIN todo t ON p.ci_branch = t.ci_branch AND p.commit_key = t.commit_key
-    AND p.ci_config IS NOT DISTINCT FROM t.ci_config AND p.testbed = t.testbed AND p.metric = t.metric
+    AND {_same_key("p", "t")}
 """,
         {"pr": pr},
     )
@@ -288,9 +293,6 @@ def _stage_main_baselines(con, values: str, now: datetime, k: int) -> None:
         ) GROUP BY ALL""",
         {"now": now},
     )
-    same_key = (
-        "{a}.ci_config IS NOT DISTINCT FROM {b}.ci_config AND {a}.testbed = {b}.testbed AND {a}.metric = {b}.metric"
-    )
     for window in (*BASELINE_WINDOWS, None):
         left, earliest = con.execute(f"SELECT count(*), min(first_cutoff) FROM {_MAIN_PASS}_keys").fetchone()
         if not left:
@@ -298,7 +300,7 @@ def _stage_main_baselines(con, values: str, now: datetime, k: int) -> None:
         low = None if window is None or earliest is None else earliest - window
         con.execute(  # the keys left: their main runs but those of CI time before the window ended by every cutoff
             f"""CREATE OR REPLACE TEMP TABLE {_MAIN_PASS} AS
-            SELECT m.*, c.first_cutoff FROM ({values}) m JOIN {_MAIN_PASS}_keys c ON {same_key.format(a="m", b="c")}
+            SELECT m.*, c.first_cutoff FROM ({values}) m JOIN {_MAIN_PASS}_keys c ON {_same_key("m", "c")}
             WHERE m.ci_branch = 'main' AND ($low::TIMESTAMP IS NULL
                 OR NOT coalesce(m.ci_at < $low::TIMESTAMP AND m.ended_at <= $earliest, false))""",
             {"low": low, "earliest": earliest},
@@ -307,7 +309,7 @@ def _stage_main_baselines(con, values: str, now: datetime, k: int) -> None:
             f"""CREATE OR REPLACE TEMP TABLE {_MAIN_PASS}_kth AS
             SELECT c.ci_config, c.testbed, c.metric, list_min(max({{'at': m.ci_at, 'id': m.run_id}}, $k)) AS kth,
                    $low::TIMESTAMP IS NULL OR count(m.run_id) FILTER (WHERE m.ci_at >= $low::TIMESTAMP) >= $k AS found
-            FROM {_MAIN_PASS}_keys c LEFT JOIN {_MAIN_PASS} m ON {same_key.format(a="m", b="c")}
+            FROM {_MAIN_PASS}_keys c LEFT JOIN {_MAIN_PASS} m ON {_same_key("m", "c")}
                 AND m.ended_at <= m.first_cutoff
             GROUP BY ALL""",
             {"k": k, "low": low},
@@ -315,13 +317,13 @@ def _stage_main_baselines(con, values: str, now: datetime, k: int) -> None:
         con.execute(
             f"""INSERT INTO {_JUDGED_VALUES}
             SELECT m.* EXCLUDE (first_cutoff) FROM {_MAIN_PASS} m
-            JOIN {_MAIN_PASS}_kth b ON {same_key.format(a="m", b="b")}
+            JOIN {_MAIN_PASS}_kth b ON {_same_key("m", "b")}
             WHERE b.found AND (m.first_cutoff IS NULL OR coalesce(m.ended_at > m.first_cutoff, true)
                 OR {{'at': m.ci_at, 'id': m.run_id}} >= b.kth)"""
         )
         con.execute(
             f"DELETE FROM {_MAIN_PASS}_keys c WHERE EXISTS (SELECT 1 FROM {_MAIN_PASS}_kth b WHERE b.found "
-            f"AND {same_key.format(a='b', b='c')})"
+            f"AND {_same_key('b', 'c')})"
         )
     for table in (_MAIN_PASS, f"{_MAIN_PASS}_kth", f"{_MAIN_PASS}_keys"):
         con.execute(f"DROP TABLE IF EXISTS {table}")
