@@ -4,7 +4,10 @@ the run ends (at most hourly while it runs), into run_history and run_gpu_sample
 from __future__ import annotations
 
 import json
+import math
+import struct
 from datetime import UTC, datetime, timedelta
+from unittest.mock import patch
 
 import pytest
 from hypothesis import example, given, settings
@@ -485,13 +488,27 @@ _POINT = st.fixed_dictionaries({}, optional={key: _MOSTLY_NUMBERS for key in ("_
 _GPU_KEYS = [
     "system.gpu.0.gpu", "system.gpu.0.memory", "system.gpu.1.powerWatts", "system.gpu.1.gpu", "system.gpu.7.temp",
     "system.gpu.4096.gpu", "system.gpu.12345.gpu", "system.gpu.x.gpu", "system.gpu.2.gpu_x", "system.cpu",
-    "system.gpu.01.gpu", "system.gpu.0.GPU", "System.gpu.0.gpu",
+    "system.gpu.01.gpu", "system.gpu.0.GPU", "System.gpu.0.gpu", "system.gpu.4095.memory",
 ]  # fmt: skip
 _EVENT = st.fixed_dictionaries(
     {"_timestamp": _MOSTLY_NUMBERS}, optional={key: _MOSTLY_NUMBERS for key in _GPU_KEYS}
 ) | st.dictionaries(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=4), _MOSTLY_NUMBERS)
 #: An event whose values are all numbers (W&B's own: each takes the parse's fast path).
 _NUMBERS_EVENT = st.fixed_dictionaries({"_timestamp": _NUMBERS}, optional=dict.fromkeys(_GPU_KEYS, _NUMBERS))
+_HAND_WRITTEN_NUMBERS = [
+    "0", "-0", "1E2", "1.0e+2", "-12.5e-1", "123456789012345678", "-123456789012345678", "1234567890123456789",
+    "1e400", "-1e400", "1e-400", "0.1e1", "01", "1.", ".5", "+1", "0x1", "1e", "--1",
+]  # fmt: skip
+#: The same as text the way other writers put it: without spaces, over lines, or with a number written by hand.
+_NUMBERS_TEXT = st.one_of(
+    _NUMBERS_EVENT.map(lambda event: json.dumps(event, separators=(",", ":"))),
+    _NUMBERS_EVENT.map(lambda event: json.dumps(event, indent=1)),
+    st.builds(
+        lambda number, at: f'{{"_timestamp":{at},"system.gpu.3.gpu" :\t{number} }} ',
+        st.sampled_from(_HAND_WRITTEN_NUMBERS),
+        st.sampled_from(["5", "5.5", "-1", "253402300799.5", "253402300800"]),
+    ),
+)
 _SERIES = st.lists(st.one_of(_POINT, _POINT, _POINT, _VALUES), max_size=6)
 #: An event's text with one more key, maybe one it holds already (W&B's own never does; the first value stands) or
 #: written with an escape (``\\u0075``: ``u``), its value a number or not.
@@ -514,6 +531,7 @@ _TWICE = st.builds(
                 _EVENT.map(json.dumps),
                 _NUMBERS_EVENT,
                 _NUMBERS_EVENT.map(json.dumps),
+                _NUMBERS_TEXT,
                 _TWICE,
                 _VALUES,
                 st.just("{bad"),
@@ -551,6 +569,16 @@ _TWICE = st.builds(
     ],
 )
 @example(keys=_KEYS, sampled=[], events=[{"_timestamp": 5, "system.gpu.0.gpu": 1, "system.gpu.0.GPU": 2}])
+@example(  # the same as W&B's texts: the native scan leaves the first (a GPU index written "01") to DuckDB
+    keys=_KEYS,
+    sampled=[],
+    events=[
+        '{"_timestamp": 5, "system.gpu.1.gpu": 3, "system.gpu.01.gpu": 7}',
+        '{"_timestamp":6,"system.gpu.0.gpu":1,"system.gpu.0.gpu":2,"system.gpu.2.temp":1e2,"_timestamp":7}',
+        '{"_timestamp": 8, "system.gpu.0.gpu": 1, "system.gpu.0.memory": -1e400}',
+        '{"_timestamp": 9, "system.gpu.0.gpu": 12345678901234567890}',
+    ],
+)
 @example(  # two objects in one text, apart by the control character the parse joins a run's texts with: no JSON
     keys=_KEYS,
     sampled=[],
@@ -584,11 +612,33 @@ _TWICE = st.builds(
 def test_the_sql_parse_of_curves_gives_what_the_python_parse_gave_for_any_input(keys, sampled, events):
     """The parse in DuckDB (issue 54: moved there from Python point by point), by either path (text of numbers alone
     into structs, the rest as JSON values typed one by one), keeps every rule of the Python it replaced
-    (tests/reference/curves.py): which points, which GPUs, which values, their order."""
+    (tests/reference/curves.py): which points, which GPUs, which values, their order; so does the native scan of
+    the system stream (``_curves_scan.c``) with DuckDB parsing the events it leaves, and DuckDB alone without it."""
     from tests.reference import curves as reference
+    from wandb_assets.lib import curves
 
+    assert curves.scanner() == "native"  # built by the install (setup.py); CI has a compiler
     assert history_rows(keys, sampled) == reference.history_rows(keys, sampled)
-    assert gpu_rows(events) == reference.gpu_rows(events)
+    expected = reference.gpu_rows(events)
+    assert gpu_rows(events) == expected
+    with patch.object(curves, "_native", None):
+        assert gpu_rows(events) == expected
+
+
+@settings(max_examples=400)
+@given(text=st.from_regex(r"-?(0|[1-9][0-9]{0,24})(\.[0-9]{1,24})?([eE][+-]?[0-9]{1,3})?", fullmatch=True))
+def test_the_native_scan_reads_every_number_as_python_does(text):
+    """The native scan's numbers (a fast path for short ones, Python's own reader for the others) are Python's float()
+    of the text to the bit; an integer of more than 18 digits or a number beyond a double is left to DuckDB."""
+    from wandb_assets.lib import _curves_scan
+
+    *columns, rest = _curves_scan.gpu_samples([[f'{{"_timestamp": 1, "system.gpu.0.gpu": {text}}}']])
+    whole = not any(c in text for c in ".eE")
+    if (whole and len(text.lstrip("-")) > 18) or not math.isfinite(float(text)):
+        assert rest and columns[4] == b""
+        return
+    value = float(int(text)) if whole else float(text)
+    assert not rest and columns[4] == struct.pack("<d", value)
 
 
 def test_a_folder_staged_as_csv_before_the_upgrade_still_loads(memory_con, tmp_path):

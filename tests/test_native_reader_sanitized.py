@@ -77,14 +77,14 @@ print("fuzzed", int(sys.argv[3]))
 """
 
 
-def _sanitized_build(folder: Path) -> Path:
-    """The reader compiled with -fsanitize=address,undefined (UB aborts) as a module named ``_wandb_log``."""
+def _sanitized_build(folder: Path, name: str = "_wandb_log") -> Path:
+    """A native module (``wandb_assets/lib/<name>.c``) compiled with -fsanitize=address,undefined (UB aborts)."""
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    target = folder / f"_wandb_log{suffix}"
+    target = folder / f"{name}{suffix}"
     subprocess.run(
         ["gcc", "-shared", "-fPIC", "-O1", "-g", "-std=c99", "-fno-omit-frame-pointer"]
         + ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
-        + [f"-I{sysconfig.get_paths()['include']}", str(REPO / "wandb_assets" / "lib" / "_wandb_log.c")]
+        + [f"-I{sysconfig.get_paths()['include']}", str(REPO / "wandb_assets" / "lib" / f"{name}.c")]
         + ["-o", str(target)],
         check=True,
         capture_output=True,
@@ -112,22 +112,68 @@ def test_the_native_reader_survives_10000_damaged_logs_under_asan_and_ubsan(tmp_
     build = tmp_path / "build"
     build.mkdir()
     _sanitized_build(build)
+    _run_fuzz(FUZZ, build, "20261124", "10000", *map(str, bases))
+
+
+def _run_fuzz(code: str, build: Path, seed: str, times: str, *args: str, **env: str) -> None:
+    """``code`` run with the sanitized modules in ``build`` (``times`` inputs): it must end cleanly, with no report."""
     env = {
         **os.environ,
         "LD_PRELOAD": _libasan(),
         "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",  # CPython itself keeps memory until exit
         "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
+        **env,
     }
     done = subprocess.run(
-        [sys.executable, "-c", FUZZ, str(build), "20261124", "10000", *map(str, bases)],
+        [sys.executable, "-c", code, str(build), seed, times, *args],
         capture_output=True,
         text=True,
         env=env,
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    assert done.stdout.strip() == "fuzzed 10000"
+    assert done.stdout.strip() == f"fuzzed {times}"
     assert "runtime error" not in done.stderr and "AddressSanitizer" not in done.stderr
+
+
+CURVES_FUZZ = r"""
+import json, random, sys
+sys.path.insert(0, sys.argv[1])
+import _curves_scan
+
+rng = random.Random(int(sys.argv[2]))
+keys = ["_timestamp", "system.gpu.0.gpu", "system.gpu.7.memory", "system.gpu.4095.powerWatts", "system.gpu.01.gpu",
+        "system.gpu.12.temp", "system.gpu.", "system.gpu.1.", "system.gpu.12345.gpu", "system.cpu", ""]
+numbers = ["0", "-0", "1.5", "-2.5e-3", "1e400", "123456789012345678", "1234567890123456789", "0.1", "9" * 80,
+           "1" + "0" * 30 + ".5", "1e-99999999", "5e-324"]
+alphabet = '{}[]":,.-+eE0123456789 \t\n\\ux\x1e\x00'
+runs = 0
+for iteration in range(int(sys.argv[3])):
+    events = []
+    for _ in range(rng.randrange(0, 12)):
+        pairs = [(rng.choice(keys), rng.choice(numbers)) for _ in range(rng.randrange(0, 10))]
+        text = "{" + ", ".join(f"{json.dumps(k)}: {v}" for k, v in pairs) + "}"
+        mode = rng.randrange(4)
+        if mode == 1 and text:  # a character changed
+            at = rng.randrange(len(text))
+            text = text[:at] + rng.choice(alphabet) + text[at + 1:]
+        elif mode == 2:  # cut anywhere
+            text = text[: rng.randrange(len(text) + 1)]
+        elif mode == 3:  # random text of the characters JSON is made of
+            text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(40)))
+        events.append(text if rng.random() < 0.95 else rng.choice([None, 5, {"a": 1}, "\ud800"]))
+    runs += 1
+    _curves_scan.gpu_samples([events, None, events[:1]])
+print("fuzzed", runs)
+"""
+
+
+def test_the_native_curves_scan_survives_random_event_texts_under_asan_and_ubsan(tmp_path):
+    """The native scan of the system stream (``_curves_scan.c``) on 20,000 requests of damaged, cut and random event
+    texts: any out-of-bounds access or undefined behaviour aborts the process."""
+    _sanitized_build(tmp_path, "_curves_scan")
+    # each text its own allocation (no pymalloc arena around it): a read past one is seen
+    _run_fuzz(CURVES_FUZZ, tmp_path, "20261129", "20000", PYTHONMALLOC="malloc")
 
 
 def test_the_sanitizers_would_report_an_out_of_bounds_read(tmp_path):

@@ -177,11 +177,12 @@ EVENT_SEPARATOR = "\x1e"
 
 
 #: The system stream's events that may be objects (W&B sends each as a string holding one; ``raw.events`` is their
-#: texts), and whether their parse may take the fast path (``_NUMBERS_ONLY``).
+#: texts, ``raw.event_ords`` their places in the run's list, NULL: one after the other from 1), and whether their
+#: parse may take the fast path (``_NUMBERS_ONLY``).
 EVENTS_SQL = f"""
 CREATE OR REPLACE TEMP TABLE parsed_events AS
 SELECT *, {_NUMBERS_ONLY.format("text")} AS fast
-FROM (SELECT r, unnest(texts) AS text, unnest(generate_series(1, len(texts))) AS ord
+FROM (SELECT r, unnest(texts) AS text, unnest(coalesce(event_ords, generate_series(1, len(texts)))) AS ord
       FROM (SELECT *, string_split(events, chr({ord(EVENT_SEPARATOR)})) AS texts FROM raw
             WHERE status = '{RAW}' AND events IS NOT NULL))
 WHERE starts_with(ltrim(text), '{{');
@@ -221,8 +222,16 @@ parsed AS (  -- text that is no JSON object is skipped
 _GPU_WHATS = {"gpu": "util_pct", "memory": "memory_pct", "powerWatts": "power_w"}
 
 
-def _gpu_sql(keys: Iterable[str]) -> str:
-    """``parsed_gpu`` from ``parsed_events``. ``keys``: every key of the events that may take the fast path. When
+#: The GPU samples the native scan read (``native_gpu``: ``_curves_scan.gpu_samples``' columns, NaN read as NULL).
+_GPU_NATIVE = f"""
+UNION ALL
+SELECT r, ord, {_MOMENT.format("seconds")} AS "timestamp", gpu, util_pct, memory_pct, power_w FROM native_gpu"""
+
+
+def _gpu_sql(keys: Iterable[str], native: bool = False) -> str:
+    """``parsed_gpu`` from ``parsed_events`` (and ``native_gpu`` when ``native``: the samples the native scan read
+    from the events it took, which ``parsed_events`` then lacks). ``keys``: every key of the events that may take
+    the fast path. When
     their GPU keys allow it (no two the same but for case, as DuckDB's struct fields would be), those events are parsed
     straight into a struct of doubles of ``_timestamp`` and their GPU keys (a key twice: its first value), one row per
     GPU with a finite reading: the general path's rule; the other events take the general path. Else every event
@@ -264,11 +273,12 @@ FROM (
           FROM parsed_events WHERE fast)
 )
 WHERE "timestamp" IS NOT NULL AND g.held IS NOT NULL"""
+    native_rows = _GPU_NATIVE if native else ""
     return f"""
 CREATE OR REPLACE TEMP TABLE parsed_gpu AS
 WITH {general}
 SELECT r, "timestamp", gpu, util_pct, memory_pct, power_w, ord
-FROM (SELECT r, ord, "timestamp", gpu, util_pct, memory_pct, power_w FROM general{fast_rows})
+FROM (SELECT r, ord, "timestamp", gpu, util_pct, memory_pct, power_w FROM general{fast_rows}{native_rows})
 """
 
 
@@ -290,7 +300,7 @@ SELECT unnest(range(len($entity::VARCHAR[]))) AS r, unnest($entity::VARCHAR[]) A
        unnest($status::VARCHAR[]) AS status,
        unnest($read_at::VARCHAR[])::TIMESTAMP AS read_at, unnest($final::BOOLEAN[]) AS final,
        unnest($keys::VARCHAR[][]) AS keys, unnest($sampled::VARCHAR[]) AS sampled,
-       unnest($events::VARCHAR[]) AS events
+       unnest($events::VARCHAR[]) AS events, unnest($event_ords::INTEGER[][]) AS event_ords
 """
 _RAW_COLUMNS = ("entity", "project", "run_id", "status", "read_at", "final", "keys", "sampled", "events")
 
@@ -321,18 +331,20 @@ def _escapes_readable(text: str) -> str:
     return _LONE_SURROGATE.sub(r"\\ufffd", text) if "\\ud" in text or "\\uD" in text else text
 
 
-def _event_texts(events: Any) -> str | None:
+def _event_texts(events: Any, places: list[int] | None = None) -> tuple[str | None, list[int] | None]:
     """The texts of the events W&B sent that may be objects, joined by ``EVENT_SEPARATOR``: each string as it is (no
-    parse in Python), an object as its JSON; anything else is no sample. None: no event."""
+    parse in Python), an object as its JSON; anything else is no sample. None: no event. With them, each text's place
+    in its run's list of events (from 1), when ``places`` gives the events' (those the native scan left); None: one
+    after the other."""
     if not isinstance(events, list):
-        return None
-    if all(type(event) is str for event in events):  # W&B's: checked once, on the joined text
+        return None, None
+    if places is None and all(type(event) is str for event in events):  # W&B's: checked once, on the joined text
         joined = EVENT_SEPARATOR.join(events)
         # ASCII, no escape at all (the search for one character is memchr's), the separator only between them
         if joined.isascii() and "\\" not in joined and joined.count(EVENT_SEPARATOR) == len(events) - 1:
-            return joined or None
-    texts = []
-    for event in events:
+            return joined or None, None
+    texts, kept = [], []
+    for place, event in zip(places or range(1, len(events) + 1), events, strict=True):
         if isinstance(event, str):
             event = _escapes_readable(event if event.isascii() else _text(event))
         elif isinstance(event, Mapping):
@@ -341,11 +353,13 @@ def _event_texts(events: Any) -> str | None:
             continue
         if EVENT_SEPARATOR not in event:
             texts.append(event)
-    return EVENT_SEPARATOR.join(texts) if texts else None
+            kept.append(place)
+    return (EVENT_SEPARATOR.join(texts), kept) if texts else (None, None)
 
 
 def raw_row(entity: str, project: str, run_id: str, read: Mapping[str, Any], final: bool) -> tuple:
-    """One run's read as ``RAW_FROM_ROWS_SQL``'s columns: its curves as the JSON text of what W&B sent."""
+    """One run's read as ``RAW_FROM_ROWS_SQL``'s columns but the last two: its history as the JSON text of what W&B
+    sent, its events as sent (``parse_rows`` scans them)."""
     return (
         _text(entity),
         _text(project),
@@ -355,8 +369,44 @@ def raw_row(entity: str, project: str, run_id: str, read: Mapping[str, Any], fin
         bool(final),
         [_text(key) for key in read.get("keys") or []],
         _json(read.get("sampled")),
-        _event_texts(read.get("events")),
+        read.get("events"),
     )
+
+
+try:  # built by setup.py where a C compiler is (optional): else every event is parsed in DuckDB, the same rows
+    from wandb_assets.lib import _curves_scan as _native
+except ImportError:  # pragma: no cover - the install without a compiler
+    _native = None
+
+
+def scanner() -> str:
+    """Which scan of the system stream is in use: ``native`` (``_curves_scan.c``) or ``duckdb``."""
+    return "native" if _native is not None else "duckdb"
+
+
+def _scan_events(con, runs: list[Any]) -> tuple[list[str | None], list[list[int] | None]]:
+    """The GPU samples of ``runs``' events (one list a run, by its place) that the native scan takes, registered on
+    ``con`` as ``native_gpu``; the texts of the others for the parse in DuckDB, a run's joined, with their places.
+    Without the native scan, every event's text."""
+    if _native is None:
+        texts = [_event_texts(events) for events in runs]
+        return [text for text, _ in texts], [places for _, places in texts]
+    import numpy as np
+
+    *columns, rest = _native.gpu_samples(runs)
+    types = (np.int32, np.int32, np.float64, np.int32, np.float64, np.float64, np.float64)
+    names = ("r", "ord", "seconds", "gpu", "util_pct", "memory_pct", "power_w")
+    con.register(
+        "native_gpu",
+        {name: np.frombuffer(column, kind) for name, column, kind in zip(names, columns, types, strict=True)},
+    )
+    left: dict[int, tuple[list[int], list[Any]]] = {}
+    for r, place, event in rest:
+        places, events = left.setdefault(r, ([], []))
+        places.append(place)
+        events.append(event)
+    texts = [_event_texts(*left[r][::-1]) if r in left else (None, None) for r in range(len(runs))]
+    return [text for text, _ in texts], [places for _, places in texts]
 
 
 _PARSER: Any = None
@@ -365,8 +415,8 @@ _PARSER_LOCK = threading.Lock()
 
 def parse_rows(rows: list[tuple]):
     """A connection to this process's in-memory parsing DuckDB holding ``parsed_history``, ``parsed_gpu`` and
-    ``parsed_reads`` of ``rows`` (temporary tables: its own). One database for the process: a new one per request
-    loaded DuckDB's JSON extension again each time (a quarter of a second, 12 ms a run)."""
+    ``parsed_reads`` of ``rows`` (``raw_row``'s; temporary tables: its own). One database for the process: a new one
+    per request loaded DuckDB's JSON extension again each time (a quarter of a second, 12 ms a run)."""
     global _PARSER
     import duckdb
 
@@ -374,14 +424,16 @@ def parse_rows(rows: list[tuple]):
         if _PARSER is None:  # one thread a query: the requests answer in parallel already
             _PARSER = duckdb.connect(config={"threads": 1})
         con = _PARSER.cursor()
-    con.execute(RAW_FROM_ROWS_SQL, dict(zip(_RAW_COLUMNS, map(list, zip(*rows, strict=True)), strict=True)))
+    columns = dict(zip(_RAW_COLUMNS, map(list, zip(*rows, strict=True)), strict=True))
+    columns["events"], columns["event_ords"] = _scan_events(con, columns["events"])
+    con.execute(RAW_FROM_ROWS_SQL, columns)
     metrics = [key for (key,) in con.execute("SELECT DISTINCT unnest(keys) FROM raw").fetchall()]
     con.execute(_history_sql(metrics))
     if con.execute(REPEATED_STEPS_SQL).fetchone()[0]:
         con.execute(FIRST_OF_A_STEP_SQL)
     con.execute(EVENTS_SQL)
     event_keys = [key for (key,) in con.execute(EVENT_KEYS_SQL).fetchall()]
-    con.execute(_gpu_sql(event_keys))
+    con.execute(_gpu_sql(event_keys, native=_native is not None))
     con.execute(READS_SQL)
     return con
 
