@@ -599,6 +599,14 @@ _TWICE = st.builds(
     sampled=[[1, {"_step": 2, "overview/sps": 3, "_timestamp": 4}], [{"_step": 3, "a~b": -1e999}], 5],
     events=[],
 )
+@example(  # booleans are no numbers; an integer beyond a double is none either
+    keys=_KEYS,
+    sampled=[
+        [{"_step": True, "overview/sps": 1}, {"_step": 2, "overview/sps": False}, {"_step": 3, "overview/sps": 4}],
+        [{"_step": 3, "a~b": 1, "_timestamp": True}, {"_step": 4, "a~b": 2**2000}, {"_step": 2**2000, "a~b": 5}],
+    ],
+    events=[],
+)
 @example(keys=["_step", "m"], sampled=[[{"_step": 1, "_timestamp": 5}], [{"_step": 1, "m": 2}]], events=[])
 @example(  # a step twice in a series (1; 3 and 3.0): its first point stands
     keys=_KEYS,
@@ -612,17 +620,16 @@ _TWICE = st.builds(
 def test_the_sql_parse_of_curves_gives_what_the_python_parse_gave_for_any_input(keys, sampled, events):
     """The parse in DuckDB (issue 54: moved there from Python point by point), by either path (text of numbers alone
     into structs, the rest as JSON values typed one by one), keeps every rule of the Python it replaced
-    (tests/reference/curves.py): which points, which GPUs, which values, their order; so does the native scan of
-    the system stream (``_curves_scan.c``) with DuckDB parsing the events it leaves, and DuckDB alone without it."""
+    (tests/reference/curves.py): which points, which GPUs, which values, their order; so does the native scan
+    (``_curves_scan.c``) with DuckDB parsing what it leaves, and DuckDB alone without it."""
     from tests.reference import curves as reference
     from wandb_assets.lib import curves
 
     assert curves.scanner() == "native"  # built by the install (setup.py); CI has a compiler
-    assert history_rows(keys, sampled) == reference.history_rows(keys, sampled)
-    expected = reference.gpu_rows(events)
-    assert gpu_rows(events) == expected
+    points, samples = reference.history_rows(keys, sampled), reference.gpu_rows(events)
+    assert (history_rows(keys, sampled), gpu_rows(events)) == (points, samples)
     with patch.object(curves, "_native", None):
-        assert gpu_rows(events) == expected
+        assert (history_rows(keys, sampled), gpu_rows(events)) == (points, samples)
 
 
 @settings(max_examples=400)

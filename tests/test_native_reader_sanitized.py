@@ -162,15 +162,23 @@ for iteration in range(int(sys.argv[3])):
         elif mode == 3:  # random text of the characters JSON is made of
             text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(40)))
         events.append(text if rng.random() < 0.95 else rng.choice([None, 5, {"a": 1}, "\ud800"]))
+    values = [None, True, 1, -(2**70), 2**2000, 1.5, float("nan"), float("inf"), "x", [1], {"_step": 1}]
+    def point():
+        names = ["_step", "_timestamp", "m", "n", "\ud800"]
+        return {rng.choice(names): rng.choice(values) for _ in range(rng.randrange(5))}
+    series = [[point() if rng.random() < 0.9 else rng.choice(values) for _ in range(rng.randrange(6))]
+              for _ in range(rng.randrange(4))]
+    sampled = rng.choice([series, series, None, 5, "x", {"a": 1}, [series, 1]])
     runs += 1
     _curves_scan.gpu_samples([events, None, events[:1]])
+    _curves_scan.history_points([["m", "n"], [], ["\ud800", 7, "m"]], [sampled, sampled, sampled])
 print("fuzzed", runs)
 """
 
 
 def test_the_native_curves_scan_survives_random_event_texts_under_asan_and_ubsan(tmp_path):
-    """The native scan of the system stream (``_curves_scan.c``) on 20,000 requests of damaged, cut and random event
-    texts: any out-of-bounds access or undefined behaviour aborts the process."""
+    """The native scan of the curves (``_curves_scan.c``) on 20,000 requests of damaged, cut and random event texts
+    and of histories of any JSON values: any out-of-bounds access or undefined behaviour aborts the process."""
     _sanitized_build(tmp_path, "_curves_scan")
     # each text its own allocation (no pymalloc arena around it): a read past one is seen
     _run_fuzz(CURVES_FUZZ, tmp_path, "20261129", "20000", PYTHONMALLOC="malloc")

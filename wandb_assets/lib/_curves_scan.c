@@ -17,6 +17,20 @@
  *     seconds, util, memory, power: bytes of float64, one row per GPU of a taken event whose time is from 1970
  *         to before the year 10000 (seconds since 1970; a taken event without one gives no row)
  *     rest: [(r, ord, event)] of every event not taken, in order
+ *
+ * The history (`sampledHistory`, already Python objects: the client parsed the answer) the same way, for the rules
+ * of curves.py and tests/reference/curves.py: each spec's list of dicts, the spec of keys[i] the i-th list (zip: the
+ * shorter ends it); a point needs a number `_step` (an int or a float, not a bool, finite as a double) and a number
+ * under its key; its time is `_timestamp` when a number. Every such point is kept, in order: DuckDB keeps those whose
+ * step is whole and fits a BIGINT (one rule for every path) and the first of a step in a series (W&B's samples never
+ * repeat one).
+ *
+ * history_points(keys: list, sampled: list) -> (r, i, ord, step, seconds, value, left)
+ *     keys, sampled: one entry per run (its place `r`): its metric keys (a list of str), what W&B sent (None: the
+ *         run is not read)
+ *     r, i, ord: bytes of int32 (the run's place; the spec's from 1; the point's place in its list, from 1)
+ *     step, seconds, value: bytes of float64 (step whole; seconds NaN where `_timestamp` is no number)
+ *     left: [r] of the runs whose history holds a point of a type JSON does not give: parsed in DuckDB
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -302,8 +316,110 @@ fail:
     return NULL;
 }
 
+/* A JSON value the client parsed, as a finite double: 1 (in *out), 0 none (not an int or a float, a bool, beyond a
+ * double, NaN, an infinity), -1 an error. */
+static int finite_number(PyObject *value, double *out) {
+    if (!value || PyBool_Check(value)) return 0;
+    if (PyFloat_Check(value)) {
+        *out = PyFloat_AS_DOUBLE(value);
+    } else if (PyLong_Check(value)) {
+        *out = PyLong_AsDouble(value); /* as float(): correctly rounded */
+        if (*out == -1.0 && PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+            PyErr_Clear();
+            return 0;
+        }
+    } else {
+        return 0;
+    }
+    return isfinite(*out) ? 1 : 0;
+}
+
+typedef struct {
+    Buf r, i, ord, step, seconds, value;
+} History;
+
+static PyObject *step_key, *time_key;
+
+/* One run's history: 1 read (its points added), 0 left for DuckDB, -1 an error. */
+static int history_of(History *h, PyObject *keys, PyObject *sampled, int32_t r) {
+    if (!PyList_Check(sampled) || !PyList_Check(keys)) return 1; /* no series: no point, as in DuckDB */
+    Py_ssize_t series = PyList_GET_SIZE(sampled) < PyList_GET_SIZE(keys) ? PyList_GET_SIZE(sampled)
+                                                                         : PyList_GET_SIZE(keys);
+    for (Py_ssize_t k = 0; k < series; k++) {
+        PyObject *points = PyList_GET_ITEM(sampled, k), *key = PyList_GET_ITEM(keys, k);
+        if (!PyList_Check(points)) continue;
+        for (Py_ssize_t n = 0; n < PyList_GET_SIZE(points); n++) {
+            PyObject *point = PyList_GET_ITEM(points, n);
+            if (!PyDict_Check(point)) { /* JSON's other values are no point; anything else: DuckDB's */
+                if (point == Py_None || PyList_Check(point) || PyUnicode_Check(point) || PyLong_Check(point) ||
+                    PyFloat_Check(point))
+                    continue;
+                return 0;
+            }
+            double step, value, seconds;
+            PyObject *found = PyDict_GetItemWithError(point, step_key);
+            int is = found ? finite_number(found, &step) : 0;
+            if (is < 0 || (!found && PyErr_Occurred())) return -1;
+            if (!is) continue;
+            found = PyUnicode_Check(key) ? PyDict_GetItemWithError(point, key) : NULL;
+            is = found ? finite_number(found, &value) : 0;
+            if (is < 0 || (!found && PyErr_Occurred())) return -1;
+            if (!is) continue;
+            found = PyDict_GetItemWithError(point, time_key);
+            is = found ? finite_number(found, &seconds) : 0;
+            if (is < 0 || (!found && PyErr_Occurred())) return -1;
+            if (!is) seconds = NAN;
+            int32_t spec = (int32_t)(k + 1), place = (int32_t)(n + 1);
+            if (put(&h->r, &r, 4) || put(&h->i, &spec, 4) || put(&h->ord, &place, 4) || put(&h->step, &step, 8) ||
+                put(&h->seconds, &seconds, 8) || put(&h->value, &value, 8))
+                return -1;
+        }
+    }
+    return 1;
+}
+
+static PyObject *history_points(PyObject *self, PyObject *args) {
+    PyObject *keys, *sampled, *left = NULL;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &keys, &PyList_Type, &sampled)) return NULL;
+    if (PyList_GET_SIZE(keys) != PyList_GET_SIZE(sampled) || PyList_GET_SIZE(sampled) > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "keys and sampled: one entry per run");
+        return NULL;
+    }
+    History h = {0};
+    Buf *bufs[] = {&h.r, &h.i, &h.ord, &h.step, &h.seconds, &h.value};
+    left = PyList_New(0);
+    if (!left) goto fail;
+    for (Py_ssize_t r = 0; r < PyList_GET_SIZE(sampled); r++) {
+        PyObject *run = PyList_GET_ITEM(sampled, r);
+        if (run == Py_None) continue;
+        size_t kept[6];
+        for (int b = 0; b < 6; b++) kept[b] = bufs[b]->len;
+        int read = history_of(&h, PyList_GET_ITEM(keys, r), run, (int32_t)r);
+        if (read < 0) goto fail;
+        if (!read) {
+            for (int b = 0; b < 6; b++) bufs[b]->len = kept[b]; /* none of its points: DuckDB reads them all */
+            PyObject *place = PyLong_FromSsize_t(r);
+            if (!place || PyList_Append(left, place) < 0) {
+                Py_XDECREF(place);
+                goto fail;
+            }
+            Py_DECREF(place);
+        }
+    }
+    PyObject *result = Py_BuildValue("(NNNNNNN)", as_bytes(&h.r), as_bytes(&h.i), as_bytes(&h.ord),
+                                     as_bytes(&h.step), as_bytes(&h.seconds), as_bytes(&h.value), left);
+    for (int b = 0; b < 6; b++) PyMem_Free(bufs[b]->data);
+    return result;
+fail:
+    Py_XDECREF(left);
+    for (int b = 0; b < 6; b++) PyMem_Free(bufs[b]->data);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"gpu_samples", gpu_samples, METH_VARARGS, "The GPU samples of the events whose text is plain; the rest."},
+    {"history_points", history_points, METH_VARARGS, "The points of each run's sampled history; the runs left."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -312,4 +428,9 @@ static struct PyModuleDef module = {
     NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__curves_scan(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__curves_scan(void) {
+    step_key = PyUnicode_InternFromString("_step");
+    time_key = PyUnicode_InternFromString("_timestamp");
+    if (!step_key || !time_key) return NULL;
+    return PyModule_Create(&module);
+}

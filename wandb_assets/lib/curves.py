@@ -107,10 +107,17 @@ def _distinct_but_for_case(fields: list[str]) -> bool:
     return len({field.lower() for field in fields}) == len(set(fields))
 
 
-def _history_sql(keys: list[str]) -> str:
-    """``parsed_history`` from ``raw``; ``keys``: every metric key of its runs. A run whose ``sampled`` holds numbers
-    alone is parsed straight into structs of doubles (``_step``, ``_timestamp`` and the keys); the others, and all
-    when the keys cannot be a struct's fields, as objects of JSON values typed one by one: the same rules."""
+#: The history points the native scan read (``native_history``: ``_curves_scan.history_points``' columns).
+_HISTORY_NATIVE = """
+UNION ALL
+SELECT r, i, keys[i] AS metric, ord, step, value, seconds FROM native_history JOIN raw USING (r)"""
+
+
+def _history_sql(keys: list[str], native: bool = False) -> str:
+    """``parsed_history`` from ``raw`` (and ``native_history`` when ``native``: the points the native scan read,
+    whose runs' ``sampled`` is then NULL); ``keys``: every metric key of its runs. A run whose ``sampled`` holds
+    numbers alone is parsed straight into structs of doubles (``_step``, ``_timestamp`` and the keys); the others,
+    and all when the keys cannot be a struct's fields, as objects of JSON values typed one by one: the same rules."""
     fields = list(dict.fromkeys(["_step", "_timestamp", *keys]))
     fast = _NUMBERS_ONLY.format("sampled") if _distinct_but_for_case(fields) else "false"
     whens = " ".join(f"WHEN {sql_string(key)} THEN {_field('point', key)}" for key in dict.fromkeys(keys))
@@ -156,7 +163,7 @@ WITH runs AS (
 ), {general}, {fast_path}
 SELECT r, metric, step::BIGINT AS step, {_MOMENT.format("seconds")} AS "timestamp", value,
        i, ord
-FROM (SELECT * FROM general UNION ALL SELECT * FROM fast)
+FROM (SELECT * FROM general UNION ALL SELECT * FROM fast{_HISTORY_NATIVE if native else ""})
 WHERE value IS NOT NULL AND step = floor(step) AND step >= -9223372036854775808.0 AND step < 9223372036854775808.0
 """
 
@@ -358,8 +365,8 @@ def _event_texts(events: Any, places: list[int] | None = None) -> tuple[str | No
 
 
 def raw_row(entity: str, project: str, run_id: str, read: Mapping[str, Any], final: bool) -> tuple:
-    """One run's read as ``RAW_FROM_ROWS_SQL``'s columns but the last two: its history as the JSON text of what W&B
-    sent, its events as sent (``parse_rows`` scans them)."""
+    """One run's read as ``RAW_FROM_ROWS_SQL``'s columns, its keys, history and events as W&B sent them:
+    ``parse_rows`` scans them."""
     return (
         _text(entity),
         _text(project),
@@ -367,8 +374,8 @@ def raw_row(entity: str, project: str, run_id: str, read: Mapping[str, Any], fin
         read["status"],
         read["read_at"],
         bool(final),
-        [_text(key) for key in read.get("keys") or []],
-        _json(read.get("sampled")),
+        list(read.get("keys") or []),
+        read.get("sampled"),
         read.get("events"),
     )
 
@@ -384,6 +391,45 @@ def scanner() -> str:
     return "native" if _native is not None else "duckdb"
 
 
+def _register(con, name: str, columns: list[bytes], spec: Mapping[str, str]) -> None:
+    """The native scan's ``columns`` (bytes of the numpy types of ``spec``, by name) as ``name`` on ``con`` (NaN read
+    as NULL)."""
+    import numpy as np
+
+    con.register(
+        name,
+        {column: np.frombuffer(values, kind) for (column, kind), values in zip(spec.items(), columns, strict=True)},
+    )
+
+
+_HISTORY_COLUMNS = {
+    "r": "int32",
+    "i": "int32",
+    "ord": "int32",
+    "step": "float64",
+    "seconds": "float64",
+    "value": "float64",
+}
+_GPU_COLUMNS = {
+    "r": "int32", "ord": "int32", "seconds": "float64", "gpu": "int32",
+    "util_pct": "float64", "memory_pct": "float64", "power_w": "float64",
+}  # fmt: skip
+
+
+def _scan_history(con, keys: list[list[str]], sampled: list[Any]) -> list[str | None]:
+    """The points of ``sampled`` (a run's history as W&B sent it, by its place; None: not read) that the native scan
+    reads, registered on ``con`` as ``native_history``; for the parse in DuckDB, the JSON text of the others'
+    (without the native scan, of every run's)."""
+    if _native is None:
+        return [_json(history) for history in sampled]
+    *columns, left = _native.history_points(keys, sampled)
+    _register(con, "native_history", columns, _HISTORY_COLUMNS)
+    texts: list[str | None] = [None] * len(sampled)
+    for r in left:
+        texts[r] = _json(sampled[r])
+    return texts
+
+
 def _scan_events(con, runs: list[Any]) -> tuple[list[str | None], list[list[int] | None]]:
     """The GPU samples of ``runs``' events (one list a run, by its place) that the native scan takes, registered on
     ``con`` as ``native_gpu``; the texts of the others for the parse in DuckDB, a run's joined, with their places.
@@ -391,15 +437,8 @@ def _scan_events(con, runs: list[Any]) -> tuple[list[str | None], list[list[int]
     if _native is None:
         texts = [_event_texts(events) for events in runs]
         return [text for text, _ in texts], [places for _, places in texts]
-    import numpy as np
-
     *columns, rest = _native.gpu_samples(runs)
-    types = (np.int32, np.int32, np.float64, np.int32, np.float64, np.float64, np.float64)
-    names = ("r", "ord", "seconds", "gpu", "util_pct", "memory_pct", "power_w")
-    con.register(
-        "native_gpu",
-        {name: np.frombuffer(column, kind) for name, column, kind in zip(names, columns, types, strict=True)},
-    )
+    _register(con, "native_gpu", columns, _GPU_COLUMNS)
     left: dict[int, tuple[list[int], list[Any]]] = {}
     for r, place, event in rest:
         places, events = left.setdefault(r, ([], []))
@@ -425,10 +464,17 @@ def parse_rows(rows: list[tuple]):
             _PARSER = duckdb.connect(config={"threads": 1})
         con = _PARSER.cursor()
     columns = dict(zip(_RAW_COLUMNS, map(list, zip(*rows, strict=True)), strict=True))
-    columns["events"], columns["event_ords"] = _scan_events(con, columns["events"])
+    read = [status == RAW for status in columns["status"]]
+    columns["sampled"] = _scan_history(
+        con, columns["keys"], [history if r else None for history, r in zip(columns["sampled"], read, strict=True)]
+    )
+    columns["keys"] = [[_text(key) for key in keys] for keys in columns["keys"]]
+    columns["events"], columns["event_ords"] = _scan_events(
+        con, [events if r else None for events, r in zip(columns["events"], read, strict=True)]
+    )
     con.execute(RAW_FROM_ROWS_SQL, columns)
     metrics = [key for (key,) in con.execute("SELECT DISTINCT unnest(keys) FROM raw").fetchall()]
-    con.execute(_history_sql(metrics))
+    con.execute(_history_sql(metrics, native=_native is not None))
     if con.execute(REPEATED_STEPS_SQL).fetchone()[0]:
         con.execute(FIRST_OF_A_STEP_SQL)
     con.execute(EVENTS_SQL)
