@@ -69,9 +69,11 @@ RAW = "raw"
 #: The one parse of a run's curves (``parse_rows``; issue 54: 14 ms of Python a run, point by point, before): DuckDB's,
 #: set-based, from ``raw`` (one row per run: ``r``, its place, which the points carry instead of the run's three names
 #: until they are written; entity, project, run_id, status, read_at, final, keys, sampled as W&B sent it, the texts of
-#: its events) into ``parsed_history``, ``parsed_gpu`` and ``parsed_reads``. Text holding numbers
-#: alone (W&B's own) is parsed straight into structs of doubles; the rest as objects of JSON values, each typed one by
-#: one: the same rules (``tests/reference/curves.py`` holds both to them). The rules:
+#: its events) into ``parsed_history``, ``parsed_gpu`` and ``parsed_reads``. The native scan (``_curves_scan.c``,
+#: where built) reads first what needs no choice: each run's history from the client's parsed answer and each plain
+#: event text (``native_history``, ``native_gpu``), leaving DuckDB the rest. Text holding numbers alone (W&B's own) is
+#: parsed straight into structs of doubles; the rest as objects of JSON values, each typed one by one: the same rules
+#: (``tests/reference/curves.py`` holds every path to them). The rules:
 #: - a number is a JSON number, finite (not a boolean, NaN, an infinity, or an integer too large for a double);
 #: - a history point: the spec of ``keys[i]`` is ``sampled[i]``, a list of objects; a point needs a number
 #:   ``_step`` that is whole and fits a BIGINT and a number under its key; the first point of a step in a series
