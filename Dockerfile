@@ -22,9 +22,9 @@ COPY pyproject.toml uv.lock ./
 RUN uv sync --locked --no-dev --no-install-project
 COPY README.md setup.py ./
 COPY wandb_assets ./wandb_assets
-# The project, with its native .wandb reader (setup.py builds wandb_assets/lib/_wandb_log.c): a C compiler (and
-# Python's headers where the base image lacks them, as Debian's python3 does) for the build only, removed in the
-# same layer; the build fails here if the reader was not built.
+# The project, with its native .wandb reader and curves' scan (setup.py builds wandb_assets/lib/_wandb_log.c and
+# _curves_scan.c): a C compiler (and Python's headers where the base image lacks them, as Debian's python3 does) for
+# the build only, removed in the same layer; the build fails here if either was not built.
 RUN build="gcc libc6-dev" \
     && if [ ! -f "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ]; then \
          build="$build python3-dev"; fi \
@@ -32,6 +32,7 @@ RUN build="gcc libc6-dev" \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $build >/dev/null \
     && uv sync --locked --no-dev \
     && .venv/bin/python -c "from wandb_assets.lib.offline_runs import reader; assert reader() == 'native'" \
+    && .venv/bin/python -c "from wandb_assets.lib.curves import scanner; assert scanner() == 'native'" \
     && apt-get purge -y -qq --auto-remove $build >/dev/null \
     && rm -rf /var/lib/apt/lists/*
 
