@@ -1,15 +1,15 @@
-/* The native half of wandb_assets.lib.curves' parse of the system stream: one pass over each event text W&B sent
- * (a JSON object as a string) that reads the GPU samples of the events whose text is plain (every value a JSON
+/* The native half of wandb_assets.lib.curves' parse. First, the system stream: one pass over each event text W&B
+ * sent (a JSON object as a string) that reads the GPU samples of the events whose text is plain (every value a JSON
  * number, no key written with an escape), so the parse in DuckDB is left only the others (issue 54: splitting,
- * keying and parsing 10,000 events a request in SQL cost 3.2 ms of CPU a run; this pass ~0.3).
+ * keying and parsing 10,000 events a request in SQL cost 3.2 ms of CPU a run; this pass ~0.5).
  *
  * It takes an event only where its rules are the general ones without a choice to make (curves.py, the parse's
  * rules; tests/reference/curves.py): a flat object, every value a finite JSON number (an integer of at most 18
- * digits, else a number as Python's float() reads it, correctly rounded), no key with an escape or a control character, no GPU index
- * written with a leading zero (two keys could then name one reading). Every other event is handed back untouched,
- * for the parse in DuckDB. In a taken event: its time is the first `_timestamp`; a key twice: its first value;
- * `system.gpu.<i>.<what>` (1-4 ASCII digits, i below MAX_GPUS, `what` ASCII letters) gives GPU i a row: util
- * (`gpu`), memory (`memory`), power (`powerWatts`), NaN where the event has none (NULL in DuckDB).
+ * digits, else a number as Python's float() reads it, correctly rounded), no key with an escape or a control
+ * character, no GPU index written with a leading zero (two keys could then name one reading). Every other event is
+ * handed back untouched, for the parse in DuckDB. In a taken event: its time is the first `_timestamp`; a key twice:
+ * its first value; `system.gpu.<i>.<what>` (1-4 ASCII digits, i below MAX_GPUS, `what` ASCII letters) gives GPU i a
+ * row: util (`gpu`), memory (`memory`), power (`powerWatts`), NaN where the event has none (NULL in DuckDB).
  *
  * gpu_samples(runs: list) -> (r, ord, seconds, gpu, util, memory, power, rest)
  *     runs: one entry per run (its place `r`): a list of events, or anything else (no events)
@@ -424,7 +424,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_curves_scan", "The native scan of the curves' system stream.", -1, methods, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "_curves_scan", "The native scan of a run's curves (curves.py).", -1, methods, NULL, NULL,
     NULL, NULL,
 };
 

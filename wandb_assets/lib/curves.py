@@ -382,14 +382,15 @@ def raw_row(entity: str, project: str, run_id: str, read: Mapping[str, Any], fin
     )
 
 
-try:  # built by setup.py where a C compiler is (optional): else every event is parsed in DuckDB, the same rows
+try:  # built by setup.py where a C compiler is (optional): else DuckDB parses every run's curves, the same rows
     from wandb_assets.lib import _curves_scan as _native
 except ImportError:  # pragma: no cover - the install without a compiler
     _native = None
 
 
 def scanner() -> str:
-    """Which scan of the system stream is in use: ``native`` (``_curves_scan.c``) or ``duckdb``."""
+    """Which scan of the curves is in use: ``native`` (``_curves_scan.c``, DuckDB parsing what it leaves) or
+    ``duckdb`` (DuckDB parsing everything)."""
     return "native" if _native is not None else "duckdb"
 
 
@@ -405,13 +406,8 @@ def _register(con, name: str, columns: list[bytes], spec: Mapping[str, str]) -> 
 
 
 _HISTORY_COLUMNS = {
-    "r": "int32",
-    "i": "int32",
-    "ord": "int32",
-    "step": "float64",
-    "seconds": "float64",
-    "value": "float64",
-}
+    "r": "int32", "i": "int32", "ord": "int32", "step": "float64", "seconds": "float64", "value": "float64",
+}  # fmt: skip
 _GPU_COLUMNS = {
     "r": "int32", "ord": "int32", "seconds": "float64", "gpu": "int32",
     "util_pct": "float64", "memory_pct": "float64", "power_w": "float64",
@@ -466,13 +462,13 @@ def parse_rows(rows: list[tuple]):
             _PARSER = duckdb.connect(config={"threads": 1})
         con = _PARSER.cursor()
     columns = dict(zip(_RAW_COLUMNS, map(list, zip(*rows, strict=True)), strict=True))
-    read = [status == RAW for status in columns["status"]]
+    to_parse = [status == RAW for status in columns["status"]]
     columns["sampled"] = _scan_history(
-        con, columns["keys"], [history if r else None for history, r in zip(columns["sampled"], read, strict=True)]
+        con, columns["keys"], [sampled if r else None for sampled, r in zip(columns["sampled"], to_parse, strict=True)]
     )
     columns["keys"] = [[_text(key) for key in keys] for keys in columns["keys"]]
     columns["events"], columns["event_ords"] = _scan_events(
-        con, [events if r else None for events, r in zip(columns["events"], read, strict=True)]
+        con, [events if r else None for events, r in zip(columns["events"], to_parse, strict=True)]
     )
     con.execute(RAW_FROM_ROWS_SQL, columns)
     metrics = [key for (key,) in con.execute("SELECT DISTINCT unnest(keys) FROM raw").fetchall()]
