@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 from wandb_assets.lib.errors import ConfigError, FetchWideError
 from wandb_assets.lib.progress import FetchProgress
@@ -351,6 +351,7 @@ def iter_run_pages(
     configured_by: str = "WANDB_ENTITY and WANDB_PROJECT",
     query: str | None = None,
     extra: dict | None = None,
+    parse: Callable[[str], Any] | None = None,
 ) -> Iterator[tuple[list[dict], int]]:
     """Yield ``(nodes, runs matching filters)`` for each page, oldest first.
 
@@ -380,7 +381,9 @@ def iter_run_pages(
         with throttle.slot():
             started = time.monotonic()
             try:
-                response = api._service_api.execute_graphql(query, {**variables, "perPage": size, "cursor": cursor})
+                response = api._service_api.execute_graphql(
+                    query, {**variables, "perPage": size, "cursor": cursor}, **({"parse": parse} if parse else {})
+                )
             except Exception as exc:  # noqa: BLE001 - classified below
                 error = exc
             elapsed = time.monotonic() - started
@@ -453,6 +456,7 @@ def fetch_curves(
         CURVES_WITH_USER_QUERY,
         failed_curves,
         history_specs,
+        parse_answer,
         read_curves,
     )
 
@@ -480,6 +484,7 @@ def fetch_curves(
             secret=secret,
             query=CURVES_WITH_USER_QUERY if with_user else CURVES_QUERY,
             extra=extra,
+            parse=parse_answer,
         )
         try:
             for nodes, _ in pages:
