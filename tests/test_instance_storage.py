@@ -122,6 +122,44 @@ def test_the_repository_instance_stores_a_runs_asset_events_in_batches_read_back
         assert _backfill(plain) == EXPECTED
 
 
+def test_a_run_connects_through_one_kept_engine_per_sqlite_file(tmp_path, monkeypatch):
+    """Dagster's SQLite storages make a new SQLAlchemy engine for every connection; the repository's keeps one per
+    file: a whole run (dozens of events, each two transactions, and the run's status updates) makes at most one
+    engine for each file it touches first, and reads back as Dagster's own storage stores it (above)."""
+    from wandb_assets import instance_storage
+
+    made = []
+    original = instance_storage.create_engine
+
+    def counted(conn_string, **kwargs):
+        made.append(conn_string.rsplit("/", 1)[-1])
+        return original(conn_string, **kwargs)
+
+    repository = yaml.safe_load((REPO / "dagster.yaml").read_text())["storage"]
+    repository["custom"]["config"]["base_dir"] = str(tmp_path / "kept" / "storage")
+    with _instance(tmp_path / "kept", repository) as instance:
+        assert type(instance.run_storage) is instance_storage.CachedEngineSqliteRunStorage
+        monkeypatch.setattr(instance_storage, "create_engine", counted)
+        assert _backfill(instance) == EXPECTED
+        run_id = instance.get_runs(limit=1)[0].run_id
+        stored = len(instance.all_logs(run_id))
+    assert stored >= 20
+    # the run's own shard once; the index shard and runs.db at most once (kept since the instance opened)
+    assert made.count(f"{run_id}.db") == 1
+    assert len(made) == len(set(made)) <= 3
+
+
+def test_the_engine_cache_keeps_the_most_recently_used_and_disposes_the_rest():
+    from wandb_assets.instance_storage import EngineCache
+
+    cache = EngineCache(size=2)
+    a, b = cache.engine("sqlite:///a.db"), cache.engine("sqlite:///b.db")
+    assert cache.engine("sqlite:///a.db") is a  # used again: now the most recent
+    cache.engine("sqlite:///c.db")  # b, the least recently used, leaves
+    assert len(cache) == 2 and cache.engine("sqlite:///a.db") is a
+    assert cache.engine("sqlite:///b.db") is not b  # made again when asked again
+
+
 def test_a_batch_whose_index_transaction_fails_is_stored_once_in_each_shard(tmp_path, monkeypatch):
     """Finding 11 of code-review-2026-11c: the index transaction of the planned batch fails once mid-batch ('database
     is locked' on the shared index): Dagster falls back to storing the events one by one, and every event is still in
