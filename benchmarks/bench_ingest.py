@@ -127,7 +127,10 @@ def _phase(name: str, days: int) -> dict:
                 run.summary.get("overview/sps")
                 count += 1
     else:
-        instance = DagsterInstance.ephemeral()
+        # BENCH_INSTANCE=home: the instance a command uses (DAGSTER_HOME, the repository's dagster.yaml: SQLite
+        # storage), else an in-memory one (no storage cost: the figures before 2026-11-29's seventh session)
+        home = os.environ.get("BENCH_INSTANCE") == "home"
+        instance = DagsterInstance.get() if home else DagsterInstance.ephemeral()
         if name == "ours":
             result = execute_backfill(instance, first, now.date())
         elif name == "analytics":  # the analysts' dbt project: build, tests, docs, snapshot (its own run)
