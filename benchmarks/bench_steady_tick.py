@@ -14,6 +14,7 @@ asks first). Each step's time comes from its run's event log.
     uv run python benchmarks/bench_steady_tick.py --from <dir>/bench.duckdb --rounds 4 before=/tmp/before now=.
     ... --no-arrivals                                          # the same runs re-read, as the earlier measurements
     ... --days 12 (a warehouse kept with --scale-days 12)       # the same daily volume over a tenth of the history
+    BENCH_INSTANCE=home DAGSTER_EVENT_BATCH_SIZE=1000 ...     # on the instance a command uses (SQLite), not in memory
 """
 
 from __future__ import annotations
