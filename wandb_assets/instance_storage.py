@@ -35,8 +35,14 @@ from dagster._core.events.log import EventLogEntry
 from dagster._core.storage.event_log import SqliteEventLogStorage
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._core.storage.runs import SqliteRunStorage
+from dagster._core.storage.schedules import SqliteScheduleStorage
 from dagster._core.storage.sqlalchemy_compat import db_result
-from dagster._core.storage.sqlite_storage import DagsterSqliteStorage, _event_logs_directory, _runs_directory
+from dagster._core.storage.sqlite_storage import (
+    DagsterSqliteStorage,
+    _event_logs_directory,
+    _runs_directory,
+    _schedule_directory,
+)
 from dagster._serdes.config_class import ConfigurableClassData
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection, Engine
@@ -159,9 +165,14 @@ class BatchedSqliteStorage(DagsterSqliteStorage):
         Path(base_dir).mkdir(parents=True, exist_ok=True)
         with open(Path(base_dir) / OPENING_LOCK, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, also by a process that dies holding it
-            super().__init__(base_dir, inst_data=inst_data)
+            # DagsterSqliteStorage's own __init__ with these two storages (its would open a run storage first only to
+            # be replaced: 17 ms of every command's start)
+            self.base_dir = base_dir
             self._run_storage = CachedEngineSqliteRunStorage.from_local(_runs_directory(base_dir))
             self._event_log_storage = BatchedSqliteEventLogStorage(_event_logs_directory(base_dir))
+            self._schedule_storage = SqliteScheduleStorage.from_local(_schedule_directory(base_dir))
+            self._inst_data = inst_data
+            super(DagsterSqliteStorage, self).__init__()
 
     @classmethod
     def from_config_value(cls, inst_data: ConfigurableClassData, config_value: dict) -> BatchedSqliteStorage:
