@@ -13,6 +13,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from wandb_assets.lib.accounting.gpus import MAX_GPUS
 from wandb_assets.lib.curves import gpu_rows, history_rows, history_specs, parse_reads
 from wandb_assets.lib.curves_warehouse import due_curves
 from wandb_assets.localwandb import make_run_node
@@ -626,6 +627,7 @@ def test_the_sql_parse_of_curves_gives_what_the_python_parse_gave_for_any_input(
     from wandb_assets.lib import curves
 
     assert curves.scanner() == "native"  # built by the install (setup.py); CI has a compiler
+    assert curves._native.MAX_GPUS == MAX_GPUS  # the C's bound is the one rule's
     points, samples = reference.history_rows(keys, sampled), reference.gpu_rows(events)
     assert (history_rows(keys, sampled), gpu_rows(events)) == (points, samples)
     with patch.object(curves, "_native", None):

@@ -14,8 +14,8 @@
  * gpu_samples(runs: list) -> (r, ord, seconds, gpu, util, memory, power, rest)
  *     runs: one entry per run (its place `r`): a list of events, or anything else (no events)
  *     r, ord, gpu: bytes of int32 (the run's place; the event's place in its list, from 1; the GPU)
- *     seconds, util, memory, power: bytes of float64, one row per GPU of a taken event whose time is from 1970
- *         to before the year 10000 (seconds since 1970; a taken event without one gives no row)
+ *     seconds, util, memory, power: bytes of float64, one row per GPU of a taken event with a `_timestamp`
+ *         (seconds since 1970, as sent: DuckDB keeps those from 1970 to before the year 10000, the one rule)
  *     rest: [(r, ord, event)] of every event not taken, in order
  *
  * The history (`sampledHistory`, already Python objects: the client parsed the answer) the same way, for the rules
@@ -38,8 +38,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define MAX_GPUS 4096
-#define MOMENT_END 253402300800.0
+#define MAX_GPUS 4096 /* accounting.gpus.MAX_GPUS: the module's MAX_GPUS, compared by a test */
 #define NUMBER_TEXT 64
 
 typedef struct {
@@ -236,7 +235,7 @@ static int scan_event(Scan *s, const char *text, Py_ssize_t size, int32_t r, int
     }
     if (space(p, end) != end) goto done;
     taken = 1;
-    if (timed && seconds >= 0 && seconds < MOMENT_END) {
+    if (timed) {
         for (int32_t k = 0; k < s->count; k++) {
             Gpu *g = &s->gpus[k];
             if (put(&s->r, &r, 4) || put(&s->ord, &ord, 4) || put(&s->seconds, &seconds, 8) ||
@@ -432,5 +431,10 @@ PyMODINIT_FUNC PyInit__curves_scan(void) {
     step_key = PyUnicode_InternFromString("_step");
     time_key = PyUnicode_InternFromString("_timestamp");
     if (!step_key || !time_key) return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddIntConstant(m, "MAX_GPUS", MAX_GPUS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

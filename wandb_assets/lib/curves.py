@@ -245,7 +245,9 @@ _GPU_WHATS = {"gpu": "util_pct", "memory": "memory_pct", "powerWatts": "power_w"
 #: The GPU samples the native scan read (``native_gpu``: ``_curves_scan.gpu_samples``' columns, NaN read as NULL).
 _GPU_NATIVE = f"""
 UNION ALL
-SELECT r, ord, {_MOMENT.format("seconds")} AS "timestamp", gpu, util_pct, memory_pct, power_w FROM native_gpu"""
+SELECT * FROM (
+    SELECT r, ord, {_MOMENT.format("seconds")} AS "timestamp", gpu, util_pct, memory_pct, power_w FROM native_gpu
+) WHERE "timestamp" IS NOT NULL"""
 
 
 def _gpu_sql(keys: Iterable[str], native: bool = False) -> str:
@@ -448,12 +450,12 @@ def _scan_events(con, runs: list[Any]) -> tuple[list[str | None], list[list[int]
         return [text for text, _ in texts], [places for _, places in texts]
     *columns, rest = _native.gpu_samples(runs)
     _register(con, "native_gpu", columns, _GPU_COLUMNS)
-    left: dict[int, tuple[list[int], list[Any]]] = {}
+    left: dict[int, tuple[list[Any], list[int]]] = {}
     for r, place, event in rest:
-        places, events = left.setdefault(r, ([], []))
-        places.append(place)
+        events, places = left.setdefault(r, ([], []))
         events.append(event)
-    texts = [_event_texts(*left[r][::-1]) if r in left else (None, None) for r in range(len(runs))]
+        places.append(place)
+    texts = [_event_texts(*left[r]) if r in left else (None, None) for r in range(len(runs))]
     return [text for text, _ in texts], [places for _, places in texts]
 
 
