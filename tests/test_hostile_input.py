@@ -272,7 +272,7 @@ def test_whatever_one_projects_pages_raise_only_that_project_is_abandoned_with_t
 
 def test_a_malformed_page_fails_its_project_with_a_sentence_and_not_the_others():
     class Service:
-        def execute_graphql(self, query, variables):
+        def execute_graphql(self, query, variables, parse=None):  # the client's signature; the page given parsed
             node = _node(variables["project"] + "-run")
             edges = [{"cursor": "c1"} if variables["project"] == "a" else {"node": node, "cursor": "c1"}]
             return {"project": {"runCount": 1, "runs": {"edges": edges, "pageInfo": {"hasNextPage": False}}}}

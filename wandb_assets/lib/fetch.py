@@ -357,7 +357,8 @@ def iter_run_pages(
 
     Sends our own ``Runs`` query (``runs_query``) page by page through the client's GraphQL transport
     (wandb-core) and reads the raw nodes (see the module docstring); ``with_metadata_file``: each node also
-    says where its ``wandb-metadata.json`` is (``metadata_file_url``). ``throttle`` and ``page_size`` are shared
+    says where its ``wandb-metadata.json`` is (``metadata_file_url``); ``parse`` reads an answer's text (the client's
+    ``json.loads`` unless given). ``throttle`` and ``page_size`` are shared
     by every slice of one fetch. wandb-core retries a failed request once (honouring ``Retry-After``); what it
     then reports is handled here: 429 pauses every worker for about as long as the server asked and halves
     concurrency; a 5xx or a timeout retries the same cursor with half the page size; at the smallest size, up
@@ -382,7 +383,7 @@ def iter_run_pages(
             started = time.monotonic()
             try:
                 response = api._service_api.execute_graphql(
-                    query, {**variables, "perPage": size, "cursor": cursor}, **({"parse": parse} if parse else {})
+                    query, {**variables, "perPage": size, "cursor": cursor}, parse=parse or json.loads
                 )
             except Exception as exc:  # noqa: BLE001 - classified below
                 error = exc
