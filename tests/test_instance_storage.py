@@ -218,3 +218,76 @@ def test_processes_opening_a_fresh_storage_at_once_each_open_it_and_it_has_one_s
     for database in ("history/runs.db", "schedules/schedules.db", "history/runs/index.db"):
         with sqlite3.connect(tmp_path / database) as con:
             assert con.execute("SELECT count(*) FROM alembic_version").fetchone() == (1,), database
+
+
+def _entry(run_id: str, message: str):
+    import time
+
+    from dagster._core.events.log import EventLogEntry
+
+    return EventLogEntry(error_info=None, level="INFO", user_message=message, run_id=run_id, timestamp=time.time())
+
+
+def test_the_ui_watching_a_run_sees_each_event_as_it_is_stored(tmp_path):
+    """The kept connections hold each file's WAL open, where a closed connection wrote it into the file: the UI
+    follows a running run by watching its shard's file (Dagster's ``SqliteEventLogStorageWatchdog``), so each run-shard
+    transaction is checkpointed into the file. Events stored after the watch starts reach the watcher (with those
+    before it: no cursor), in order."""
+    import threading
+
+    storage = BatchedSqliteEventLogStorage(str(tmp_path))
+    storage.store_event(_entry("r1", "before"))
+    seen: list[str] = []
+    four = threading.Event()
+
+    def watcher(entry, cursor):
+        seen.append(entry.user_message)
+        if len(seen) == 4:
+            four.set()
+
+    storage.watch("r1", None, watcher)
+    try:
+        for message in ("one", "two", "three"):
+            storage.store_event(_entry("r1", message))
+        four.wait(timeout=60)  # inotify's notice; returns at the fourth event
+    finally:
+        storage.end_watch("r1", watcher)
+        storage.dispose()
+    assert seen == ["before", "one", "two", "three"]
+
+
+def test_a_wiped_event_log_writes_its_next_events_into_new_files(tmp_path):
+    """Dagster's ``wipe`` deletes the run shards' files: a connection kept to a deleted file would write where no
+    other connection or process ever reads. The next events are in the new file, read by a fresh connection."""
+    import sqlite3
+
+    storage = BatchedSqliteEventLogStorage(str(tmp_path))
+    storage.store_event(_entry("r1", "old"))
+    storage.wipe()
+    storage.store_event(_entry("r1", "new"))
+    with sqlite3.connect(tmp_path / "r1.db") as con:
+        stored = [row[0] for row in con.execute("SELECT event FROM event_logs ORDER BY id")]
+    assert [e for e in stored if '"new"' in e] and not [e for e in stored if '"old"' in e]
+
+
+def test_a_forked_child_never_uses_its_parents_kept_connections(tmp_path):
+    """A child forked after the parent connected starts with no engine (SQLAlchemy: a pooled connection must not
+    cross a fork); the parent's stays usable."""
+    import os
+
+    from sqlalchemy import text
+
+    from wandb_assets.instance_storage import EngineCache
+
+    cache = EngineCache(size=4)
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    engine = cache.engine(url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT 1")).scalar() == 1
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only when it holds none of the parent's engines
+        os._exit(0 if len(cache) == 0 and cache.engine(url) is not engine else 1)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert cache.engine(url) is engine
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT 1")).scalar() == 1
