@@ -291,3 +291,28 @@ def test_a_forked_child_never_uses_its_parents_kept_connections(tmp_path):
     assert cache.engine(url) is engine
     with engine.connect() as conn:
         assert conn.execute(text("SELECT 1")).scalar() == 1
+
+
+def test_the_run_storage_knows_a_stored_plan_by_its_id_without_unpacking_it(tmp_path, monkeypatch):
+    """Every run's creation asks whether its execution plan's snapshot is stored; Dagster's SQL run storage unpacks
+    the whole stored plan to answer. The repository's answers from the id: the same answers, nothing unpacked."""
+    from wandb_assets import instance_storage
+
+    repository = yaml.safe_load((REPO / "dagster.yaml").read_text())["storage"]
+    repository["custom"]["config"]["base_dir"] = str(tmp_path / "kept" / "storage")
+    with _instance(tmp_path / "kept", repository) as instance:
+        assert _backfill(instance) == EXPECTED
+        plan = instance.get_runs(limit=1)[0].execution_plan_snapshot_id
+        storage = instance.run_storage
+        assert isinstance(storage, instance_storage.CachedEngineSqliteRunStorage)
+        assert storage.get_execution_plan_snapshot(plan) is not None  # stored, as Dagster reads it
+
+        def unpacked(*args, **kwargs):
+            raise AssertionError("unpacked a stored plan to answer whether it is stored")
+
+        monkeypatch.setattr(storage, "_get_snapshot", unpacked)
+        assert storage.has_execution_plan_snapshot(plan) is True
+        assert storage.has_execution_plan_snapshot("0" * 40) is False
+        one_day = {f"dagster/asset_partition_range_{end}": "2026-01-01" for end in ("start", "end")}
+        again = DEFS.resolve_job_def("both").execute_in_process(instance=instance, tags=one_day)  # its plan found
+        assert again.success and again.dagster_run.execution_plan_snapshot_id == plan

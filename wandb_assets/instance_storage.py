@@ -110,6 +110,11 @@ class CachedEngineSqliteRunStorage(SqliteRunStorage):
             with conn.begin():
                 yield conn
 
+    def has_execution_plan_snapshot(self, execution_plan_snapshot_id: str) -> bool:
+        """Whether the snapshot is stored, by its id (as ``has_job_snapshot``). Dagster's reads and unpacks the whole
+        plan to answer: ~0.1 s of every run's creation."""
+        return self._has_snapshot_id(execution_plan_snapshot_id)
+
 
 class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
     """``SqliteEventLogStorage`` whose ``store_event_batch`` writes one run's asset events in one transaction on
