@@ -6,7 +6,9 @@ in this process, CPU seconds (``time.process_time``: every thread, DuckDB's incl
 - ``client parse``: the bare client's own work on an answer (``json.loads`` of the body): the baseline;
 - ``read + stage``: ours, from the parsed answer to the point files (``read_curves`` of each node and
   ``CurvesFolder.add`` of each request, as ``staged_curves`` does);
-- ``load``: ``load_curves`` of the folder into a fresh warehouse file: wall seconds, the time the writer is held.
+- ``load``: ``load_curves`` of the folder into a fresh warehouse file: wall seconds, the time the writer is held;
+- with ``--floor``, the same points inserted with nothing else into tables keyed by an integer run key instead of
+  the three names (the storage's own share of the load: what no change of ours goes under).
 At two sizes (``--runs``, default 200 and 2,000). Run it against another checkout's code to compare (before/after):
 ``uv run --project <checkout> python benchmarks/bench_curves_parse.py``.
 """
@@ -46,7 +48,7 @@ def _answer(start: float) -> str:
     return json.dumps({"data": {"project": {"runs": {"edges": edges}}}})
 
 
-def measure(runs: int) -> dict:
+def measure(runs: int, with_floor: bool = False) -> dict:
     import duckdb
 
     from wandb_assets.lib.curves import CurvesFolder, read_curves
@@ -90,6 +92,7 @@ def measure(runs: int) -> dict:
         "SELECT (SELECT count(*) FROM run_history) + (SELECT count(*) FROM run_gpu_samples)"
     ).fetchone()
     con.close()
+    floor = _insert_floor(published, workdir / "floor.duckdb") if with_floor else None
     del answers
     gc.unfreeze()
     return {
@@ -99,24 +102,62 @@ def measure(runs: int) -> dict:
         "load_s": load,
         "points": points[0],
         "read": counts.get("read", 0),
+        "floor_s": floor,
     }
+
+
+def _insert_floor(published: Path, path: Path) -> float:
+    """Wall seconds to insert the folder's points, numbers only, under an integer run key, in one transaction."""
+    import duckdb
+
+    files = {kind: sorted(str(p) for p in published.glob(f"{kind}-*.parquet")) for kind in ("history", "gpu")}
+    con = duckdb.connect(str(path))
+    con.execute(
+        "CREATE TABLE h (k INTEGER, metric VARCHAR, step BIGINT, timestamp TIMESTAMP, value DOUBLE); "
+        "CREATE TABLE g (k INTEGER, timestamp TIMESTAMP, gpu INTEGER, util_pct DOUBLE, memory_pct DOUBLE, "
+        "power_w DOUBLE); CHECKPOINT"
+    )
+    con.execute(
+        "CREATE TEMP TABLE keys AS SELECT entity, project, run_id, row_number() OVER () AS k "
+        "FROM (SELECT DISTINCT entity, project, run_id FROM read_parquet($p))",
+        {"p": files["gpu"] + files["history"]},
+    )
+    t = time.perf_counter()
+    con.execute("BEGIN")
+    con.execute(
+        "INSERT INTO h SELECT k, metric, step, timestamp, value FROM read_parquet($p) JOIN keys USING (entity, "
+        "project, run_id)",
+        {"p": files["history"]},
+    )
+    con.execute(
+        "INSERT INTO g SELECT k, timestamp, gpu, util_pct, memory_pct, power_w FROM read_parquet($p) "
+        "JOIN keys USING (entity, project, run_id)",
+        {"p": files["gpu"]},
+    )
+    con.execute("COMMIT")
+    seconds = time.perf_counter() - t
+    con.close()
+    return seconds
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, nargs="+", default=[200, 2000])
+    parser.add_argument("--floor", action="store_true", help="also time the points' insert alone, integer-keyed")
     args = parser.parse_args()
+    floor_head, floor_rule = (" insert alone, integer key (s) |", "---|") if args.floor else ("", "")
     print(
         "| runs | client parse (ms CPU/run) | read + stage (ms CPU/run) | ours / client | load (s, writer held) "
-        "| points |"
+        f"| points |{floor_head}"
     )
-    print("|---|---|---|---|---|---|")
+    print(f"|---|---|---|---|---|---|{floor_rule}")
     for runs in args.runs:
-        m = measure(runs)
+        m = measure(runs, with_floor=args.floor)
         ratio = m["ours_ms_per_run"] / m["client_ms_per_run"]
+        floor = f" {m['floor_s']:.2f} |" if args.floor else ""
         print(
             f"| {m['runs']:,} | {m['client_ms_per_run']:.2f} | {m['ours_ms_per_run']:.2f} | {ratio:.1f}x | "
-            f"{m['load_s']:.2f} | {m['points']:,} ({m['read']:,} runs read) |"
+            f"{m['load_s']:.2f} | {m['points']:,} ({m['read']:,} runs read) |{floor}"
         )
 
 
