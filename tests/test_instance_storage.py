@@ -316,3 +316,18 @@ def test_the_run_storage_knows_a_stored_plan_by_its_id_without_unpacking_it(tmp_
         one_day = {f"dagster/asset_partition_range_{end}": "2026-01-01" for end in ("start", "end")}
         again = DEFS.resolve_job_def("both").execute_in_process(instance=instance, tags=one_day)  # its plan found
         assert again.success and again.dagster_run.execution_plan_snapshot_id == plan
+
+
+def test_an_engine_opens_as_many_connections_as_are_asked_for_at_once_and_keeps_one(tmp_path):
+    """A webserver's threads may each need a file at once: none waits for another's connection (Dagster's opened one
+    for each); once they are all given back, one stays open for the next transaction."""
+    from sqlalchemy import text
+
+    from wandb_assets.instance_storage import EngineCache
+
+    engine = EngineCache(size=4).engine(f"sqlite:///{tmp_path / 'runs.db'}")
+    held = [engine.connect() for _ in range(40)]
+    assert [conn.execute(text("SELECT 1")).scalar() for conn in held] == [1] * 40
+    for conn in held:
+        conn.close()
+    assert engine.pool.checkedin() == 1

@@ -54,11 +54,11 @@ from sqlalchemy.engine import Connection, Engine
 
 class EngineCache:
     """SQLAlchemy engines by SQLite connection string, made once each, the ``size`` most recently used kept (a
-    long-lived webserver sees a file per run). Each engine keeps one idle connection (``pool_size=1``; more are opened
-    for threads that need one at once and closed after): an idle connection holds no lock, and SQLite checkpoints
-    and deletes a file's WAL whenever its last connection closes, which every transaction paid when each connection
-    was closed after it. A process forked with engines here never uses them (``os.register_at_fork``): the child
-    starts with none."""
+    long-lived webserver sees a file per run). Each engine keeps one idle connection (``pool_size=1``; as many more
+    as threads need at once, as Dagster's, each closed after its use): an idle connection holds no lock, and SQLite
+    checkpoints and deletes a file's WAL whenever its last connection closes, which every transaction paid when each
+    connection was closed after it. A process forked with engines here never uses them (``os.register_at_fork``):
+    the child starts with none."""
 
     def __init__(self, size: int = 64) -> None:
         self.size = size
@@ -70,7 +70,7 @@ class EngineCache:
         with self._lock:
             engine = self._engines.get(conn_string)
             if engine is None:
-                engine = create_engine(conn_string, pool_size=1, max_overflow=16, connect_args=connect_args)
+                engine = create_engine(conn_string, pool_size=1, max_overflow=-1, connect_args=connect_args)
                 self._engines[conn_string] = engine
                 while len(self._engines) > self.size:
                     self._engines.popitem(last=False)[1].dispose()
