@@ -15,6 +15,7 @@ response headers up to Python, so ``RateLimit-Remaining`` cannot be seen; the 42
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 import socket
 import threading
@@ -351,21 +352,19 @@ def iter_run_pages(
     configured_by: str = "WANDB_ENTITY and WANDB_PROJECT",
     query: str | None = None,
     extra: dict | None = None,
-    parse: Callable[[str], Any] | None = None,
+    parse: Callable[[str], Any] = json.loads,
 ) -> Iterator[tuple[list[dict], int]]:
     """Yield ``(nodes, runs matching filters)`` for each page, oldest first.
 
     Sends our own ``Runs`` query (``runs_query``) page by page through the client's GraphQL transport
     (wandb-core) and reads the raw nodes (see the module docstring); ``with_metadata_file``: each node also
     says where its ``wandb-metadata.json`` is (``metadata_file_url``); ``parse`` reads an answer's text (the client's
-    ``json.loads`` unless given). ``throttle`` and ``page_size`` are shared
+    ``json.loads`` by default). ``throttle`` and ``page_size`` are shared
     by every slice of one fetch. wandb-core retries a failed request once (honouring ``Retry-After``); what it
     then reports is handled here: 429 pauses every worker for about as long as the server asked and halves
     concurrency; a 5xx or a timeout retries the same cursor with half the page size; at the smallest size, up
     to ``policy.retries`` retries with back-off.
     """
-    import json
-
     throttle = throttle or Throttle(1)
     page_size = page_size or PageSize(policy.page_size, policy.min_page_size)
     path = f"{entity}/{project}"
@@ -383,7 +382,7 @@ def iter_run_pages(
             started = time.monotonic()
             try:
                 response = api._service_api.execute_graphql(
-                    query, {**variables, "perPage": size, "cursor": cursor}, parse=parse or json.loads
+                    query, {**variables, "perPage": size, "cursor": cursor}, parse=parse
                 )
             except Exception as exc:  # noqa: BLE001 - classified below
                 error = exc
